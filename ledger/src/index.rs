@@ -1,0 +1,163 @@
+//! The sled index: derived data that makes lookups fast.
+//!
+//! Everything here can be rebuilt from the segment files (`mass reindex`), so
+//! the index is never the only copy of anything. All keys live in one sled tree
+//! and every batch of index updates is applied with one atomic `apply_batch`,
+//! which also advances the *watermark*: the log position up to which the index
+//! is complete. Key layout (documented in `FORMAT.md`):
+//!
+//! | prefix | key rest                         | value                  |
+//! |--------|----------------------------------|------------------------|
+//! | `o`    | id (32)                          | [`ObjLoc`] (34 bytes)  |
+//! | `r`    | ref name                         | head id (32)           |
+//! | `c`    | parent id (32) + child id (32)   | empty                  |
+//! | `e`    | ordinal (u64 BE)                 | event id (32)          |
+//! | `k`    | kind + 0x00 + ordinal (u64 BE)   | event id (32)          |
+//! | `w`    | -                                | segment (u32 LE) + offset (u64 LE) |
+//! | `n`    | -                                | next ordinal (u64 LE)  |
+
+use crate::id::{Id, ObjectKind};
+
+pub const P_OBJ: u8 = b'o';
+pub const P_REF: u8 = b'r';
+pub const P_CHILD: u8 = b'c';
+pub const P_EVENT: u8 = b'e';
+pub const P_KIND: u8 = b'k';
+pub const K_WATERMARK: &[u8] = b"w";
+pub const K_NEXT_ORDINAL: &[u8] = b"n";
+
+/// Where an object's record is, plus what is needed to read it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjLoc {
+    pub kind: ObjectKind,
+    pub flags: u8,
+    pub seg: u32,
+    /// Offset of the record header in the segment.
+    pub offset: u64,
+    pub body_len: u32,
+    pub raw_len: u32,
+    pub meta_len: u32,
+    /// Position of the object in the log (0-based over all objects).
+    pub ordinal: u64,
+}
+
+impl ObjLoc {
+    pub const LEN: usize = 34;
+
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0] = self.kind as u8;
+        b[1] = self.flags;
+        b[2..6].copy_from_slice(&self.seg.to_le_bytes());
+        b[6..14].copy_from_slice(&self.offset.to_le_bytes());
+        b[14..18].copy_from_slice(&self.body_len.to_le_bytes());
+        b[18..22].copy_from_slice(&self.raw_len.to_le_bytes());
+        b[22..26].copy_from_slice(&self.meta_len.to_le_bytes());
+        b[26..34].copy_from_slice(&self.ordinal.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Option<ObjLoc> {
+        if b.len() != Self::LEN {
+            return None;
+        }
+        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let u64_at = |o: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[o..o + 8]);
+            u64::from_le_bytes(x)
+        };
+        Some(ObjLoc {
+            kind: ObjectKind::from_u8(b[0])?,
+            flags: b[1],
+            seg: u32_at(2),
+            offset: u64_at(6),
+            body_len: u32_at(14),
+            raw_len: u32_at(18),
+            meta_len: u32_at(22),
+            ordinal: u64_at(26),
+        })
+    }
+}
+
+pub fn obj_key(id: &Id) -> [u8; 33] {
+    let mut k = [0u8; 33];
+    k[0] = P_OBJ;
+    k[1..].copy_from_slice(&id.0);
+    k
+}
+
+pub fn ref_key(name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + name.len());
+    k.push(P_REF);
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+pub fn child_key(parent: &Id, child: &Id) -> [u8; 65] {
+    let mut k = [0u8; 65];
+    k[0] = P_CHILD;
+    k[1..33].copy_from_slice(&parent.0);
+    k[33..].copy_from_slice(&child.0);
+    k
+}
+
+pub fn event_key(ordinal: u64) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[0] = P_EVENT;
+    k[1..].copy_from_slice(&ordinal.to_be_bytes());
+    k
+}
+
+pub fn kind_prefix(kind: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(2 + kind.len());
+    k.push(P_KIND);
+    k.extend_from_slice(kind.as_bytes());
+    k.push(0);
+    k
+}
+
+pub fn kind_key(kind: &str, ordinal: u64) -> Vec<u8> {
+    let mut k = kind_prefix(kind);
+    k.extend_from_slice(&ordinal.to_be_bytes());
+    k
+}
+
+pub fn encode_watermark(seg: u32, offset: u64) -> [u8; 12] {
+    let mut b = [0u8; 12];
+    b[0..4].copy_from_slice(&seg.to_le_bytes());
+    b[4..12].copy_from_slice(&offset.to_le_bytes());
+    b
+}
+
+pub fn decode_watermark(b: &[u8]) -> Option<(u32, u64)> {
+    if b.len() != 12 {
+        return None;
+    }
+    let mut s = [0u8; 4];
+    s.copy_from_slice(&b[0..4]);
+    let mut o = [0u8; 8];
+    o.copy_from_slice(&b[4..12]);
+    Some((u32::from_le_bytes(s), u64::from_le_bytes(o)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objloc_round_trip() {
+        let l = ObjLoc {
+            kind: ObjectKind::Event,
+            flags: 1,
+            seg: 3,
+            offset: 1 << 40,
+            body_len: 77,
+            raw_len: 99,
+            meta_len: 5,
+            ordinal: 123456,
+        };
+        assert_eq!(ObjLoc::decode(&l.encode()), Some(l));
+        assert_eq!(ObjLoc::decode(&[0; 3]), None);
+    }
+}

@@ -1,0 +1,50 @@
+//! `ledger`: a durable, content-addressed, append-only store of blobs, trees and
+//! events, with refs (named heads) and forks.
+//!
+//! Objects are immutable and addressed by the BLAKE3 hash of their canonical
+//! encoding. Events form per-stream hash chains; refs name heads and move only by
+//! compare-and-swap. The source of truth is a set of append-only segment files;
+//! a sled database indexes them and can be rebuilt from them at any time. An
+//! append returns only once it is on disk (fsync), and every read re-checks the
+//! hash of what it returns.
+//!
+//! This crate knows nothing of MASS, async runtimes, HTTP or the command line:
+//! event payloads are opaque bytes that the `schemas` crate gives meaning to.
+//!
+//! ```
+//! use ledger::{Ledger, NewEvent};
+//! let dir = tempfile::tempdir().unwrap();
+//! let l = Ledger::init(dir.path()).unwrap();
+//! let body = l.put_blob(b"hello").unwrap();
+//! let e1 = l.append("run/1", None, NewEvent::new("demo.note", 1, b"first".to_vec()).with_refs(vec![body])).unwrap();
+//! let e2 = l.append("run/1", Some(e1), NewEvent::new("demo.note", 1, b"second".to_vec())).unwrap();
+//! assert_eq!(l.head("run/1").unwrap(), Some(e2));
+//! assert_eq!(l.get_event(&e2).unwrap().prev, Some(e1));
+//! // A stale expected head is refused:
+//! assert!(l.append("run/1", Some(e1), NewEvent::new("demo.note", 1, vec![])).is_err());
+//! ```
+
+mod error;
+mod id;
+mod index;
+mod object;
+mod segment;
+mod store;
+pub mod tree;
+mod verify;
+
+pub use error::{LedgerError, Result};
+pub use id::{Id, IdPrefix, ObjectKind, ID_LEN, MIN_PREFIX_HEX};
+pub use index::ObjLoc;
+pub use object::{check_ref_name, Event, EventEnvelope, Meta, NewEvent};
+pub use store::{Batch, Chain, Ledger, Options, RecoveryReport};
+pub use tree::{Change, EntryKind, Tree, TreeEntry};
+pub use verify::{KindStats, PayloadCheck, Problem, Stats, VerifyReport};
+
+/// Re-exported so tests and tools can talk about the on-disk format.
+pub mod format {
+    pub use crate::segment::{
+        FORMAT_VERSION, RECORD_HEADER_LEN, RECORD_MAGIC, RECORD_TRAILER_LEN, SEGMENT_HEADER_LEN,
+        SEGMENT_MAGIC,
+    };
+}

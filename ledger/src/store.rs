@@ -1,0 +1,1253 @@
+//! The [`Ledger`]: opening, locking, recovery, batched durable commits and reads.
+//!
+//! Write path (numbered as in ARCHITECTURE.md):
+//! 1. A [`Batch`] collects objects and ref updates in memory; ids are computed
+//!    from canonical bytes as they are added.
+//! 2. `commit` takes the writer lock, checks every ref update against the current
+//!    head (compare-and-swap) and every link against the index or the batch.
+//! 3. New objects (duplicates are skipped) and ref updates are encoded as records,
+//!    followed by a commit marker, and written to the active segment in one write.
+//! 4. The segment is fsynced. Only now is the commit durable; a crash before this
+//!    point leaves an uncommitted tail that recovery truncates.
+//! 5. The sled index is updated in one atomic batch that also advances the
+//!    watermark. sled is not flushed per commit: after a crash, recovery re-indexes
+//!    the committed records past the last persisted watermark.
+//! 6. `commit` returns: the batch is acknowledged.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::error::{LedgerError, Result};
+use crate::id::{Id, IdPrefix, ObjectKind};
+use crate::index::{self, ObjLoc};
+use crate::object::{check_ref_name, Event, EventEnvelope, Meta, NewEvent, RefUpdate};
+use crate::segment::{
+    self, decode_body, encode_record, RecordHeader, RecordType, Scanner, FLAG_ZSTD,
+    RECORD_HEADER_LEN, SEGMENT_HEADER_LEN,
+};
+use crate::tree::{self, Tree, TreeEntry};
+
+const FORMAT_FILE: &str = "FORMAT";
+const FORMAT_TEXT: &str = "mass-ledger 1\n";
+const LOCK_FILE: &str = "LOCK";
+const SEGMENTS_DIR: &str = "segments";
+const INDEX_DIR: &str = "index";
+
+/// Tuning knobs; the defaults suit both tests and real runs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Start a new segment once the active one exceeds this many bytes.
+    pub segment_max: u64,
+    /// zstd level for bodies that are compressed.
+    pub zstd_level: i32,
+    /// Bodies shorter than this are stored as they are.
+    pub compress_min: usize,
+    /// sled page cache size.
+    pub index_cache_bytes: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            segment_max: 256 << 20,
+            zstd_level: 3,
+            compress_min: 128,
+            index_cache_bytes: 64 << 20,
+        }
+    }
+}
+
+/// What the ledger knows about a ref's head without reading the event again.
+#[derive(Debug, Clone)]
+struct HeadInfo {
+    id: Id,
+    stream: String,
+    seq: u64,
+}
+
+struct Writer {
+    seg_no: u32,
+    file: File,
+    offset: u64,
+    next_ordinal: u64,
+    heads: HashMap<String, Id>,
+    /// Stream and seq of recently appended heads, to build the next event cheaply.
+    head_info: HashMap<String, HeadInfo>,
+    /// Set when a write or fsync failed: the file's state is unknown, so no further
+    /// commit is attempted in this process (reopening recovers a valid prefix).
+    poisoned: Option<String>,
+}
+
+/// An open ledger. Cheap to share between threads (`&Ledger` is `Sync`).
+pub struct Ledger {
+    dir: PathBuf,
+    seg_dir: PathBuf,
+    _db: sled::Db,
+    idx: sled::Tree,
+    writer: Mutex<Writer>,
+    readers: Mutex<HashMap<u32, Arc<File>>>,
+    opts: Options,
+    _lock: File,
+}
+
+/// What opening found and repaired.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Records indexed because the index had not caught up with the log.
+    pub reindexed_records: u64,
+    /// Bytes of uncommitted tail removed from the last segment.
+    pub truncated_bytes: u64,
+}
+
+impl Ledger {
+    /// Creates a new, empty ledger in `dir` (which may exist but must be empty).
+    pub fn init(dir: &Path) -> Result<Ledger> {
+        Self::init_with(dir, Options::default())
+    }
+
+    pub fn init_with(dir: &Path, opts: Options) -> Result<Ledger> {
+        if dir.join(FORMAT_FILE).exists() {
+            return Err(LedgerError::AlreadyExists {
+                path: dir.to_path_buf(),
+            });
+        }
+        if let Ok(mut rd) = fs::read_dir(dir) {
+            if rd.next().is_some() {
+                return Err(LedgerError::AlreadyExists {
+                    path: dir.to_path_buf(),
+                });
+            }
+        }
+        let seg_dir = dir.join(SEGMENTS_DIR);
+        fs::create_dir_all(&seg_dir).map_err(|e| LedgerError::io(&seg_dir, e))?;
+        create_segment(&seg_dir, 1)?;
+        // FORMAT is written last: a crash during init leaves no half-made ledger
+        // that `open` would accept.
+        write_durably(&dir.join(FORMAT_FILE), FORMAT_TEXT.as_bytes())?;
+        sync_dir(dir)?;
+        Self::open_with(dir, opts)
+    }
+
+    /// Opens an existing ledger, taking the process lock and recovering after a crash.
+    pub fn open(dir: &Path) -> Result<Ledger> {
+        Self::open_with(dir, Options::default())
+    }
+
+    pub fn open_with(dir: &Path, opts: Options) -> Result<Ledger> {
+        Self::open_inner(dir, opts, false).map(|(l, _)| l)
+    }
+
+    /// Opens and reports what recovery did.
+    pub fn open_reporting(dir: &Path) -> Result<(Ledger, RecoveryReport)> {
+        Self::open_inner(dir, Options::default(), false)
+    }
+
+    /// Throws the index away and rebuilds it from the segment files.
+    pub fn reindex(dir: &Path) -> Result<(Ledger, RecoveryReport)> {
+        Self::open_inner(dir, Options::default(), true)
+    }
+
+    fn open_inner(dir: &Path, opts: Options, rebuild: bool) -> Result<(Ledger, RecoveryReport)> {
+        let fmt_path = dir.join(FORMAT_FILE);
+        let fmt = match fs::read_to_string(&fmt_path) {
+            Ok(s) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(LedgerError::NotALedger {
+                    path: dir.to_path_buf(),
+                })
+            }
+            Err(e) => return Err(LedgerError::io(&fmt_path, e)),
+        };
+        if fmt != FORMAT_TEXT {
+            return Err(LedgerError::UnsupportedFormat {
+                path: fmt_path,
+                found: fmt.trim().to_string(),
+                supported: segment::FORMAT_VERSION,
+            });
+        }
+        let lock = take_lock(dir)?;
+        let index_dir = dir.join(INDEX_DIR);
+        if rebuild && index_dir.exists() {
+            fs::remove_dir_all(&index_dir).map_err(|e| LedgerError::io(&index_dir, e))?;
+        }
+        let db = sled::Config::new()
+            .path(&index_dir)
+            .cache_capacity(opts.index_cache_bytes)
+            .mode(sled::Mode::HighThroughput)
+            .flush_every_ms(Some(1000))
+            .open()
+            .map_err(|e| LedgerError::Index {
+                detail: format!("cannot open index at {}: {e}", index_dir.display()),
+            })?;
+        let idx = db.open_tree("index").map_err(LedgerError::index)?;
+        let seg_dir = dir.join(SEGMENTS_DIR);
+        let segs = segment::list_segments(&seg_dir)?;
+        let last = *segs.last().ok_or_else(|| LedgerError::CorruptLog {
+            path: seg_dir.clone(),
+            offset: 0,
+            detail: "no segment files".into(),
+        })?;
+        let report = recover(&seg_dir, &segs, &idx)?;
+        let seg_path = segment::segment_path(&seg_dir, last);
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&seg_path)
+            .map_err(|e| LedgerError::io(&seg_path, e))?;
+        let offset = file
+            .metadata()
+            .map_err(|e| LedgerError::io(&seg_path, e))?
+            .len();
+        let next_ordinal = read_next_ordinal(&idx)?;
+        let mut heads = HashMap::new();
+        for kv in idx.scan_prefix([index::P_REF]) {
+            let (k, v) = kv.map_err(LedgerError::index)?;
+            let name = String::from_utf8_lossy(&k[1..]).into_owned();
+            let id = Id::from_slice(&v).ok_or_else(|| LedgerError::Index {
+                detail: format!("ref {name:?} has a malformed value"),
+            })?;
+            heads.insert(name, id);
+        }
+        let ledger = Ledger {
+            dir: dir.to_path_buf(),
+            seg_dir,
+            _db: db,
+            idx,
+            writer: Mutex::new(Writer {
+                seg_no: last,
+                file,
+                offset,
+                next_ordinal,
+                heads,
+                head_info: HashMap::new(),
+                poisoned: None,
+            }),
+            readers: Mutex::new(HashMap::new()),
+            opts,
+            _lock: lock,
+        };
+        Ok((ledger, report))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.opts
+    }
+
+    /// Starts a batch: everything in it becomes durable and visible atomically.
+    pub fn batch(&self) -> Batch<'_> {
+        Batch {
+            ledger: self,
+            objects: Vec::new(),
+            in_batch: HashSet::new(),
+            ref_updates: Vec::new(),
+            heads: HashMap::new(),
+        }
+    }
+
+    /// Stores one blob durably.
+    pub fn put_blob(&self, bytes: &[u8]) -> Result<Id> {
+        let mut b = self.batch();
+        let id = b.put_blob(bytes)?;
+        b.commit()?;
+        Ok(id)
+    }
+
+    /// Stores one tree durably (its blobs must already be stored).
+    pub fn put_tree(&self, t: &Tree) -> Result<Id> {
+        let mut b = self.batch();
+        let id = b.put_tree(t)?;
+        b.commit()?;
+        Ok(id)
+    }
+
+    /// Appends one event to `ref_name` if its head is `expected`; durable on return.
+    pub fn append(&self, ref_name: &str, expected: Option<Id>, ev: NewEvent) -> Result<Id> {
+        let mut b = self.batch();
+        let id = b.append(ref_name, expected, ev)?;
+        b.commit()?;
+        Ok(id)
+    }
+
+    /// Creates ref `name` at an existing event (a fork); the ref must not exist.
+    pub fn fork(&self, name: &str, at: Id) -> Result<()> {
+        self.set_ref(name, None, at)
+    }
+
+    /// Moves `name` from `expected` to `new` (compare-and-swap), durably.
+    pub fn set_ref(&self, name: &str, expected: Option<Id>, new: Id) -> Result<()> {
+        let mut b = self.batch();
+        b.set_ref(name, expected, new)?;
+        b.commit()
+    }
+
+    /// The current head of a ref.
+    pub fn head(&self, name: &str) -> Result<Option<Id>> {
+        Ok(self.lock_writer()?.heads.get(name).copied())
+    }
+
+    /// All refs, sorted by name.
+    pub fn refs(&self) -> Result<Vec<(String, Id)>> {
+        let mut v: Vec<(String, Id)> = self
+            .lock_writer()?
+            .heads
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        v.sort();
+        Ok(v)
+    }
+
+    fn lock_writer(&self) -> Result<MutexGuard<'_, Writer>> {
+        self.writer.lock().map_err(|_| LedgerError::Index {
+            detail: "writer lock poisoned by a panicking thread".into(),
+        })
+    }
+
+    /// Where an object is, if present.
+    pub fn locate(&self, id: &Id) -> Result<Option<ObjLoc>> {
+        match self
+            .idx
+            .get(index::obj_key(id))
+            .map_err(LedgerError::index)?
+        {
+            None => Ok(None),
+            Some(v) => ObjLoc::decode(&v)
+                .map(Some)
+                .ok_or_else(|| LedgerError::Index {
+                    detail: format!("malformed location for {id}"),
+                }),
+        }
+    }
+
+    pub fn contains(&self, id: &Id) -> Result<bool> {
+        self.idx
+            .contains_key(index::obj_key(id))
+            .map_err(LedgerError::index)
+    }
+
+    pub fn kind_of(&self, id: &Id) -> Result<Option<ObjectKind>> {
+        Ok(self.locate(id)?.map(|l| l.kind))
+    }
+
+    fn reader(&self, seg: u32) -> Result<Arc<File>> {
+        let mut r = self.readers.lock().map_err(|_| LedgerError::Index {
+            detail: "reader cache lock poisoned".into(),
+        })?;
+        if let Some(f) = r.get(&seg) {
+            return Ok(f.clone());
+        }
+        let p = segment::segment_path(&self.seg_dir, seg);
+        let f = Arc::new(File::open(&p).map_err(|e| LedgerError::io(&p, e))?);
+        r.insert(seg, f.clone());
+        Ok(f)
+    }
+
+    /// Reads, decompresses and hash-checks an object's canonical bytes.
+    fn read_verified(&self, id: &Id, want: Option<ObjectKind>) -> Result<(ObjLoc, Vec<u8>)> {
+        let loc = self.locate(id)?.ok_or_else(|| LedgerError::NotFound {
+            prefix: id.to_hex(),
+        })?;
+        if let Some(w) = want {
+            if loc.kind != w {
+                return Err(LedgerError::WrongKind {
+                    id: *id,
+                    expected: w,
+                    actual: loc.kind,
+                });
+            }
+        }
+        let f = self.reader(loc.seg)?;
+        let mut buf = vec![0u8; RECORD_HEADER_LEN + loc.body_len as usize];
+        let corrupt = |detail: String| LedgerError::Corruption { id: *id, detail };
+        f.read_exact_at(&mut buf, loc.offset).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                corrupt(format!(
+                    "record at segment {} offset {} is cut short",
+                    loc.seg, loc.offset
+                ))
+            } else {
+                LedgerError::io(segment::segment_path(&self.seg_dir, loc.seg), e)
+            }
+        })?;
+        let h = RecordHeader::decode(&buf).map_err(|r| corrupt(format!("record header: {r}")))?;
+        if h.id != *id
+            || h.rtype != RecordType::Object(loc.kind)
+            || h.body_len != loc.body_len
+            || h.raw_len != loc.raw_len
+            || h.flags != loc.flags
+        {
+            return Err(corrupt(format!(
+                "record header at segment {} offset {} does not match the index",
+                loc.seg, loc.offset
+            )));
+        }
+        let raw = decode_body(id, h.flags, h.raw_len, &buf[RECORD_HEADER_LEN..])?;
+        let actual = Id::of(loc.kind, &raw);
+        if actual != *id {
+            return Err(corrupt(format!("content hashes to {actual}")));
+        }
+        Ok((loc, raw))
+    }
+
+    pub fn get_blob(&self, id: &Id) -> Result<Vec<u8>> {
+        Ok(self.read_verified(id, Some(ObjectKind::Blob))?.1)
+    }
+
+    pub fn get_tree(&self, id: &Id) -> Result<Tree> {
+        let raw = self.read_verified(id, Some(ObjectKind::Tree))?.1;
+        Tree::from_bytes(id, &raw)
+    }
+
+    pub fn get_event(&self, id: &Id) -> Result<Event> {
+        let raw = self.read_verified(id, Some(ObjectKind::Event))?.1;
+        Ok(Event::from_envelope(
+            *id,
+            EventEnvelope::from_bytes(id, &raw)?,
+        ))
+    }
+
+    /// The unhashed metadata stored beside an object.
+    pub fn get_meta(&self, id: &Id) -> Result<Meta> {
+        let loc = self.locate(id)?.ok_or_else(|| LedgerError::NotFound {
+            prefix: id.to_hex(),
+        })?;
+        if loc.meta_len == 0 {
+            return Ok(Meta::default());
+        }
+        let f = self.reader(loc.seg)?;
+        let mut buf = vec![0u8; loc.meta_len as usize];
+        f.read_exact_at(
+            &mut buf,
+            loc.offset + RECORD_HEADER_LEN as u64 + loc.body_len as u64,
+        )
+        .map_err(|e| LedgerError::io(segment::segment_path(&self.seg_dir, loc.seg), e))?;
+        serde_json::from_slice(&buf).map_err(|e| LedgerError::Corruption {
+            id: *id,
+            detail: format!("metadata is not valid JSON: {e}"),
+        })
+    }
+
+    /// Expands an abbreviated id (at least 8 hex digits) to the one object it names.
+    pub fn resolve(&self, prefix: &str) -> Result<Id> {
+        let p = IdPrefix::parse(prefix)?;
+        let mut key = vec![index::P_OBJ];
+        key.extend_from_slice(&p.byte_prefix());
+        let mut found = Vec::new();
+        for kv in self.idx.scan_prefix(key) {
+            let (k, _) = kv.map_err(LedgerError::index)?;
+            let Some(id) = Id::from_slice(&k[1..]) else {
+                continue;
+            };
+            if p.matches(&id) {
+                found.push(id);
+                if found.len() > 10 {
+                    break;
+                }
+            }
+        }
+        match found.len() {
+            0 => Err(LedgerError::NotFound { prefix: p.hex }),
+            1 => Ok(found[0]),
+            _ => Err(LedgerError::Ambiguous {
+                prefix: p.hex,
+                candidates: found,
+            }),
+        }
+    }
+
+    /// Events that name `id` as prev or parent, in log order.
+    pub fn children(&self, id: &Id) -> Result<Vec<Id>> {
+        let mut key = vec![index::P_CHILD];
+        key.extend_from_slice(&id.0);
+        let mut out = Vec::new();
+        for kv in self.idx.scan_prefix(key) {
+            let (k, _) = kv.map_err(LedgerError::index)?;
+            if let Some(c) = Id::from_slice(&k[33..]) {
+                out.push(c);
+            }
+        }
+        let mut with_ord = Vec::with_capacity(out.len());
+        for c in out {
+            let ord = self.locate(&c)?.map(|l| l.ordinal).unwrap_or(u64::MAX);
+            with_ord.push((ord, c));
+        }
+        with_ord.sort();
+        Ok(with_ord.into_iter().map(|(_, c)| c).collect())
+    }
+
+    /// Event ids newest first, optionally of one kind.
+    pub fn events_newest_first(&self, kind: Option<&str>, limit: usize) -> Result<Vec<Id>> {
+        let prefix = match kind {
+            Some(k) => index::kind_prefix(k),
+            None => vec![index::P_EVENT],
+        };
+        let mut out = Vec::new();
+        for kv in self.idx.scan_prefix(prefix).rev() {
+            if out.len() >= limit {
+                break;
+            }
+            let (_, v) = kv.map_err(LedgerError::index)?;
+            out.push(Id::from_slice(&v).ok_or_else(|| LedgerError::Index {
+                detail: "malformed event index entry".into(),
+            })?);
+        }
+        Ok(out)
+    }
+
+    /// Walks a stream backwards from `head` along `prev` links.
+    pub fn chain(&self, head: Id) -> Chain<'_> {
+        Chain {
+            ledger: self,
+            next: Some(head),
+        }
+    }
+
+    /// Every object location in log order (from the index).
+    pub fn locations(&self) -> Result<Vec<(Id, ObjLoc)>> {
+        let mut v = Vec::new();
+        for kv in self.idx.scan_prefix([index::P_OBJ]) {
+            let (k, val) = kv.map_err(LedgerError::index)?;
+            let (Some(id), Some(loc)) = (Id::from_slice(&k[1..]), ObjLoc::decode(&val)) else {
+                return Err(LedgerError::Index {
+                    detail: "malformed object index entry".into(),
+                });
+            };
+            v.push((id, loc));
+        }
+        v.sort_by_key(|(_, l)| l.ordinal);
+        Ok(v)
+    }
+
+    /// Snapshots a directory into a tree (storing its blobs), durably.
+    pub fn snapshot_dir(&self, dir: &Path) -> Result<Id> {
+        let mut b = self.batch();
+        let id = b.snapshot_dir(dir)?;
+        b.commit()?;
+        Ok(id)
+    }
+
+    /// Materialises a tree into `dest`, which must be missing or empty.
+    pub fn checkout(&self, tree_id: &Id, dest: &Path) -> Result<()> {
+        let t = self.get_tree(tree_id)?;
+        tree::prepare_checkout_dir(dest)?;
+        for e in &t.entries {
+            let content = match e.blob_id() {
+                Some(b) => self.get_blob(&b)?,
+                None => Vec::new(),
+            };
+            tree::materialise_entry(dest, e, &content)?;
+        }
+        tree::finish_checkout(dest, &t)
+    }
+
+    pub(crate) fn segment_dir(&self) -> &Path {
+        &self.seg_dir
+    }
+
+    /// The end of the committed log now: (segment, offset). Readers that scan
+    /// segments stop there, so a commit in progress is never read half-written.
+    pub(crate) fn committed_end(&self) -> Result<(u32, u64)> {
+        let w = self.lock_writer()?;
+        Ok((w.seg_no, w.offset))
+    }
+
+    fn head_info(&self, ref_name: &str, expected: Id) -> Result<HeadInfo> {
+        if let Some(h) = self.lock_writer()?.head_info.get(ref_name) {
+            if h.id == expected {
+                return Ok(h.clone());
+            }
+        }
+        let ev = self.get_event(&expected)?;
+        Ok(HeadInfo {
+            id: expected,
+            stream: ev.stream,
+            seq: ev.seq,
+        })
+    }
+
+    fn commit_batch(&self, b: Batch<'_>) -> Result<()> {
+        let mut w = self.lock_writer()?;
+        if let Some(why) = &w.poisoned {
+            return Err(LedgerError::Index {
+                detail: format!("an earlier write failed ({why}); reopen the ledger"),
+            });
+        }
+        // Step 2: compare-and-swap on refs, applied in order within the batch.
+        let mut heads_after: HashMap<&str, Option<Id>> = HashMap::new();
+        for u in &b.ref_updates {
+            let current = match heads_after.get(u.name.as_str()) {
+                Some(h) => *h,
+                None => w.heads.get(&u.name).copied(),
+            };
+            if current != u.expected {
+                return Err(LedgerError::Conflict {
+                    name: u.name.clone(),
+                    expected: u.expected,
+                    actual: current,
+                });
+            }
+            heads_after.insert(&u.name, Some(u.new));
+        }
+        // Step 2: links must resolve to stored objects or earlier batch members.
+        let mut fresh: Vec<&Pending> = Vec::with_capacity(b.objects.len());
+        let mut seen: HashSet<Id> = HashSet::new();
+        for p in &b.objects {
+            if seen.contains(&p.id) || self.contains(&p.id)? {
+                continue;
+            }
+            for l in &p.links {
+                if !seen.contains(l) && !self.contains(l)? {
+                    return Err(LedgerError::Dangling {
+                        referrer: format!("{} {}", p.kind, p.id),
+                        missing: *l,
+                    });
+                }
+            }
+            seen.insert(p.id);
+            fresh.push(p);
+        }
+        for u in &b.ref_updates {
+            if !seen.contains(&u.new) {
+                match self.kind_of(&u.new)? {
+                    Some(ObjectKind::Event) => {}
+                    Some(k) => {
+                        return Err(LedgerError::WrongKind {
+                            id: u.new,
+                            expected: ObjectKind::Event,
+                            actual: k,
+                        })
+                    }
+                    None => {
+                        return Err(LedgerError::Dangling {
+                            referrer: format!("ref {}", u.name),
+                            missing: u.new,
+                        })
+                    }
+                }
+            }
+        }
+        if fresh.is_empty() && b.ref_updates.is_empty() {
+            return Ok(());
+        }
+        if w.offset >= self.opts.segment_max {
+            let next = w.seg_no + 1;
+            let path = create_segment(&self.seg_dir, next)?;
+            let file = OpenOptions::new()
+                .read(true)
+                .append(true)
+                .open(&path)
+                .map_err(|e| LedgerError::io(&path, e))?;
+            w.seg_no = next;
+            w.file = file;
+            w.offset = SEGMENT_HEADER_LEN;
+        }
+        // Step 3: encode records.
+        let mut buf = Vec::new();
+        let mut items: Vec<IndexItem> = Vec::with_capacity(fresh.len() + b.ref_updates.len());
+        let seg = w.seg_no;
+        let base = w.offset;
+        let mut ordinal = w.next_ordinal;
+        for p in &fresh {
+            let (flags, body) = self.maybe_compress(&p.raw);
+            let header = RecordHeader {
+                rtype: RecordType::Object(p.kind),
+                flags,
+                body_len: body.len() as u32,
+                meta_len: p.meta.len() as u32,
+                raw_len: p.raw.len() as u32,
+                id: p.id,
+            };
+            let offset = base + buf.len() as u64;
+            buf.extend_from_slice(&encode_record(&header, &body, &p.meta));
+            items.push(IndexItem::Object {
+                id: p.id,
+                loc: ObjLoc {
+                    kind: p.kind,
+                    flags,
+                    seg,
+                    offset,
+                    body_len: header.body_len,
+                    raw_len: header.raw_len,
+                    meta_len: header.meta_len,
+                    ordinal,
+                },
+                event: p.event_links.clone(),
+            });
+            ordinal += 1;
+        }
+        for u in &b.ref_updates {
+            let body = RefUpdate {
+                name: u.name.clone(),
+                old: u.expected.map(|i| i.0),
+                new: u.new.0,
+            }
+            .to_bytes()?;
+            let header = RecordHeader {
+                rtype: RecordType::RefUpdate,
+                flags: 0,
+                body_len: body.len() as u32,
+                meta_len: 0,
+                raw_len: body.len() as u32,
+                id: Id(*blake3::hash(&body).as_bytes()),
+            };
+            buf.extend_from_slice(&encode_record(&header, &body, &[]));
+            items.push(IndexItem::Ref {
+                name: u.name.clone(),
+                new: u.new,
+            });
+        }
+        let count = (fresh.len() + b.ref_updates.len()) as u32;
+        let cbody = count.to_le_bytes();
+        let cheader = RecordHeader {
+            rtype: RecordType::Commit,
+            flags: 0,
+            body_len: 4,
+            meta_len: 0,
+            raw_len: 4,
+            id: Id([0; 32]),
+        };
+        buf.extend_from_slice(&encode_record(&cheader, &cbody, &[]));
+        // Steps 3-4: one write, one fsync.
+        let seg_path = segment::segment_path(&self.seg_dir, seg);
+        let res = w.file.write_all(&buf).and_then(|_| w.file.sync_data());
+        if let Err(e) = res {
+            // The tail is uncommitted garbage at worst; try to drop it now, and stop
+            // writing either way because the file's durable state is unknown.
+            let _ = w.file.set_len(base);
+            w.poisoned = Some(e.to_string());
+            return Err(LedgerError::io(seg_path, e));
+        }
+        w.offset = base + buf.len() as u64;
+        w.next_ordinal = ordinal;
+        // Step 5: index.
+        let mut batch = sled::Batch::default();
+        for it in &items {
+            it.apply(&mut batch);
+        }
+        batch.insert(
+            index::K_WATERMARK,
+            &index::encode_watermark(seg, w.offset)[..],
+        );
+        batch.insert(index::K_NEXT_ORDINAL, &ordinal.to_le_bytes()[..]);
+        if let Err(e) = self.idx.apply_batch(batch) {
+            w.poisoned = Some(format!("index update failed: {e}"));
+            return Err(LedgerError::index(e));
+        }
+        for u in &b.ref_updates {
+            w.heads.insert(u.name.clone(), u.new);
+        }
+        for (name, info) in b.heads {
+            if w.heads.get(&name) == Some(&info.id) {
+                w.head_info.insert(name, info);
+            }
+        }
+        Ok(())
+    }
+
+    fn maybe_compress(&self, raw: &[u8]) -> (u8, Vec<u8>) {
+        if raw.len() >= self.opts.compress_min {
+            if let Ok(c) = zstd::bulk::compress(raw, self.opts.zstd_level) {
+                if c.len() + c.len() / 8 < raw.len() {
+                    return (FLAG_ZSTD, c);
+                }
+            }
+        }
+        (0, raw.to_vec())
+    }
+}
+
+/// Iterator over a stream, newest first.
+pub struct Chain<'a> {
+    ledger: &'a Ledger,
+    next: Option<Id>,
+}
+
+impl Iterator for Chain<'_> {
+    type Item = Result<Event>;
+    fn next(&mut self) -> Option<Result<Event>> {
+        let id = self.next.take()?;
+        match self.ledger.get_event(&id) {
+            Ok(ev) => {
+                self.next = ev.prev;
+                Some(Ok(ev))
+            }
+            Err(e) => Some(Err(e)),
+        }
+    }
+}
+
+struct Pending {
+    kind: ObjectKind,
+    id: Id,
+    raw: Vec<u8>,
+    meta: Vec<u8>,
+    links: Vec<Id>,
+    event_links: Option<EventIndex>,
+}
+
+#[derive(Clone)]
+struct EventIndex {
+    kind: String,
+    links: Vec<Id>,
+}
+
+struct PendingRef {
+    name: String,
+    expected: Option<Id>,
+    new: Id,
+}
+
+/// A set of objects and ref updates committed atomically by [`Batch::commit`].
+pub struct Batch<'a> {
+    ledger: &'a Ledger,
+    objects: Vec<Pending>,
+    in_batch: HashSet<Id>,
+    ref_updates: Vec<PendingRef>,
+    heads: HashMap<String, HeadInfo>,
+}
+
+impl Batch<'_> {
+    fn push(&mut self, p: Pending) -> Id {
+        let id = p.id;
+        if self.in_batch.insert(id) {
+            self.objects.push(p);
+        }
+        id
+    }
+
+    pub fn put_blob(&mut self, bytes: &[u8]) -> Result<Id> {
+        check_size(bytes.len())?;
+        let id = Id::of(ObjectKind::Blob, bytes);
+        if self.in_batch.contains(&id) {
+            return Ok(id);
+        }
+        Ok(self.push(Pending {
+            kind: ObjectKind::Blob,
+            id,
+            raw: bytes.to_vec(),
+            meta: Vec::new(),
+            links: Vec::new(),
+            event_links: None,
+        }))
+    }
+
+    pub fn put_tree(&mut self, t: &Tree) -> Result<Id> {
+        t.validate()?;
+        let raw = t.to_bytes()?;
+        check_size(raw.len())?;
+        let id = Id::of(ObjectKind::Tree, &raw);
+        let links = t.entries.iter().filter_map(TreeEntry::blob_id).collect();
+        Ok(self.push(Pending {
+            kind: ObjectKind::Tree,
+            id,
+            raw,
+            meta: Vec::new(),
+            links,
+            event_links: None,
+        }))
+    }
+
+    /// Adds a snapshot of `dir` (its blobs and tree) to the batch.
+    pub fn snapshot_dir(&mut self, dir: &Path) -> Result<Id> {
+        let mut entries = Vec::new();
+        for item in tree::walk(dir)? {
+            let content = tree::read_item(&item)?;
+            let (blob, size) = match item.kind {
+                tree::EntryKind::Dir => ([0u8; 32], 0),
+                _ => (self.put_blob(&content)?.0, content.len() as u64),
+            };
+            entries.push(TreeEntry {
+                path: item.rel,
+                kind: item.kind,
+                mode: item.mode,
+                size,
+                blob,
+            });
+        }
+        self.put_tree(&Tree::new(entries)?)
+    }
+
+    /// Adds an event at the head of `ref_name`, which must be `expected` when the
+    /// batch commits. The event's stream is inherited from `expected` (or is the
+    /// ref name for a new stream) and its seq is one past it.
+    pub fn append(&mut self, ref_name: &str, expected: Option<Id>, ev: NewEvent) -> Result<Id> {
+        check_ref_name(ref_name)?;
+        if ev.kind.is_empty() {
+            return Err(LedgerError::BadRefName {
+                name: ref_name.to_string(),
+                reason: "event kind is empty".into(),
+            });
+        }
+        let (stream, seq) = match expected {
+            None => (ref_name.to_string(), 0),
+            Some(p) => {
+                let info = match self.heads.get(ref_name) {
+                    Some(h) if h.id == p => h.clone(),
+                    _ => self.ledger.head_info(ref_name, p)?,
+                };
+                (info.stream, info.seq + 1)
+            }
+        };
+        let env = EventEnvelope {
+            kind: ev.kind.clone(),
+            version: ev.version,
+            stream: stream.clone(),
+            seq,
+            prev: expected.map(|i| i.0),
+            parents: ev.parents.iter().map(|i| i.0).collect(),
+            refs: ev.refs.iter().map(|i| i.0).collect(),
+            payload: ev.payload,
+        };
+        let raw = env.to_bytes()?;
+        check_size(raw.len())?;
+        let id = Id::of(ObjectKind::Event, &raw);
+        let links: Vec<Id> = expected
+            .iter()
+            .chain(ev.parents.iter())
+            .chain(ev.refs.iter())
+            .copied()
+            .collect();
+        let meta = serde_json::to_vec(&Meta::now(ev.meta)).map_err(LedgerError::index)?;
+        self.push(Pending {
+            kind: ObjectKind::Event,
+            id,
+            raw,
+            meta,
+            links: links.clone(),
+            event_links: Some(EventIndex {
+                kind: ev.kind,
+                links,
+            }),
+        });
+        self.ref_updates.push(PendingRef {
+            name: ref_name.to_string(),
+            expected,
+            new: id,
+        });
+        self.heads
+            .insert(ref_name.to_string(), HeadInfo { id, stream, seq });
+        Ok(id)
+    }
+
+    pub fn set_ref(&mut self, name: &str, expected: Option<Id>, new: Id) -> Result<()> {
+        check_ref_name(name)?;
+        self.ref_updates.push(PendingRef {
+            name: name.to_string(),
+            expected,
+            new,
+        });
+        Ok(())
+    }
+
+    /// Number of objects in the batch.
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty() && self.ref_updates.is_empty()
+    }
+
+    /// Makes the batch durable and visible; on error nothing of it is.
+    pub fn commit(self) -> Result<()> {
+        let l = self.ledger;
+        l.commit_batch(self)
+    }
+}
+
+fn check_size(len: usize) -> Result<()> {
+    if len as u64 >= segment::MAX_BODY_LEN {
+        return Err(LedgerError::TooLarge {
+            len: len as u64,
+            limit: segment::MAX_BODY_LEN,
+        });
+    }
+    Ok(())
+}
+
+/// An index update derived from one record.
+enum IndexItem {
+    Object {
+        id: Id,
+        loc: ObjLoc,
+        event: Option<EventIndex>,
+    },
+    Ref {
+        name: String,
+        new: Id,
+    },
+}
+
+impl IndexItem {
+    fn apply(&self, batch: &mut sled::Batch) {
+        match self {
+            IndexItem::Object { id, loc, event } => {
+                batch.insert(&index::obj_key(id)[..], &loc.encode()[..]);
+                if let Some(ev) = event {
+                    batch.insert(&index::event_key(loc.ordinal)[..], &id.0[..]);
+                    batch.insert(index::kind_key(&ev.kind, loc.ordinal), &id.0[..]);
+                    for l in &ev.links {
+                        batch.insert(&index::child_key(l, id)[..], &[][..]);
+                    }
+                }
+            }
+            IndexItem::Ref { name, new } => {
+                batch.insert(index::ref_key(name), &new.0[..]);
+            }
+        }
+    }
+}
+
+/// Turns a scanned record into an index update (used by recovery and reindex).
+fn index_item(rec: &segment::ScannedRecord, seg: u32, ordinal: u64) -> Result<Option<IndexItem>> {
+    let h = &rec.header;
+    match h.rtype {
+        RecordType::Commit => Ok(None),
+        RecordType::RefUpdate => {
+            let u = RefUpdate::from_bytes(&rec.body).map_err(|r| LedgerError::CorruptLog {
+                path: PathBuf::from(format!("segment {seg}")),
+                offset: rec.offset,
+                detail: format!("ref update: {r}"),
+            })?;
+            Ok(Some(IndexItem::Ref {
+                name: u.name,
+                new: Id(u.new),
+            }))
+        }
+        RecordType::Object(kind) => {
+            let event = if kind == ObjectKind::Event {
+                let raw = decode_body(&h.id, h.flags, h.raw_len, &rec.body)?;
+                let env = EventEnvelope::from_bytes(&h.id, &raw)?;
+                let ev = Event::from_envelope(h.id, env);
+                Some(EventIndex {
+                    links: ev.links().copied().collect(),
+                    kind: ev.kind,
+                })
+            } else {
+                None
+            };
+            Ok(Some(IndexItem::Object {
+                id: h.id,
+                loc: ObjLoc {
+                    kind,
+                    flags: h.flags,
+                    seg,
+                    offset: rec.offset,
+                    body_len: h.body_len,
+                    raw_len: h.raw_len,
+                    meta_len: h.meta_len,
+                    ordinal,
+                },
+                event,
+            }))
+        }
+    }
+}
+
+/// Brings the index up to the end of the log's committed records and truncates
+/// an uncommitted tail from the last segment.
+fn recover(seg_dir: &Path, segs: &[u32], idx: &sled::Tree) -> Result<RecoveryReport> {
+    let mut report = RecoveryReport::default();
+    let first = segs.first().copied().unwrap_or(1);
+    let (wm_seg, wm_off) = match idx.get(index::K_WATERMARK).map_err(LedgerError::index)? {
+        Some(v) => index::decode_watermark(&v).ok_or_else(|| LedgerError::Index {
+            detail: "malformed watermark".into(),
+        })?,
+        None => (first, SEGMENT_HEADER_LEN),
+    };
+    let mut ordinal = read_next_ordinal(idx)?;
+    let last = segs.last().copied().unwrap_or(first);
+    for &seg in segs.iter().filter(|&&s| s >= wm_seg) {
+        let path = segment::segment_path(seg_dir, seg);
+        let start = if seg == wm_seg {
+            wm_off
+        } else {
+            SEGMENT_HEADER_LEN
+        };
+        let mut sc = Scanner::open(&path, seg, start)?;
+        let mut pending: Vec<IndexItem> = Vec::new();
+        let mut pending_records = 0u32;
+        let mut committed_end = sc.offset;
+        let mut committed_ord = ordinal;
+        let mut batch = sled::Batch::default();
+        let mut batch_len = 0usize;
+        loop {
+            match sc.next_record()? {
+                None => break,
+                Some(Err(torn)) => {
+                    if seg != last {
+                        return Err(LedgerError::CorruptLog {
+                            path,
+                            offset: torn.offset,
+                            detail: torn.reason,
+                        });
+                    }
+                    break;
+                }
+                Some(Ok(rec)) => {
+                    if rec.header.rtype == RecordType::Commit {
+                        let n = u32::from_le_bytes(
+                            rec.body
+                                .get(..4)
+                                .and_then(|b| b.try_into().ok())
+                                .unwrap_or([0xff; 4]),
+                        );
+                        if n != pending_records {
+                            return Err(LedgerError::CorruptLog {
+                                path,
+                                offset: rec.offset,
+                                detail: format!(
+                                    "commit marker counts {n} records, {pending_records} precede it"
+                                ),
+                            });
+                        }
+                        committed_end = rec.offset + rec.header.total_len();
+                        committed_ord = ordinal;
+                        for it in pending.drain(..) {
+                            it.apply(&mut batch);
+                            batch_len += 1;
+                        }
+                        report.reindexed_records += pending_records as u64;
+                        pending_records = 0;
+                        if batch_len >= 20_000 {
+                            flush_recovery_batch(
+                                idx,
+                                &mut batch,
+                                seg,
+                                committed_end,
+                                committed_ord,
+                            )?;
+                            batch_len = 0;
+                        }
+                    } else {
+                        pending_records += 1;
+                        let is_obj = matches!(rec.header.rtype, RecordType::Object(_));
+                        if let Some(it) = index_item(&rec, seg, ordinal)? {
+                            pending.push(it);
+                        }
+                        if is_obj {
+                            ordinal += 1;
+                        }
+                    }
+                }
+            }
+        }
+        flush_recovery_batch(idx, &mut batch, seg, committed_end, committed_ord)?;
+        let len = sc.file_len();
+        if committed_end < len {
+            if seg != last {
+                return Err(LedgerError::CorruptLog {
+                    path,
+                    offset: committed_end,
+                    detail: "uncommitted records in a sealed segment".into(),
+                });
+            }
+            let f = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(|e| LedgerError::io(&path, e))?;
+            f.set_len(committed_end)
+                .and_then(|_| f.sync_all())
+                .map_err(|e| LedgerError::io(&path, e))?;
+            report.truncated_bytes += len - committed_end;
+        }
+        // Positions of records dropped with the tail are reused.
+        ordinal = committed_ord;
+    }
+    idx.flush().map_err(LedgerError::index)?;
+    Ok(report)
+}
+
+/// Applies indexed records together with the watermark and ordinal counter that
+/// describe exactly them, so the index never claims more than it holds.
+fn flush_recovery_batch(
+    idx: &sled::Tree,
+    batch: &mut sled::Batch,
+    seg: u32,
+    end: u64,
+    next_ordinal: u64,
+) -> Result<()> {
+    let mut b = std::mem::take(batch);
+    b.insert(index::K_WATERMARK, &index::encode_watermark(seg, end)[..]);
+    b.insert(index::K_NEXT_ORDINAL, &next_ordinal.to_le_bytes()[..]);
+    idx.apply_batch(b).map_err(LedgerError::index)
+}
+
+fn read_next_ordinal(idx: &sled::Tree) -> Result<u64> {
+    match idx.get(index::K_NEXT_ORDINAL).map_err(LedgerError::index)? {
+        None => Ok(0),
+        Some(v) => {
+            let b: [u8; 8] = v.as_ref().try_into().map_err(|_| LedgerError::Index {
+                detail: "malformed ordinal counter".into(),
+            })?;
+            Ok(u64::from_le_bytes(b))
+        }
+    }
+}
+
+fn take_lock(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| LedgerError::io(&path, e))?;
+    match f.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut s = String::new();
+            let _ = f.read_to_string(&mut s);
+            let pid = s.trim().to_string();
+            return Err(LedgerError::Locked {
+                path: dir.to_path_buf(),
+                pid: if pid.is_empty() {
+                    "unknown".into()
+                } else {
+                    pid
+                },
+            });
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(LedgerError::io(&path, e)),
+    }
+    f.set_len(0)
+        .and_then(|_| f.write_all(format!("{}\n", std::process::id()).as_bytes()))
+        .map_err(|e| LedgerError::io(&path, e))?;
+    Ok(f)
+}
+
+fn create_segment(seg_dir: &Path, seg_no: u32) -> Result<PathBuf> {
+    let path = segment::segment_path(seg_dir, seg_no);
+    write_durably(&path, &segment::segment_header(seg_no))?;
+    sync_dir(seg_dir)?;
+    Ok(path)
+}
+
+/// Writes a small file atomically: temp file, fsync, rename, fsync directory.
+fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut f = File::create(&tmp).map_err(|e| LedgerError::io(&tmp, e))?;
+    f.write_all(bytes)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| LedgerError::io(&tmp, e))?;
+    fs::rename(&tmp, path).map_err(|e| LedgerError::io(path, e))?;
+    if let Some(parent) = path.parent() {
+        sync_dir(parent)?;
+    }
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| LedgerError::io(dir, e))
+}

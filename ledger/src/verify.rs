@@ -1,0 +1,430 @@
+//! Full-ledger integrity checks (`mass verify`) and storage statistics (`mass stats`).
+//!
+//! `verify` reads every segment sequentially, re-hashes every object, validates
+//! every event envelope and tree, checks that every link points to an object
+//! written earlier in the log (objects are only accepted once their links
+//! exist, so log order is a topological order), and cross-checks the index and
+//! the refs against what the log says. It reports problems with object ids and
+//! keeps going; it never panics on damaged bytes.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::error::{LedgerError, Result};
+use crate::id::{Id, ObjectKind};
+use crate::object::{Event, EventEnvelope, RefUpdate};
+use crate::segment::{self, decode_body, RecordType, Scanner};
+use crate::store::Ledger;
+use crate::tree::{EntryKind, Tree};
+
+/// One thing `verify` found wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The object concerned, when known.
+    pub id: Option<Id>,
+    pub what: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.id {
+            Some(id) => write!(f, "{id}: {}", self.what),
+            None => f.write_str(&self.what),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct VerifyReport {
+    pub blobs: u64,
+    pub trees: u64,
+    pub events: u64,
+    pub refs: u64,
+    pub records: u64,
+    pub bytes_scanned: u64,
+    pub problems: Vec<Problem>,
+}
+
+impl VerifyReport {
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+    pub fn objects(&self) -> u64 {
+        self.blobs + self.trees + self.events
+    }
+}
+
+/// A hook that checks an event's payload (the CLI passes the schema registry).
+pub type PayloadCheck<'a> = &'a dyn Fn(&Event) -> std::result::Result<(), String>;
+
+impl Ledger {
+    /// Checks everything; `check_payload` validates event payloads by kind/version.
+    pub fn verify(&self, check_payload: PayloadCheck<'_>) -> Result<VerifyReport> {
+        let mut r = VerifyReport::default();
+        let mut seen: HashMap<Id, ObjectKind> = HashMap::new();
+        let mut refs_from_log: HashMap<String, Id> = HashMap::new();
+        let (end_seg, end_off) = self.committed_end()?;
+        let segs: Vec<u32> = segment::list_segments(self.segment_dir())?
+            .into_iter()
+            .filter(|&s| s <= end_seg)
+            .collect();
+        for (i, &seg) in segs.iter().enumerate() {
+            let is_last = i + 1 == segs.len();
+            let path = segment::segment_path(self.segment_dir(), seg);
+            let bound = (seg == end_seg).then_some(end_off);
+            let mut sc = match Scanner::open_bounded(&path, seg, 0, bound) {
+                Ok(sc) => sc,
+                Err(e) => {
+                    r.problems.push(Problem {
+                        id: None,
+                        what: format!("segment {}: {e}", path.display()),
+                    });
+                    continue;
+                }
+            };
+            let mut pending: Vec<PendingRef> = Vec::new();
+            loop {
+                let rec = match sc.next_record()? {
+                    None => break,
+                    Some(Ok(rec)) => rec,
+                    Some(Err(torn)) => {
+                        // An unreadable record: if its header names an object, blame it.
+                        let id = header_id_at(&path, torn.offset);
+                        r.problems.push(Problem {
+                            id,
+                            what: format!(
+                                "unreadable record in {} at byte {}: {}",
+                                path.display(),
+                                torn.offset,
+                                torn.reason
+                            ),
+                        });
+                        // Skip it if its length is believable, otherwise give up on
+                        // this segment and name what the index says lived there.
+                        match skip_len(&path, torn.offset, sc.file_len()) {
+                            Some(n) if n > 0 => {
+                                sc = Scanner::open_bounded(&path, seg, torn.offset + n, bound)?;
+                                continue;
+                            }
+                            _ => {
+                                self.blame_rest(seg, torn.offset, &mut r)?;
+                                break;
+                            }
+                        }
+                    }
+                };
+                r.records += 1;
+                r.bytes_scanned += rec.header.total_len();
+                match rec.header.rtype {
+                    RecordType::Commit => {
+                        for p in pending.drain(..) {
+                            refs_from_log.insert(p.name, p.new);
+                        }
+                    }
+                    RecordType::RefUpdate => match RefUpdate::from_bytes(&rec.body) {
+                        Ok(u) => {
+                            let new = Id(u.new);
+                            if seen.get(&new) != Some(&ObjectKind::Event) {
+                                r.problems.push(Problem {
+                                    id: Some(new),
+                                    what: format!(
+                                        "ref {:?} points to an event not written before it",
+                                        u.name
+                                    ),
+                                });
+                            }
+                            pending.push(PendingRef { name: u.name, new });
+                        }
+                        Err(e) => r.problems.push(Problem {
+                            id: None,
+                            what: format!(
+                                "ref update at byte {} of {}: {e}",
+                                rec.offset,
+                                path.display()
+                            ),
+                        }),
+                    },
+                    RecordType::Object(kind) => {
+                        let id = rec.header.id;
+                        match self.check_object(kind, &id, &rec, seg, &seen, check_payload) {
+                            Ok(()) => {}
+                            Err(what) => r.problems.push(Problem { id: Some(id), what }),
+                        }
+                        match kind {
+                            ObjectKind::Blob => r.blobs += 1,
+                            ObjectKind::Tree => r.trees += 1,
+                            ObjectKind::Event => r.events += 1,
+                        }
+                        seen.insert(id, kind);
+                    }
+                }
+            }
+            if !pending.is_empty() && !is_last {
+                r.problems.push(Problem {
+                    id: None,
+                    what: format!("{} ends with uncommitted records", path.display()),
+                });
+            }
+        }
+        // Refs in the index must be what the operation log says.
+        let refs = self.refs()?;
+        r.refs = refs.len() as u64;
+        for (name, id) in &refs {
+            match refs_from_log.get(name) {
+                Some(l) if l == id => {}
+                Some(l) => r.problems.push(Problem {
+                    id: Some(*id),
+                    what: format!("ref {name:?} is {id} in the index but {l} in the log"),
+                }),
+                None => r.problems.push(Problem {
+                    id: Some(*id),
+                    what: format!("ref {name:?} is in the index but not in the log"),
+                }),
+            }
+        }
+        for (name, id) in &refs_from_log {
+            if !refs.iter().any(|(n, _)| n == name) {
+                r.problems.push(Problem {
+                    id: Some(*id),
+                    what: format!("ref {name:?} is in the log but missing from the index (run `mass reindex`)"),
+                });
+            }
+        }
+        Ok(r)
+    }
+
+    fn check_object(
+        &self,
+        kind: ObjectKind,
+        id: &Id,
+        rec: &segment::ScannedRecord,
+        seg: u32,
+        seen: &HashMap<Id, ObjectKind>,
+        check_payload: PayloadCheck<'_>,
+    ) -> std::result::Result<(), String> {
+        let h = &rec.header;
+        let raw = decode_body(id, h.flags, h.raw_len, &rec.body).map_err(|e| e.to_string())?;
+        let actual = Id::of(kind, &raw);
+        if actual != *id {
+            return Err(format!("content hashes to {actual}"));
+        }
+        match self.locate(id) {
+            Ok(Some(loc)) if loc.seg == seg && loc.offset == rec.offset => {}
+            Ok(Some(loc)) => {
+                return Err(format!(
+                    "index places it at segment {} offset {}, log at segment {seg} offset {}",
+                    loc.seg, loc.offset, rec.offset
+                ))
+            }
+            Ok(None) => return Err("missing from the index (run `mass reindex`)".into()),
+            Err(e) => return Err(e.to_string()),
+        }
+        let need = |l: &Id, what: &str| -> std::result::Result<(), String> {
+            if seen.contains_key(l) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{what} {l} is not stored before it (dangling reference)"
+                ))
+            }
+        };
+        match kind {
+            ObjectKind::Blob => {}
+            ObjectKind::Tree => {
+                let t = Tree::from_bytes(id, &raw).map_err(|e| e.to_string())?;
+                for e in &t.entries {
+                    if e.kind != EntryKind::Dir {
+                        need(&Id(e.blob), &format!("entry {:?}: blob", e.path))?;
+                    }
+                }
+            }
+            ObjectKind::Event => {
+                let env = EventEnvelope::from_bytes(id, &raw).map_err(|e| e.to_string())?;
+                let ev = Event::from_envelope(*id, env);
+                if let Some(p) = &ev.prev {
+                    need(p, "prev")?;
+                    if seen.get(p) != Some(&ObjectKind::Event) {
+                        return Err(format!("prev {p} is not an event"));
+                    }
+                } else if ev.seq != 0 {
+                    return Err(format!("seq {} without a prev event", ev.seq));
+                }
+                for p in &ev.parents {
+                    need(p, "parent")?;
+                }
+                for x in &ev.refs {
+                    need(x, "ref")?;
+                }
+                check_payload(&ev)
+                    .map_err(|e| format!("payload of {} v{}: {e}", ev.kind, ev.version))?;
+            }
+        }
+        if h.meta_len > 0 && serde_json::from_slice::<serde_json::Value>(&rec.meta).is_err() {
+            return Err("metadata is not valid JSON".into());
+        }
+        Ok(())
+    }
+
+    /// After an unparseable header, every object the index places later in the
+    /// same segment cannot be checked: report each one by id.
+    fn blame_rest(&self, seg: u32, from: u64, r: &mut VerifyReport) -> Result<()> {
+        for (id, loc) in self.locations()? {
+            if loc.seg == seg && loc.offset > from {
+                r.problems.push(Problem {
+                    id: Some(id),
+                    what: format!(
+                        "not verifiable: follows damaged bytes at offset {from} of segment {seg}"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Storage statistics from the index and the objects.
+    pub fn stats(&self) -> Result<Stats> {
+        let mut s = Stats::default();
+        let mut sizes: HashMap<Id, u64> = HashMap::new();
+        let locs = self.locations()?;
+        for (id, loc) in &locs {
+            let k = s.by_kind.entry(loc.kind.name()).or_default();
+            k.count += 1;
+            k.raw_bytes += loc.raw_len as u64;
+            k.stored_bytes += loc.body_len as u64;
+            sizes.insert(*id, loc.raw_len as u64);
+        }
+        // Logical bytes: what the objects would weigh if every reference were a
+        // copy (each tree's file contents, each event's referenced objects).
+        let mut referenced: HashSet<Id> = HashSet::new();
+        for (id, loc) in &locs {
+            match loc.kind {
+                ObjectKind::Tree => {
+                    let t = self.get_tree(id)?;
+                    s.logical_bytes += loc.raw_len as u64;
+                    for e in &t.entries {
+                        if let Some(b) = e.blob_id() {
+                            s.logical_bytes += sizes.get(&b).copied().unwrap_or(e.size);
+                            referenced.insert(b);
+                        }
+                    }
+                }
+                ObjectKind::Event => {
+                    let ev = self.get_event(id)?;
+                    s.logical_bytes += loc.raw_len as u64;
+                    for r in &ev.refs {
+                        if sizes.get(r).is_some() {
+                            s.logical_bytes += sizes[r];
+                            referenced.insert(*r);
+                        }
+                    }
+                }
+                ObjectKind::Blob => {}
+            }
+        }
+        for (id, loc) in &locs {
+            if loc.kind == ObjectKind::Blob && !referenced.contains(id) {
+                s.logical_bytes += loc.raw_len as u64;
+            }
+        }
+        s.unique_bytes = locs.iter().map(|(_, l)| l.raw_len as u64).sum();
+        s.stored_bytes = locs.iter().map(|(_, l)| l.body_len as u64).sum();
+        s.segment_bytes = dir_size(self.segment_dir());
+        s.index_bytes = dir_size(&self.dir().join("index"));
+        s.refs = self.refs()?.len() as u64;
+        Ok(s)
+    }
+}
+
+struct PendingRef {
+    name: String,
+    new: Id,
+}
+
+fn header_id_at(path: &std::path::Path, offset: u64) -> Option<Id> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(path).ok()?;
+    let mut h = [0u8; segment::RECORD_HEADER_LEN];
+    f.read_exact_at(&mut h, offset).ok()?;
+    let hdr = segment::RecordHeader::decode(&h).ok()?;
+    match hdr.rtype {
+        RecordType::Object(_) => Some(hdr.id),
+        _ => None,
+    }
+}
+
+fn skip_len(path: &std::path::Path, offset: u64, file_len: u64) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(path).ok()?;
+    let mut h = [0u8; segment::RECORD_HEADER_LEN];
+    f.read_exact_at(&mut h, offset).ok()?;
+    let hdr = segment::RecordHeader::decode(&h).ok()?;
+    let n = hdr.total_len();
+    (offset + n <= file_len).then_some(n)
+}
+
+/// Per-kind counts and sizes.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct KindStats {
+    pub count: u64,
+    /// Canonical (uncompressed) bytes.
+    pub raw_bytes: u64,
+    /// Bytes as stored in segments (after compression, without record framing).
+    pub stored_bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Stats {
+    pub by_kind: std::collections::BTreeMap<&'static str, KindStats>,
+    /// Bytes if every reference were a private copy.
+    pub logical_bytes: u64,
+    /// Canonical bytes of distinct objects.
+    pub unique_bytes: u64,
+    /// Bytes of object bodies as stored.
+    pub stored_bytes: u64,
+    /// Size of the segment files on disk.
+    pub segment_bytes: u64,
+    /// Size of the (derived) index on disk.
+    pub index_bytes: u64,
+    pub refs: u64,
+}
+
+impl Stats {
+    /// logical / unique: how much content addressing saved.
+    pub fn dedup_ratio(&self) -> f64 {
+        ratio(self.logical_bytes, self.unique_bytes)
+    }
+    /// unique / stored: how much compression saved.
+    pub fn compression_ratio(&self) -> f64 {
+        ratio(self.unique_bytes, self.stored_bytes)
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        1.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+fn dir_size(p: &std::path::Path) -> u64 {
+    let mut total = 0;
+    if let Ok(rd) = std::fs::read_dir(p) {
+        for e in rd.flatten() {
+            match e.metadata() {
+                Ok(m) if m.is_dir() => total += dir_size(&e.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
+impl From<Problem> for LedgerError {
+    fn from(p: Problem) -> Self {
+        match p.id {
+            Some(id) => LedgerError::Corruption { id, detail: p.what },
+            None => LedgerError::Index { detail: p.what },
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! `schemas`: the typed records that `mass` stores as ledger event payloads.
+//!
+//! Every record type has a kind name and a schema version ([`Record::KIND`],
+//! [`Record::VERSION`]). A payload is the rkyv archive of the record (validated
+//! with bytecheck on every decode); the event envelope around it carries the kind
+//! and version, so a reader always knows which layout to expect. `SCHEMAS.md` in
+//! this crate documents each type like a wire format, and the `layout_pins` test
+//! fails when a type's encoding changes without its version changing.
+//!
+//! ```
+//! use schemas::{Note, Record};
+//! let note = Note { text: "hello".into() };
+//! let ev = schemas::to_event(&note).unwrap();
+//! assert_eq!(ev.kind, "note");
+//! let back: Note = schemas::decode(&ev.kind, ev.version, &ev.payload).unwrap();
+//! assert_eq!(back, note);
+//! ```
+
+mod hash;
+mod records;
+mod registry;
+
+pub use hash::Hash32;
+pub use records::*;
+pub use registry::{check, describe, known_kinds, KindInfo};
+
+use ledger::NewEvent;
+use rkyv::rancor;
+
+/// Why a payload could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    #[error("unknown event kind {kind:?}; known kinds: {known}")]
+    UnknownKind { kind: String, known: String },
+
+    #[error("{kind} has no schema version {version}; this build knows version(s) {known}")]
+    UnknownVersion {
+        kind: String,
+        version: u32,
+        known: String,
+    },
+
+    #[error("expected a {expected} payload, the event is a {actual}")]
+    KindMismatch { expected: String, actual: String },
+
+    #[error("{kind} v{version} payload is malformed ({len} bytes): {detail}")]
+    Malformed {
+        kind: String,
+        version: u32,
+        len: usize,
+        detail: String,
+    },
+
+    #[error("cannot encode {kind}: {detail}")]
+    Encode { kind: String, detail: String },
+}
+
+/// Implemented by every record type.
+pub trait Record:
+    rkyv::Archive
+    + for<'a> rkyv::Serialize<
+        rkyv::api::high::HighSerializer<
+            rkyv::util::AlignedVec,
+            rkyv::ser::allocator::ArenaHandle<'a>,
+            rancor::Error,
+        >,
+    > + serde::Serialize
+    + Sized
+where
+    Self::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
+        + rkyv::Deserialize<Self, rkyv::api::high::HighDeserializer<rancor::Error>>,
+{
+    /// The event kind, e.g. `model.call`.
+    const KIND: &'static str;
+    /// Bumped whenever the encoding changes.
+    const VERSION: u32;
+
+    /// Ids of blobs, trees and events the record names; they become the
+    /// envelope's `refs`, so the ledger checks they exist and indexes them.
+    fn links(&self) -> Vec<Hash32> {
+        Vec::new()
+    }
+
+    /// A fixed, fully populated value used to pin the encoding.
+    fn sample() -> Self;
+}
+
+/// Encodes a record's payload bytes.
+pub fn encode<T: Record>(r: &T) -> Result<Vec<u8>, SchemaError>
+where
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
+        + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rancor::Error>>,
+{
+    rkyv::to_bytes::<rancor::Error>(r)
+        .map(|v| v.to_vec())
+        .map_err(|e| SchemaError::Encode {
+            kind: T::KIND.into(),
+            detail: e.to_string(),
+        })
+}
+
+/// Builds the ledger event for a record: kind, version, payload and links.
+pub fn to_event<T: Record>(r: &T) -> Result<NewEvent, SchemaError>
+where
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
+        + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rancor::Error>>,
+{
+    let mut refs: Vec<ledger::Id> = r.links().into_iter().map(|h| ledger::Id(h.0)).collect();
+    refs.dedup();
+    Ok(NewEvent::new(T::KIND, T::VERSION, encode(r)?).with_refs(refs))
+}
+
+/// Decodes a payload of `kind`/`version` as `T`, validating it.
+pub fn decode<T: Record>(kind: &str, version: u32, payload: &[u8]) -> Result<T, SchemaError>
+where
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
+        + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rancor::Error>>,
+{
+    if kind != T::KIND {
+        return Err(SchemaError::KindMismatch {
+            expected: T::KIND.into(),
+            actual: kind.into(),
+        });
+    }
+    if version != T::VERSION {
+        return Err(SchemaError::UnknownVersion {
+            kind: kind.into(),
+            version,
+            known: T::VERSION.to_string(),
+        });
+    }
+    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(payload.len());
+    aligned.extend_from_slice(payload);
+    rkyv::from_bytes::<T, rancor::Error>(&aligned).map_err(|e| SchemaError::Malformed {
+        kind: kind.into(),
+        version,
+        len: payload.len(),
+        detail: e.to_string(),
+    })
+}
+
+/// Decodes a ledger event as `T`.
+pub fn decode_event<T: Record>(ev: &ledger::Event) -> Result<T, SchemaError>
+where
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
+        + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rancor::Error>>,
+{
+    decode(&ev.kind, ev.version, &ev.payload)
+}

@@ -1,0 +1,116 @@
+//! The command-line grammar (clap derive). Behaviour lives in `commands`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+const EXIT_CODES: &str = "Exit codes:
+  0  success
+  1  other error
+  2  usage error (bad arguments, malformed id or ref name)
+  3  integrity problem (verify found problems, or a read hit corrupt data)
+  4  not found, or an abbreviated id is ambiguous
+  5  conflict: a ref moved since it was read
+  6  the ledger is in use by another process";
+
+#[derive(Debug, Parser)]
+#[command(name = "mass", version, about = "MASS self-training cycles on an event-sourced, content-addressed ledger", after_help = EXIT_CODES)]
+pub struct Cli {
+    /// Ledger directory.
+    #[arg(
+        long,
+        global = true,
+        env = "MASS_LEDGER",
+        default_value = "mass-ledger"
+    )]
+    pub ledger: PathBuf,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create an empty ledger.
+    Init,
+    /// List events, newest first: a stream from a ref or event, or the whole ledger.
+    Log {
+        /// Ref name or (abbreviated) event id; omit for every event.
+        start: Option<String>,
+        /// Only events of this kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// At most this many events.
+        #[arg(long)]
+        limit: Option<usize>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show an event, tree or blob.
+    Show {
+        /// Ref name or id (any unique prefix of at least 8 hex digits).
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a blob's raw bytes to standard output.
+    Cat { id: String },
+    /// List refs and their heads.
+    Refs {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create a ref at an existing event.
+    Fork {
+        /// Event id or ref to fork from.
+        id: String,
+        /// Name of the new ref.
+        #[arg(long)]
+        name: String,
+    },
+    /// Store a directory as a tree; prints the tree id.
+    Snapshot { dir: PathBuf },
+    /// Materialise a tree into a new or empty directory.
+    Checkout { tree: String, dir: PathBuf },
+    /// List paths added (A), removed (D) or modified (M) from one tree to another.
+    Diff {
+        a: String,
+        b: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-hash every object and check every reference.
+    Verify {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Objects by kind, bytes, deduplication and compression ratios.
+    Stats {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rebuild the index from the segment files.
+    Reindex,
+    /// Export ledger contents.
+    Export {
+        #[command(subcommand)]
+        what: ExportWhat,
+    },
+    /// Fill the ledger with a short scripted demonstration (no model involved).
+    Demo {
+        /// Workspace files to snapshot; a small generated one when omitted.
+        #[arg(long)]
+        workspace: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ExportWhat {
+    /// Events as JSON lines, oldest first, with ids and decoded payloads.
+    Events {
+        /// Ref or event: export that stream; omit for every event in log order.
+        start: Option<String>,
+        #[arg(long)]
+        out: PathBuf,
+    },
+}

@@ -1,0 +1,216 @@
+//! Read commands: log, show, cat, refs, fork.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use ledger::{Ledger, ObjectKind};
+use serde_json::json;
+
+use super::resolve;
+use crate::output::{bytes, event_json_with_meta, event_line, iso_time};
+
+pub fn log(
+    l: &Ledger,
+    start: Option<&str>,
+    kind: Option<&str>,
+    limit: Option<usize>,
+    json: bool,
+) -> Result<ExitCode> {
+    let limit = limit.unwrap_or(usize::MAX);
+    let mut events = Vec::new();
+    match start {
+        Some(s) => {
+            let head = resolve(l, s)?;
+            if l.kind_of(&head)? != Some(ObjectKind::Event) {
+                bail!("{s} is not an event or a ref; `mass log` follows event streams");
+            }
+            for ev in l.chain(head) {
+                let ev = ev?;
+                if kind.is_some_and(|k| k != ev.kind) {
+                    continue;
+                }
+                events.push(ev);
+                if events.len() >= limit {
+                    break;
+                }
+            }
+        }
+        None => {
+            for id in l.events_newest_first(kind, limit)? {
+                events.push(l.get_event(&id)?);
+            }
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    if json {
+        let v: Vec<_> = events.iter().map(|e| event_json_with_meta(l, e)).collect();
+        serde_json::to_writer_pretty(&mut out, &v)?;
+        writeln!(out)?;
+    } else {
+        for ev in &events {
+            writeln!(out, "{}", event_line(ev))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn show(l: &Ledger, s: &str, json: bool) -> Result<ExitCode> {
+    let id = resolve(l, s)?;
+    let loc = l
+        .locate(&id)?
+        .with_context(|| format!("{id} vanished from the index"))?;
+    let mut out = std::io::stdout().lock();
+    match loc.kind {
+        ObjectKind::Event => {
+            let ev = l.get_event(&id)?;
+            let v = event_json_with_meta(l, &ev);
+            if json {
+                serde_json::to_writer_pretty(&mut out, &v)?;
+                writeln!(out)?;
+            } else {
+                writeln!(out, "event   {}", ev.id)?;
+                writeln!(out, "kind    {} v{}", ev.kind, ev.version)?;
+                writeln!(out, "stream  {} #{}", ev.stream, ev.seq)?;
+                if let Some(p) = ev.prev {
+                    writeln!(out, "prev    {p}")?;
+                }
+                for p in &ev.parents {
+                    writeln!(out, "parent  {p}")?;
+                }
+                for r in &ev.refs {
+                    let k = l.kind_of(r)?.map(|k| k.name()).unwrap_or("missing");
+                    writeln!(out, "ref     {r} ({k})")?;
+                }
+                if let Some(ms) = v["meta"]["wall_ms"].as_u64() {
+                    writeln!(
+                        out,
+                        "time    {} (host {}, pid {})",
+                        iso_time(ms),
+                        v["meta"]["host"].as_str().unwrap_or(""),
+                        v["meta"]["pid"]
+                    )?;
+                }
+                if let Some(extra) = v["meta"]["extra"].as_object() {
+                    for (k, val) in extra {
+                        writeln!(out, "meta    {k}={}", val.as_str().unwrap_or(""))?;
+                    }
+                }
+                match v.get("payload_error") {
+                    Some(e) => writeln!(
+                        out,
+                        "payload cannot be decoded: {}",
+                        e.as_str().unwrap_or("")
+                    )?,
+                    None => writeln!(out, "{}", serde_json::to_string_pretty(&v["payload"])?)?,
+                }
+            }
+        }
+        ObjectKind::Tree => {
+            let t = l.get_tree(&id)?;
+            if json {
+                let entries: Vec<_> = t
+                    .entries
+                    .iter()
+                    .map(|e| json!({"path": e.path, "kind": e.kind.name(), "mode": format!("{:o}", e.mode), "size": e.size, "blob": e.blob_id().map(|b| b.to_hex())}))
+                    .collect();
+                serde_json::to_writer_pretty(
+                    &mut out,
+                    &json!({"id": id.to_hex(), "kind": "tree", "entries": entries}),
+                )?;
+                writeln!(out)?;
+            } else {
+                writeln!(
+                    out,
+                    "tree {id}: {} entries, {} of content",
+                    t.entries.len(),
+                    bytes(t.content_bytes())
+                )?;
+                for e in &t.entries {
+                    let blob = e
+                        .blob_id()
+                        .map(|b| b.short(12))
+                        .unwrap_or_else(|| "-".repeat(12));
+                    writeln!(
+                        out,
+                        "{:06o} {:<7} {:>10} {blob}  {}",
+                        e.mode,
+                        e.kind.name(),
+                        e.size,
+                        e.path
+                    )?;
+                }
+            }
+        }
+        ObjectKind::Blob => {
+            let data = l.get_blob(&id)?;
+            let text = std::str::from_utf8(&data).ok();
+            if json {
+                serde_json::to_writer_pretty(
+                    &mut out,
+                    &json!({"id": id.to_hex(), "kind": "blob", "size": data.len(), "stored_size": loc.body_len, "compressed": loc.flags & 1 == 1, "utf8": text.is_some()}),
+                )?;
+                writeln!(out)?;
+            } else {
+                writeln!(
+                    out,
+                    "blob {id}: {} ({} stored{})",
+                    bytes(data.len() as u64),
+                    bytes(loc.body_len as u64),
+                    if loc.flags & 1 == 1 { ", zstd" } else { "" }
+                )?;
+                match text {
+                    Some(t) => {
+                        for line in t.lines().take(20) {
+                            writeln!(out, "  {line}")?;
+                        }
+                        if t.lines().count() > 20 {
+                            writeln!(out, "  ... (`mass cat {}` for all of it)", id.short(12))?;
+                        }
+                    }
+                    None => writeln!(
+                        out,
+                        "  (binary; `mass cat {}` writes the bytes)",
+                        id.short(12)
+                    )?,
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn cat(l: &Ledger, s: &str) -> Result<ExitCode> {
+    let id = resolve(l, s)?;
+    let data = l.get_blob(&id)?;
+    let mut out = std::io::stdout().lock();
+    out.write_all(&data)?;
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn refs(l: &Ledger, json: bool) -> Result<ExitCode> {
+    let refs = l.refs()?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        let v: Vec<_> = refs
+            .iter()
+            .map(|(n, id)| json!({"name": n, "head": id.to_hex()}))
+            .collect();
+        serde_json::to_writer_pretty(&mut out, &v)?;
+        writeln!(out)?;
+    } else {
+        for (n, id) in refs {
+            writeln!(out, "{}  {n}", id.short(12))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn fork(l: &Ledger, s: &str, name: &str) -> Result<ExitCode> {
+    let at = resolve(l, s)?;
+    l.fork(name, at)
+        .with_context(|| format!("cannot create ref {name:?} at {}", at.short(12)))?;
+    println!("{name} -> {at}");
+    Ok(ExitCode::SUCCESS)
+}

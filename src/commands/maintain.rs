@@ -1,0 +1,107 @@
+//! Maintenance commands: verify, stats, reindex.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use ledger::Ledger;
+use serde_json::json;
+
+use crate::output::bytes;
+
+pub fn verify(l: &Ledger, json: bool) -> Result<ExitCode> {
+    let check = |ev: &ledger::Event| {
+        schemas::check(&ev.kind, ev.version, &ev.payload).map_err(|e| e.to_string())
+    };
+    let r = l.verify(&check)?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        let v = json!({
+            "clean": r.is_clean(),
+            "blobs": r.blobs, "trees": r.trees, "events": r.events, "refs": r.refs,
+            "records": r.records, "bytes_scanned": r.bytes_scanned,
+            "problems": r.problems.iter().map(|p| json!({"id": p.id.map(|i| i.to_hex()), "problem": p.what})).collect::<Vec<_>>(),
+        });
+        serde_json::to_writer_pretty(&mut out, &v)?;
+        writeln!(out)?;
+    } else {
+        for p in &r.problems {
+            writeln!(out, "BAD {p}")?;
+        }
+        writeln!(
+            out,
+            "{}: {} objects ({} blobs, {} trees, {} events), {} refs, {} scanned",
+            if r.is_clean() { "ok" } else { "FAILED" },
+            r.objects(),
+            r.blobs,
+            r.trees,
+            r.events,
+            r.refs,
+            bytes(r.bytes_scanned)
+        )?;
+        if !r.is_clean() {
+            writeln!(out, "{} problem(s) found", r.problems.len())?;
+        }
+    }
+    Ok(if r.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    })
+}
+
+pub fn stats(l: &Ledger, json: bool) -> Result<ExitCode> {
+    let s = l.stats()?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        let mut v = serde_json::to_value(&s)?;
+        v["dedup_ratio"] = json!(s.dedup_ratio());
+        v["compression_ratio"] = json!(s.compression_ratio());
+        serde_json::to_writer_pretty(&mut out, &v)?;
+        writeln!(out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    writeln!(
+        out,
+        "{:<8} {:>10} {:>12} {:>12}",
+        "kind", "objects", "raw", "stored"
+    )?;
+    for (k, ks) in &s.by_kind {
+        writeln!(
+            out,
+            "{:<8} {:>10} {:>12} {:>12}",
+            k,
+            ks.count,
+            bytes(ks.raw_bytes),
+            bytes(ks.stored_bytes)
+        )?;
+    }
+    writeln!(out, "refs              {}", s.refs)?;
+    writeln!(
+        out,
+        "logical bytes     {}  (every reference counted as a copy)",
+        bytes(s.logical_bytes)
+    )?;
+    writeln!(out, "unique bytes      {}", bytes(s.unique_bytes))?;
+    writeln!(out, "stored bytes      {}", bytes(s.stored_bytes))?;
+    writeln!(out, "dedup ratio       {:.2}x", s.dedup_ratio())?;
+    writeln!(out, "compression ratio {:.2}x", s.compression_ratio())?;
+    writeln!(
+        out,
+        "on disk           {} segments + {} index",
+        bytes(s.segment_bytes),
+        bytes(s.index_bytes)
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn reindex(dir: &Path) -> Result<ExitCode> {
+    let (_l, r) =
+        Ledger::reindex(dir).with_context(|| format!("cannot reindex {}", dir.display()))?;
+    println!(
+        "reindexed {} records from the segment files",
+        r.reindexed_records
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,59 @@
+//! `mass`: the command-line front end. Only this crate knows clap and anyhow;
+//! the libraries below it return typed errors that are mapped to exit codes here.
+//!
+//! Exit codes (also in `mass --help` and README.md):
+//! 0 success · 1 other error · 2 usage error · 3 integrity problem (verify found
+//! problems, or a read hit corrupt data) · 4 not found or ambiguous id/ref ·
+//! 5 conflict (a ref moved) · 6 ledger locked by another process.
+
+mod cli;
+mod commands;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    match commands::run(cli) {
+        Ok(code) => code,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(exit_code_for(&e))
+        }
+    }
+}
+
+/// Maps an error to the documented exit code by looking for a typed cause.
+fn exit_code_for(e: &anyhow::Error) -> u8 {
+    for cause in e.chain() {
+        if let Some(le) = cause.downcast_ref::<ledger::LedgerError>() {
+            use ledger::LedgerError as L;
+            return match le {
+                L::Corruption { .. } | L::CorruptLog { .. } => 3,
+                L::NotFound { .. }
+                | L::Ambiguous { .. }
+                | L::NoSuchRef { .. }
+                | L::NotALedger { .. } => 4,
+                L::Conflict { .. } => 5,
+                L::Locked { .. } => 6,
+                L::MalformedId { .. } | L::BadRefName { .. } => 2,
+                _ => 1,
+            };
+        }
+        if let Some(c) = cause.downcast_ref::<commands::CliError>() {
+            return c.exit_code();
+        }
+    }
+    1
+}
+
+/// A reader that closed our stdout early (`mass log | head`) is not an error.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
