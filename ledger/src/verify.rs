@@ -311,8 +311,8 @@ impl Ledger {
                     let ev = self.get_event(id)?;
                     s.logical_bytes += loc.raw_len as u64;
                     for r in &ev.refs {
-                        if sizes.get(r).is_some() {
-                            s.logical_bytes += sizes[r];
+                        if let Some(n) = sizes.get(r) {
+                            s.logical_bytes += n;
                             referenced.insert(*r);
                         }
                     }

@@ -1,0 +1,146 @@
+//! Golden ids: the content address of fixed objects is pinned to literal hashes.
+//! If a dependency upgrade or a layout change would re-address stored objects,
+//! these fail. Changing an expected value here means every existing ledger's ids
+//! change: that needs a format version bump, not an edit of this file.
+
+use ledger::{EntryKind, EventEnvelope, Id, Ledger, NewEvent, ObjectKind, Tree, TreeEntry};
+
+/// The BLAKE3 crate itself must hash as the reference says (official vectors,
+/// copied with their source into fixtures/blake3_vectors.json).
+#[test]
+fn blake3_matches_official_test_vectors() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/blake3_vectors.json"
+    ))
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cases = v["cases"].as_array().unwrap();
+    assert!(cases.len() >= 8);
+    for c in cases {
+        let n = c["input_len"].as_u64().unwrap() as usize;
+        let input: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+        assert_eq!(
+            blake3::hash(&input).to_hex().as_str(),
+            c["hash"].as_str().unwrap(),
+            "input_len {n}"
+        );
+    }
+}
+
+#[test]
+fn blob_id_is_pinned() {
+    assert_eq!(
+        Id::of(ObjectKind::Blob, b"hello, ledger\n").to_hex(),
+        "a360b28bf61986c96e9f3d07e94db0170940b08d2f84e6b7f552f0c7099e9320"
+    );
+    // Domain separation: the tag is hashed before the bytes.
+    let mut h = blake3::Hasher::new();
+    h.update(b"mass.blob\0");
+    h.update(b"hello, ledger\n");
+    assert_eq!(
+        Id::of(ObjectKind::Blob, b"hello, ledger\n").0,
+        *h.finalize().as_bytes()
+    );
+}
+
+fn fixed_tree() -> Tree {
+    Tree::new(vec![
+        TreeEntry {
+            path: "data/prices.csv".into(),
+            kind: EntryKind::File,
+            mode: 0o644,
+            size: 14,
+            blob: Id::of(ObjectKind::Blob, b"hello, ledger\n").0,
+        },
+        TreeEntry {
+            path: "data".into(),
+            kind: EntryKind::Dir,
+            mode: 0o755,
+            size: 0,
+            blob: [0; 32],
+        },
+        TreeEntry {
+            path: "run.sh".into(),
+            kind: EntryKind::File,
+            mode: 0o755,
+            size: 0,
+            blob: Id::of(ObjectKind::Blob, b"").0,
+        },
+        TreeEntry {
+            path: "latest".into(),
+            kind: EntryKind::Symlink,
+            mode: 0o777,
+            size: 4,
+            blob: Id::of(ObjectKind::Blob, b"data").0,
+        },
+    ])
+    .unwrap()
+}
+
+#[test]
+fn tree_id_is_pinned() {
+    let t = fixed_tree();
+    let bytes = t.to_bytes().unwrap();
+    assert_eq!(
+        Id::of(ObjectKind::Tree, &bytes).to_hex(),
+        "8b84a3053ddacd0de7f501b89ba9b3f64cd47b86760d66818a40589cff6d4f3d"
+    );
+}
+
+fn fixed_envelope() -> EventEnvelope {
+    EventEnvelope {
+        kind: "note".into(),
+        version: 1,
+        stream: "golden/stream".into(),
+        seq: 7,
+        prev: Some([0xab; 32]),
+        parents: vec![[0x01; 32], [0x02; 32]],
+        refs: vec![[0x03; 32]],
+        payload: b"payload bytes".to_vec(),
+    }
+}
+
+#[test]
+fn event_id_is_pinned() {
+    let bytes = fixed_envelope().to_bytes().unwrap();
+    assert_eq!(
+        Id::of(ObjectKind::Event, &bytes).to_hex(),
+        "a9d5f5159420737259890fe0323f132a2c7433f4d52c759c17c8a3a4c9748c07"
+    );
+}
+
+/// The same objects stored through a real ledger get the same ids, and
+/// wall-clock metadata does not leak into the hash.
+#[test]
+fn ledger_assigns_pinned_ids_regardless_of_time_and_host() {
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let dir = tempfile::tempdir().unwrap();
+        let l = Ledger::init(dir.path()).unwrap();
+        let blob = l.put_blob(b"hello, ledger\n").unwrap();
+        let e0 = l
+            .append(
+                "golden",
+                None,
+                NewEvent::new("note", 1, b"a".to_vec())
+                    .with_refs(vec![blob])
+                    .with_meta("latency_ms", "12"),
+            )
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let e1 = l
+            .append(
+                "golden",
+                Some(e0),
+                NewEvent::new("note", 1, b"b".to_vec()).with_meta("latency_ms", "99"),
+            )
+            .unwrap();
+        ids.push((blob, e0, e1));
+    }
+    assert_eq!(ids[0], ids[1]);
+    assert_eq!(
+        ids[0].2.to_hex(),
+        "80f0266461342917c95369b7431fff4f61ed45bbade6235f4f47b2b95684719d"
+    );
+}
