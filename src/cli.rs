@@ -96,6 +96,16 @@ pub enum Command {
         #[command(subcommand)]
         what: ExportWhat,
     },
+    /// Fit Bradley-Terry scores to a comparisons file (one JSON object per line:
+    /// {"a": "...", "b": "...", "winner": "a"|"b"|"tie"}).
+    Rank {
+        file: PathBuf,
+        /// Virtual wins and losses against an average player; 0 for the pure MLE.
+        #[arg(long, default_value_t = 0.5)]
+        prior: f64,
+        #[arg(long)]
+        json: bool,
+    },
     /// Fill the ledger with a short scripted demonstration (no model involved).
     Demo {
         /// Workspace files to snapshot; a small generated one when omitted.

@@ -141,6 +141,15 @@ pub enum RankError {
         /// Number of items the fit was asked for.
         n_items: usize,
     },
+    /// More items than the chosen fit supports (a guard against allocating
+    /// unbounded memory for absurd input).
+    #[error("too many items: {n_items} (at most {max} for this prior)")]
+    TooManyItems {
+        /// Items requested.
+        n_items: usize,
+        /// The limit ([`crate::bt::MAX_ITEMS`] or [`crate::bt::MAX_L2_ITEMS`]).
+        max: usize,
+    },
     /// A comparison has the same item on both sides.
     #[error("comparison {comparison}: {item} is compared with itself")]
     SelfComparison {

@@ -18,8 +18,11 @@
 //! (a Hamiltonian cycle, which makes the graph connected by construction), and
 //! the remaining `k - 2` opponents per run are drawn by random stub matching
 //! that avoids repeated pairs (Steger-Wormald style), restarting when it gets
-//! stuck. After [`MAX_ATTEMPTS`] failed restarts, which is rare except for very
-//! dense requests, it falls back to a deterministic circulant graph on the same
+//! stuck. When more than half of all possible pairs are needed, the sparser
+//! complement (the `n - 1 - k` pairs per run that are *not* played, avoiding
+//! the ring) is drawn instead, because stub matching gets stuck easily on dense
+//! graphs. After [`MAX_ATTEMPTS`] failed restarts (not observed for the sizes
+//! tested) it falls back to a deterministic circulant graph on the same
 //! random ring order (offsets `1..=k/2`, plus the diameter `n/2` when `k` is
 //! odd), which always exists. The result is therefore random but not uniform
 //! over all connected `k`-regular graphs; uniformity is not needed here,
@@ -180,13 +183,26 @@ pub fn pairing_schedule(
         let mut base: Vec<(usize, usize)> = (0..n)
             .map(|t| ordered(ring[t], ring[(t + 1) % n]))
             .collect();
-        let extra = (0..MAX_ATTEMPTS).find_map(|_| random_extra(n, k - 2, &base, &mut rng));
-        match extra {
-            Some(extra) => {
-                base.extend(extra);
-                base
+        // Stub matching gets stuck easily when almost every pair is needed,
+        // so for dense requests draw the (sparser) complement instead: a
+        // random (n-1-k)-regular graph avoiding the ring, whose complement
+        // is k-regular and still contains the ring.
+        let missing = n - 1 - k;
+        if missing < k - 2 {
+            let omitted = (0..MAX_ATTEMPTS).find_map(|_| random_extra(n, missing, &base, &mut rng));
+            match omitted {
+                Some(omitted) => complement(n, &omitted),
+                None => circulant(&ring, k),
             }
-            None => circulant(&ring, k),
+        } else {
+            let extra = (0..MAX_ATTEMPTS).find_map(|_| random_extra(n, k - 2, &base, &mut rng));
+            match extra {
+                Some(extra) => {
+                    base.extend(extra);
+                    base
+                }
+                None => circulant(&ring, k),
+            }
         }
     };
     let mut schedule = orient(n, &edges, &mut rng);
@@ -252,6 +268,15 @@ fn random_extra(
         stubs.swap_remove(lo);
     }
     Some(out)
+}
+
+/// All pairs of `0..n` except those in `omitted`.
+fn complement(n: usize, omitted: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let omitted: HashSet<(usize, usize)> = omitted.iter().copied().collect();
+    (0..n)
+        .flat_map(|i| ((i + 1)..n).map(move |j| (i, j)))
+        .filter(|pair| !omitted.contains(pair))
+        .collect()
 }
 
 /// Deterministic fallback: circulant graph on the ring order with offsets
@@ -401,6 +426,34 @@ mod tests {
                     deg[y] += 1;
                 }
                 assert!(deg.iter().all(|&d| d == k), "n={n} k={k}");
+            }
+        }
+    }
+
+    /// The deterministic circulant should be a last resort: for the sizes the
+    /// outer loop uses (and denser ones, which go through the complement),
+    /// random construction succeeds within the attempt budget.
+    #[test]
+    fn random_construction_does_not_need_the_fallback() {
+        for (n, k) in [
+            (18, 6),
+            (18, 3),
+            (18, 9),
+            (18, 16),
+            (10, 7),
+            (6, 3),
+            (40, 20),
+        ] {
+            for seed in 0..200u64 {
+                let mut rng = SplitMix64::new(seed);
+                let mut ring: Vec<usize> = (0..n).collect();
+                rng.shuffle(&mut ring);
+                let base: Vec<(usize, usize)> = (0..n)
+                    .map(|t| ordered(ring[t], ring[(t + 1) % n]))
+                    .collect();
+                let d = (n - 1 - k).min(k - 2);
+                let ok = (0..MAX_ATTEMPTS).any(|_| random_extra(n, d, &base, &mut rng).is_some());
+                assert!(ok, "n={n} k={k} seed={seed} fell back to the circulant");
             }
         }
     }

@@ -33,8 +33,9 @@ pub struct Interval {
 /// `centre = (p + z²/2n) / (1 + z²/n)`,
 /// `half = z * sqrt(p(1-p)/n + z²/4n²) / (1 + z²/n)`.
 ///
-/// The bounds are clamped to `[0, 1]`; mathematically they never leave it,
-/// the clamp only removes rounding at `p = 0` or `p = 1`.
+/// The bounds are clamped to `[0, 1]`, and are exactly 0 for `successes == 0`
+/// and exactly 1 for `successes == trials` (as they are algebraically), so
+/// floating-point rounding never shows as `0.9999999999999999`.
 ///
 /// # Errors
 /// [`RankError::NoTrials`] when `trials == 0`, [`RankError::InvalidCounts`]
@@ -56,9 +57,17 @@ pub fn wilson(successes: u64, trials: u64, z: f64) -> Result<Interval, RankError
     let denom = 1.0 + z2 / n;
     let centre = (p + z2 / (2.0 * n)) / denom;
     let half = z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / denom;
+    // At p = 0 (p = 1) the lower (upper) bound is exactly 0 (1)
+    // algebraically; set it so rounding cannot report 0.9999999999999999.
+    let lower = if successes == 0 { 0.0 } else { centre - half };
+    let upper = if successes == trials {
+        1.0
+    } else {
+        centre + half
+    };
     Ok(Interval {
-        lower: (centre - half).clamp(0.0, 1.0),
-        upper: (centre + half).clamp(0.0, 1.0),
+        lower: lower.clamp(0.0, 1.0),
+        upper: upper.clamp(0.0, 1.0),
     })
 }
 

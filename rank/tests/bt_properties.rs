@@ -270,10 +270,11 @@ fn random_comparisons(rng: &mut SplitMix64, n: usize, m: usize) -> Vec<Compariso
             if a == b {
                 return None;
             }
-            // Make low indices stronger so the data are not pure noise.
+            // Mostly the lower index wins, so the data are not pure noise.
             let outcome = match rng.below(10) {
                 0 | 1 => Outcome::Tie,
-                x if (x as usize + a) % 3 == 0 || a < b => Outcome::AWins,
+                2 | 3 => Outcome::BWins,
+                _ if a < b => Outcome::AWins,
                 _ => Outcome::BWins,
             };
             Some(Comparison { a, b, outcome })
@@ -320,8 +321,8 @@ fn permutation_invariance() {
             match (fit(n, &data, &opts), fit(n, &moved, &opts)) {
                 (Ok(x), Ok(y)) => {
                     assert!(x.converged && y.converged, "round {round}");
-                    for i in 0..n {
-                        let (rx, ry) = (&x.ratings[i], &y.ratings[perm[i]]);
+                    for (rx, &pi) in x.ratings.iter().zip(&perm) {
+                        let ry = &y.ratings[pi];
                         assert!(
                             (rx.score - ry.score).abs() < 1e-8,
                             "round {round}: {} vs {}",
@@ -474,6 +475,19 @@ fn invalid_input_is_an_error() {
         ..d
     };
     assert!(fit(2, &[win(0, 1)], &opts).is_err());
+    // Absurd sizes are refused before allocating.
+    assert!(matches!(
+        fit(usize::MAX, &[], &d).unwrap_err(),
+        RankError::TooManyItems { .. }
+    ));
+    let l2 = FitOptions {
+        prior: Prior::L2(1.0),
+        ..d
+    };
+    assert!(matches!(
+        fit(1_000_000, &[], &l2).unwrap_err(),
+        RankError::TooManyItems { max: 2_000, .. }
+    ));
 }
 
 #[test]

@@ -5,6 +5,7 @@ mod export;
 mod inspect;
 mod maintain;
 mod objects;
+mod rank;
 
 use std::process::ExitCode;
 
@@ -56,6 +57,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Export {
             what: ExportWhat::Events { start, out },
         } => export::events(&open(&dir)?, start.as_deref(), &out),
+        Command::Rank { file, prior, json } => rank::run(&file, prior, json),
         Command::Demo { workspace } => demo::run(&dir, workspace.as_deref()),
     }
 }

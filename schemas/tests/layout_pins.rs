@@ -1,0 +1,113 @@
+//! Fails when a record type's encoding changes without its schema version changing.
+//!
+//! Each known (kind, version) is pinned to the BLAKE3 of its sample value's
+//! encoding. Changing a type's fields changes that hash: bump the type's VERSION,
+//! keep a decoder for the old version, and add a new pin line. Editing an
+//! existing pin line instead would silently change the meaning of stored bytes.
+
+use schemas::{encode, known_kinds, ModelCall, Note, Record, WorkspaceSnapshot};
+
+/// (kind, version, blake3 of the sample encoding)
+const PINS: &[(&str, u32, &str)] = &[
+    (
+        "note",
+        1,
+        "befd1f7ba49999fc67fd317fc810137c4c78c341b7d251035f6706b73103a904",
+    ),
+    (
+        "model.call",
+        1,
+        "bc68989794851dedd7fb5c121421bf7a7ca61ccf6c4498a88a3e50f96675c49e",
+    ),
+    (
+        "workspace.snapshot",
+        1,
+        "b119bf211a219395b735df14121a61932cf9c0b590c1c299d735d1eaee077e52",
+    ),
+];
+
+fn sample_hash(kind: &str) -> String {
+    let bytes = match kind {
+        "note" => encode(&Note::sample()),
+        "model.call" => encode(&ModelCall::sample()),
+        "workspace.snapshot" => encode(&WorkspaceSnapshot::sample()),
+        other => panic!("kind {other} has no sample in this test: add it"),
+    }
+    .unwrap();
+    blake3::hash(&bytes).to_hex().to_string()
+}
+
+#[test]
+fn every_known_kind_is_pinned_at_its_current_version() {
+    for k in known_kinds() {
+        let pin = PINS
+            .iter()
+            .find(|(kind, v, _)| *kind == k.kind && *v == k.version)
+            .unwrap_or_else(|| {
+                panic!(
+                    "{} v{} has no pin: add (kind, version, hash) to PINS",
+                    k.kind, k.version
+                )
+            });
+        assert_eq!(
+            sample_hash(k.kind),
+            pin.2,
+            "the encoding of {} changed but its VERSION is still {}: bump the version and add a pin",
+            k.kind,
+            k.version
+        );
+    }
+}
+
+#[test]
+fn unknown_kinds_and_versions_are_clear_errors() {
+    let payload = encode(&Note::sample()).unwrap();
+    let e = schemas::describe("note", 2, &payload)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("note has no schema version 2") && e.contains("1"),
+        "{e}"
+    );
+    let e = schemas::describe("no.such.kind", 1, &payload)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("unknown event kind \"no.such.kind\"") && e.contains("model.call"),
+        "{e}"
+    );
+}
+
+#[test]
+fn truncated_and_garbage_payloads_are_malformed_not_panics() {
+    let payload = encode(&ModelCall::sample()).unwrap();
+    for cut in [0, 1, 8, payload.len() / 2, payload.len() - 1] {
+        let e = schemas::describe("model.call", 1, &payload[..cut])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("model.call v1 payload is malformed"),
+            "cut {cut}: {e}"
+        );
+    }
+    let mut bad = payload.clone();
+    let n = bad.len();
+    bad[n - 4..].copy_from_slice(&[0xff; 4]);
+    assert!(schemas::describe("model.call", 1, &bad).is_err());
+}
+
+#[test]
+fn records_round_trip_and_list_their_links() {
+    let m = ModelCall::sample();
+    let ev = schemas::to_event(&m).unwrap();
+    assert_eq!((ev.kind.as_str(), ev.version), ("model.call", 1));
+    assert_eq!(ev.refs.len(), 5); // prefix, 2 messages, tools, response
+    let back: ModelCall = schemas::decode(&ev.kind, ev.version, &ev.payload).unwrap();
+    assert_eq!(back, m);
+    let json = schemas::describe("model.call", 1, &ev.payload).unwrap();
+    assert_eq!(json["response"], serde_json::json!(hex::encode([5u8; 32])));
+    assert!(matches!(
+        schemas::decode::<Note>("model.call", 1, &ev.payload),
+        Err(schemas::SchemaError::KindMismatch { .. })
+    ));
+}
