@@ -79,6 +79,9 @@ pub enum LedgerError {
     #[error("invalid ref name {name:?}: {reason}")]
     BadRefName { name: String, reason: String },
 
+    #[error("invalid event for ref {name:?}: {reason}")]
+    BadEvent { name: String, reason: String },
+
     #[error("no ref named {name:?}")]
     NoSuchRef { name: String },
 

@@ -99,10 +99,34 @@ impl Event {
     }
 }
 
+impl EventEnvelope {
+    /// The envelope an event gets at position `seq` of `stream` after `prev`.
+    pub fn build(stream: &str, seq: u64, prev: Option<Id>, ev: &NewEvent) -> EventEnvelope {
+        EventEnvelope {
+            kind: ev.kind.clone(),
+            version: ev.version,
+            stream: stream.to_string(),
+            seq,
+            prev: prev.map(|i| i.0),
+            parents: ev.parents.iter().map(|i| i.0).collect(),
+            refs: ev.refs.iter().map(|i| i.0).collect(),
+            payload: ev.payload.clone(),
+        }
+    }
+
+    /// The id this envelope has (or would have) in a ledger.
+    pub fn id(&self) -> Result<Id> {
+        Ok(Id::of(crate::id::ObjectKind::Event, &self.to_bytes()?))
+    }
+}
+
 /// What a caller supplies to append an event; the ledger fills in stream,
 /// seq and prev from the ref being appended to.
 #[derive(Debug, Clone, Default)]
 pub struct NewEvent {
+    /// Stream name for the first event of a stream (default: the ref name).
+    /// Later events inherit the stream of `prev`; naming another one is an error.
+    pub stream: Option<String>,
     pub kind: String,
     pub version: u32,
     pub parents: Vec<Id>,
@@ -129,6 +153,11 @@ impl NewEvent {
 
     pub fn with_parents(mut self, parents: Vec<Id>) -> Self {
         self.parents = parents;
+        self
+    }
+
+    pub fn in_stream(mut self, stream: impl Into<String>) -> Self {
+        self.stream = Some(stream.into());
         self
     }
 

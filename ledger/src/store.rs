@@ -880,32 +880,35 @@ impl Batch<'_> {
     /// ref name for a new stream) and its seq is one past it.
     pub fn append(&mut self, ref_name: &str, expected: Option<Id>, ev: NewEvent) -> Result<Id> {
         check_ref_name(ref_name)?;
+        let bad = |reason: String| LedgerError::BadEvent {
+            name: ref_name.to_string(),
+            reason,
+        };
         if ev.kind.is_empty() {
-            return Err(LedgerError::BadRefName {
-                name: ref_name.to_string(),
-                reason: "event kind is empty".into(),
-            });
+            return Err(bad("event kind is empty".into()));
         }
         let (stream, seq) = match expected {
-            None => (ref_name.to_string(), 0),
+            None => (ev.stream.clone().unwrap_or_else(|| ref_name.to_string()), 0),
             Some(p) => {
                 let info = match self.heads.get(ref_name) {
                     Some(h) if h.id == p => h.clone(),
                     _ => self.ledger.head_info(ref_name, p)?,
                 };
+                if let Some(s) = &ev.stream {
+                    if *s != info.stream {
+                        return Err(bad(format!(
+                            "names stream {s:?} but continues stream {:?}",
+                            info.stream
+                        )));
+                    }
+                }
                 (info.stream, info.seq + 1)
             }
         };
-        let env = EventEnvelope {
-            kind: ev.kind.clone(),
-            version: ev.version,
-            stream: stream.clone(),
-            seq,
-            prev: expected.map(|i| i.0),
-            parents: ev.parents.iter().map(|i| i.0).collect(),
-            refs: ev.refs.iter().map(|i| i.0).collect(),
-            payload: ev.payload,
-        };
+        if stream.is_empty() {
+            return Err(bad("stream name is empty".into()));
+        }
+        let env = EventEnvelope::build(&stream, seq, expected, &ev);
         let raw = env.to_bytes()?;
         check_size(raw.len())?;
         let id = Id::of(ObjectKind::Event, &raw);
