@@ -101,3 +101,133 @@ impl Record for WorkspaceSnapshot {
         }
     }
 }
+
+/// How an effect ended (or that it has only started).
+#[derive(
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+    serde::Serialize,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum EffectStatus {
+    /// The request was journaled before a long or non-idempotent effect began.
+    Started,
+    Ok,
+    /// The effect ran and failed; `error` says how. Replay returns the same error.
+    Failed,
+}
+
+/// `effect` v1: one non-deterministic step (model call, tool run, snapshot,
+/// trainer run, clock read, ...) with its canonical request and recorded output.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq, Eq,
+)]
+pub struct Effect {
+    /// Effect kind, e.g. `model`, `tool`, `snapshot`, `trainer`, `clock`.
+    pub effect: String,
+    /// Blob of the canonical request bytes; its id is the request id compared on replay.
+    pub request: Hash32,
+    pub status: EffectStatus,
+    /// Blob of the canonical output bytes (`Ok` only).
+    pub output: Option<Hash32>,
+    /// Failure description (`Failed` only).
+    pub error: String,
+    /// Other objects the request or output names (message blobs, trees, earlier events).
+    pub links: Vec<Hash32>,
+}
+
+impl Record for Effect {
+    const KIND: &'static str = "effect";
+    const VERSION: u32 = 1;
+    fn links(&self) -> Vec<Hash32> {
+        let mut v = vec![self.request];
+        v.extend(self.output);
+        v.extend(self.links.iter().copied());
+        v
+    }
+    fn sample() -> Self {
+        Effect {
+            effect: "model".into(),
+            request: Hash32([7; 32]),
+            status: EffectStatus::Ok,
+            output: Some(Hash32([8; 32])),
+            error: String::new(),
+            links: vec![Hash32([9; 32])],
+        }
+    }
+}
+
+/// `run.started` v1: the first event of a run's main stream. The experiment
+/// definition is stored with it, so a run can be resumed without the file.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq, Eq,
+)]
+pub struct RunStarted {
+    /// The driver that interprets the run, with its version, e.g. `mass-engine/1`.
+    pub driver: String,
+    /// Blob of the experiment definition as given (e.g. the TOML text).
+    pub config: Hash32,
+    /// File name the definition came from (informational).
+    pub config_name: String,
+    /// Root of all seeds derived in the run.
+    pub seed: u64,
+}
+
+impl Record for RunStarted {
+    const KIND: &'static str = "run.started";
+    const VERSION: u32 = 1;
+    fn links(&self) -> Vec<Hash32> {
+        vec![self.config]
+    }
+    fn sample() -> Self {
+        RunStarted {
+            driver: "mass-engine/1".into(),
+            config: Hash32([10; 32]),
+            config_name: "quickstart.toml".into(),
+            seed: 42,
+        }
+    }
+}
+
+/// One `key=value` configuration override.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq, Eq,
+)]
+pub struct Override {
+    pub key: String,
+    pub value: String,
+}
+
+/// `run.forked` v1: appended to a fork's main stream right after the fork point;
+/// overrides apply to everything the driver does after it.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq, Eq,
+)]
+pub struct RunForked {
+    /// The run the fork was taken from.
+    pub source_run: String,
+    /// The event forked at (the fork's main stream continues from it).
+    pub at: Hash32,
+    pub overrides: Vec<Override>,
+}
+
+impl Record for RunForked {
+    const KIND: &'static str = "run.forked";
+    const VERSION: u32 = 1;
+    fn sample() -> Self {
+        RunForked {
+            source_run: "exp".into(),
+            at: Hash32([11; 32]),
+            overrides: vec![Override {
+                key: "judge.model".into(),
+                value: "external".into(),
+            }],
+        }
+    }
+}

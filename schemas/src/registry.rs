@@ -1,7 +1,9 @@
 //! The registry of known kinds: decode any payload to a JSON view (for `mass
 //! show`, `mass export`) or just validate it (for `mass verify`), by kind and version.
 
-use crate::{decode, ModelCall, Note, Record, SchemaError, WorkspaceSnapshot};
+use crate::{
+    decode, Effect, ModelCall, Note, Record, RunForked, RunStarted, SchemaError, WorkspaceSnapshot,
+};
 
 /// A known kind and its current version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +38,14 @@ macro_rules! registry {
     };
 }
 
-registry!(Note, ModelCall, WorkspaceSnapshot);
+registry!(
+    Note,
+    ModelCall,
+    WorkspaceSnapshot,
+    Effect,
+    RunStarted,
+    RunForked
+);
 
 /// Validates a payload against its kind and version.
 pub fn check(kind: &str, version: u32, payload: &[u8]) -> Result<(), SchemaError> {

@@ -5,7 +5,9 @@
 //! keep a decoder for the old version, and add a new pin line. Editing an
 //! existing pin line instead would silently change the meaning of stored bytes.
 
-use schemas::{encode, known_kinds, ModelCall, Note, Record, WorkspaceSnapshot};
+use schemas::{
+    encode, known_kinds, Effect, ModelCall, Note, Record, RunForked, RunStarted, WorkspaceSnapshot,
+};
 
 /// (kind, version, blake3 of the sample encoding)
 const PINS: &[(&str, u32, &str)] = &[
@@ -20,6 +22,21 @@ const PINS: &[(&str, u32, &str)] = &[
         "bc68989794851dedd7fb5c121421bf7a7ca61ccf6c4498a88a3e50f96675c49e",
     ),
     (
+        "effect",
+        1,
+        "15e6fccf049d93e758cc32759547763b85a060bebbde35b853b046748d277ea5",
+    ),
+    (
+        "run.started",
+        1,
+        "9fa8d7362ac1b6f39a9386b98a4c4e3a1b49d96bf1d08d8d195daaccbe7e4916",
+    ),
+    (
+        "run.forked",
+        1,
+        "d5dfbeaaa4c3965704fa40ff032000709ce4840d540b3d5dfe89080aabe584e7",
+    ),
+    (
         "workspace.snapshot",
         1,
         "b119bf211a219395b735df14121a61932cf9c0b590c1c299d735d1eaee077e52",
@@ -31,6 +48,9 @@ fn sample_hash(kind: &str) -> String {
         "note" => encode(&Note::sample()),
         "model.call" => encode(&ModelCall::sample()),
         "workspace.snapshot" => encode(&WorkspaceSnapshot::sample()),
+        "effect" => encode(&Effect::sample()),
+        "run.started" => encode(&RunStarted::sample()),
+        "run.forked" => encode(&RunForked::sample()),
         other => panic!("kind {other} has no sample in this test: add it"),
     }
     .unwrap();

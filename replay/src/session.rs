@@ -1,0 +1,174 @@
+//! A [`Session`]: one run being driven, in one mode, over one ledger.
+//!
+//! Runs are namespaces of refs: the main stream of run `R` is the ref `R`, and a
+//! stream named `a/b` is the ref `R/a/b`. Event envelopes carry the stream's
+//! *relative* name (`main`, `a/b`), never the run name, so the same decisions
+//! produce the same ids in any run: recording a seeded driver twice, under two
+//! names, yields identical ids.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use ledger::Ledger;
+
+use crate::effect::Served;
+use crate::error::Result;
+use crate::stream::Stream;
+
+/// The relative name of a run's main stream.
+pub const MAIN: &str = "main";
+
+/// How a session treats the recording.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// Serve the run's own history (strictly: any difference is a divergence),
+    /// then perform effects live and append. Recording, resuming and running a
+    /// fork are all this mode.
+    Live,
+    /// Re-run the driver over the run's own history and compare every event id;
+    /// never perform anything live, never append.
+    Check,
+}
+
+/// A second run to take effect results from (mixed mode): once a stream is past
+/// its own history, an effect whose kind is not in `live_kinds` and whose
+/// request the source stream recorded is served from the source instead of
+/// being performed. Re-judging = source run with rollouts, live `judge` calls.
+#[derive(Debug, Clone)]
+pub struct SourceRun {
+    pub run: String,
+    pub live_kinds: BTreeSet<String>,
+}
+
+/// A clock, injectable so tests can be deterministic.
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+pub(crate) struct Inner {
+    pub ledger: Arc<Ledger>,
+    pub run: String,
+    pub mode: Mode,
+    pub source: Option<SourceRun>,
+    pub seed: Mutex<u64>,
+    pub clock: Clock,
+    pub counts: Mutex<BTreeMap<(String, Served), u64>>,
+}
+
+/// Cheap to clone; share one per run between tasks.
+#[derive(Clone)]
+pub struct Session {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl Session {
+    pub fn new(ledger: Arc<Ledger>, run: impl Into<String>, mode: Mode) -> Result<Session> {
+        let run = run.into();
+        ledger::check_ref_name(&run)?;
+        Ok(Session {
+            inner: Arc::new(Inner {
+                ledger,
+                run,
+                mode,
+                source: None,
+                seed: Mutex::new(0),
+                clock: Arc::new(|| {
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_millis() as u64)
+                        .unwrap_or(0)
+                }),
+                counts: Mutex::new(BTreeMap::new()),
+            }),
+        })
+    }
+
+    /// Adds a mixed-mode source run (see [`SourceRun`]).
+    pub fn with_source(self, source: SourceRun) -> Session {
+        self.rebuild(|i| i.source = Some(source))
+    }
+
+    pub fn with_clock(self, clock: Clock) -> Session {
+        self.rebuild(|i| i.clock = clock)
+    }
+
+    fn rebuild(self, f: impl FnOnce(&mut Inner)) -> Session {
+        let old = Arc::try_unwrap(self.inner).unwrap_or_else(|arc| Inner {
+            ledger: arc.ledger.clone(),
+            run: arc.run.clone(),
+            mode: arc.mode.clone(),
+            source: arc.source.clone(),
+            seed: Mutex::new(*arc.seed.lock().unwrap_or_else(|p| p.into_inner())),
+            clock: arc.clock.clone(),
+            counts: Mutex::new(BTreeMap::new()),
+        });
+        let mut inner = old;
+        f(&mut inner);
+        Session {
+            inner: Arc::new(inner),
+        }
+    }
+
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.inner.ledger
+    }
+
+    pub fn run(&self) -> &str {
+        &self.inner.run
+    }
+
+    pub fn mode(&self) -> &Mode {
+        &self.inner.mode
+    }
+
+    /// Sets the root seed (the driver reads it from the run's first event).
+    pub fn set_seed(&self, seed: u64) {
+        *self.inner.seed.lock().unwrap_or_else(|p| p.into_inner()) = seed;
+    }
+
+    pub fn seed(&self) -> u64 {
+        *self.inner.seed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A seed for `purpose` in `stream`, derived from the root seed (pure).
+    pub fn derive_seed(&self, stream: &str, purpose: &str) -> u64 {
+        crate::seed::derive(self.seed(), stream, purpose)
+    }
+
+    /// The ref that holds stream `rel` of this run.
+    pub fn ref_name(&self, rel: &str) -> String {
+        ref_name(&self.inner.run, rel)
+    }
+
+    /// Opens stream `rel` (`main` for the run's main stream), loading its history.
+    pub fn stream(&self, rel: &str) -> Result<Stream> {
+        Stream::open(self.clone(), rel)
+    }
+
+    /// How many effects of each kind were served from history, from the source
+    /// run, or performed live.
+    pub fn counts(&self) -> BTreeMap<(String, Served), u64> {
+        self.inner
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn count(&self, kind: &str, how: Served) {
+        *self
+            .inner
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((kind.to_string(), how))
+            .or_default() += 1;
+    }
+}
+
+/// The ref of stream `rel` in run `run`.
+pub fn ref_name(run: &str, rel: &str) -> String {
+    if rel == MAIN {
+        run.to_string()
+    } else {
+        format!("{run}/{rel}")
+    }
+}

@@ -1,0 +1,532 @@
+//! A [`Stream`]: one actor's cursor over its recorded history.
+//!
+//! Every step the driver takes on a stream — a plain event (`emit`) or an effect
+//! — is first matched against the stream's own history at the current position.
+//! A match is served from the ledger (and nothing runs); a mismatch is a
+//! [`Divergence`]. Past the end of the history the step is performed live and
+//! appended (in [`Mode::Live`]) or refused (in [`Mode::Check`]).
+//!
+//! Effects: a journaled effect appends `started` before it runs and its result
+//! after; on resume, a `started` without a result is run again, a result is
+//! never re-run.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+
+use ledger::{Event, EventEnvelope, Id, NewEvent, ObjectKind};
+use schemas::{Effect, EffectStatus, Hash32};
+
+use crate::effect::{EffectOutput, EffectRequest, Recorded, Served};
+use crate::error::{Divergence, ReplayError, Result};
+use crate::session::{Mode, Session};
+
+pub struct Stream {
+    session: Session,
+    rel: String,
+    ref_name: String,
+    history: Vec<Event>,
+    pos: usize,
+    head: Option<Id>,
+    /// Mixed mode: completed effects of the source run's same stream, by request
+    /// id, each with its `started` record when it had one.
+    source: HashMap<Id, VecDeque<(Option<Effect>, Effect)>>,
+    clock_counter: u64,
+}
+
+/// A live effect in progress: returned by [`Stream::begin`], closed by [`Stream::finish`].
+pub struct Pending {
+    req: EffectRequest,
+    started: Option<Id>,
+}
+
+/// What [`Stream::begin`] decided.
+pub enum Begin {
+    /// The result is already known.
+    Served(Recorded),
+    /// Run the effect, then pass its result to [`Stream::finish`].
+    Perform(Pending),
+}
+
+impl Stream {
+    pub(crate) fn open(session: Session, rel: &str) -> Result<Stream> {
+        if rel.is_empty() {
+            return Err(ReplayError::Ledger(ledger::LedgerError::BadRefName {
+                name: rel.into(),
+                reason: "empty stream name".into(),
+            }));
+        }
+        let ref_name = session.ref_name(rel);
+        let ledger = session.ledger().clone();
+        let head = ledger.head(&ref_name)?;
+        let history = load_chain(&ledger, head)?;
+        let mut source = HashMap::new();
+        if let Some(src) = &session.inner.source {
+            let sref = crate::session::ref_name(&src.run, rel);
+            let mut started: Option<Effect> = None;
+            for ev in load_chain(&ledger, ledger.head(&sref)?)? {
+                if ev.kind != "effect" {
+                    started = None;
+                    continue;
+                }
+                let e: Effect = schemas::decode_event(&ev)?;
+                if e.status == EffectStatus::Started {
+                    started = Some(e);
+                    continue;
+                }
+                let st = started.take().filter(|s| s.request == e.request);
+                if !src.live_kinds.contains(&e.effect) {
+                    source
+                        .entry(Id(e.request.0))
+                        .or_insert_with(VecDeque::new)
+                        .push_back((st, e));
+                }
+            }
+        }
+        Ok(Stream {
+            session,
+            rel: rel.to_string(),
+            ref_name,
+            history,
+            pos: 0,
+            head: None,
+            source,
+            clock_counter: 0,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.rel
+    }
+
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// The last event this stream has produced or replayed.
+    pub fn head(&self) -> Option<Id> {
+        self.head
+    }
+
+    /// Position of the next step (= number of events so far).
+    pub fn position(&self) -> u64 {
+        self.pos as u64
+    }
+
+    /// True while the stream is still inside its recorded history.
+    pub fn replaying(&self) -> bool {
+        self.pos < self.history.len()
+    }
+
+    /// The next recorded event, if still replaying.
+    pub fn peek_history(&self) -> Option<&Event> {
+        self.history.get(self.pos)
+    }
+
+    /// The whole recorded history of the stream (as loaded when opened).
+    pub fn history(&self) -> &[Event] {
+        &self.history
+    }
+
+    /// If the next recorded event is of `kind`, consumes and returns it. Drivers
+    /// use this for control events written outside the driver (e.g. `run.forked`).
+    pub fn take_recorded(&mut self, kind: &str) -> Option<Event> {
+        let ev = self
+            .history
+            .get(self.pos)
+            .filter(|e| e.kind == kind)?
+            .clone();
+        self.pos += 1;
+        self.head = Some(ev.id);
+        Some(ev)
+    }
+
+    /// Appends (or, when replaying, verifies) a plain event: a decision derived
+    /// from earlier events. Returns its id.
+    pub fn emit(&mut self, mut ev: NewEvent) -> Result<Id> {
+        ev.stream = Some(self.rel.clone());
+        if let Some(rec) = self.history.get(self.pos) {
+            let env = EventEnvelope::build(&self.rel, self.pos as u64, self.head, &ev);
+            let id = env.id()?;
+            if id != rec.id {
+                return Err(self.diverged_event(rec, &ev, id));
+            }
+            self.pos += 1;
+            self.head = Some(id);
+            return Ok(id);
+        }
+        self.ensure_live()?;
+        let id = self
+            .session
+            .ledger()
+            .append(&self.ref_name, self.head, ev)?;
+        self.pos += 1;
+        self.head = Some(id);
+        Ok(id)
+    }
+
+    /// Decides how an effect is satisfied: from history, from a source run, or
+    /// live (in which case a journaled request is recorded as started first).
+    pub fn begin(&mut self, req: EffectRequest) -> Result<Begin> {
+        let request_id = req.id();
+        if let Some(rec) = self.history.get(self.pos).cloned() {
+            let e = self.effect_at(&rec, &req)?;
+            if e.request.0 != request_id.0 || e.effect != req.kind {
+                return Err(self.diverged_effect(&rec, &e, &req));
+            }
+            match e.status {
+                EffectStatus::Started => {
+                    self.pos += 1;
+                    self.head = Some(rec.id);
+                    if let Some(done) = self.history.get(self.pos).cloned() {
+                        let d = self.effect_at(&done, &req)?;
+                        if d.request.0 != request_id.0 || d.status == EffectStatus::Started {
+                            return Err(self.diverged_effect(&done, &d, &req));
+                        }
+                        self.pos += 1;
+                        self.head = Some(done.id);
+                        self.session.count(&req.kind, Served::History);
+                        return Ok(Begin::Served(self.recorded(&done, &d, Served::History)?));
+                    }
+                    // Started but never finished (a crash): run it again.
+                    self.ensure_live()?;
+                    return Ok(Begin::Perform(Pending {
+                        req,
+                        started: Some(rec.id),
+                    }));
+                }
+                EffectStatus::Ok | EffectStatus::Failed => {
+                    self.pos += 1;
+                    self.head = Some(rec.id);
+                    self.session.count(&req.kind, Served::History);
+                    return Ok(Begin::Served(self.recorded(&rec, &e, Served::History)?));
+                }
+            }
+        }
+        self.ensure_live()?;
+        if let Some((started, done)) = self.source.get_mut(&request_id).and_then(|q| q.pop_front())
+        {
+            // Copy the source's records as they were (started, then result), so
+            // this stream's ids match the source's while decisions agree.
+            let mut b = self.session.ledger().batch();
+            let mut head = self.head;
+            if let Some(st) = &started {
+                head = Some(b.append(&self.ref_name, head, self.effect_event(st)?)?);
+                self.pos += 1;
+            }
+            let id = b.append(&self.ref_name, head, self.effect_event(&done)?)?;
+            b.commit()?;
+            self.pos += 1;
+            self.head = Some(id);
+            self.session.count(&req.kind, Served::Source);
+            return Ok(Begin::Served(self.recorded_with_id(
+                id,
+                &done,
+                Served::Source,
+            )?));
+        }
+        let started = if req.journaled {
+            let mut b = self.session.ledger().batch();
+            let links = put_parts(&mut b, &req.bytes, &req.blobs, &req.links)?;
+            let rec = Effect {
+                effect: req.kind.clone(),
+                request: Hash32(request_id.0),
+                status: EffectStatus::Started,
+                output: None,
+                error: String::new(),
+                links,
+            };
+            let id = b.append(&self.ref_name, self.head, self.effect_event(&rec)?)?;
+            b.commit()?;
+            self.pos += 1;
+            self.head = Some(id);
+            Some(id)
+        } else {
+            None
+        };
+        Ok(Begin::Perform(Pending { req, started }))
+    }
+
+    /// Records the result of a live effect and returns it.
+    pub fn finish(
+        &mut self,
+        p: Pending,
+        result: std::result::Result<EffectOutput, String>,
+    ) -> Result<Recorded> {
+        let request_id = p.req.id();
+        let mut b = self.session.ledger().batch();
+        let mut links = if p.started.is_some() {
+            // The started record already stored and links the request parts.
+            b.put_blob(&p.req.bytes)?;
+            Vec::new()
+        } else {
+            put_parts(&mut b, &p.req.bytes, &p.req.blobs, &p.req.links)?
+        };
+        let (status, output, error) = match &result {
+            Ok(out) => {
+                let oid = b.put_blob(&out.bytes)?;
+                for blob in &out.blobs {
+                    links.push(Hash32(b.put_blob(blob)?.0));
+                }
+                links.extend(out.links.iter().map(|l| Hash32(l.0)));
+                (EffectStatus::Ok, Some(Hash32(oid.0)), String::new())
+            }
+            Err(e) => (EffectStatus::Failed, None, e.clone()),
+        };
+        links.sort();
+        links.dedup();
+        let rec = Effect {
+            effect: p.req.kind.clone(),
+            request: Hash32(request_id.0),
+            status,
+            output,
+            error,
+            links,
+        };
+        let id = b.append(&self.ref_name, self.head, self.effect_event(&rec)?)?;
+        b.commit()?;
+        self.pos += 1;
+        self.head = Some(id);
+        self.session.count(&p.req.kind, Served::Live);
+        Ok(Recorded {
+            event: id,
+            output: result.map(|o| o.bytes),
+            source: Served::Live,
+        })
+    }
+
+    /// Runs an effect through the recording: served if recorded, else `perform`.
+    pub async fn effect<F, Fut>(&mut self, req: EffectRequest, perform: F) -> Result<Recorded>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = std::result::Result<EffectOutput, String>>,
+    {
+        match self.begin(req)? {
+            Begin::Served(r) => Ok(r),
+            Begin::Perform(p) => {
+                let out = perform().await;
+                self.finish(p, out)
+            }
+        }
+    }
+
+    /// The blocking twin of [`Stream::effect`].
+    pub fn effect_blocking<F>(&mut self, req: EffectRequest, perform: F) -> Result<Recorded>
+    where
+        F: FnOnce() -> std::result::Result<EffectOutput, String>,
+    {
+        match self.begin(req)? {
+            Begin::Served(r) => Ok(r),
+            Begin::Perform(p) => {
+                let out = perform();
+                self.finish(p, out)
+            }
+        }
+    }
+
+    /// Reads the clock through an effect, so replay sees the recorded time.
+    pub fn now_ms(&mut self) -> Result<u64> {
+        self.clock_counter += 1;
+        let req = EffectRequest::json("clock", &serde_json::json!({ "clock": self.clock_counter }));
+        let clock = self.session.inner.clock.clone();
+        let r = self.effect_blocking(req, || {
+            Ok(EffectOutput::new(clock().to_le_bytes().to_vec()))
+        })?;
+        let bytes = r
+            .output
+            .map_err(|e| self.bad(r.event, format!("clock effect failed: {e}")))?;
+        let arr: [u8; 8] = bytes
+            .as_slice()
+            .try_into()
+            .map_err(|_| self.bad(r.event, "clock output is not 8 bytes".into()))?;
+        Ok(u64::from_le_bytes(arr))
+    }
+
+    /// A seed for `purpose` in this stream, derived from the run's root seed.
+    pub fn derive_seed(&self, purpose: &str) -> u64 {
+        self.session.derive_seed(&self.rel, purpose)
+    }
+
+    fn ensure_live(&self) -> Result<()> {
+        if *self.session.mode() == Mode::Check {
+            return Err(ReplayError::RecordingEnded {
+                stream: self.rel.clone(),
+                position: self.pos as u64,
+            });
+        }
+        Ok(())
+    }
+
+    fn effect_event(&self, e: &Effect) -> Result<NewEvent> {
+        Ok(schemas::to_event(e)?.in_stream(self.rel.clone()))
+    }
+
+    fn effect_at(&self, rec: &Event, req: &EffectRequest) -> Result<Effect> {
+        if rec.kind != "effect" {
+            return Err(ReplayError::Divergence(Box::new(Divergence {
+                stream: self.rel.clone(),
+                position: self.pos as u64,
+                expected: rec.id,
+                actual: req.id(),
+                summary: format!(
+                    "the recording has a {} event here, the driver asked for a {} effect",
+                    rec.kind, req.kind
+                ),
+                diff: describe_event(rec)
+                    .map(|v| vec![format!("recorded: {v}")])
+                    .unwrap_or_default(),
+            })));
+        }
+        schemas::decode_event(rec).map_err(|e| self.bad(rec.id, e.to_string()))
+    }
+
+    fn recorded(&self, ev: &Event, e: &Effect, how: Served) -> Result<Recorded> {
+        self.recorded_with_id(ev.id, e, how)
+    }
+
+    fn recorded_with_id(&self, id: Id, e: &Effect, how: Served) -> Result<Recorded> {
+        let output = match (e.status, e.output) {
+            (EffectStatus::Ok, Some(o)) => Ok(self.session.ledger().get_blob(&Id(o.0))?),
+            (EffectStatus::Failed, _) => Err(e.error.clone()),
+            _ => return Err(self.bad(id, "effect result without output".into())),
+        };
+        Ok(Recorded {
+            event: id,
+            output,
+            source: how,
+        })
+    }
+
+    fn bad(&self, id: Id, detail: String) -> ReplayError {
+        ReplayError::BadRecording {
+            stream: self.rel.clone(),
+            position: self.pos as u64,
+            id,
+            detail,
+        }
+    }
+
+    fn diverged_effect(&self, rec: &Event, e: &Effect, req: &EffectRequest) -> ReplayError {
+        let ledger = self.session.ledger();
+        let recorded_req = ledger.get_blob(&Id(e.request.0)).ok();
+        let pending: HashMap<String, Vec<u8>> = req
+            .blobs
+            .iter()
+            .map(|b| (Id::of(ObjectKind::Blob, b).to_hex(), b.clone()))
+            .collect();
+        let expand = |hex: &str| -> Option<serde_json::Value> {
+            let bytes = match pending.get(hex) {
+                Some(b) => b.clone(),
+                None => ledger.get_blob(&hex.parse().ok()?).ok()?,
+            };
+            serde_json::from_slice(&bytes)
+                .ok()
+                .or_else(|| String::from_utf8(bytes).ok().map(serde_json::Value::String))
+        };
+        let as_json = |b: &[u8]| {
+            serde_json::from_slice(b).unwrap_or_else(|_| {
+                serde_json::Value::String(String::from_utf8_lossy(b).into_owned())
+            })
+        };
+        let mut diff = Vec::new();
+        if e.effect != req.kind {
+            diff.push(format!("effect kind: {:?} -> {:?}", e.effect, req.kind));
+        }
+        match &recorded_req {
+            Some(r) => diff.extend(crate::diff::json_diff(
+                &as_json(r),
+                &as_json(&req.bytes),
+                &expand,
+                20,
+            )),
+            None => diff.push("(recorded request blob unreadable)".into()),
+        }
+        ReplayError::Divergence(Box::new(Divergence {
+            stream: self.rel.clone(),
+            position: self.pos as u64,
+            expected: Id(e.request.0),
+            actual: req.id(),
+            summary: format!(
+                "effect {}: the driver made a different request (recorded event {})",
+                req.kind,
+                rec.id.short(12)
+            ),
+            diff,
+        }))
+    }
+
+    fn diverged_event(&self, rec: &Event, ev: &NewEvent, actual: Id) -> ReplayError {
+        let recorded = describe_event(rec).unwrap_or(serde_json::Value::Null);
+        let mine = describe_new(ev, &self.rel, self.pos as u64, self.head);
+        let ledger = self.session.ledger();
+        let expand = |hex: &str| -> Option<serde_json::Value> {
+            let id: Id = hex.parse().ok()?;
+            let bytes = ledger.get_blob(&id).ok()?;
+            serde_json::from_slice(&bytes).ok()
+        };
+        ReplayError::Divergence(Box::new(Divergence {
+            stream: self.rel.clone(),
+            position: self.pos as u64,
+            expected: rec.id,
+            actual,
+            summary: if rec.kind == ev.kind {
+                format!("a different {} event", ev.kind)
+            } else {
+                format!(
+                    "the recording has a {} event here, the driver produced a {} event",
+                    rec.kind, ev.kind
+                )
+            },
+            diff: crate::diff::json_diff(&recorded, &mine, &expand, 20),
+        }))
+    }
+}
+
+fn describe_event(ev: &Event) -> Option<serde_json::Value> {
+    Some(serde_json::json!({
+        "kind": ev.kind,
+        "version": ev.version,
+        "prev": ev.prev.map(|p| p.to_hex()),
+        "parents": ev.parents.iter().map(|p| p.to_hex()).collect::<Vec<_>>(),
+        "payload": schemas::describe(&ev.kind, ev.version, &ev.payload).unwrap_or_else(|_| serde_json::Value::String(hex::encode(&ev.payload))),
+    }))
+}
+
+fn describe_new(ev: &NewEvent, _stream: &str, _seq: u64, prev: Option<Id>) -> serde_json::Value {
+    serde_json::json!({
+        "kind": ev.kind,
+        "version": ev.version,
+        "prev": prev.map(|p| p.to_hex()),
+        "parents": ev.parents.iter().map(|p| p.to_hex()).collect::<Vec<_>>(),
+        "payload": schemas::describe(&ev.kind, ev.version, &ev.payload).unwrap_or_else(|_| serde_json::Value::String(hex::encode(&ev.payload))),
+    })
+}
+
+/// Stores the request bytes and blobs in a batch; returns the links the effect
+/// record must carry (blob ids and caller links).
+fn put_parts(
+    b: &mut ledger::Batch<'_>,
+    bytes: &[u8],
+    blobs: &[Vec<u8>],
+    links: &[Id],
+) -> Result<Vec<Hash32>> {
+    b.put_blob(bytes)?;
+    let mut out = Vec::new();
+    for blob in blobs {
+        out.push(Hash32(b.put_blob(blob)?.0));
+    }
+    out.extend(links.iter().map(|l| Hash32(l.0)));
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+fn load_chain(ledger: &ledger::Ledger, head: Option<Id>) -> Result<Vec<Event>> {
+    let mut v = Vec::new();
+    if let Some(h) = head {
+        for ev in ledger.chain(h) {
+            v.push(ev?);
+        }
+    }
+    v.reverse();
+    Ok(v)
+}
