@@ -10,6 +10,7 @@ import os
 import random
 import sys
 
+sys.dont_write_bytecode = True
 sys.path.insert(0, "files")
 from sim.arm import forward, LINKS  # noqa: E402
 

@@ -32,6 +32,7 @@ _missing = []
 def check(name, ok, detail=""):
     """Record and print one check line."""
     ok = bool(ok)
+    name = re.sub(r"\s+", "_", str(name).strip())  # names never contain spaces
     _results.append((name, ok, detail))
     detail = str(detail).replace("\n", " ")
     print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}")
