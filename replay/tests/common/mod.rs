@@ -32,6 +32,10 @@ pub struct Effects {
     pub by_request: Mutex<BTreeMap<Id, u64>>,
     pub budget: Mutex<Option<u64>>,
     pub started: AtomicU64,
+    /// Appends one line per live execution (request id), for crash tests.
+    pub log: Mutex<Option<std::fs::File>>,
+    /// Sleep this long in every live execution, so a crash can land mid-run.
+    pub delay: Option<std::time::Duration>,
 }
 
 #[derive(Debug)]
@@ -45,6 +49,13 @@ impl Effects {
                 return Err(Aborted);
             }
             *n -= 1;
+        }
+        if let Some(f) = self.log.lock().unwrap().as_mut() {
+            use std::io::Write;
+            writeln!(f, "{}", req.id()).unwrap();
+        }
+        if let Some(d) = self.delay {
+            std::thread::sleep(d);
         }
         *self
             .by_kind
@@ -168,7 +179,10 @@ pub fn drive(s: &Session, steps: u64, v: &Variant, fx: &Effects) -> Result<Id, D
             let j = effect(
                 &mut st,
                 fx,
-                EffectRequest::json("judge", &json!({"y": y, "reply": r["content"]})),
+                EffectRequest::json(
+                    "judge",
+                    &json!({"y": y, "reply": r["content"], "step": step, "w": w}),
+                ),
                 || json!({"score": y % 5 + v.judge_bias}),
             )?;
             total += j["score"].as_i64().unwrap();
