@@ -60,13 +60,58 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Create a ref at an existing event.
+    /// Create a ref at an existing event. At a step of a run's main stream this
+    /// forks the run: `mass resume NAME` then continues it with the overrides.
     Fork {
         /// Event id or ref to fork from.
         id: String,
-        /// Name of the new ref.
+        /// Name of the new ref (or run).
         #[arg(long)]
         name: String,
+        /// Configuration override for the forked run, e.g. `inner.iterations=6`.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
+    /// Run a MASS experiment (all cycles), or continue the run if it exists.
+    Run {
+        experiment: PathBuf,
+        /// The run's name (default: the experiment's name).
+        #[arg(long = "ref")]
+        name: Option<String>,
+        /// No progress bars.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Continue a run (or a fork) from its ledger: replay to the head, then live.
+    Resume {
+        run: String,
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Re-run the driver over a run's recorded effects and compare every event id.
+    Replay {
+        run: String,
+        /// Required: the check is the only replay mode so far.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Replay a run with its rollouts served from the ledger and only the judge
+    /// calls live (mixed mode), as a new run.
+    Rejudge {
+        run: String,
+        #[arg(long)]
+        name: String,
+        /// Overrides, e.g. `roles.judge=external`.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Where runs stand.
+    Status {
+        run: Option<String>,
+        #[arg(long)]
+        json: bool,
     },
     /// Store a directory as a tree; prints the tree id.
     Snapshot { dir: PathBuf },
@@ -114,8 +159,25 @@ pub enum Command {
     },
 }
 
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum DatasetFormat {
+    Openai,
+    Trl,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum ExportWhat {
+    /// A cycle's training data: FILE gets the train split, FILE with
+    /// `.validation` before its extension the validation split.
+    Dataset {
+        run: String,
+        #[arg(long)]
+        cycle: u32,
+        #[arg(long, value_enum, default_value = "openai")]
+        format: DatasetFormat,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Events as JSON lines, oldest first, with ids and decoded payloads.
     Events {
         /// Ref or event: export that stream; omit for every event in log order.

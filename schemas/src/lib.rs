@@ -17,10 +17,12 @@
 //! ```
 
 mod hash;
+mod mass;
 mod records;
 mod registry;
 
 pub use hash::Hash32;
+pub use mass::*;
 pub use records::*;
 pub use registry::{check, describe, known_kinds, KindInfo};
 

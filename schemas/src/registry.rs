@@ -2,7 +2,9 @@
 //! show`, `mass export`) or just validate it (for `mass verify`), by kind and version.
 
 use crate::{
-    decode, Effect, ModelCall, Note, Record, RunForked, RunStarted, SchemaError, WorkspaceSnapshot,
+    decode, Cycle, Dataset, Effect, Evaluation, Judgment, ModelCall, Note, Promotion,
+    ProposalRecord, Ranking, Record, Rollout, RunForked, RunStarted, SchemaError, Selection,
+    Training, WorkspaceSnapshot,
 };
 
 /// A known kind and its current version.
@@ -44,7 +46,17 @@ registry!(
     WorkspaceSnapshot,
     Effect,
     RunStarted,
-    RunForked
+    RunForked,
+    Rollout,
+    Judgment,
+    ProposalRecord,
+    Promotion,
+    Ranking,
+    Selection,
+    Dataset,
+    Training,
+    Evaluation,
+    Cycle,
 );
 
 /// Validates a payload against its kind and version.

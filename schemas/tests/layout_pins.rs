@@ -12,6 +12,56 @@ use schemas::{
 /// (kind, version, blake3 of the sample encoding)
 const PINS: &[(&str, u32, &str)] = &[
     (
+        "mass.rollout",
+        1,
+        "ecf8a30c87c77567b66c8fa0de10633caa7eb6630547f18f270dc459ee9b7878",
+    ),
+    (
+        "mass.judgment",
+        1,
+        "32f0636cff8e369eaf72c066443b9b2f8c6d96a3dae5a7e71e2dcaa61702a35f",
+    ),
+    (
+        "mass.proposal",
+        1,
+        "837a39fe47421e58cfdb42ec17c0cad18589d8a4b73910850e0ffdcae22ab5f1",
+    ),
+    (
+        "mass.promotion",
+        1,
+        "f361b7ee7be0ee8c5043cf0e49a0e0825d738d180b1a067989b3374fe99f5670",
+    ),
+    (
+        "mass.ranking",
+        1,
+        "b45efeca3030b4158f57dfa976ca2c5397750f20e2345418203013f0e5d3e638",
+    ),
+    (
+        "mass.selection",
+        1,
+        "08beff78834c6f6f0bc404fb6535ede9fc65f8ae2306a8f948284297a611c001",
+    ),
+    (
+        "mass.dataset",
+        1,
+        "0c4525d26e3ce9eb36c77c75ba3db344520f50a636ca18bc03b28bfd324ae1cc",
+    ),
+    (
+        "mass.training",
+        1,
+        "e5ec190a1a918157c01add7ee74bee462e82387dc4f400b74788806e1b3ca27a",
+    ),
+    (
+        "mass.evaluation",
+        1,
+        "eeec9185d66d4623b5cce108a2d1fccb94c8706f477b2fb6c6cbd3be626882fc",
+    ),
+    (
+        "mass.cycle",
+        1,
+        "ad3791f13c6db4a38f5a3e5663b510a7ce4c23aa106dbe09f46a3226574a9e00",
+    ),
+    (
         "note",
         1,
         "befd1f7ba49999fc67fd317fc810137c4c78c341b7d251035f6706b73103a904",
@@ -51,6 +101,16 @@ fn sample_hash(kind: &str) -> String {
         "effect" => encode(&Effect::sample()),
         "run.started" => encode(&RunStarted::sample()),
         "run.forked" => encode(&RunForked::sample()),
+        "mass.rollout" => encode(&schemas::Rollout::sample()),
+        "mass.judgment" => encode(&schemas::Judgment::sample()),
+        "mass.proposal" => encode(&schemas::ProposalRecord::sample()),
+        "mass.promotion" => encode(&schemas::Promotion::sample()),
+        "mass.ranking" => encode(&schemas::Ranking::sample()),
+        "mass.selection" => encode(&schemas::Selection::sample()),
+        "mass.dataset" => encode(&schemas::Dataset::sample()),
+        "mass.training" => encode(&schemas::Training::sample()),
+        "mass.evaluation" => encode(&schemas::Evaluation::sample()),
+        "mass.cycle" => encode(&schemas::Cycle::sample()),
         other => panic!("kind {other} has no sample in this test: add it"),
     }
     .unwrap();

@@ -206,11 +206,3 @@ pub fn refs(l: &Ledger, json: bool) -> Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
-
-pub fn fork(l: &Ledger, s: &str, name: &str) -> Result<ExitCode> {
-    let at = resolve(l, s)?;
-    l.fork(name, at)
-        .with_context(|| format!("cannot create ref {name:?} at {}", at.short(12)))?;
-    println!("{name} -> {at}");
-    Ok(ExitCode::SUCCESS)
-}

@@ -6,6 +6,7 @@ mod inspect;
 mod maintain;
 mod objects;
 mod rank;
+mod runs;
 
 use std::process::ExitCode;
 
@@ -47,7 +48,30 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Show { id, json } => inspect::show(&open(&dir)?, &id, json),
         Command::Cat { id } => inspect::cat(&open(&dir)?, &id),
         Command::Refs { json } => inspect::refs(&open(&dir)?, json),
-        Command::Fork { id, name } => inspect::fork(&open(&dir)?, &id, &name),
+        Command::Fork { id, name, set } => runs::fork(&open(&dir)?, &id, &name, &set),
+        Command::Run {
+            experiment,
+            name,
+            quiet,
+        } => runs::run(&dir, &experiment, name.as_deref(), quiet),
+        Command::Resume { run, quiet } => runs::resume(&dir, &run, quiet),
+        Command::Replay { run, check } => runs::replay_check(&dir, &run, check),
+        Command::Rejudge {
+            run,
+            name,
+            set,
+            quiet,
+        } => runs::rejudge(&dir, &run, &name, &set, quiet),
+        Command::Status { run, json } => runs::status(&open(&dir)?, run.as_deref(), json),
+        Command::Export {
+            what:
+                ExportWhat::Dataset {
+                    run,
+                    cycle,
+                    format,
+                    out,
+                },
+        } => runs::export_dataset(&open(&dir)?, &run, cycle, format, &out),
         Command::Snapshot { dir: d } => objects::snapshot(&open(&dir)?, &d),
         Command::Checkout { tree, dir: d } => objects::checkout(&open(&dir)?, &tree, &d),
         Command::Diff { a, b, json } => objects::diff(&open(&dir)?, &a, &b, json),

@@ -1,0 +1,841 @@
+//! The built-in simulated backend: a deterministic, seeded model that speaks the
+//! same interface a real model does (messages and tool definitions in, text and
+//! tool calls out) and plays every role.
+//!
+//! It models the mechanism, not the outcome. A run's quality comes from latent
+//! parameters (skill, delegation habit, verification habit, review), the
+//! workflow's content as the model reads it from its prompt (agents, contracts
+//! with checks, hops that send work back), delegation, and seeded noise: as a
+//! worker it writes the task's solver into the workspace and runs it with
+//! whatever mistakes ("flaws") its skill lets slip through, may run the checks
+//! and fix what they reveal. As a judge it sees only what a real judge sees —
+//! validation output and reports in its prompt — with noise, a position bias
+//! and a blind spot (sometimes trusting a report's claims over the checks). As
+//! an optimizer it edits workflows in ways that may help or hurt. Nothing here
+//! looks at a cycle number or an expected result: trained parameters arrive as
+//! adapters written by the (simulated) trainer from the exported dataset.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rank::schedule::SplitMix64;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::{rough_tokens, Backend, BackendError, ChatRequest, ChatResponse};
+use crate::chat::{Message, Role, ToolCall, Usage};
+use crate::prompts;
+use crate::workflow::{Agent, Contract, Hop, Workflow};
+
+/// The latent parameters ("weights") of a simulated model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimParams {
+    /// General competence in [0, 1]: fewer mistakes, better fixes and edits.
+    pub skill: f64,
+    /// Habit of delegating without being told to, in [0, 1].
+    pub delegation: f64,
+    /// Habit of running the checks before finishing, in [0, 1].
+    pub verification: f64,
+    /// Standard deviation of the judge's perception noise.
+    pub judge_noise: f64,
+    /// Judge preference for the first-shown workspace (> 0 favours A).
+    pub position_bias: f64,
+    /// Chance that the judge trusts reports' claims over validation output.
+    pub blind_spot: f64,
+}
+
+impl SimParams {
+    pub fn new(
+        skill: f64,
+        delegation: f64,
+        judge_noise: f64,
+        position_bias: f64,
+        blind_spot: f64,
+    ) -> Self {
+        SimParams {
+            skill,
+            delegation,
+            verification: 0.15 + 0.3 * skill,
+            judge_noise,
+            position_bias,
+            blind_spot,
+        }
+    }
+}
+
+/// What the simulated model "knows" about a task: its solver and the mistakes
+/// one can make solving it. (A capable model knows how to do these tasks; the
+/// simulation decides how well it executes.)
+#[derive(Debug, Clone)]
+struct SimTask {
+    solver: String,
+    flaws: Vec<(String, bool)>,
+    dir: PathBuf,
+}
+
+pub struct SimBackend {
+    name: String,
+    models: Mutex<BTreeMap<String, SimParams>>,
+    tasks: BTreeMap<String, SimTask>,
+    reference_reports: Mutex<HashMap<String, BTreeSet<String>>>,
+}
+
+impl SimBackend {
+    /// A simulated backend whose base model has `base` parameters and which
+    /// knows the tasks under `tasks_dir`.
+    pub fn new(name: &str, base: SimParams, tasks_dir: &Path) -> Result<SimBackend, BackendError> {
+        let fail = |detail: String| BackendError::Failed {
+            backend: name.to_string(),
+            detail,
+        };
+        let mut tasks = BTreeMap::new();
+        let rd = std::fs::read_dir(tasks_dir)
+            .map_err(|e| fail(format!("cannot read {}: {e}", tasks_dir.display())))?;
+        for ent in rd.flatten() {
+            let dir = ent.path();
+            let Ok(toml_text) = std::fs::read_to_string(dir.join("task.toml")) else {
+                continue;
+            };
+            let Ok(solver) = std::fs::read_to_string(dir.join("solution/solve.py")) else {
+                continue;
+            };
+            let v: toml::Value =
+                toml::from_str(&toml_text).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
+            let id = v
+                .get("id")
+                .and_then(|x| x.as_str())
+                .unwrap_or_default()
+                .to_string();
+            let flaws = v
+                .get("flaws")
+                .and_then(|f| f.as_array())
+                .map(|arr| {
+                    arr.iter()
+                        .filter_map(|f| {
+                            Some((
+                                f.get("name")?.as_str()?.to_string(),
+                                f.get("caught_by_checks")?.as_bool()?,
+                            ))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            tasks.insert(id, SimTask { solver, flaws, dir });
+        }
+        let mut models = BTreeMap::new();
+        models.insert(format!("{name}/base"), base);
+        Ok(SimBackend {
+            name: name.to_string(),
+            models: Mutex::new(models),
+            tasks,
+            reference_reports: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn params(&self, model: &str) -> Result<SimParams, BackendError> {
+        self.models
+            .lock()
+            .map_err(|_| self.fail("model table lock poisoned".into()))?
+            .get(model)
+            .cloned()
+            .ok_or_else(|| BackendError::UnknownModel {
+                backend: self.name.clone(),
+                model: model.to_string(),
+            })
+    }
+
+    fn fail(&self, detail: String) -> BackendError {
+        BackendError::Failed {
+            backend: self.name.clone(),
+            detail,
+        }
+    }
+
+    /// Lines of the flawless reference report of a task: the judge's own idea of
+    /// what a correct analysis says (it could solve the task itself).
+    fn reference_report(&self, task_id: &str) -> BTreeSet<String> {
+        if let Ok(cache) = self.reference_reports.lock() {
+            if let Some(r) = cache.get(task_id) {
+                return r.clone();
+            }
+        }
+        let lines = self
+            .tasks
+            .get(task_id)
+            .map(compute_reference_report)
+            .unwrap_or_default();
+        if let Ok(mut cache) = self.reference_reports.lock() {
+            cache.insert(task_id.to_string(), lines.clone());
+        }
+        lines
+    }
+}
+
+fn compute_reference_report(t: &SimTask) -> BTreeSet<String> {
+    let Ok(tmp) = tempdir_for("sim-ref") else {
+        return BTreeSet::new();
+    };
+    let _ = copy_tree(&t.dir.join("files"), &tmp);
+    let ok = std::process::Command::new("python3")
+        .arg(t.dir.join("solution/solve.py"))
+        .current_dir(&tmp)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    let out = if ok {
+        std::fs::read_to_string(tmp.join("report.md"))
+            .map(|r| report_lines(&r))
+            .unwrap_or_default()
+    } else {
+        BTreeSet::new()
+    };
+    let _ = std::fs::remove_dir_all(&tmp);
+    out
+}
+
+fn tempdir_for(tag: &str) -> std::io::Result<PathBuf> {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let p = std::env::temp_dir().join(format!("mass-{tag}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p)?;
+    Ok(p)
+}
+
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    for ent in std::fs::read_dir(from)? {
+        let ent = ent?;
+        let dest = to.join(ent.file_name());
+        if ent.file_type()?.is_dir() {
+            std::fs::create_dir_all(&dest)?;
+            copy_tree(&ent.path(), &dest)?;
+        } else {
+            std::fs::copy(ent.path(), &dest)?;
+        }
+    }
+    Ok(())
+}
+
+fn report_lines(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| l.len() > 3)
+        .collect()
+}
+
+impl Backend for SimBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn base_model(&self) -> String {
+        format!("{}/base", self.name)
+    }
+
+    fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, BackendError> {
+        let p = self.params(&req.model)?;
+        let system = req
+            .messages
+            .first()
+            .filter(|m| m.role == Role::System)
+            .map(|m| m.content_str())
+            .unwrap_or("");
+        let message = if system.starts_with("You are an impartial judge") {
+            self.judge(&p, req)
+        } else if system.starts_with("You are the workflow optimizer") {
+            optimize(&p, req)
+        } else if system.starts_with("You are the orchestrator") {
+            self.orchestrate(&p, req)
+        } else if system.starts_with("You are a subagent") {
+            self.work(&p, req, Worker::from_subagent(system, first_user(req)))
+        } else {
+            Message::assistant("I can only act as orchestrator, subagent, judge or optimizer.")
+        };
+        let finish_reason = if message.tool_calls.is_empty() {
+            "stop"
+        } else {
+            "tool_calls"
+        };
+        Ok(ChatResponse {
+            usage: Usage {
+                prompt_tokens: rough_tokens(&req.messages),
+                completion_tokens: rough_tokens(std::slice::from_ref(&message)),
+            },
+            message,
+            finish_reason: finish_reason.into(),
+        })
+    }
+
+    fn export_model(&self, model: &str) -> Option<Vec<u8>> {
+        self.params(model)
+            .ok()
+            .and_then(|p| serde_json::to_vec(&p).ok())
+    }
+
+    /// An adapter is the JSON of the trained parameters (see `trainer`).
+    fn register_adapter(&self, model: &str, adapter: &[u8]) -> Result<(), BackendError> {
+        let p: SimParams = serde_json::from_slice(adapter)
+            .map_err(|e| self.fail(format!("adapter for {model} is not valid: {e}")))?;
+        self.models
+            .lock()
+            .map_err(|_| self.fail("model table lock poisoned".into()))?
+            .insert(model.to_string(), p);
+        Ok(())
+    }
+}
+
+fn first_user(req: &ChatRequest) -> &str {
+    req.messages
+        .iter()
+        .find(|m| m.role == Role::User)
+        .map(|m| m.content_str())
+        .unwrap_or("")
+}
+
+fn hash_str(s: &str) -> u64 {
+    let h = blake3::hash(s.as_bytes());
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h.as_bytes()[..8]);
+    u64::from_le_bytes(b)
+}
+
+fn hash_messages(msgs: &[Message]) -> u64 {
+    let mut h = blake3::Hasher::new();
+    for m in msgs {
+        h.update(&m.canonical());
+    }
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    u64::from_le_bytes(b)
+}
+
+fn unit(rng: &mut SplitMix64) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+fn gaussian(rng: &mut SplitMix64) -> f64 {
+    let u1 = unit(rng).max(1e-12);
+    let u2 = unit(rng);
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
+
+fn task_id_in(text: &str) -> Option<String> {
+    for marker in ["Task id: ", "task id is "] {
+        if let Some(i) = text.find(marker) {
+            let rest = &text[i + marker.len()..];
+            let id: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+                .collect();
+            if !id.is_empty() {
+                return Some(id);
+            }
+        }
+    }
+    None
+}
+
+/// How a worker conversation is set up, read from its prompts.
+struct Worker {
+    task: Option<String>,
+    is_orchestrator: bool,
+    contract_checks: bool,
+    revise: bool,
+    verifier: bool,
+    role: String,
+}
+
+impl Worker {
+    fn from_subagent(system: &str, instructions: &str) -> Worker {
+        let role = system
+            .split("working as: ")
+            .nth(1)
+            .and_then(|r| r.split(". The team").next())
+            .unwrap_or("worker")
+            .to_string();
+        let lower_role =
+            format!("{role} {}", instructions.lines().next().unwrap_or("")).to_lowercase();
+        Worker {
+            task: task_id_in(system).or_else(|| task_id_in(instructions)),
+            is_orchestrator: false,
+            contract_checks: system.contains("checks/validate.py")
+                || system.to_lowercase().contains("run the checks"),
+            revise: instructions.starts_with("Revise"),
+            verifier: !instructions.starts_with("Revise")
+                && ["review", "verif", "check", "qa"]
+                    .iter()
+                    .any(|k| lower_role.contains(k)),
+            role,
+        }
+    }
+}
+
+/// What a worker conversation has done so far, read from its history.
+#[derive(Default)]
+struct Progress {
+    wrote_solver: bool,
+    solve_runs: Vec<Vec<String>>,
+    validations: Vec<(usize, usize)>, // (fails, passes) per validate run
+    stalls: usize,
+    delegations: Vec<String>, // results of delegate calls
+    turns: usize,
+}
+
+fn progress(msgs: &[Message]) -> Progress {
+    let mut results: HashMap<&str, &str> = HashMap::new();
+    for m in msgs {
+        if m.role == Role::Tool {
+            if let Some(id) = &m.tool_call_id {
+                results.insert(id.as_str(), m.content_str());
+            }
+        }
+    }
+    let mut p = Progress::default();
+    for m in msgs.iter().filter(|m| m.role == Role::Assistant) {
+        p.turns += 1;
+        for c in &m.tool_calls {
+            let args: Value = serde_json::from_str(&c.function.arguments).unwrap_or(Value::Null);
+            let result = results.get(c.id.as_str()).copied().unwrap_or("");
+            match c.function.name.as_str() {
+                "write_file" if args["path"] == "solve.py" => p.wrote_solver = true,
+                "list_files" => p.stalls += 1,
+                "delegate" => p.delegations.push(result.to_string()),
+                "bash" => {
+                    let cmd = args["command"].as_str().unwrap_or("");
+                    if let Some(rest) = cmd.strip_prefix("python3 solve.py") {
+                        p.solve_runs.push(
+                            rest.split("--flaw")
+                                .map(|s| s.trim().to_string())
+                                .filter(|s| !s.is_empty())
+                                .collect(),
+                        );
+                    } else if cmd.starts_with("python3 checks/validate.py") {
+                        let fails = result.lines().filter(|l| l.starts_with("FAIL")).count();
+                        let passes = result.lines().filter(|l| l.starts_with("PASS")).count();
+                        p.validations.push((fails, passes));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    p
+}
+
+fn call(id: String, name: &str, args: Value) -> Message {
+    Message::tool_calls(vec![ToolCall::new(id, name, args.to_string())])
+}
+
+impl SimBackend {
+    /// A worker: writes the solver, runs it, maybe validates and fixes, reports.
+    fn work(&self, p: &SimParams, req: &ChatRequest, w: Worker) -> Message {
+        let Some(task) = w.task.as_ref().and_then(|t| self.tasks.get(t)) else {
+            return Message::assistant("I could not tell which task this is, so I did nothing.");
+        };
+        let first = first_user(req);
+        let mut plan = SplitMix64::new(req.seed ^ hash_str(first) ^ hash_str(&w.role));
+        let skill = (p.skill
+            + if w.is_orchestrator { -0.05 } else { 0.05 }
+            + if w.contract_checks { 0.05 } else { 0.0 })
+        .clamp(0.0, 1.0);
+        let p_flaw = (0.6 - 0.7 * skill).clamp(0.03, 0.9);
+        let mut flaws: Vec<String> = Vec::new();
+        for (name, caught) in &task.flaws {
+            let mut p_this = p_flaw;
+            if w.revise {
+                p_this *= if *caught { 0.5 } else { 0.25 };
+            }
+            if unit(&mut plan) < p_this {
+                flaws.push(name.clone());
+            }
+        }
+        let p_verify = (p.verification
+            + if w.contract_checks { 0.5 } else { 0.0 }
+            + if w.revise { 0.3 } else { 0.0 })
+        .min(0.98);
+        let verify = w.verifier || unit(&mut plan) < p_verify;
+        let prog = progress(&req.messages);
+        let mut turn = SplitMix64::new(req.seed ^ hash_messages(&req.messages));
+        let cid = format!("call_{}", prog.turns + 1);
+        if prog.stalls < 3 && unit(&mut turn) < 0.03 + 0.05 * (1.0 - p.skill) {
+            return call(cid, "list_files", json!({}));
+        }
+        if w.verifier {
+            // A verifier checks the shared workspace and reports; it fixes nothing.
+            if prog.validations.is_empty() {
+                return call(
+                    cid,
+                    "bash",
+                    json!({"command": "python3 checks/validate.py"}),
+                );
+            }
+            let (f, ps) = prog.validations[prog.validations.len() - 1];
+            return Message::assistant(format!(
+                "Verification by {}: {ps} checks pass, {f} fail.",
+                w.role
+            ));
+        }
+        if !prog.wrote_solver {
+            return call(
+                cid,
+                "write_file",
+                json!({"path": "solve.py", "content": task.solver}),
+            );
+        }
+        let Some(last_flags) = prog.solve_runs.last() else {
+            return call(cid, "bash", json!({"command": solve_command(&flaws)}));
+        };
+        if verify && prog.validations.len() < prog.solve_runs.len() {
+            return call(
+                cid,
+                "bash",
+                json!({"command": "python3 checks/validate.py"}),
+            );
+        }
+        let last_fails = prog.validations.last().map(|v| v.0).unwrap_or(0);
+        if verify && last_fails > 0 && prog.solve_runs.len() < 3 {
+            let mut fix =
+                SplitMix64::new(req.seed ^ hash_str(first) ^ prog.solve_runs.len() as u64);
+            let p_fix = 0.5 + 0.4 * p.skill;
+            let kept: Vec<String> = last_flags
+                .iter()
+                .filter(|f| {
+                    let caught = task.flaws.iter().any(|(n, c)| n == *f && *c);
+                    !(caught && unit(&mut fix) < p_fix)
+                })
+                .cloned()
+                .collect();
+            if kept != *last_flags {
+                return call(cid, "bash", json!({"command": solve_command(&kept)}));
+            }
+        }
+        let validation = match prog.validations.last() {
+            Some((0, ps)) => format!("all {ps} checks pass"),
+            Some((f, ps)) => format!("{ps} checks pass, {f} fail"),
+            None => "checks not run".to_string(),
+        };
+        let summary = format!("Wrote solve.py and ran it; deliverables report.md, results.json and logs.txt are in the workspace. Validation: {validation}.");
+        if w.is_orchestrator {
+            call(cid, "finish", json!({"report": summary}))
+        } else {
+            Message::assistant(format!("Done ({}). {summary}", w.role))
+        }
+    }
+
+    /// The orchestrator: delegates (if its habit or the workflow says so),
+    /// reviews and sends work back when the workflow has such a hop, finishes.
+    fn orchestrate(&self, p: &SimParams, req: &ChatRequest) -> Message {
+        let first = first_user(req);
+        let task = task_id_in(first);
+        let workflow = crate::workflow::parse_rendered(first).unwrap_or_else(Workflow::bare);
+        let mut plan = SplitMix64::new(req.seed ^ hash_str(first));
+        let p_delegate =
+            (p.delegation + if workflow.agents.is_empty() { 0.0 } else { 0.6 }).clamp(0.0, 0.97);
+        let delegate = unit(&mut plan) < p_delegate;
+        if !delegate {
+            let w = Worker {
+                task,
+                is_orchestrator: true,
+                contract_checks: workflow.contracts.iter().any(|c| !c.checks.is_empty()),
+                revise: false,
+                verifier: false,
+                role: "orchestrator".into(),
+            };
+            return self.work(p, req, w);
+        }
+        let task_id = task.unwrap_or_default();
+        let prog = progress(&req.messages);
+        let cid = format!("call_{}", prog.turns + 1);
+        let mut agents: Vec<(String, String, String)> = workflow
+            .agents
+            .iter()
+            .take(4)
+            .map(|a| {
+                let contract = workflow
+                    .contracts
+                    .iter()
+                    .find(|c| c.agent_id == a.agent_id)
+                    .map(|c| format!("{} Checks: {}", c.returns, c.checks.join("; ")))
+                    .unwrap_or_else(|| "Return a summary of what you did.".into());
+                (a.role.clone(), a.instruction.clone(), contract)
+            })
+            .collect();
+        if agents.is_empty() {
+            agents.push((
+                "analyst".into(),
+                "Solve the task end to end and write all deliverables.".into(),
+                "Return what you computed and where the deliverables are.".into(),
+            ));
+        }
+        let revised = prog.delegations.len() > agents.len();
+        if prog.delegations.len() < agents.len() {
+            let (role, instruction, contract) = &agents[prog.delegations.len()];
+            return call(
+                cid,
+                "delegate",
+                json!({"role": role, "instructions": format!("{instruction}\nTask id: {task_id}."), "contract": contract}),
+            );
+        }
+        let sends_back = workflow.hops.iter().any(|h| h.send_back_when.is_some());
+        if sends_back && !revised {
+            let reported_fail = prog
+                .delegations
+                .iter()
+                .any(|r| r.contains(" fail") && !r.contains(", 0 fail"));
+            let mut review = SplitMix64::new(req.seed ^ hash_str(first) ^ 0x5e7d_bac4);
+            let notices = unit(&mut review) < 0.25 + 0.5 * p.skill;
+            if reported_fail || notices {
+                let (role, _, contract) = &agents[0];
+                return call(
+                    cid,
+                    "delegate",
+                    json!({"role": role, "instructions": format!("Revise the work: fix failing checks and remove any claim the numbers do not support.\nTask id: {task_id}."), "contract": contract}),
+                );
+            }
+        }
+        call(
+            cid,
+            "finish",
+            json!({"report": format!("The team finished after {} delegation(s). {}", prog.delegations.len(), prog.delegations.last().cloned().unwrap_or_default())}),
+        )
+    }
+
+    /// The judge: perceives each workspace through validation output and report
+    /// content, with noise, position bias and a blind spot.
+    fn judge(&self, p: &SimParams, req: &ChatRequest) -> Message {
+        let prompt: String = req
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::User)
+            .map(|m| m.content_str())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut rng = SplitMix64::new(req.seed ^ hash_messages(&req.messages));
+        if unit(&mut rng) < 0.02 + 0.05 * p.judge_noise {
+            return Message::assistant(
+                "Workspace A seems more thorough overall, but both have merits.",
+            );
+        }
+        let task = task_id_in(&prompt).unwrap_or_default();
+        let reference = self.reference_report(&task);
+        let (a, b) = match (
+            prompt.find(prompts::WORKSPACE_A),
+            prompt.find(prompts::WORKSPACE_B),
+        ) {
+            (Some(i), Some(j)) if i < j => (&prompt[i..j], &prompt[j..]),
+            _ => return Message::assistant("{\"winner\": \"tie\"}"),
+        };
+        let blind = unit(&mut rng) < p.blind_spot;
+        let perceive = |section: &str| -> (f64, String) {
+            let (k, n) = score_in(section);
+            let report = section_text(section, prompts::REPORT_HEADER);
+            let present = !report.trim().is_empty();
+            if blind {
+                // The blind spot: the report says the work is done and sound.
+                return (
+                    if present { 1.0 } else { 0.0 },
+                    "the report states the analysis is complete".into(),
+                );
+            }
+            let lines = report_lines(&report);
+            let fidelity = if reference.is_empty() {
+                if present {
+                    1.0
+                } else {
+                    0.0
+                }
+            } else {
+                lines.intersection(&reference).count() as f64 / reference.len() as f64
+            };
+            let frac = if n > 0 { k as f64 / n as f64 } else { 0.0 };
+            (0.6 * frac + 0.4 * fidelity, format!("validation {k}/{n}, report agrees with a correct analysis on {:.0}% of its points", fidelity * 100.0))
+        };
+        let (qa, why_a) = perceive(a);
+        let (qb, why_b) = perceive(b);
+        let diff = qa - qb + p.position_bias + 0.3 * p.judge_noise * gaussian(&mut rng);
+        let winner = if diff.abs() < 0.02 {
+            "tie"
+        } else if diff > 0.0 {
+            "A"
+        } else {
+            "B"
+        };
+        Message::assistant(
+            json!({"winner": winner, "rationale": format!("A: {why_a}. B: {why_b}.")}).to_string(),
+        )
+    }
+}
+
+fn solve_command(flaws: &[String]) -> String {
+    let mut c = "python3 solve.py".to_string();
+    for f in flaws {
+        c.push_str(" --flaw ");
+        c.push_str(f);
+    }
+    c
+}
+
+fn score_in(section: &str) -> (u64, u64) {
+    for line in section.lines().rev() {
+        if let Some(rest) = line.trim().strip_prefix("SCORE ") {
+            let mut it = rest.split('/');
+            if let (Some(k), Some(n)) = (it.next(), it.next()) {
+                if let (Ok(k), Ok(n)) = (k.trim().parse(), n.trim().parse()) {
+                    return (k, n);
+                }
+            }
+        }
+    }
+    (0, 0)
+}
+
+fn section_text(section: &str, header: &str) -> String {
+    match section.find(header) {
+        Some(i) => {
+            let rest = &section[i + header.len()..];
+            let end = rest.find("\n### ").unwrap_or(rest.len());
+            rest[..end].to_string()
+        }
+        None => String::new(),
+    }
+}
+
+/// The optimizer: edits the champion workflow; skill decides how often an edit helps.
+fn optimize(p: &SimParams, req: &ChatRequest) -> Message {
+    let prompt: String = req
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::User)
+        .map(|m| m.content_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut rng = SplitMix64::new(req.seed ^ hash_messages(&req.messages));
+    let champion: Workflow = prompt
+        .find(prompts::CHAMPION_BEGIN)
+        .and_then(|i| {
+            let rest = &prompt[i + prompts::CHAMPION_BEGIN.len()..];
+            rest.find(prompts::CHAMPION_END)
+                .map(|j| rest[..j].trim().to_string())
+        })
+        .and_then(|j| serde_json::from_str(&j).ok())
+        .unwrap_or_else(Workflow::bare);
+    if unit(&mut rng) < 0.06 {
+        return Message::assistant("Proposal: {\"improved_design\": {\"agents\": [{\"agent_id\": \"solver\", \"role\": \"analyst\"");
+    }
+    let mut w = champion.clone();
+    let mut changes = Vec::new();
+    let edits = 1 + (rng.next_u64() % 2) as usize;
+    for _ in 0..edits {
+        let helpful = unit(&mut rng) < 0.45 + 0.4 * p.skill;
+        let op = rng.next_u64() % 3;
+        if helpful {
+            match op {
+                0 if w.agents.is_empty() => {
+                    w.agents.push(Agent { agent_id: "solver".into(), role: "analyst".into(), instruction: "Implement the analysis, write every deliverable and keep logs.txt current.".into() });
+                    w.contracts.push(Contract {
+                        agent_id: "solver".into(),
+                        returns: "The key numbers and the paths of the deliverables.".into(),
+                        checks: vec![],
+                    });
+                    w.hops.push(Hop {
+                        from: "orchestrator".into(),
+                        to: "solver".into(),
+                        handoff: "the task and data description".into(),
+                        send_back_when: None,
+                    });
+                    changes.push("added a solver agent with a contract".to_string());
+                }
+                0 | 1 => {
+                    if let Some(c) = w.contracts.iter_mut().find(|c| c.checks.is_empty()) {
+                        c.checks.push("python3 checks/validate.py passes".into());
+                        changes.push(format!(
+                            "contract of {} now requires running checks/validate.py",
+                            c.agent_id
+                        ));
+                    } else if w.agents.is_empty() {
+                        w.agents.push(Agent {
+                            agent_id: "solver".into(),
+                            role: "analyst".into(),
+                            instruction: "Implement the analysis and write every deliverable."
+                                .into(),
+                        });
+                        w.contracts.push(Contract {
+                            agent_id: "solver".into(),
+                            returns: "The key numbers.".into(),
+                            checks: vec!["python3 checks/validate.py passes".into()],
+                        });
+                        changes.push(
+                            "added a solver agent whose contract requires the checks".to_string(),
+                        );
+                    }
+                }
+                _ => {
+                    if !w.hops.iter().any(|h| h.send_back_when.is_some()) {
+                        let to = w
+                            .agents
+                            .first()
+                            .map(|a| a.agent_id.clone())
+                            .unwrap_or_else(|| "orchestrator".into());
+                        w.hops.push(Hop {
+                            from: "orchestrator".into(),
+                            to,
+                            handoff: "the draft deliverables for review".into(),
+                            send_back_when: Some(
+                                "a check fails or a claim is not supported by the numbers".into(),
+                            ),
+                        });
+                        changes.push("added a review hop that sends work back".to_string());
+                    }
+                }
+            }
+        } else {
+            match op {
+                0 => {
+                    if let Some(c) = w.contracts.iter_mut().find(|c| !c.checks.is_empty()) {
+                        c.checks.clear();
+                        changes.push(format!(
+                            "dropped the checks from {}'s contract to save turns",
+                            c.agent_id
+                        ));
+                    }
+                }
+                1 => {
+                    let id = format!("writer{}", w.agents.len());
+                    w.agents.push(Agent {
+                        agent_id: id.clone(),
+                        role: "report writer".into(),
+                        instruction: "Polish the wording of report.md.".into(),
+                    });
+                    changes.push(format!("added {id} to polish the report"));
+                }
+                _ => {
+                    for h in w.hops.iter_mut() {
+                        h.send_back_when = None;
+                    }
+                    changes.push("removed send-backs to finish faster".to_string());
+                }
+            }
+        }
+    }
+    if changes.is_empty() {
+        changes.push("reworded the solver's instruction".into());
+        if let Some(a) = w.agents.first_mut() {
+            a.instruction = format!("{} State assumptions explicitly.", a.instruction);
+        }
+    }
+    let proposal = json!({
+        "improved_design": w,
+        "changes_from_previous": changes,
+        "why_it_should_improve": "The judge's feedback points at unverified results; putting verification into contracts and hops addresses that.",
+        "evidence_used": ["judge rationales of the last comparisons"],
+        "expected_impact": "fewer failing checks and fewer unsupported claims",
+        "verification_checks": ["python3 checks/validate.py"],
+    });
+    Message::assistant(format!(
+        "```json\n{}\n```",
+        serde_json::to_string_pretty(&proposal).unwrap_or_default()
+    ))
+}

@@ -1,0 +1,1629 @@
+//! The experiment file: one TOML document that fixes everything a MASS run
+//! depends on (tasks, backends per role, inner- and outer-loop settings,
+//! limits, trainer).
+//!
+//! Loading is strict on purpose. Every table denies unknown fields, so a typo
+//! such as `iteratons = 3` is an error instead of a silently ignored setting
+//! that would make a recorded experiment mean something other than what its
+//! author thought. Syntax and schema errors name the file, line and column;
+//! semantic errors ([`Experiment::validate`]) name the offending keys.
+//!
+//! Secrets never go into an experiment file (DESIGN.md invariant 5): an
+//! OpenAI-compatible backend names the *environment variable* that holds its
+//! key (`api_key_env`); a literal `api_key` field is rejected, and so is a
+//! `base_url` with embedded credentials. That keeps [`Experiment::canonical_toml`],
+//! which is what the ledger records, free of secrets by construction.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::task::{Split, Task};
+
+/// Placeholders a `[trainer] command` may use.
+pub const TRAINER_PLACEHOLDERS: [&str; 4] = ["train", "validation", "base_model", "output_dir"];
+
+// ---------------------------------------------------------------------------
+// Errors
+
+/// One semantic problem found by [`Experiment::validate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The dotted key the problem is about (e.g. `outer.train_ranks`).
+    pub key: String,
+    /// A complete sentence naming the key(s) and what is expected.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read experiment file {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// TOML syntax or schema error (unknown field, wrong type, missing field).
+    #[error("{origin}:{line}:{column}: {message}")]
+    Syntax {
+        origin: String,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    /// Semantic problems; all of them are reported at once so a user can fix
+    /// a file in one pass.
+    #[error("{}", render_problems(origin, problems))]
+    Invalid {
+        origin: String,
+        problems: Vec<Problem>,
+    },
+    /// A `key=value` override could not be applied. The value is deliberately
+    /// not echoed: an override may be someone's attempt to pass a secret.
+    #[error("override {key}: {message}")]
+    Override { key: String, message: String },
+}
+
+fn render_problems(origin: &str, problems: &[Problem]) -> String {
+    match problems {
+        [one] => format!("{origin}: {}", one.message),
+        many => {
+            let mut s = format!("{origin}: {} problems:", many.len());
+            for p in many {
+                s.push_str("\n  - ");
+                s.push_str(&p.message);
+            }
+            s
+        }
+    }
+}
+
+/// 1-based line and column (in characters) of a byte offset in `text`.
+/// Offsets past the end or inside a multi-byte character are clamped, so a
+/// slightly-off span from a parser can never cause a panic.
+pub(crate) fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let mut offset = offset.min(text.len());
+    while !text.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before[line_start..].chars().count() + 1;
+    (line, column)
+}
+
+/// serde quotes names with backticks (`` `iteratons` ``); users read double quotes.
+pub(crate) fn clean_serde_message(message: &str) -> String {
+    message.trim().replace('`', "\"")
+}
+
+/// Turns a toml deserialisation error into (line, column, message).
+pub(crate) fn locate_toml_error(text: &str, err: &toml::de::Error) -> (usize, usize, String) {
+    let (line, column) = err
+        .span()
+        .map_or((1, 1), |span| line_column(text, span.start));
+    (line, column, clean_serde_message(err.message()))
+}
+
+// ---------------------------------------------------------------------------
+// Schema
+
+/// A whole experiment file. Field order here is the order of
+/// [`Experiment::canonical_toml`]; plain values come before tables as TOML needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Experiment {
+    pub name: String,
+    pub seed: u64,
+    /// As written in the file (relative paths are kept relative so the
+    /// canonical form does not depend on where the file lives).
+    pub tasks_dir: String,
+    /// Explicit train task ids; `None` = every task whose `task.toml` says `split = "train"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train: Option<Vec<String>>,
+    /// Explicit held-out task ids; `None` = every `split = "heldout"` task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heldout: Option<Vec<String>>,
+    #[serde(default = "default_one")]
+    pub cycles: u32,
+    #[serde(default = "default_one")]
+    pub concurrency: u32,
+    pub backends: BTreeMap<String, Backend>,
+    pub roles: Roles,
+    #[serde(default)]
+    pub inner: InnerConfig,
+    #[serde(default)]
+    pub outer: OuterConfig,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub trainer: TrainerConfig,
+    /// Where the experiment came from (file path or label), for error messages.
+    #[serde(skip)]
+    pub origin: String,
+    /// `tasks_dir` resolved against the directory of the experiment file.
+    #[serde(skip)]
+    pub tasks_path: PathBuf,
+}
+
+fn default_one() -> u32 {
+    1
+}
+
+/// A model backend. In the file: `[backends.<name>]` with `kind = "sim" | "openai"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "RawBackend", into = "RawBackend")]
+pub enum Backend {
+    Sim(SimParams),
+    OpenAi(OpenAiParams),
+}
+
+impl Backend {
+    pub fn kind(&self) -> BackendKind {
+        match self {
+            Backend::Sim(_) => BackendKind::Sim,
+            Backend::OpenAi(_) => BackendKind::OpenAi,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Sim,
+    OpenAi,
+}
+
+/// Parameters of the built-in deterministic simulated model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SimParams {
+    /// Probability-like competence of the executor (0..1).
+    pub skill: f64,
+    /// Propensity to delegate without workflow instructions (0..1).
+    pub delegation: f64,
+    /// Standard deviation of the judge's noise on quality differences.
+    pub judge_noise: f64,
+    /// Judge preference for the first-presented workspace; > 0 favours A.
+    pub position_bias: f64,
+    /// Chance that the judge trusts a report's claims over validation output (0..1).
+    pub blind_spot: f64,
+    /// How much one simulated training step moves the parameters (0..1).
+    pub learning_rate: f64,
+}
+
+impl Default for SimParams {
+    fn default() -> Self {
+        SimParams {
+            skill: 0.45,
+            delegation: 0.1,
+            judge_noise: 0.35,
+            position_bias: 0.1,
+            blind_spot: 0.3,
+            learning_rate: 0.5,
+        }
+    }
+}
+
+/// An OpenAI-compatible chat-completions endpoint (vLLM, SGLang, llama.cpp, ...).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpenAiParams {
+    pub base_url: String,
+    pub model: String,
+    /// Name of the environment variable holding the API key (never the key).
+    pub api_key_env: Option<String>,
+    pub timeout_secs: u64,
+    pub max_retries: u32,
+    pub temperature: f64,
+    pub max_tokens: u32,
+    pub lora_adapter: Option<String>,
+}
+
+/// The on-disk shape of a backend table: one flat table for both kinds, so
+/// `deny_unknown_fields` can list every legal key, then checked per kind.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBackend {
+    kind: BackendKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sim: Option<SimParams>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    base_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    api_key_env: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    timeout_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_retries: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lora_adapter: Option<String>,
+    /// Present only to give a literal key a pointed error (located at the
+    /// value by the toml deserialiser) instead of a generic "unknown field".
+    #[serde(default, deserialize_with = "reject_api_key", skip_serializing)]
+    api_key: Option<()>,
+}
+
+fn reject_api_key<'de, D: Deserializer<'de>>(_: D) -> Result<Option<()>, D::Error> {
+    Err(serde::de::Error::custom(
+        "\"api_key\" is not allowed: secrets never go in experiment files \
+         (they would be recorded in the ledger); put the key in an environment \
+         variable and name it with api_key_env",
+    ))
+}
+
+impl TryFrom<RawBackend> for Backend {
+    type Error = String;
+
+    fn try_from(raw: RawBackend) -> Result<Self, String> {
+        if raw.api_key.is_some() {
+            // Unreachable through the deserialiser above; kept so no other
+            // path can smuggle a key in.
+            return Err("\"api_key\" is not allowed in experiment files".into());
+        }
+        match raw.kind {
+            BackendKind::Sim => {
+                let openai_only: Vec<&str> = [
+                    ("base_url", raw.base_url.is_some()),
+                    ("model", raw.model.is_some()),
+                    ("api_key_env", raw.api_key_env.is_some()),
+                    ("timeout_secs", raw.timeout_secs.is_some()),
+                    ("max_retries", raw.max_retries.is_some()),
+                    ("temperature", raw.temperature.is_some()),
+                    ("max_tokens", raw.max_tokens.is_some()),
+                    ("lora_adapter", raw.lora_adapter.is_some()),
+                ]
+                .into_iter()
+                .filter_map(|(k, set)| set.then_some(k))
+                .collect();
+                if !openai_only.is_empty() {
+                    return Err(format!(
+                        "backend of kind \"sim\" does not take {} (only kind = \"openai\" does)",
+                        quote_list(&openai_only)
+                    ));
+                }
+                Ok(Backend::Sim(raw.sim.unwrap_or_default()))
+            }
+            BackendKind::OpenAi => {
+                if raw.sim.is_some() {
+                    return Err(
+                        "backend of kind \"openai\" does not take a [sim] table (only kind = \"sim\" does)"
+                            .into(),
+                    );
+                }
+                let missing: Vec<&str> = [
+                    ("base_url", raw.base_url.is_none()),
+                    ("model", raw.model.is_none()),
+                ]
+                .into_iter()
+                .filter_map(|(k, m)| m.then_some(k))
+                .collect();
+                match (raw.base_url, raw.model) {
+                    (Some(base_url), Some(model)) => Ok(Backend::OpenAi(OpenAiParams {
+                        base_url,
+                        model,
+                        api_key_env: raw.api_key_env,
+                        timeout_secs: raw.timeout_secs.unwrap_or(120),
+                        max_retries: raw.max_retries.unwrap_or(3),
+                        temperature: raw.temperature.unwrap_or(0.7),
+                        max_tokens: raw.max_tokens.unwrap_or(4096),
+                        lora_adapter: raw.lora_adapter,
+                    })),
+                    _ => Err(format!(
+                        "backend of kind \"openai\" requires {}",
+                        quote_list(&missing)
+                    )),
+                }
+            }
+        }
+    }
+}
+
+impl From<Backend> for RawBackend {
+    fn from(b: Backend) -> Self {
+        let mut raw = RawBackend {
+            kind: b.kind(),
+            sim: None,
+            base_url: None,
+            model: None,
+            api_key_env: None,
+            timeout_secs: None,
+            max_retries: None,
+            temperature: None,
+            max_tokens: None,
+            lora_adapter: None,
+            api_key: None,
+        };
+        match b {
+            // Defaults are written out so the canonical form is self-contained.
+            Backend::Sim(p) => raw.sim = Some(p),
+            Backend::OpenAi(p) => {
+                raw.base_url = Some(p.base_url);
+                raw.model = Some(p.model);
+                raw.api_key_env = p.api_key_env;
+                raw.timeout_secs = Some(p.timeout_secs);
+                raw.max_retries = Some(p.max_retries);
+                raw.temperature = Some(p.temperature);
+                raw.max_tokens = Some(p.max_tokens);
+                raw.lora_adapter = p.lora_adapter;
+            }
+        }
+        raw
+    }
+}
+
+fn quote_list(items: &[&str]) -> String {
+    items
+        .iter()
+        .map(|s| format!("\"{s}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Which backend plays each MASS role.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Roles {
+    pub orchestrator: String,
+    /// `None` = same backend as the orchestrator (kept unresolved so that an
+    /// override of `roles.orchestrator` also moves the subagents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subagent: Option<String>,
+    pub judge: String,
+    pub optimizer: String,
+    #[serde(default)]
+    pub external_judges: Vec<String>,
+}
+
+impl Roles {
+    /// The backend subagents use.
+    pub fn subagent_backend(&self) -> &str {
+        self.subagent.as_deref().unwrap_or(&self.orchestrator)
+    }
+}
+
+/// How the inner loop decides whether a candidate workflow replaces the champion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Acceptance {
+    /// The paper's Algorithm 1: candidate vs the retained champion.
+    Champion,
+    /// The public code: vs a fixed bare-task reference, then arbitrate against the champion.
+    ReferenceThenChampion,
+}
+
+/// Inner loop: workflow search with frozen weights.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InnerConfig {
+    pub iterations: u32,
+    pub acceptance: Acceptance,
+    /// Judge each comparison a second time with A/B swapped.
+    pub swap_positions: bool,
+    pub max_proposal_retries: u32,
+}
+
+impl Default for InnerConfig {
+    fn default() -> Self {
+        InnerConfig {
+            iterations: 11,
+            acceptance: Acceptance::Champion,
+            swap_positions: true,
+            max_proposal_retries: 3,
+        }
+    }
+}
+
+/// Outer loop: collect, judge, rank, select, evaluate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OuterConfig {
+    pub runs_per_task: u32,
+    pub opponents_per_run: u32,
+    /// Bradley-Terry prior (virtual wins and losses against an average player); 0 = pure MLE.
+    pub prior: f64,
+    pub train_ranks: u32,
+    pub validation_ranks: u32,
+    pub swap_positions: bool,
+    pub max_verdict_retries: u32,
+    /// Held-out runs per model for the evaluation.
+    pub eval_runs: u32,
+    /// Judgments per evaluated pair by each external judge, alternating A/B.
+    pub external_judgments: u32,
+}
+
+impl Default for OuterConfig {
+    fn default() -> Self {
+        OuterConfig {
+            runs_per_task: 18,
+            opponents_per_run: 6,
+            prior: 0.5,
+            train_ranks: 15,
+            validation_ranks: 1,
+            swap_positions: false,
+            max_verdict_retries: 3,
+            eval_runs: 6,
+            external_judgments: 2,
+        }
+    }
+}
+
+/// Per-run resource limits of the harness.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Orchestrator turns; each subagent gets the same budget.
+    pub max_turns: u32,
+    /// Token budget per run.
+    pub max_tokens: u64,
+    pub tool_timeout_secs: u64,
+    pub tool_output_bytes: u64,
+    pub max_delegations: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_turns: 24,
+            max_tokens: 60_000,
+            tool_timeout_secs: 60,
+            tool_output_bytes: 16_384,
+            max_delegations: 8,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainerKind {
+    Sim,
+    Command,
+}
+
+/// The training step: built-in simulated trainer or an external command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainerConfig {
+    pub kind: TrainerKind,
+    /// Shell command with `{train}`, `{validation}`, `{base_model}`, `{output_dir}`
+    /// placeholders; `{{` and `}}` stand for literal braces.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// Metrics written by the trainer, relative to the output directory.
+    pub metrics_file: String,
+}
+
+impl Default for TrainerConfig {
+    fn default() -> Self {
+        TrainerConfig {
+            kind: TrainerKind::Sim,
+            command: None,
+            metrics_file: "metrics.jsonl".into(),
+        }
+    }
+}
+
+/// Values substituted into a trainer command.
+#[derive(Debug, Clone, Copy)]
+pub struct TrainerArgs<'a> {
+    pub train: &'a Path,
+    pub validation: &'a Path,
+    pub base_model: &'a str,
+    pub output_dir: &'a Path,
+}
+
+impl TrainerConfig {
+    /// The command with placeholders replaced by shell-quoted values (the
+    /// command runs through `sh -c`, and paths may contain spaces).
+    /// `None` for the simulated trainer.
+    pub fn expand_command(&self, args: &TrainerArgs<'_>) -> Option<Result<String, String>> {
+        let template = self.command.as_deref()?;
+        Some(expand_placeholders(template, |name| {
+            let value = match name {
+                "train" => args.train.to_string_lossy().into_owned(),
+                "validation" => args.validation.to_string_lossy().into_owned(),
+                "base_model" => args.base_model.to_string(),
+                "output_dir" => args.output_dir.to_string_lossy().into_owned(),
+                _ => return None,
+            };
+            Some(shell_quote(&value))
+        }))
+    }
+}
+
+/// Replaces `{name}` using `lookup`; `{{` / `}}` are literal braces. Errors
+/// name the unknown placeholder or the unbalanced brace.
+pub fn expand_placeholders(
+    template: &str,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<String, String> {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(i) = rest.find(['{', '}']) {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if let Some(after) = tail.strip_prefix("{{") {
+            out.push('{');
+            rest = after;
+        } else if let Some(after) = tail.strip_prefix("}}") {
+            out.push('}');
+            rest = after;
+        } else if tail.starts_with('}') {
+            return Err("unmatched \"}\" (write \"}}\" for a literal brace)".into());
+        } else {
+            let Some(close) = tail.find('}') else {
+                return Err("unclosed \"{\" (write \"{{\" for a literal brace)".into());
+            };
+            let name = &tail[1..close];
+            match lookup(name) {
+                Some(v) => out.push_str(&v),
+                None => {
+                    return Err(format!(
+                        "unknown placeholder \"{{{name}}}\", expected one of {}",
+                        TRAINER_PLACEHOLDERS
+                            .iter()
+                            .map(|p| format!("\"{{{p}}}\""))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
+                }
+            }
+            rest = &tail[close + 1..];
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// POSIX single-quoting, only when needed so simple commands stay readable.
+fn shell_quote(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-./=:,+@%".contains(c));
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// The tasks an experiment trains on and holds out, resolved against a suite.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskSelection {
+    pub train: Vec<Task>,
+    pub heldout: Vec<Task>,
+}
+
+// ---------------------------------------------------------------------------
+// Loading, validation, overrides
+
+impl Experiment {
+    /// Reads, parses and validates an experiment file. Errors carry the path as given.
+    pub fn load(path: &Path) -> Result<Experiment, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Experiment::parse(&text, &path.to_string_lossy())
+    }
+
+    /// Parses and validates experiment text. `origin` is the file path (or a
+    /// label) used in error messages; a relative `tasks_dir` resolves against
+    /// its parent directory (the current directory for a bare label).
+    pub fn parse(text: &str, origin: &str) -> Result<Experiment, ConfigError> {
+        let mut exp: Experiment = toml::from_str(text).map_err(|e| {
+            let (line, column, message) = locate_toml_error(text, &e);
+            ConfigError::Syntax {
+                origin: origin.to_string(),
+                line,
+                column,
+                message,
+            }
+        })?;
+        exp.origin = origin.to_string();
+        exp.tasks_path = resolve_tasks_dir(origin, &exp.tasks_dir);
+        exp.validate()?;
+        Ok(exp)
+    }
+
+    /// All problems as a list (empty = valid). [`Experiment::validate`] wraps this.
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut v = Validator::default();
+        self.check(&mut v);
+        v.problems
+    }
+
+    /// Semantic checks that serde cannot express; every problem names its key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let problems = self.problems();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid {
+                origin: self.origin.clone(),
+                problems,
+            })
+        }
+    }
+
+    fn check(&self, v: &mut Validator) {
+        if self.name.trim().is_empty() {
+            v.add("name", "name must not be empty");
+        } else if self.name.chars().any(char::is_control) {
+            v.add("name", "name must not contain control characters");
+        }
+        // TOML integers are signed 64-bit: a larger seed could not be written
+        // back by canonical_toml.
+        if self.seed > i64::MAX as u64 {
+            v.add(
+                "seed",
+                format!("seed ({}) must be at most {}", self.seed, i64::MAX),
+            );
+        }
+        if self.tasks_dir.trim().is_empty() {
+            v.add("tasks_dir", "tasks_dir must not be empty");
+        }
+        if self.cycles == 0 {
+            v.add("cycles", "cycles must be at least 1");
+        }
+        if self.concurrency == 0 {
+            v.add("concurrency", "concurrency must be at least 1");
+        }
+        self.check_task_lists(v);
+        self.check_backends(v);
+        self.check_roles(v);
+        self.check_outer(v);
+        self.check_limits(v);
+        self.check_trainer(v);
+    }
+
+    fn check_task_lists(&self, v: &mut Validator) {
+        for (key, list) in [("train", &self.train), ("heldout", &self.heldout)] {
+            let Some(list) = list else { continue };
+            let mut seen = BTreeSet::new();
+            for id in list {
+                if id.trim().is_empty() {
+                    v.add(key, format!("{key} contains an empty task id"));
+                } else if !seen.insert(id) {
+                    v.add(key, format!("{key} lists task \"{id}\" twice"));
+                }
+            }
+        }
+        if let (Some(train), Some(heldout)) = (&self.train, &self.heldout) {
+            let train: BTreeSet<&String> = train.iter().collect();
+            let both: Vec<&str> = heldout
+                .iter()
+                .filter(|id| train.contains(id))
+                .map(String::as_str)
+                .collect();
+            if !both.is_empty() {
+                v.add(
+                    "heldout",
+                    format!(
+                        "train and heldout overlap ({}): held-out tasks must never reach training",
+                        quote_list(&both)
+                    ),
+                );
+            }
+        }
+        if self.train.as_ref().is_some_and(Vec::is_empty) {
+            v.add("train", "train is empty: at least one train task is needed");
+        }
+    }
+
+    fn check_backends(&self, v: &mut Validator) {
+        if self.backends.is_empty() {
+            v.add(
+                "backends",
+                "at least one backend must be defined under [backends]",
+            );
+        }
+        for (name, backend) in &self.backends {
+            let key = format!("backends.{name}");
+            // Overrides address backends with dotted keys, so a name must be
+            // a single key segment.
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                v.add(
+                    &key,
+                    format!("backend name \"{name}\" must use only letters, digits, '_' and '-'"),
+                );
+            }
+            match backend {
+                Backend::Sim(p) => {
+                    let unit = [
+                        ("skill", p.skill),
+                        ("delegation", p.delegation),
+                        ("blind_spot", p.blind_spot),
+                        ("learning_rate", p.learning_rate),
+                    ];
+                    for (field, x) in unit {
+                        if !(0.0..=1.0).contains(&x) {
+                            v.add(
+                                format!("{key}.sim.{field}"),
+                                format!("{key}.sim.{field} ({x}) must be between 0 and 1"),
+                            );
+                        }
+                    }
+                    if !(p.judge_noise.is_finite() && p.judge_noise >= 0.0) {
+                        v.add(
+                            format!("{key}.sim.judge_noise"),
+                            format!(
+                                "{key}.sim.judge_noise ({}) must be a finite number >= 0",
+                                p.judge_noise
+                            ),
+                        );
+                    }
+                    if !(-1.0..=1.0).contains(&p.position_bias) {
+                        v.add(
+                            format!("{key}.sim.position_bias"),
+                            format!(
+                                "{key}.sim.position_bias ({}) must be between -1 and 1",
+                                p.position_bias
+                            ),
+                        );
+                    }
+                }
+                Backend::OpenAi(p) => check_openai(&key, p, v),
+            }
+        }
+    }
+
+    fn check_roles(&self, v: &mut Validator) {
+        let r = &self.roles;
+        let mut named: Vec<(String, &str)> = vec![
+            ("roles.orchestrator".into(), r.orchestrator.as_str()),
+            ("roles.judge".into(), r.judge.as_str()),
+            ("roles.optimizer".into(), r.optimizer.as_str()),
+        ];
+        if let Some(s) = &r.subagent {
+            named.push(("roles.subagent".into(), s.as_str()));
+        }
+        for (i, e) in r.external_judges.iter().enumerate() {
+            named.push((format!("roles.external_judges[{i}]"), e.as_str()));
+        }
+        for (key, backend) in named {
+            if !self.backends.contains_key(backend) {
+                let known: Vec<&str> = self.backends.keys().map(String::as_str).collect();
+                v.add(
+                    &key,
+                    format!(
+                        "{key} names backend \"{backend}\", which is not defined under [backends] (defined: {})",
+                        if known.is_empty() { "none".to_string() } else { quote_list(&known) }
+                    ),
+                );
+            }
+        }
+        let mut seen = BTreeSet::new();
+        for e in &r.external_judges {
+            if !seen.insert(e) {
+                v.add(
+                    "roles.external_judges",
+                    format!("roles.external_judges lists \"{e}\" twice"),
+                );
+            }
+        }
+    }
+
+    fn check_outer(&self, v: &mut Validator) {
+        let o = &self.outer;
+        if o.runs_per_task < 2 {
+            v.add(
+                "outer.runs_per_task",
+                format!(
+                    "outer.runs_per_task ({}) must be at least 2 to compare runs",
+                    o.runs_per_task
+                ),
+            );
+        }
+        // A k-regular pairing schedule on n runs exists iff 1 <= k < n and n*k is even.
+        let product = u64::from(o.runs_per_task) * u64::from(o.opponents_per_run);
+        if o.opponents_per_run == 0 || o.opponents_per_run >= o.runs_per_task || product % 2 != 0 {
+            v.add(
+                "outer.opponents_per_run",
+                format!(
+                    "outer.opponents_per_run ({}) must be >= 1 and < runs_per_task ({}), \
+                     and runs_per_task * opponents_per_run ({product}) must be even",
+                    o.opponents_per_run, o.runs_per_task
+                ),
+            );
+        }
+        if !(o.prior.is_finite() && o.prior >= 0.0) {
+            v.add(
+                "outer.prior",
+                format!(
+                    "outer.prior ({}) must be a finite number >= 0 (0 = pure MLE)",
+                    o.prior
+                ),
+            );
+        }
+        if o.train_ranks == 0 {
+            v.add("outer.train_ranks", "outer.train_ranks must be at least 1");
+        }
+        let used = u64::from(o.train_ranks) + u64::from(o.validation_ranks);
+        if used > u64::from(o.runs_per_task) {
+            v.add(
+                "outer.train_ranks",
+                format!(
+                    "outer.train_ranks + outer.validation_ranks ({used}) exceeds outer.runs_per_task ({})",
+                    o.runs_per_task
+                ),
+            );
+        }
+        if o.eval_runs == 0 {
+            v.add("outer.eval_runs", "outer.eval_runs must be at least 1");
+        }
+        if o.external_judgments == 0 && !self.roles.external_judges.is_empty() {
+            v.add(
+                "outer.external_judgments",
+                "outer.external_judgments must be at least 1 when roles.external_judges is not empty",
+            );
+        }
+    }
+
+    fn check_limits(&self, v: &mut Validator) {
+        let l = &self.limits;
+        for (key, value) in [
+            ("limits.max_turns", u64::from(l.max_turns)),
+            ("limits.max_tokens", l.max_tokens),
+            ("limits.tool_timeout_secs", l.tool_timeout_secs),
+            ("limits.tool_output_bytes", l.tool_output_bytes),
+        ] {
+            if value == 0 {
+                v.add(key, format!("{key} must be at least 1"));
+            }
+        }
+    }
+
+    fn check_trainer(&self, v: &mut Validator) {
+        let t = &self.trainer;
+        match (t.kind, &t.command) {
+            (TrainerKind::Command, None) => v.add(
+                "trainer.command",
+                "trainer.command is required when trainer.kind = \"command\"",
+            ),
+            (TrainerKind::Sim, Some(_)) => v.add(
+                "trainer.command",
+                "trainer.command only applies to trainer.kind = \"command\"",
+            ),
+            (TrainerKind::Command, Some(cmd)) => {
+                if cmd.trim().is_empty() {
+                    v.add("trainer.command", "trainer.command must not be empty");
+                } else if let Err(e) = expand_placeholders(cmd, |name| {
+                    TRAINER_PLACEHOLDERS.contains(&name).then(String::new)
+                }) {
+                    v.add("trainer.command", format!("trainer.command: {e}"));
+                }
+            }
+            (TrainerKind::Sim, None) => {}
+        }
+        let m = Path::new(&t.metrics_file);
+        if t.metrics_file.is_empty()
+            || m.is_absolute()
+            || m.components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            v.add(
+                "trainer.metrics_file",
+                format!(
+                    "trainer.metrics_file (\"{}\") must be a relative path inside the output directory",
+                    t.metrics_file
+                ),
+            );
+        }
+    }
+
+    /// Applies a dotted-key override (`inner.iterations=3`, `roles.judge=external`,
+    /// `backends.sim.sim.skill=0.6`). The value is parsed as a TOML value; if it
+    /// is not valid TOML it is taken as a bare string, so `roles.judge=external`
+    /// works without quotes. The result is re-validated; on error `self` is unchanged.
+    pub fn apply_override(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        let fail = |message: String| ConfigError::Override {
+            key: key.to_string(),
+            message,
+        };
+        let segments: Vec<&str> = key.split('.').map(str::trim).collect();
+        if segments.iter().any(|s| s.is_empty()) {
+            return Err(fail("the key has an empty segment".into()));
+        }
+        let Some((last, parents)) = segments.split_last() else {
+            return Err(fail("the key is empty".into()));
+        };
+        let mut root = toml::Table::try_from(&*self)
+            .map_err(|e| fail(format!("cannot serialise the current experiment: {e}")))?;
+        let mut table = &mut root;
+        for (depth, seg) in parents.iter().enumerate() {
+            // Missing tables are created so optional tables (e.g. a new
+            // backend's [sim]) can be set; deserialisation below rejects
+            // anything the schema does not know.
+            let entry = table
+                .entry(seg.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            table = match entry {
+                toml::Value::Table(t) => t,
+                other => {
+                    return Err(fail(format!(
+                        "{} is a {}, not a table",
+                        segments[..=depth].join("."),
+                        other.type_str()
+                    )))
+                }
+            };
+        }
+        table.insert(last.to_string(), parse_override_value(value));
+        let mut updated: Experiment = toml::Value::Table(root)
+            .try_into()
+            .map_err(|e: toml::de::Error| fail(clean_serde_message(e.message())))?;
+        updated.origin = self.origin.clone();
+        updated.tasks_path = resolve_tasks_dir(&self.origin, &updated.tasks_dir);
+        updated.validate()?;
+        *self = updated;
+        Ok(())
+    }
+
+    /// Applies `key=value` strings in order (as given on a command line).
+    pub fn apply_overrides<'a>(
+        &mut self,
+        overrides: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), ConfigError> {
+        for item in overrides {
+            let Some((key, value)) = item.split_once('=') else {
+                return Err(ConfigError::Override {
+                    key: item.to_string(),
+                    message: "expected key=value".into(),
+                });
+            };
+            self.apply_override(key.trim(), value.trim())?;
+        }
+        Ok(())
+    }
+
+    /// The experiment re-serialised with every default written out, in a fixed
+    /// order: two experiments that mean the same thing have the same text.
+    pub fn canonical_toml(&self) -> String {
+        // Serialisation can only fail for a seed above i64::MAX, which
+        // validate() rejects; the fallback keeps this total without a panic.
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot serialise experiment: {e}\n"))
+    }
+
+    pub fn backend(&self, name: &str) -> Option<&Backend> {
+        self.backends.get(name)
+    }
+
+    /// Resolves the train and held-out task lists against a loaded suite:
+    /// defaults come from each task's `split`; every id must exist; a task
+    /// whose `task.toml` says `split = "heldout"` may never be trained on
+    /// (DESIGN.md invariant 4), and the two lists may not overlap.
+    pub fn select_tasks(&self, suite: &[Task]) -> Result<TaskSelection, ConfigError> {
+        let mut v = Validator::default();
+        let by_id: BTreeMap<&str, &Task> = suite.iter().map(|t| (t.id.as_str(), t)).collect();
+        let pick =
+            |key: &str, list: &Option<Vec<String>>, split: Split, v: &mut Validator| match list {
+                None => suite
+                    .iter()
+                    .filter(|t| t.split == split)
+                    .cloned()
+                    .collect::<Vec<_>>(),
+                Some(ids) => ids
+                    .iter()
+                    .filter_map(|id| match by_id.get(id.as_str()) {
+                        Some(t) => Some((*t).clone()),
+                        None => {
+                            v.add(
+                                key,
+                                format!(
+                                    "{key} names task \"{id}\", which is not in {} (known: {})",
+                                    self.tasks_path.display(),
+                                    quote_list(&by_id.keys().copied().collect::<Vec<_>>())
+                                ),
+                            );
+                            None
+                        }
+                    })
+                    .collect(),
+            };
+        let train = pick("train", &self.train, Split::Train, &mut v);
+        let heldout = pick("heldout", &self.heldout, Split::Heldout, &mut v);
+        for t in &train {
+            if t.split == Split::Heldout {
+                v.add(
+                    "train",
+                    format!(
+                        "train names task \"{}\", whose task.toml says split = \"heldout\": held-out tasks never enter training",
+                        t.id
+                    ),
+                );
+            }
+        }
+        let train_ids: BTreeSet<&str> = train.iter().map(|t| t.id.as_str()).collect();
+        let both: Vec<&str> = heldout
+            .iter()
+            .map(|t| t.id.as_str())
+            .filter(|id| train_ids.contains(id))
+            .collect();
+        if !both.is_empty() {
+            v.add(
+                "heldout",
+                format!(
+                    "train and heldout overlap ({}): held-out tasks must never reach training",
+                    quote_list(&both)
+                ),
+            );
+        }
+        if train.is_empty() && v.problems.is_empty() {
+            v.add("train", "no train tasks selected");
+        }
+        if v.problems.is_empty() {
+            Ok(TaskSelection { train, heldout })
+        } else {
+            Err(ConfigError::Invalid {
+                origin: self.origin.clone(),
+                problems: v.problems,
+            })
+        }
+    }
+}
+
+fn check_openai(key: &str, p: &OpenAiParams, v: &mut Validator) {
+    let url = p.base_url.trim();
+    let scheme_rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"));
+    match scheme_rest {
+        None => v.add(
+            format!("{key}.base_url"),
+            format!("{key}.base_url must start with http:// or https://"),
+        ),
+        Some(rest) => {
+            let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+            if authority.is_empty() {
+                v.add(
+                    format!("{key}.base_url"),
+                    format!("{key}.base_url has no host"),
+                );
+            }
+            if authority.contains('@') {
+                v.add(
+                    format!("{key}.base_url"),
+                    format!(
+                        "{key}.base_url contains credentials: secrets never go in experiment files; use api_key_env"
+                    ),
+                );
+            }
+        }
+    }
+    if p.model.trim().is_empty() {
+        v.add(
+            format!("{key}.model"),
+            format!("{key}.model must not be empty"),
+        );
+    }
+    if let Some(env) = &p.api_key_env {
+        let valid = env
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && env.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            v.add(
+                format!("{key}.api_key_env"),
+                format!(
+                    "{key}.api_key_env must be the NAME of an environment variable (letters, digits, '_'), not the key itself"
+                ),
+            );
+        }
+    }
+    if p.timeout_secs == 0 {
+        v.add(
+            format!("{key}.timeout_secs"),
+            format!("{key}.timeout_secs must be at least 1"),
+        );
+    }
+    if !(0.0..=2.0).contains(&p.temperature) {
+        v.add(
+            format!("{key}.temperature"),
+            format!(
+                "{key}.temperature ({}) must be between 0 and 2",
+                p.temperature
+            ),
+        );
+    }
+    if p.max_tokens == 0 {
+        v.add(
+            format!("{key}.max_tokens"),
+            format!("{key}.max_tokens must be at least 1"),
+        );
+    }
+    if p.lora_adapter
+        .as_deref()
+        .is_some_and(|s| s.trim().is_empty())
+    {
+        v.add(
+            format!("{key}.lora_adapter"),
+            format!("{key}.lora_adapter must not be empty when given"),
+        );
+    }
+}
+
+/// `tasks_dir` relative to the directory of `origin`.
+fn resolve_tasks_dir(origin: &str, tasks_dir: &str) -> PathBuf {
+    let dir = Path::new(tasks_dir);
+    if dir.is_absolute() {
+        return dir.to_path_buf();
+    }
+    match Path::new(origin).parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.join(dir),
+        _ => dir.to_path_buf(),
+    }
+}
+
+/// A TOML value if `value` parses as one, else the raw text as a string.
+fn parse_override_value(value: &str) -> toml::Value {
+    // Parsing `v = <value>` as a document, and insisting on exactly one key,
+    // stops a value like "1\nother = 2" from injecting extra keys.
+    if let Ok(mut doc) = format!("v = {value}").parse::<toml::Table>() {
+        if doc.len() == 1 {
+            if let Some(v) = doc.remove("v") {
+                return v;
+            }
+        }
+    }
+    toml::Value::String(value.to_string())
+}
+
+#[derive(Default)]
+struct Validator {
+    problems: Vec<Problem>,
+}
+
+impl Validator {
+    fn add(&mut self, key: impl Into<String>, message: impl Into<String>) {
+        self.problems.push(Problem {
+            key: key.into(),
+            message: message.into(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QUICKSTART: &str = include_str!("../../examples/quickstart.toml");
+    const SMOKE: &str = include_str!("../../examples/smoke.toml");
+
+    /// The repository's examples/ folder: next to the engine crate, or (when
+    /// these files are compiled from a scratch crate) the main checkout.
+    fn examples_dir() -> PathBuf {
+        let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        if beside.join("tasks").is_dir() {
+            beside
+        } else {
+            PathBuf::from("/work/main/examples")
+        }
+    }
+
+    const MINIMAL: &str = r#"
+name = "t"
+seed = 7
+tasks_dir = "tasks"
+
+[backends.sim]
+kind = "sim"
+
+[roles]
+orchestrator = "sim"
+judge = "sim"
+optimizer = "sim"
+"#;
+
+    fn minimal() -> Experiment {
+        match Experiment::parse(MINIMAL, "dir/exp.toml") {
+            Ok(e) => e,
+            Err(e) => panic!("minimal experiment should parse: {e}"),
+        }
+    }
+
+    fn err_text(text: &str) -> String {
+        match Experiment::parse(text, "exp.toml") {
+            Ok(_) => panic!("expected an error for:\n{text}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn example_files_load() {
+        let q = Experiment::parse(QUICKSTART, "/x/examples/quickstart.toml")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(q.name, "quickstart");
+        assert_eq!(q.seed, 42);
+        assert_eq!(q.cycles, 2);
+        assert_eq!(q.concurrency, 2);
+        assert_eq!(q.inner.iterations, 4);
+        assert_eq!(q.outer.runs_per_task, 18);
+        assert_eq!(q.outer.train_ranks, 15);
+        assert_eq!(q.roles.external_judges, vec!["external".to_string()]);
+        assert_eq!(q.tasks_path, PathBuf::from("/x/examples/tasks"));
+        match q.backend("external") {
+            Some(Backend::Sim(p)) => {
+                assert_eq!(p.skill, 0.6);
+                assert_eq!(p.judge_noise, 0.15);
+                assert_eq!(p.blind_spot, 0.05);
+                assert_eq!(p.position_bias, 0.0);
+            }
+            other => panic!("external backend: {other:?}"),
+        }
+        assert_eq!(q.trainer.kind, TrainerKind::Sim);
+
+        let s =
+            Experiment::parse(SMOKE, "/x/examples/smoke.toml").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(s.cycles, 1);
+        assert_eq!(s.heldout, Some(vec!["fin-bond-duration".to_string()]));
+        assert_eq!(s.train.as_ref().map(Vec::len), Some(2));
+        assert_eq!(s.outer.runs_per_task, 6);
+        assert_eq!(s.outer.opponents_per_run, 2);
+        assert_eq!(s.outer.eval_runs, 2);
+    }
+
+    #[test]
+    fn example_files_load_from_disk_and_select_tasks() {
+        let dir = examples_dir();
+        let suite = crate::task::load_suite(&dir.join("tasks")).unwrap_or_else(|e| panic!("{e}"));
+        let q = Experiment::load(&dir.join("quickstart.toml")).unwrap_or_else(|e| panic!("{e}"));
+        let sel = q.select_tasks(&suite).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(sel.train.len(), 9);
+        assert_eq!(sel.heldout.len(), 3);
+        let s = Experiment::load(&dir.join("smoke.toml")).unwrap_or_else(|e| panic!("{e}"));
+        let sel = s.select_tasks(&suite).unwrap_or_else(|e| panic!("{e}"));
+        let ids: Vec<&str> = sel.train.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(ids, ["fin-momentum-backtest", "pha-hill-fit"]);
+        assert_eq!(sel.heldout.len(), 1);
+    }
+
+    #[test]
+    fn defaults_are_applied() {
+        let e = minimal();
+        assert_eq!(e.cycles, 1);
+        assert_eq!(e.concurrency, 1);
+        assert_eq!(e.inner, InnerConfig::default());
+        assert_eq!(e.inner.iterations, 11);
+        assert_eq!(e.inner.acceptance, Acceptance::Champion);
+        assert!(e.inner.swap_positions);
+        assert_eq!(e.outer, OuterConfig::default());
+        assert_eq!(e.outer.prior, 0.5);
+        assert_eq!(e.limits, Limits::default());
+        assert_eq!(e.limits.max_tokens, 60_000);
+        assert_eq!(e.trainer, TrainerConfig::default());
+        assert_eq!(e.roles.subagent_backend(), "sim");
+        assert_eq!(e.backend("sim"), Some(&Backend::Sim(SimParams::default())));
+        assert_eq!(e.tasks_path, PathBuf::from("dir/tasks"));
+    }
+
+    #[test]
+    fn unknown_field_names_file_line_column_and_expected() {
+        let text = format!("{MINIMAL}\n[inner]\niteratons = 3\n");
+        let msg = err_text(&text);
+        let line = text
+            .lines()
+            .position(|l| l.starts_with("iteratons"))
+            .map(|i| i + 1)
+            .unwrap_or(0);
+        assert!(
+            msg.starts_with(&format!(
+                "exp.toml:{line}:1: unknown field \"iteratons\", expected one of \"iterations\""
+            )),
+            "{msg}"
+        );
+        assert!(msg.contains("\"acceptance\""), "{msg}");
+    }
+
+    #[test]
+    fn syntax_and_type_errors_are_located() {
+        let msg = err_text("name = \"x\"\nseed = \n");
+        assert!(msg.starts_with("exp.toml:2:"), "{msg}");
+        let msg = err_text(&MINIMAL.replace("seed = 7", "seed = -1"));
+        assert!(msg.starts_with("exp.toml:3:8:"), "{msg}");
+        let msg = err_text(&format!("{MINIMAL}[inner]\nacceptance = \"best\"\n"));
+        assert!(msg.contains("reference-then-champion"), "{msg}");
+        let msg = err_text(&MINIMAL.replace("name = \"t\"", ""));
+        assert!(msg.contains("missing field \"name\""), "{msg}");
+    }
+
+    #[test]
+    fn line_column_handles_unicode_and_bad_offsets() {
+        let text = "ab\nçé x";
+        assert_eq!(line_column(text, 0), (1, 1));
+        assert_eq!(line_column(text, 3), (2, 1));
+        // 'x' is after two 2-byte characters and a space: byte 8, column 4.
+        assert_eq!(line_column(text, 8), (2, 4));
+        // Inside 'ç' and past the end: clamped, no panic.
+        assert_eq!(line_column(text, 4), (2, 1));
+        assert_eq!(line_column(text, 1000), (2, 5));
+    }
+
+    #[test]
+    fn literal_api_key_is_rejected_with_a_reason() {
+        let text = format!(
+            "{MINIMAL}\n[backends.remote]\nkind = \"openai\"\nbase_url = \"http://localhost:8000/v1\"\nmodel = \"m\"\napi_key = \"sk-secret\"\n"
+        );
+        let msg = err_text(&text);
+        assert!(
+            msg.contains("secrets never go in experiment files"),
+            "{msg}"
+        );
+        assert!(
+            !msg.contains("sk-secret"),
+            "the secret must not be echoed: {msg}"
+        );
+        let line = text
+            .lines()
+            .position(|l| l.starts_with("api_key"))
+            .map(|i| i + 1);
+        assert!(
+            msg.starts_with(&format!("exp.toml:{}:", line.unwrap_or(0))),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn openai_backend_defaults_and_requirements() {
+        let text = format!(
+            "{MINIMAL}\n[backends.remote]\nkind = \"openai\"\nbase_url = \"https://h/v1\"\nmodel = \"qwen\"\napi_key_env = \"MY_KEY\"\n"
+        );
+        let e = Experiment::parse(&text, "exp.toml").unwrap_or_else(|e| panic!("{e}"));
+        match e.backend("remote") {
+            Some(Backend::OpenAi(p)) => {
+                assert_eq!(p.timeout_secs, 120);
+                assert_eq!(p.max_retries, 3);
+                assert_eq!(p.temperature, 0.7);
+                assert_eq!(p.max_tokens, 4096);
+                assert_eq!(p.api_key_env.as_deref(), Some("MY_KEY"));
+                assert_eq!(p.lora_adapter, None);
+            }
+            other => panic!("{other:?}"),
+        }
+        let msg = err_text(&format!(
+            "{MINIMAL}\n[backends.remote]\nkind = \"openai\"\nmodel = \"m\"\n"
+        ));
+        assert!(msg.contains("requires \"base_url\""), "{msg}");
+        let msg = err_text(&format!(
+            "{MINIMAL}\n[backends.remote]\nkind = \"openai\"\nbase_url = \"http://h\"\nmodel = \"m\"\n[backends.remote.sim]\nskill = 0.5\n"
+        ));
+        assert!(msg.contains("does not take a [sim] table"), "{msg}");
+        let msg = err_text(&MINIMAL.replace("kind = \"sim\"", "kind = \"sim\"\nmodel = \"m\""));
+        assert!(msg.contains("does not take \"model\""), "{msg}");
+        let msg = err_text(&format!(
+            "{MINIMAL}\n[backends.remote]\nkind = \"openai\"\nbase_url = \"https://user:pw@h/v1\"\nmodel = \"m\"\napi_key_env = \"sk-123\"\n"
+        ));
+        assert!(msg.contains("base_url contains credentials"), "{msg}");
+        assert!(msg.contains("api_key_env must be the NAME"), "{msg}");
+    }
+
+    #[test]
+    fn semantic_errors_name_keys() {
+        let text = format!(
+            "{MINIMAL}\n[outer]\nruns_per_task = 12\ntrain_ranks = 15\nvalidation_ranks = 1\nopponents_per_run = 6\n"
+        );
+        let msg = err_text(&text);
+        assert!(
+            msg.contains(
+                "outer.train_ranks + outer.validation_ranks (16) exceeds outer.runs_per_task (12)"
+            ),
+            "{msg}"
+        );
+        let msg = err_text(&format!(
+            "{MINIMAL}\n[outer]\nruns_per_task = 7\nopponents_per_run = 3\ntrain_ranks = 5\n"
+        ));
+        assert!(
+            msg.contains("outer.opponents_per_run (3) must be >= 1 and < runs_per_task (7)"),
+            "{msg}"
+        );
+        assert!(msg.contains("must be even"), "{msg}");
+        let msg = err_text(&MINIMAL.replace("judge = \"sim\"", "judge = \"foo\""));
+        assert!(
+            msg.contains(
+                "roles.judge names backend \"foo\", which is not defined under [backends]"
+            ),
+            "{msg}"
+        );
+        let msg = err_text(&MINIMAL.replace(
+            "tasks_dir = \"tasks\"",
+            "tasks_dir = \"tasks\"\ntrain = [\"a\", \"b\"]\nheldout = [\"b\"]",
+        ));
+        assert!(msg.contains("train and heldout overlap (\"b\")"), "{msg}");
+        let msg =
+            err_text(&MINIMAL.replace("[roles]", "[backends.sim.sim]\nskill = 1.5\n\n[roles]"));
+        assert!(
+            msg.contains("backends.sim.sim.skill (1.5) must be between 0 and 1"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn several_problems_are_reported_together() {
+        let text = MINIMAL
+            .replace("judge = \"sim\"", "judge = \"foo\"")
+            .replace("seed = 7", "seed = 7\ncycles = 0");
+        match Experiment::parse(&text, "exp.toml") {
+            Err(ConfigError::Invalid { problems, .. }) => {
+                let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+                assert_eq!(keys, ["cycles", "roles.judge"]);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn trainer_command_placeholders() {
+        let base = format!("{MINIMAL}\n[trainer]\nkind = \"command\"\n");
+        let msg = err_text(&base);
+        assert!(msg.contains("trainer.command is required"), "{msg}");
+        let msg = err_text(&format!("{base}command = \"train --data {{dataset}}\"\n"));
+        assert!(msg.contains("unknown placeholder \"{dataset}\""), "{msg}");
+        let msg = err_text(&format!("{base}command = \"train {{train\"\n"));
+        assert!(msg.contains("unclosed"), "{msg}");
+        let e = Experiment::parse(
+            &format!(
+                "{base}command = \"awk '{{{{print}}}}' {{train}} && lora --val {{validation}} --base {{base_model}} --out {{output_dir}}\"\n"
+            ),
+            "exp.toml",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let args = TrainerArgs {
+            train: Path::new("/d/train.jsonl"),
+            validation: Path::new("/d/my val.jsonl"),
+            base_model: "Qwen/Qwen3",
+            output_dir: Path::new("/o"),
+        };
+        let cmd = e.trainer.expand_command(&args);
+        assert_eq!(
+            cmd,
+            Some(Ok(
+                "awk '{print}' /d/train.jsonl && lora --val '/d/my val.jsonl' --base Qwen/Qwen3 --out /o"
+                    .to_string()
+            ))
+        );
+        assert_eq!(minimal().trainer.expand_command(&args), None);
+        let msg = err_text(&MINIMAL.replace("[roles]", "[trainer]\ncommand = \"x\"\n\n[roles]"));
+        assert!(
+            msg.contains("only applies to trainer.kind = \"command\""),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn overrides_apply_and_revalidate() {
+        let mut e = minimal();
+        e.backends
+            .insert("external".into(), Backend::Sim(SimParams::default()));
+        e.apply_override("inner.iterations", "3")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(e.inner.iterations, 3);
+        e.apply_override("roles.judge", "external")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(e.roles.judge, "external");
+        e.apply_override("backends.sim.sim.skill", "0.6")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            e.backend("sim"),
+            Some(&Backend::Sim(SimParams {
+                skill: 0.6,
+                ..SimParams::default()
+            }))
+        );
+        e.apply_override("outer.prior", "0")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(e.outer.prior, 0.0);
+        e.apply_override("inner.acceptance", "reference-then-champion")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(e.inner.acceptance, Acceptance::ReferenceThenChampion);
+        e.apply_override("train", "[\"a\", \"b\"]")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(e.train, Some(vec!["a".to_string(), "b".to_string()]));
+        e.apply_override("tasks_dir", "other")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(e.tasks_path, PathBuf::from("dir/other"));
+        e.apply_overrides(["roles.subagent=external", "cycles = 3"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(e.roles.subagent_backend(), "external");
+        assert_eq!(e.cycles, 3);
+    }
+
+    #[test]
+    fn bad_overrides_are_clear_and_leave_the_experiment_unchanged() {
+        let mut e = minimal();
+        let before = e.clone();
+        let msg = |r: Result<(), ConfigError>| match r {
+            Ok(()) => panic!("expected an error"),
+            Err(e) => e.to_string(),
+        };
+        let m = msg(e.apply_override("inner.iteratons", "3"));
+        assert!(
+            m.starts_with("override inner.iteratons: unknown field \"iteratons\""),
+            "{m}"
+        );
+        let m = msg(e.apply_override("bogus", "1"));
+        assert!(m.contains("unknown field \"bogus\""), "{m}");
+        let m = msg(e.apply_override("inner.iterations.x", "1"));
+        assert!(
+            m.contains("inner.iterations is a integer, not a table"),
+            "{m}"
+        );
+        let m = msg(e.apply_override("inner.iterations", "many"));
+        assert!(m.contains("invalid type"), "{m}");
+        let m = msg(e.apply_override("roles.judge", "nope"));
+        assert!(m.contains("roles.judge names backend \"nope\""), "{m}");
+        let m = msg(e.apply_override("backends.sim.api_key", "sk-live-123"));
+        assert!(m.contains("secrets never go in experiment files"), "{m}");
+        assert!(!m.contains("sk-live-123"), "{m}");
+        let m = msg(e.apply_override("inner..x", "1"));
+        assert!(m.contains("empty segment"), "{m}");
+        let m = msg(e.apply_overrides(["cycles"]));
+        assert!(m.contains("expected key=value"), "{m}");
+        // Injection of a second key through the value is taken as a string.
+        let m = msg(e.apply_override("cycles", "1\nseed = 9"));
+        assert!(m.contains("invalid type"), "{m}");
+        assert_eq!(e, before);
+    }
+
+    #[test]
+    fn canonical_toml_round_trips_and_is_deterministic() {
+        for (text, origin) in [
+            (QUICKSTART, "/x/quickstart.toml"),
+            (SMOKE, "/x/smoke.toml"),
+            (MINIMAL, "exp.toml"),
+        ] {
+            let e = Experiment::parse(text, origin).unwrap_or_else(|e| panic!("{e}"));
+            let canon = e.canonical_toml();
+            let again =
+                Experiment::parse(&canon, origin).unwrap_or_else(|e| panic!("{e}\n{canon}"));
+            assert_eq!(again, e);
+            assert_eq!(again.canonical_toml(), canon);
+            assert!(
+                canon.contains("[inner]") && canon.contains("[limits]"),
+                "{canon}"
+            );
+        }
+        // Formatting and comments do not change the canonical form.
+        let reformatted = format!("# comment\n{}", MINIMAL.replace(" = ", "="));
+        let a = Experiment::parse(&reformatted, "exp.toml").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(a.canonical_toml(), minimal().canonical_toml());
+    }
+
+    #[test]
+    fn select_tasks_guards_heldout() {
+        let dir = examples_dir().join("tasks");
+        let suite = crate::task::load_suite(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let mut e = minimal();
+        e.tasks_path = dir.clone();
+        e.train = Some(vec!["fin-bond-duration".into()]);
+        e.heldout = Some(vec![]);
+        let m = e.select_tasks(&suite).map(|_| ()).unwrap_err().to_string();
+        assert!(m.contains("split = \"heldout\""), "{m}");
+        e.train = Some(vec!["no-such-task".into()]);
+        let m = e.select_tasks(&suite).map(|_| ()).unwrap_err().to_string();
+        assert!(m.contains("train names task \"no-such-task\""), "{m}");
+        // Default train list + an explicit heldout naming a train task overlaps.
+        e.train = None;
+        e.heldout = Some(vec!["pha-hill-fit".into()]);
+        let m = e.select_tasks(&suite).map(|_| ()).unwrap_err().to_string();
+        assert!(m.contains("overlap"), "{m}");
+    }
+}

@@ -1,0 +1,732 @@
+//! One MASS cycle: the inner loop (workflow search per training task), then
+//! the outer loop (collect runs of each champion, judge a seeded pairing
+//! schedule, rank with Bradley-Terry, select, export the dataset, train,
+//! evaluate on held-out tasks, promote the trained model to every role).
+//!
+//! Units of work run in parallel; the main stream records a step after each
+//! stage, naming the work's heads as parents, so a run forks cleanly at any
+//! step boundary.
+
+use std::collections::BTreeMap;
+
+use ledger::Id;
+use replay::{EffectOutput, EffectRequest, Session, Stream};
+use schemas::{Hash32, Note, Promotion, RankedRun, Ranking, Selection};
+
+use crate::backend::Backends;
+use crate::config::{Acceptance, Experiment};
+use crate::dataset::{self, AgentKind, Conversation, Format, Split as DataSplit};
+use crate::error::{EngineError, Result};
+use crate::harness::{run_team, RunSpec, Team};
+use crate::judge::{judge_pair, Judge, RunRef};
+use crate::optimizer::{propose, Optimizer};
+use crate::parallel;
+use crate::task::{Split, Task};
+use crate::workflow::Workflow;
+
+/// Progress reporting, implemented by the CLI (progress bars) or ignored.
+pub trait Progress: Send + Sync {
+    fn stage(&self, _name: &str, _total: u64) {}
+    fn tick(&self, _name: &str) {}
+    fn done(&self, _name: &str) {}
+}
+
+pub struct NoProgress;
+impl Progress for NoProgress {}
+
+/// Model names per role for one cycle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Models {
+    pub orchestrator: String,
+    pub subagent: String,
+    pub judge: String,
+    pub optimizer: String,
+}
+
+/// Everything a cycle needs.
+pub struct Ctx<'a> {
+    pub session: &'a Session,
+    pub exp: &'a Experiment,
+    pub backends: &'a Backends,
+    pub train: &'a [Task],
+    pub heldout: &'a [Task],
+    pub progress: &'a dyn Progress,
+}
+
+/// The figures of one cycle, for the summary table.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CycleResult {
+    pub cycle: u32,
+    pub model: String,
+    pub next_model: String,
+    pub inner_wins: u32,
+    pub inner_iterations: u32,
+    pub tasks_with_data: u32,
+    pub selected_runs: u32,
+    pub supervised_tokens: u64,
+    pub delegation_rate: f64,
+    pub heldout: Option<(u32, u32, u32)>,
+}
+
+impl Ctx<'_> {
+    pub(crate) fn threads(&self) -> usize {
+        self.exp.concurrency.max(1) as usize
+    }
+
+    pub(crate) fn team(&self, m: &Models) -> Result<Team> {
+        Ok(Team {
+            orchestrator: self.backends.get(&self.exp.roles.orchestrator)?.clone(),
+            orchestrator_model: m.orchestrator.clone(),
+            subagent: self
+                .backends
+                .get(self.exp.roles.subagent_backend())?
+                .clone(),
+            subagent_model: m.subagent.clone(),
+            temperature: 0.7,
+            max_tokens_per_call: 4096,
+        })
+    }
+
+    fn judge(&self, backend: &str, model: &str, retries: u32) -> Result<Judge> {
+        Ok(Judge {
+            backend: self.backends.get(backend)?.clone(),
+            model: model.to_string(),
+            max_retries: retries,
+            temperature: 0.2,
+        })
+    }
+
+    /// Held-out tasks never reach training data, validation or checkpoint
+    /// selection: every path that feeds those calls this first.
+    fn assert_trainable(&self, task: &Task, what: &str) -> Result<()> {
+        if task.split == Split::Heldout || self.heldout.iter().any(|h| h.id == task.id) {
+            return Err(EngineError::Invalid(format!(
+                "held-out task {} must never reach {what}",
+                task.id
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn note(text: String) -> Result<ledger::NewEvent> {
+    Ok(schemas::to_event(&Note { text })?)
+}
+
+/// Emits a step on the main stream, first applying any fork overrides
+/// recorded at this point.
+pub fn step(main: &mut Stream, exp: &mut Experiment, ev: ledger::NewEvent) -> Result<Id> {
+    apply_forks(main, exp)?;
+    Ok(main.emit(ev)?)
+}
+
+/// Consumes `run.forked` events at the cursor and applies their overrides.
+pub fn apply_forks(main: &mut Stream, exp: &mut Experiment) -> Result<()> {
+    while let Some(f) = main.take_recorded("run.forked") {
+        let rf: schemas::RunForked = schemas::decode_event(&f)?;
+        for o in rf.overrides {
+            exp.apply_override(&o.key, &o.value)?;
+        }
+    }
+    Ok(())
+}
+
+struct InnerTask<'t> {
+    task: &'t Task,
+    decisions: Stream,
+    champion: Workflow,
+    champion_run: RunRef,
+    reference: RunRef,
+    feedback: Vec<String>,
+    wins: u32,
+    beat_reference: bool,
+}
+
+fn run_ref(o: crate::harness::RunOutcome) -> RunRef {
+    RunRef {
+        event: o.event,
+        record: o.record,
+    }
+}
+
+/// Judges `cand` against `other` once, or twice with A/B swapped; returns
+/// (candidate wins, candidate losses, judgment ids, last rationale).
+fn duel(
+    ctx: &Ctx<'_>,
+    rel: &str,
+    task: &Task,
+    cand: &RunRef,
+    other: &RunRef,
+    swap: bool,
+    judge: &Judge,
+) -> Result<(u32, u32, Vec<Id>, String)> {
+    let mut w = 0;
+    let mut l = 0;
+    let mut ids = Vec::new();
+    let mut why = String::new();
+    for swapped in [false, true].into_iter().take(if swap { 2 } else { 1 }) {
+        let (id, j) = judge_pair(
+            ctx.session,
+            &format!("{rel}{}", if swapped { "s" } else { "" }),
+            task,
+            cand,
+            other,
+            swapped,
+            judge,
+        )?;
+        match j.winner.as_str() {
+            "a" => w += 1,
+            "b" => l += 1,
+            _ => {}
+        }
+        why = j.rationale;
+        ids.push(id);
+    }
+    Ok((w, l, ids, why))
+}
+
+/// The inner loop for all training tasks, iteration by iteration.
+fn inner_loop<'t>(
+    ctx: &Ctx<'t>,
+    main: &mut Stream,
+    exp: &mut Experiment,
+    cycle: u32,
+    m: &Models,
+) -> Result<Vec<InnerTask<'t>>> {
+    let team = ctx.team(m)?;
+    let judge = ctx.judge(
+        &ctx.exp.roles.judge,
+        &m.judge,
+        ctx.exp.outer.max_verdict_retries,
+    )?;
+    let opt = Optimizer {
+        backend: ctx.backends.get(&ctx.exp.roles.optimizer)?.clone(),
+        model: m.optimizer.clone(),
+        max_retries: ctx.exp.inner.max_proposal_retries,
+        temperature: 0.8,
+    };
+    ctx.progress.stage(
+        &format!("cycle {cycle}: reference runs"),
+        ctx.train.len() as u64,
+    );
+    let bare = Workflow::bare();
+    let refs = parallel::map(ctx.threads(), ctx.train.iter().collect(), |task| {
+        let r = run_team(
+            ctx.session,
+            &RunSpec {
+                task,
+                workflow: &bare,
+                stream: format!("c{cycle}/{}/reference", task.id),
+                purpose: "reference",
+                cycle,
+                index: 0,
+            },
+            &team,
+            &ctx.exp.limits,
+        )?;
+        ctx.progress.tick(&format!("cycle {cycle}: reference runs"));
+        Ok::<_, EngineError>(run_ref(r))
+    })?;
+    ctx.progress.done(&format!("cycle {cycle}: reference runs"));
+    let mut tasks = Vec::new();
+    for (task, r) in ctx.train.iter().zip(refs) {
+        tasks.push(InnerTask {
+            task,
+            decisions: ctx.session.stream(&format!("c{cycle}/{}/inner", task.id))?,
+            champion: Workflow::bare(),
+            champion_run: r.clone(),
+            reference: r,
+            feedback: Vec::new(),
+            wins: 0,
+            beat_reference: false,
+        });
+    }
+    step(
+        main,
+        exp,
+        note(format!("cycle {cycle}: reference runs done"))?
+            .with_parents(tasks.iter().map(|t| t.reference.event).collect()),
+    )?;
+    let iterations = exp.inner.iterations;
+    let stage = format!("cycle {cycle}: inner loop");
+    ctx.progress
+        .stage(&stage, (iterations as usize * tasks.len()) as u64);
+    for k in 1..=iterations {
+        let acceptance = exp.inner.acceptance;
+        let swap = exp.inner.swap_positions;
+        let cells: Vec<std::sync::Mutex<&mut InnerTask<'_>>> =
+            tasks.iter_mut().map(std::sync::Mutex::new).collect();
+        parallel::map(ctx.threads(), cells.iter().collect(), |cell| {
+            let mut guard = cell.lock().unwrap_or_else(|p| p.into_inner());
+            let t: &mut InnerTask<'_> = &mut guard;
+            let base = format!("c{cycle}/{}/inner/{k:02}", t.task.id);
+            let (proposal, _) = propose(
+                ctx.session,
+                &format!("{base}/optimizer"),
+                t.task,
+                k,
+                &t.champion,
+                &t.feedback,
+                &opt,
+            )?;
+            let Some(candidate) = proposal else {
+                t.feedback.push(format!("iteration {k}: no valid proposal"));
+                ctx.progress.tick(&stage);
+                return Ok::<_, EngineError>(());
+            };
+            let run = run_ref(run_team(
+                ctx.session,
+                &RunSpec {
+                    task: t.task,
+                    workflow: &candidate,
+                    stream: format!("{base}/run"),
+                    purpose: "inner",
+                    cycle,
+                    index: k,
+                },
+                &team,
+                &ctx.exp.limits,
+            )?);
+            let (mut judgments, accepted, beat_ref, reason);
+            match acceptance {
+                Acceptance::Champion => {
+                    let (w, l, ids, why) = duel(
+                        ctx,
+                        &format!("{base}/vs-champion"),
+                        t.task,
+                        &run,
+                        &t.champion_run,
+                        swap,
+                        &judge,
+                    )?;
+                    judgments = ids;
+                    accepted = w > l;
+                    beat_ref = accepted;
+                    reason = format!("{w} win(s), {l} loss(es) against the champion: {why}");
+                }
+                Acceptance::ReferenceThenChampion => {
+                    let (w, l, ids, why) = duel(
+                        ctx,
+                        &format!("{base}/vs-reference"),
+                        t.task,
+                        &run,
+                        &t.reference,
+                        swap,
+                        &judge,
+                    )?;
+                    judgments = ids;
+                    beat_ref = w > l;
+                    if beat_ref && t.champion_run.event != t.reference.event {
+                        let (w2, l2, ids2, why2) = duel(
+                            ctx,
+                            &format!("{base}/vs-champion"),
+                            t.task,
+                            &run,
+                            &t.champion_run,
+                            swap,
+                            &judge,
+                        )?;
+                        judgments.extend(ids2);
+                        accepted = w2 > l2;
+                        reason = format!(
+                            "beat the reference {w}-{l}; against the champion {w2}-{l2}: {why2}"
+                        );
+                    } else {
+                        accepted = beat_ref;
+                        reason = format!(
+                            "{w} win(s), {l} loss(es) against the bare-task reference: {why}"
+                        );
+                    }
+                }
+            }
+            let rec = Promotion {
+                task: t.task.id.clone(),
+                iteration: k,
+                candidate: run.event.into(),
+                champion: t.champion_run.event.into(),
+                accepted,
+                beat_reference: beat_ref,
+                reason: reason.clone(),
+                judgments: judgments.iter().map(|j| Hash32(j.0)).collect(),
+            };
+            t.decisions
+                .emit(schemas::to_event(&rec)?.with_parents(judgments.clone()))?;
+            t.feedback.push(format!(
+                "iteration {k}: candidate {} — {reason}",
+                if accepted { "accepted" } else { "rejected" }
+            ));
+            if accepted {
+                t.champion = candidate;
+                t.champion_run = run;
+                t.wins += 1;
+                t.beat_reference |= beat_ref;
+            }
+            ctx.progress.tick(&stage);
+            Ok(())
+        })?;
+        let heads: Vec<Id> = tasks.iter().filter_map(|t| t.decisions.head()).collect();
+        step(
+            main,
+            exp,
+            note(format!("cycle {cycle}: inner iteration {k} done"))?.with_parents(heads),
+        )?;
+    }
+    ctx.progress.done(&stage);
+    Ok(tasks)
+}
+
+/// Runs one whole cycle; returns its figures and the next cycle's models.
+pub fn run_cycle(
+    ctx: &Ctx<'_>,
+    main: &mut Stream,
+    exp: &mut Experiment,
+    cycle: u32,
+    m: &Models,
+) -> Result<(CycleResult, Models)> {
+    let inner = inner_loop(ctx, main, exp, cycle, m)?;
+    let mut result = CycleResult {
+        cycle,
+        model: m.orchestrator.clone(),
+        inner_wins: inner.iter().map(|t| t.wins).sum(),
+        inner_iterations: exp.inner.iterations * inner.len() as u32,
+        ..Default::default()
+    };
+    let with_data: Vec<&InnerTask<'_>> = inner.iter().filter(|t| t.beat_reference).collect();
+    result.tasks_with_data = with_data.len() as u32;
+    for t in &with_data {
+        ctx.assert_trainable(t.task, "collection")?;
+    }
+
+    // Collection: N runs of each champion.
+    let team = ctx.team(m)?;
+    let n = exp.outer.runs_per_task;
+    let jobs: Vec<(&InnerTask<'_>, u32)> = with_data
+        .iter()
+        .flat_map(|t| (0..n).map(move |i| (*t, i)))
+        .collect();
+    let stage = format!("cycle {cycle}: collection");
+    ctx.progress.stage(&stage, jobs.len() as u64);
+    let runs = parallel::map(ctx.threads(), jobs, |(t, i)| {
+        let r = run_team(
+            ctx.session,
+            &RunSpec {
+                task: t.task,
+                workflow: &t.champion,
+                stream: format!("c{cycle}/{}/collect/{i:02}", t.task.id),
+                purpose: "collect",
+                cycle,
+                index: i,
+            },
+            &team,
+            &ctx.exp.limits,
+        )?;
+        ctx.progress.tick(&stage);
+        Ok::<_, EngineError>(run_ref(r))
+    })?;
+    ctx.progress.done(&stage);
+    let mut by_task: BTreeMap<String, Vec<RunRef>> = BTreeMap::new();
+    for r in runs {
+        by_task.entry(r.record.task.clone()).or_default().push(r);
+    }
+    let delegating = by_task
+        .values()
+        .flatten()
+        .filter(|r| r.record.delegations > 0)
+        .count();
+    let total_runs = by_task.values().map(Vec::len).sum::<usize>();
+    result.delegation_rate = if total_runs == 0 {
+        0.0
+    } else {
+        delegating as f64 / total_runs as f64
+    };
+    step(
+        main,
+        exp,
+        note(format!(
+            "cycle {cycle}: collection done ({total_runs} runs)"
+        ))?
+        .with_parents(by_task.values().flatten().map(|r| r.event).collect()),
+    )?;
+
+    // Pairwise judging on a seeded connected schedule.
+    let judge = ctx.judge(
+        &ctx.exp.roles.judge,
+        &m.judge,
+        exp.outer.max_verdict_retries,
+    )?;
+    let mut pair_jobs = Vec::new();
+    for (task_id, runs) in &by_task {
+        let seed = main.derive_seed(&format!("pairing/{cycle}/{task_id}"));
+        let k = exp
+            .outer
+            .opponents_per_run
+            .min(runs.len().saturating_sub(1) as u32);
+        let schedule = rank::schedule::pairing_schedule(runs.len(), k as usize, seed)
+            .map_err(|e| EngineError::Invalid(format!("pairing schedule for {task_id}: {e}")))?;
+        for (p, pair) in schedule.iter().enumerate() {
+            pair_jobs.push((task_id.clone(), p, pair.a, pair.b, false));
+            if exp.outer.swap_positions {
+                pair_jobs.push((task_id.clone(), p, pair.a, pair.b, true));
+            }
+        }
+    }
+    let stage = format!("cycle {cycle}: judging");
+    ctx.progress.stage(&stage, pair_jobs.len() as u64);
+    let tasks_by_id: BTreeMap<&str, &Task> = ctx.train.iter().map(|t| (t.id.as_str(), t)).collect();
+    let verdicts = parallel::map(ctx.threads(), pair_jobs, |(task_id, p, a, b, swapped)| {
+        let task = tasks_by_id
+            .get(task_id.as_str())
+            .copied()
+            .ok_or_else(|| EngineError::Invalid(format!("unknown task {task_id}")))?;
+        let runs = &by_task[&task_id];
+        let (id, j) = judge_pair(
+            ctx.session,
+            &format!(
+                "c{cycle}/{task_id}/pair/{p:03}{}",
+                if swapped { "s" } else { "" }
+            ),
+            task,
+            &runs[a],
+            &runs[b],
+            swapped,
+            &judge,
+        )?;
+        ctx.progress.tick(&stage);
+        Ok::<_, EngineError>((task_id, a, b, id, j.winner))
+    })?;
+    ctx.progress.done(&stage);
+
+    // Bradley-Terry per task, selection, stripping, dataset.
+    let mut conversations = Vec::new();
+    let mut selections = Vec::new();
+    for (task_id, runs) in &by_task {
+        let task = tasks_by_id[task_id.as_str()];
+        ctx.assert_trainable(task, "ranking and selection")?;
+        let mine: Vec<&(String, usize, usize, Id, String)> =
+            verdicts.iter().filter(|v| &v.0 == task_id).collect();
+        let comparisons: Vec<rank::bt::Comparison> = mine
+            .iter()
+            .filter_map(|(_, a, b, _, w)| {
+                let outcome = match w.as_str() {
+                    "a" => rank::bt::Outcome::AWins,
+                    "b" => rank::bt::Outcome::BWins,
+                    "tie" => rank::bt::Outcome::Tie,
+                    _ => return None,
+                };
+                Some(rank::bt::Comparison {
+                    a: *a,
+                    b: *b,
+                    outcome,
+                })
+            })
+            .collect();
+        let prior = if exp.outer.prior > 0.0 {
+            rank::bt::Prior::Virtual(exp.outer.prior)
+        } else {
+            rank::bt::Prior::None
+        };
+        let opts = rank::bt::FitOptions {
+            prior,
+            ..Default::default()
+        };
+        let fit = rank::bt::fit(runs.len(), &comparisons, &opts)
+            .map_err(|e| EngineError::Invalid(format!("Bradley-Terry for {task_id}: {e}")))?;
+        let ranked: Vec<RankedRun> = fit
+            .by_rank()
+            .iter()
+            .map(|r| RankedRun {
+                rollout: runs[r.item].event.into(),
+                score: r.score,
+                rank: r.rank as u32,
+                wins: r.wins,
+                losses: r.losses,
+                ties: r.ties,
+            })
+            .collect();
+        let ranking = Ranking {
+            task: task_id.clone(),
+            cycle,
+            prior: exp.outer.prior,
+            iterations: fit.iterations as u32,
+            converged: fit.converged,
+            runs: ranked.clone(),
+            judgments: mine.iter().map(|v| Hash32(v.3 .0)).collect(),
+        };
+        let ranking_id = step(
+            main,
+            exp,
+            schemas::to_event(&ranking)?.with_parents(mine.iter().map(|v| v.3).collect()),
+        )?;
+        let mut train = Vec::new();
+        let mut validation = Vec::new();
+        let mut excluded = Vec::new();
+        for r in &ranked {
+            let run = runs
+                .iter()
+                .find(|x| Hash32::from(x.event) == r.rollout)
+                .ok_or_else(|| EngineError::Invalid("ranked run vanished".into()))?;
+            if run.record.status != "finished" {
+                excluded.push(format!(
+                    "rank {}: {} ({})",
+                    r.rank, run.record.status, run.record.detail
+                ));
+                continue;
+            }
+            if (train.len() as u32) < exp.outer.train_ranks {
+                train.push(run);
+            } else if (validation.len() as u32) < exp.outer.validation_ranks {
+                validation.push(run);
+            }
+        }
+        let sel = Selection {
+            task: task_id.clone(),
+            cycle,
+            ranking: ranking_id.into(),
+            train: train.iter().map(|r| r.event.into()).collect(),
+            validation: validation.iter().map(|r| r.event.into()).collect(),
+            excluded,
+        };
+        selections.push(step(main, exp, schemas::to_event(&sel)?)?);
+        for (split, list) in [
+            (DataSplit::Train, &train),
+            (DataSplit::Validation, &validation),
+        ] {
+            for run in list.iter() {
+                conversations.extend(run_conversations(ctx, task, run, split)?);
+            }
+        }
+        result.selected_runs += (train.len() + validation.len()) as u32;
+    }
+    let (train_jsonl, val_jsonl, summary) = dataset::render_dataset(&conversations, Format::OpenAi)
+        .map_err(|e| EngineError::Invalid(format!("dataset: {e}")))?;
+    result.supervised_tokens =
+        summary.train_supervised_tokens + summary.validation_supervised_tokens;
+    let ledger = ctx.session.ledger();
+    let (train_blob, val_blob) = (
+        ledger.put_blob(train_jsonl.as_bytes())?,
+        ledger.put_blob(val_jsonl.as_bytes())?,
+    );
+    let ds = schemas::Dataset {
+        cycle,
+        format: "openai".into(),
+        train: train_blob.into(),
+        validation: val_blob.into(),
+        train_examples: summary.train_examples as u32,
+        validation_examples: summary.validation_examples as u32,
+        train_supervised_tokens: summary.train_supervised_tokens,
+        validation_supervised_tokens: summary.validation_supervised_tokens,
+        selections: selections.iter().map(|s| Hash32(s.0)).collect(),
+    };
+    let dataset_id = step(main, exp, schemas::to_event(&ds)?)?;
+
+    // Training, then promotion of the trained model to every role it plays.
+    let next = if summary.train_examples == 0 {
+        step(main, exp, note(format!("cycle {cycle}: no training data (no task's champion beat the reference); the model is unchanged"))?)?;
+        m.clone()
+    } else {
+        crate::training::train(
+            ctx,
+            main,
+            exp,
+            cycle,
+            &m.orchestrator,
+            dataset_id,
+            &train_jsonl,
+            &val_jsonl,
+            m,
+        )?
+    };
+    result.next_model = next.orchestrator.clone();
+
+    // Held-out evaluation of the new model against the base model.
+    if !ctx.heldout.is_empty() && next.orchestrator != m.orchestrator {
+        result.heldout = Some(crate::evaluation::evaluate(
+            ctx,
+            main,
+            exp,
+            cycle,
+            &next,
+            &base_models(ctx)?,
+        )?);
+    }
+    let rec = schemas::Cycle {
+        cycle,
+        model: m.orchestrator.clone(),
+        next_model: next.orchestrator.clone(),
+        inner_wins: result.inner_wins,
+        inner_iterations: result.inner_iterations,
+        selected_runs: result.selected_runs,
+        supervised_tokens: result.supervised_tokens,
+        delegation_rate: result.delegation_rate,
+        evaluation: None,
+    };
+    step(main, exp, schemas::to_event(&rec)?)?;
+    Ok((result, next))
+}
+
+/// The base model of each role.
+pub fn base_models(ctx: &Ctx<'_>) -> Result<Models> {
+    let r = &ctx.exp.roles;
+    Ok(Models {
+        orchestrator: ctx.backends.get(&r.orchestrator)?.base_model(),
+        subagent: ctx.backends.get(r.subagent_backend())?.base_model(),
+        judge: ctx.backends.get(&r.judge)?.base_model(),
+        optimizer: ctx.backends.get(&r.optimizer)?.base_model(),
+    })
+}
+
+/// The orchestrator and subagent conversations of a selected run, the
+/// orchestrator's first prompt stripped to the bare task.
+fn run_conversations(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    run: &RunRef,
+    split: DataSplit,
+) -> Result<Vec<Conversation>> {
+    ctx.assert_trainable(task, "the dataset")?;
+    let ledger = ctx.session.ledger();
+    let bare = format!(
+        "{}{}",
+        task.prompt,
+        crate::prompts::directive(&task.id, &task.deliverables)
+    );
+    let mut out = Vec::new();
+    let heads = std::iter::once((AgentKind::Orchestrator, Id(run.record.orchestrator.0))).chain(
+        run.record
+            .subagents
+            .iter()
+            .map(|s| (AgentKind::Subagent, Id(s.0))),
+    );
+    for (n, (agent, head)) in heads.enumerate() {
+        let Some(t) = crate::transcript::stream_conversation(ledger, head)? else {
+            continue;
+        };
+        let mut conv = Conversation {
+            id: format!("{}#{n}", run.event.short(16)),
+            run: run.event.to_hex(),
+            agent,
+            messages: t.messages,
+            tools: t.tools,
+            split,
+        };
+        dataset::strip_orchestrator_workflow(&mut conv, &bare);
+        out.push(conv);
+    }
+    Ok(out)
+}
+
+/// Helper for effects whose output is JSON.
+pub fn json_effect(
+    st: &mut Stream,
+    kind: &str,
+    request: serde_json::Value,
+    perform: impl FnOnce() -> std::result::Result<serde_json::Value, String>,
+) -> Result<serde_json::Value> {
+    let rec = st.effect_blocking(EffectRequest::json(kind, &request).journaled(), || {
+        perform().map(|v| EffectOutput::json(&v))
+    })?;
+    let bytes = rec
+        .output
+        .map_err(|e| EngineError::Invalid(format!("{kind} failed: {e}")))?;
+    serde_json::from_slice(&bytes).map_err(|e| EngineError::recording(kind, e))
+}

@@ -1,0 +1,172 @@
+//! The engine's effects, each a thin wrapper over `replay::Stream::effect`:
+//! model calls (requests stored compactly: messages as shared blobs, chained to
+//! the previous call of the conversation), workspace tool calls (with the
+//! workspace tree after each change), checks, and snapshots.
+
+use std::sync::Arc;
+
+use ledger::{Id, ObjectKind};
+use replay::{EffectOutput, EffectRequest, Stream};
+use serde_json::{json, Value};
+
+use crate::backend::{Backend, ChatRequest, ChatResponse};
+use crate::chat::{Message, ToolDef};
+use crate::error::{EngineError, Result};
+
+/// A conversation as the harness keeps it, with what the last recorded model
+/// call covered so the next request only names new messages.
+pub struct Conversation {
+    pub messages: Vec<Message>,
+    pub tools: Vec<ToolDef>,
+    /// The last model effect event of this conversation.
+    prefix: Option<Id>,
+    /// Messages covered by `prefix` (its request and its response).
+    covered: usize,
+    tools_blob: Option<Vec<u8>>,
+}
+
+impl Conversation {
+    pub fn new(messages: Vec<Message>, tools: Vec<ToolDef>) -> Self {
+        let tools_blob = (!tools.is_empty())
+            .then(|| replay::canonical_json(&serde_json::to_value(&tools).unwrap_or(Value::Null)));
+        Conversation {
+            messages,
+            tools,
+            prefix: None,
+            covered: 0,
+            tools_blob,
+        }
+    }
+}
+
+/// Sampling parameters of one call.
+#[derive(Debug, Clone, Copy)]
+pub struct Sampling {
+    pub temperature: f64,
+    pub seed: u64,
+    pub max_tokens: u64,
+}
+
+/// Calls a model through the stream; appends the response to the conversation.
+/// `kind` is the effect kind: `model` (team members), `judge` or `optimizer`,
+/// so mixed-mode replays can run one of them live.
+pub fn call_model(
+    st: &mut Stream,
+    kind: &str,
+    backend: &Arc<dyn Backend>,
+    model: &str,
+    conv: &mut Conversation,
+    s: Sampling,
+) -> Result<ChatResponse> {
+    let new: Vec<Vec<u8>> = conv.messages[conv.covered..]
+        .iter()
+        .map(Message::canonical)
+        .collect();
+    let ids: Vec<String> = new
+        .iter()
+        .map(|b| Id::of(ObjectKind::Blob, b).to_hex())
+        .collect();
+    let tools_id = conv
+        .tools_blob
+        .as_ref()
+        .map(|b| Id::of(ObjectKind::Blob, b).to_hex());
+    let body = json!({
+        "model": model,
+        "params": {"temperature": s.temperature, "seed": s.seed, "max_tokens": s.max_tokens},
+        "tools": tools_id,
+        "prefix": conv.prefix.map(|p| p.to_hex()),
+        "messages": ids,
+    });
+    let mut req = EffectRequest::json(kind, &body);
+    for b in new {
+        req = req.with_blob(b);
+    }
+    if let Some(t) = &conv.tools_blob {
+        req = req.with_blob(t.clone());
+    }
+    if let Some(p) = conv.prefix {
+        req = req.with_link(p);
+    }
+    let chat = ChatRequest {
+        model: model.to_string(),
+        messages: conv.messages.clone(),
+        tools: conv.tools.clone(),
+        temperature: s.temperature,
+        seed: s.seed,
+        max_tokens: s.max_tokens,
+    };
+    let backend = backend.clone();
+    let rec = st.effect_blocking(req, move || {
+        let resp = backend.complete(&chat).map_err(|e| e.to_string())?;
+        let v = serde_json::to_value(&resp).map_err(|e| e.to_string())?;
+        let msg_blob = resp.message.canonical();
+        let mut out = EffectOutput::json(&v);
+        out.blobs.push(msg_blob);
+        Ok(out)
+    })?;
+    let bytes = rec.output.map_err(|e| {
+        EngineError::Backend(crate::backend::BackendError::Failed {
+            backend: model.to_string(),
+            detail: e,
+        })
+    })?;
+    let resp: ChatResponse =
+        serde_json::from_slice(&bytes).map_err(|e| EngineError::recording("model response", e))?;
+    conv.messages.push(resp.message.clone());
+    conv.prefix = Some(rec.event);
+    conv.covered = conv.messages.len();
+    Ok(resp)
+}
+
+/// The output of a recorded workspace tool call.
+#[derive(Debug, Clone)]
+pub struct ToolOutcome {
+    pub text: String,
+    /// The workspace tree after the call, when the call may have changed it.
+    pub tree: Option<Id>,
+}
+
+/// Runs a workspace tool through the stream. `perform` runs it for real and
+/// returns the text and, for mutating tools, the new tree.
+pub fn tool_effect(
+    st: &mut Stream,
+    kind: &str,
+    request: Value,
+    journaled: bool,
+    perform: impl FnOnce() -> std::result::Result<ToolOutcome, String>,
+) -> Result<ToolOutcome> {
+    let mut req = EffectRequest::json(kind, &request);
+    if journaled {
+        req = req.journaled();
+    }
+    let rec = st.effect_blocking(req, move || {
+        let o = perform()?;
+        let mut out =
+            EffectOutput::json(&json!({"text": o.text, "tree": o.tree.map(|t| t.to_hex())}));
+        if let Some(t) = o.tree {
+            out = out.with_link(t);
+        }
+        Ok(out)
+    })?;
+    match rec.output {
+        Ok(bytes) => {
+            let v: Value = serde_json::from_slice(&bytes)
+                .map_err(|e| EngineError::recording("tool output", e))?;
+            let tree = match v["tree"].as_str() {
+                Some(h) => Some(
+                    h.parse::<Id>()
+                        .map_err(|e| EngineError::recording("tool output tree", e))?,
+                ),
+                None => None,
+            };
+            Ok(ToolOutcome {
+                text: v["text"].as_str().unwrap_or_default().to_string(),
+                tree,
+            })
+        }
+        Err(e) => Ok(ToolOutcome {
+            text: format!("error: {e}"),
+            tree: None,
+        }),
+    }
+}

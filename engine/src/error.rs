@@ -1,0 +1,44 @@
+//! The engine's error type.
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Replay(#[from] replay::ReplayError),
+    #[error(transparent)]
+    Ledger(#[from] ledger::LedgerError),
+    #[error(transparent)]
+    Schema(#[from] schemas::SchemaError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Task(#[from] crate::task::TaskError),
+    #[error("backend: {0}")]
+    Backend(#[from] crate::backend::BackendError),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("recorded {what} is unreadable: {detail}")]
+    Recording { what: String, detail: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl EngineError {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        EngineError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+    pub fn recording(what: impl Into<String>, detail: impl std::fmt::Display) -> Self {
+        EngineError::Recording {
+            what: what.into(),
+            detail: detail.to_string(),
+        }
+    }
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -1,0 +1,514 @@
+//! The harness: one team run of a task. An orchestrator conversation with the
+//! workspace tools plus `delegate` and `finish`; each delegation is a subagent
+//! conversation of the same model in its own stream. Every model call and tool
+//! call is an effect, so a run replays from the ledger without touching a model
+//! or a process; when a partly recorded run resumes, its workspace is
+//! materialised from the last recorded snapshot, never shared with another run.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ledger::{Id, Ledger};
+use replay::Stream;
+use schemas::{Hash32, Rollout};
+use serde_json::json;
+
+use crate::backend::Backend;
+use crate::chat::Message;
+use crate::config::Limits;
+use crate::effects::{call_model, tool_effect, Conversation, Sampling, ToolOutcome};
+use crate::error::{EngineError, Result};
+use crate::prompts;
+use crate::task::Task;
+use crate::tools::{self, BashOptions, Invocation};
+use crate::workflow::Workflow;
+
+/// Who plays the team's parts.
+#[derive(Clone)]
+pub struct Team {
+    pub orchestrator: Arc<dyn Backend>,
+    pub orchestrator_model: String,
+    pub subagent: Arc<dyn Backend>,
+    pub subagent_model: String,
+    pub temperature: f64,
+    pub max_tokens_per_call: u64,
+}
+
+/// One run to perform.
+pub struct RunSpec<'a> {
+    pub task: &'a Task,
+    pub workflow: &'a Workflow,
+    /// Stream name prefix, e.g. `c1/fin-x/collect/07`.
+    pub stream: String,
+    pub purpose: &'a str,
+    pub cycle: u32,
+    pub index: u32,
+}
+
+/// What a run produced.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    /// The `mass.rollout` event.
+    pub event: Id,
+    pub record: Rollout,
+}
+
+/// The workspace of a run, created on first live use.
+struct LiveWorkspace<'a> {
+    ledger: Arc<Ledger>,
+    task: &'a Task,
+    scratch: PathBuf,
+    dir: Option<PathBuf>,
+    /// The tree the live directory currently holds (if created).
+    dir_tree: Option<Id>,
+    /// The latest recorded tree of this run.
+    last_tree: Option<Id>,
+}
+
+impl LiveWorkspace<'_> {
+    fn ensure(&mut self) -> std::result::Result<PathBuf, String> {
+        if let (Some(d), true) = (&self.dir, self.dir_tree == self.last_tree) {
+            return Ok(d.clone());
+        }
+        if let Some(d) = self.dir.take() {
+            let _ = std::fs::remove_dir_all(&d);
+        }
+        let d = self.scratch.clone();
+        let _ = std::fs::remove_dir_all(&d);
+        match self.last_tree {
+            Some(t) => self
+                .ledger
+                .checkout(&t, &d)
+                .map_err(|e| format!("cannot materialise workspace {}: {e}", t.short(12)))?,
+            None => {
+                std::fs::create_dir_all(&d).map_err(|e| e.to_string())?;
+                self.task
+                    .copy_files_into(&d)
+                    .map_err(|e| format!("cannot copy task files: {e}"))?;
+            }
+        }
+        self.dir = Some(d.clone());
+        self.dir_tree = self.last_tree;
+        Ok(d)
+    }
+
+    fn snapshot(&mut self) -> std::result::Result<Id, String> {
+        let d = self.dir.clone().ok_or("no workspace")?;
+        let t = self
+            .ledger
+            .snapshot_dir(&d)
+            .map_err(|e| format!("snapshot failed: {e}"))?;
+        self.dir_tree = Some(t);
+        Ok(t)
+    }
+
+    fn record_tree(&mut self, t: Option<Id>) {
+        if let Some(t) = t {
+            if self.dir.is_some() && self.dir_tree.is_none() {
+                self.dir_tree = Some(t);
+            }
+            self.last_tree = Some(t);
+        }
+    }
+}
+
+impl Drop for LiveWorkspace<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = &self.dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// Where live workspaces are created.
+pub fn scratch_root() -> PathBuf {
+    std::env::temp_dir().join(format!("mass-work-{}", std::process::id()))
+}
+
+struct Budget {
+    turns_left: u32,
+    tokens_left: i64,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    turns: u32,
+}
+
+enum Halt {
+    Turns,
+    Tokens,
+}
+
+/// Runs a team on a task and records the outcome as a `mass.rollout` event at
+/// the end of the orchestrator's stream.
+pub fn run_team(
+    session: &replay::Session,
+    spec: &RunSpec<'_>,
+    team: &Team,
+    limits: &Limits,
+) -> Result<RunOutcome> {
+    let ledger = session.ledger().clone();
+    let mut orch = session.stream(&format!("{}/orch", spec.stream))?;
+    let mut ws = LiveWorkspace {
+        ledger: ledger.clone(),
+        task: spec.task,
+        scratch: scratch_root().join(
+            &blake3::hash(format!("{}/{}", session.run(), spec.stream).as_bytes()).to_hex()[..16],
+        ),
+        dir: None,
+        dir_tree: None,
+        last_tree: None,
+    };
+    // The initial workspace, recorded so resumed and replayed runs know it.
+    let init = tool_effect(
+        &mut orch,
+        "snapshot",
+        json!({"label": "initial", "task": spec.task.id}),
+        false,
+        || {
+            ws.ensure()?;
+            Ok(ToolOutcome {
+                text: "initial".into(),
+                tree: Some(ws.snapshot()?),
+            })
+        },
+    )?;
+    ws.record_tree(init.tree);
+
+    let workflow_text = spec.workflow.render();
+    let mut prompt = spec.task.prompt.clone();
+    if !workflow_text.is_empty() {
+        prompt.push_str("\n\n");
+        prompt.push_str(&workflow_text);
+    }
+    prompt.push_str(&prompts::directive(&spec.task.id, &spec.task.deliverables));
+    let mut conv = Conversation::new(
+        vec![
+            Message::system(prompts::ORCHESTRATOR_SYSTEM),
+            Message::user(prompt),
+        ],
+        tools::tool_defs(true),
+    );
+    let sampling = Sampling {
+        temperature: team.temperature,
+        seed: orch.derive_seed("sampling"),
+        max_tokens: team.max_tokens_per_call,
+    };
+    let mut budget = Budget {
+        turns_left: limits.max_turns,
+        tokens_left: limits.max_tokens as i64,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        turns: 0,
+    };
+    let bash_opts = BashOptions {
+        timeout: Duration::from_secs(limits.tool_timeout_secs),
+        max_output_bytes: limits.tool_output_bytes as usize,
+    };
+    let mut subagents: Vec<Id> = Vec::new();
+    let mut report = String::new();
+    let mut status: std::result::Result<(), Halt> = Err(Halt::Turns);
+    'turns: while budget.turns_left > 0 {
+        if budget.tokens_left <= 0 {
+            status = Err(Halt::Tokens);
+            break;
+        }
+        budget.turns_left -= 1;
+        budget.turns += 1;
+        let resp = call_model(
+            &mut orch,
+            "model",
+            &team.orchestrator,
+            &team.orchestrator_model,
+            &mut conv,
+            sampling,
+        )?;
+        spend(&mut budget, resp.usage);
+        if resp.message.tool_calls.is_empty() {
+            // A plain answer ends the run like `finish`.
+            report = resp.message.content_str().to_string();
+            status = Ok(());
+            break;
+        }
+        for call in resp.message.tool_calls.clone() {
+            let text = match tools::parse_call(&call.function.name, &call.function.arguments) {
+                Err(e) => format!("error: {e}"),
+                Ok(Invocation::Finish { report: r }) => {
+                    report = r;
+                    conv.messages
+                        .push(Message::tool_result(&call.id, "finished"));
+                    status = Ok(());
+                    break 'turns;
+                }
+                Ok(Invocation::Delegate {
+                    role,
+                    instructions,
+                    contract,
+                }) => {
+                    if subagents.len() as u32 >= limits.max_delegations {
+                        format!(
+                            "error: delegation limit reached ({} subagents)",
+                            limits.max_delegations
+                        )
+                    } else {
+                        let n = subagents.len();
+                        let (answer, head) = run_subagent(
+                            session,
+                            spec,
+                            team,
+                            limits,
+                            &bash_opts,
+                            &mut ws,
+                            &mut budget,
+                            n,
+                            &role,
+                            &instructions,
+                            &contract,
+                        )?;
+                        subagents.push(head);
+                        answer
+                    }
+                }
+                Ok(inv) => workspace_tool(&mut orch, &mut ws, &inv, &bash_opts, limits)?,
+            };
+            conv.messages.push(Message::tool_result(&call.id, text));
+        }
+    }
+    // Validation on the final workspace, with the task's own (pristine) checks.
+    let final_tree = ws
+        .last_tree
+        .ok_or_else(|| EngineError::Invalid("run has no workspace snapshot".into()))?;
+    let validation = run_checks(&mut orch, &mut ws, spec.task, final_tree, &bash_opts)?;
+    let (passed, total) = parse_score(&validation);
+    let validation_blob = ledger.put_blob(validation.as_bytes())?;
+    let workflow_blob = ledger.put_blob(
+        &serde_json::to_vec(spec.workflow).map_err(|e| EngineError::Invalid(e.to_string()))?,
+    )?;
+    let (status, detail) = match status {
+        Ok(()) => ("finished", String::new()),
+        Err(Halt::Turns) => (
+            "halted",
+            format!("turn limit ({}) reached", limits.max_turns),
+        ),
+        Err(Halt::Tokens) => (
+            "halted",
+            format!("token limit ({}) reached", limits.max_tokens),
+        ),
+    };
+    let record = Rollout {
+        task: spec.task.id.clone(),
+        purpose: spec.purpose.to_string(),
+        cycle: spec.cycle,
+        index: spec.index,
+        workflow: workflow_blob.into(),
+        orchestrator_model: team.orchestrator_model.clone(),
+        subagent_model: team.subagent_model.clone(),
+        status: status.into(),
+        detail,
+        tree: final_tree.into(),
+        validation: validation_blob.into(),
+        score_passed: passed,
+        score_total: total,
+        orchestrator: Hash32(orch.head().map(|h| h.0).unwrap_or([0; 32])),
+        subagents: subagents.iter().map(|h| Hash32(h.0)).collect(),
+        delegations: subagents.len() as u32,
+        turns: budget.turns,
+        prompt_tokens: budget.prompt_tokens,
+        completion_tokens: budget.completion_tokens,
+        report,
+    };
+    let event = orch.emit(schemas::to_event(&record)?.with_parents(subagents.clone()))?;
+    Ok(RunOutcome { event, record })
+}
+
+fn spend(b: &mut Budget, u: crate::chat::Usage) {
+    b.prompt_tokens += u.prompt_tokens;
+    b.completion_tokens += u.completion_tokens;
+    b.tokens_left -= (u.prompt_tokens + u.completion_tokens) as i64;
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_subagent(
+    session: &replay::Session,
+    spec: &RunSpec<'_>,
+    team: &Team,
+    limits: &Limits,
+    bash_opts: &BashOptions,
+    ws: &mut LiveWorkspace<'_>,
+    budget: &mut Budget,
+    n: usize,
+    role: &str,
+    instructions: &str,
+    contract: &str,
+) -> Result<(String, Id)> {
+    let mut st = session.stream(&format!("{}/sub{n}", spec.stream))?;
+    let mut conv = Conversation::new(
+        vec![
+            Message::system(prompts::subagent_system(role, contract, &spec.task.id)),
+            Message::user(instructions),
+        ],
+        tools::tool_defs(false),
+    );
+    let sampling = Sampling {
+        temperature: team.temperature,
+        seed: st.derive_seed("sampling"),
+        max_tokens: team.max_tokens_per_call,
+    };
+    let mut answer = None;
+    for _ in 0..limits.max_turns {
+        if budget.tokens_left <= 0 {
+            break;
+        }
+        budget.turns += 1;
+        let resp = call_model(
+            &mut st,
+            "model",
+            &team.subagent,
+            &team.subagent_model,
+            &mut conv,
+            sampling,
+        )?;
+        spend(budget, resp.usage);
+        if resp.message.tool_calls.is_empty() {
+            answer = Some(resp.message.content_str().to_string());
+            break;
+        }
+        for call in resp.message.tool_calls.clone() {
+            let text = match tools::parse_call(&call.function.name, &call.function.arguments) {
+                Err(e) => format!("error: {e}"),
+                Ok(Invocation::Delegate { .. }) => "error: subagents cannot delegate".into(),
+                Ok(Invocation::Finish { report }) => {
+                    answer = Some(report);
+                    "finished".into()
+                }
+                Ok(inv) => workspace_tool(&mut st, ws, &inv, bash_opts, limits)?,
+            };
+            conv.messages.push(Message::tool_result(&call.id, text));
+        }
+        if answer.is_some() {
+            break;
+        }
+    }
+    let answer = answer.unwrap_or_else(|| {
+        format!("error: the {role} subagent stopped without an answer (turn or token limit)")
+    });
+    let head = st.emit(schemas::to_event(&schemas::Note {
+        text: format!("subagent {role} returned: {answer}"),
+    })?)?;
+    Ok((answer, head))
+}
+
+/// Runs one workspace tool as an effect; mutating tools record the new tree.
+fn workspace_tool(
+    st: &mut Stream,
+    ws: &mut LiveWorkspace<'_>,
+    inv: &Invocation,
+    bash_opts: &BashOptions,
+    limits: &Limits,
+) -> Result<String> {
+    let (name, args, mutating) = match inv {
+        Invocation::Bash {
+            command,
+            timeout_secs,
+        } => (
+            "bash",
+            json!({"command": command, "timeout_secs": timeout_secs}),
+            true,
+        ),
+        Invocation::ReadFile { path } => ("read_file", json!({"path": path}), false),
+        Invocation::WriteFile { path, content } => (
+            "write_file",
+            json!({"path": path, "content": content}),
+            true,
+        ),
+        Invocation::ListFiles { path } => ("list_files", json!({"path": path}), false),
+        Invocation::Delegate { .. } | Invocation::Finish { .. } => {
+            return Ok("error: handled by the harness".into())
+        }
+    };
+    let mut opts = bash_opts.clone();
+    if let Invocation::Bash {
+        timeout_secs: Some(t),
+        ..
+    } = inv
+    {
+        opts.timeout = Duration::from_secs((*t).min(limits.tool_timeout_secs).max(1));
+    }
+    let read_cap = limits.tool_output_bytes as usize;
+    let out = tool_effect(
+        st,
+        "tool",
+        json!({"tool": name, "args": args}),
+        name == "bash",
+        || {
+            let dir = ws.ensure()?;
+            let w = tools::Workspace::new(&dir).map_err(|e| e.to_string())?;
+            let text = w.run(inv, &opts, read_cap);
+            let tree = if mutating { Some(ws.snapshot()?) } else { None };
+            Ok(ToolOutcome { text, tree })
+        },
+    )?;
+    ws.record_tree(out.tree);
+    Ok(out.text)
+}
+
+/// Runs the task's checks (pristine copies from the task folder) on `tree`.
+fn run_checks(
+    st: &mut Stream,
+    ws: &mut LiveWorkspace<'_>,
+    task: &Task,
+    tree: Id,
+    bash_opts: &BashOptions,
+) -> Result<String> {
+    let names: Vec<&str> = task.checks.iter().map(|c| c.name.as_str()).collect();
+    let out = tool_effect(
+        st,
+        "check",
+        json!({"task": task.id, "tree": tree.to_hex(), "checks": names}),
+        true,
+        || {
+            ws.last_tree = Some(tree);
+            let dir = ws.ensure()?;
+            task.copy_checks_into(&dir)
+                .map_err(|e| format!("cannot install checks: {e}"))?;
+            let w = tools::Workspace::new(&dir).map_err(|e| e.to_string())?;
+            let mut text = String::new();
+            for c in &task.checks {
+                let mut o = bash_opts.clone();
+                o.timeout = Duration::from_secs(c.timeout_secs.max(1));
+                let r = w.bash(&c.command, &o).map_err(|e| e.to_string())?;
+                text.push_str(&r.stdout);
+                if !r.stderr.is_empty() {
+                    text.push_str(&r.stderr);
+                }
+                if r.timed_out {
+                    text.push_str(&format!("check {} timed out\n", c.name));
+                }
+            }
+            // The checks are not part of the run's work: the directory no longer
+            // matches the recorded tree.
+            ws.dir_tree = None;
+            Ok(ToolOutcome { text, tree: None })
+        },
+    )?;
+    Ok(out.text)
+}
+
+/// Reads the validators' closing `SCORE k/n` line (summed over checks).
+pub fn parse_score(output: &str) -> (u32, u32) {
+    let mut passed = 0;
+    let mut total = 0;
+    for line in output.lines() {
+        if let Some(rest) = line.trim().strip_prefix("SCORE ") {
+            let mut it = rest.split('/');
+            if let (Some(Ok(k)), Some(Ok(n))) = (
+                it.next().map(|k| k.trim().parse::<u32>()),
+                it.next().map(|n| n.trim().parse::<u32>()),
+            ) {
+                passed += k;
+                total += n;
+            }
+        }
+    }
+    (passed, total)
+}

@@ -1,0 +1,263 @@
+//! Pairwise judging of two finished workspaces. The judge sees what a reviewer
+//! would: the task, each workspace's file list, the output of the task's checks
+//! and the report, never a field that states quality. Invalid verdicts are
+//! recorded (the conversation keeps them) and re-asked within a bound.
+
+use std::sync::Arc;
+
+use ledger::{Id, Ledger};
+use schemas::{Hash32, Judgment, Rollout};
+use serde_json::Value;
+
+use crate::backend::Backend;
+use crate::chat::Message;
+use crate::effects::{call_model, Conversation, Sampling};
+use crate::error::{EngineError, Result};
+use crate::prompts;
+use crate::task::Task;
+
+/// A judge: backend, model, retry bound.
+#[derive(Clone)]
+pub struct Judge {
+    pub backend: Arc<dyn Backend>,
+    pub model: String,
+    pub max_retries: u32,
+    pub temperature: f64,
+}
+
+/// A rollout as judging needs it.
+#[derive(Debug, Clone)]
+pub struct RunRef {
+    pub event: Id,
+    pub record: Rollout,
+}
+
+/// How a recorded judgment came out, from `a`'s point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    A,
+    B,
+    Tie,
+    /// No valid verdict within the retry bound: excluded from rankings.
+    Invalid,
+}
+
+impl Verdict {
+    pub fn parse(s: &str) -> Verdict {
+        match s {
+            "a" => Verdict::A,
+            "b" => Verdict::B,
+            "tie" => Verdict::Tie,
+            _ => Verdict::Invalid,
+        }
+    }
+}
+
+/// Judges `a` against `b` in stream `rel`; `swapped` shows `b` as Workspace A.
+pub fn judge_pair(
+    session: &replay::Session,
+    rel: &str,
+    task: &Task,
+    a: &RunRef,
+    b: &RunRef,
+    swapped: bool,
+    judge: &Judge,
+) -> Result<(Id, Judgment)> {
+    let ledger = session.ledger();
+    let (first, second) = if swapped { (b, a) } else { (a, b) };
+    let prompt = format!(
+        "{}\n{}\n\n{}\n\n{}\n\n{}\n\nWhich workspace better accomplishes the task? Reply with only the JSON verdict.",
+        prompts::TASK_HEADER,
+        task_text(task),
+        workspace_section(ledger, prompts::WORKSPACE_A, &first.record)?,
+        workspace_section(ledger, prompts::WORKSPACE_B, &second.record)?,
+        "Remember: position must not matter."
+    );
+    let mut st = session.stream(rel)?;
+    let mut conv = Conversation::new(
+        vec![
+            Message::system(prompts::JUDGE_SYSTEM),
+            Message::user(prompt),
+        ],
+        Vec::new(),
+    );
+    let sampling = Sampling {
+        temperature: judge.temperature,
+        seed: st.derive_seed("sampling"),
+        max_tokens: 1024,
+    };
+    let mut invalid = 0;
+    let mut outcome = (
+        "invalid".to_string(),
+        format!("no valid verdict after {} attempts", judge.max_retries + 1),
+    );
+    for _ in 0..=judge.max_retries {
+        let resp = call_model(
+            &mut st,
+            "judge",
+            &judge.backend,
+            &judge.model,
+            &mut conv,
+            sampling,
+        )?;
+        match parse_verdict(resp.message.content_str()) {
+            Ok((screen_winner, rationale)) => {
+                let winner = match (screen_winner.as_str(), swapped) {
+                    ("tie", _) => "tie",
+                    ("A", false) | ("B", true) => "a",
+                    _ => "b",
+                };
+                outcome = (winner.to_string(), rationale);
+                break;
+            }
+            Err(e) => {
+                invalid += 1;
+                conv.messages.push(Message::user(format!(
+                    "That is not a valid verdict ({e}). Reply with only a JSON object: {{\"winner\": \"A\" | \"B\" | \"tie\", \"rationale\": \"...\"}}."
+                )));
+            }
+        }
+    }
+    let record = Judgment {
+        task: task.id.clone(),
+        a: a.event.into(),
+        b: b.event.into(),
+        swapped,
+        judge_model: judge.model.clone(),
+        winner: outcome.0,
+        rationale: outcome.1,
+        invalid_attempts: invalid,
+        conversation: Hash32(st.head().map(|h| h.0).unwrap_or([0; 32])),
+    };
+    let id = st.emit(schemas::to_event(&record)?.with_parents(vec![a.event, b.event]))?;
+    Ok((id, record))
+}
+
+fn task_text(task: &Task) -> String {
+    format!(
+        "{}\n\nTask id: {}. Deliverables: {}.",
+        task.prompt.trim_end(),
+        task.id,
+        task.deliverables.join(", ")
+    )
+}
+
+/// Parses `{"winner": "A"|"B"|"tie", "rationale": "..."}` from a reply that may
+/// wrap it in prose or code fences.
+pub fn parse_verdict(text: &str) -> std::result::Result<(String, String), String> {
+    let start = text.find('{').ok_or("no JSON object in the reply")?;
+    let end = text.rfind('}').ok_or("unterminated JSON object")?;
+    if end < start {
+        return Err("no JSON object in the reply".into());
+    }
+    let v: Value =
+        serde_json::from_str(&text[start..=end]).map_err(|e| format!("invalid JSON: {e}"))?;
+    let w = v
+        .get("winner")
+        .and_then(Value::as_str)
+        .ok_or("missing \"winner\"")?;
+    let winner = match w.trim().to_ascii_lowercase().as_str() {
+        "a" => "A",
+        "b" => "B",
+        "tie" => "tie",
+        other => {
+            return Err(format!(
+                "\"winner\" must be \"A\", \"B\" or \"tie\", got {other:?}"
+            ))
+        }
+    };
+    let rationale = v
+        .get("rationale")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    Ok((winner.to_string(), rationale))
+}
+
+/// What the judge sees of one workspace, read from the ledger.
+fn workspace_section(ledger: &Ledger, header: &str, r: &Rollout) -> Result<String> {
+    let tree = ledger.get_tree(&Id(r.tree.0))?;
+    let mut files = String::new();
+    for e in tree
+        .entries
+        .iter()
+        .filter(|e| e.kind == ledger::EntryKind::File)
+    {
+        if e.path.starts_with("checks/") {
+            continue;
+        }
+        files.push_str(&format!("- {} ({} bytes)\n", e.path, e.size));
+    }
+    let read = |path: &str, cap: usize| -> Result<String> {
+        Ok(match tree.get(path).and_then(|e| e.blob_id()) {
+            Some(b) => truncate(&String::from_utf8_lossy(&ledger.get_blob(&b)?), cap),
+            None => "(missing)".into(),
+        })
+    };
+    let validation = String::from_utf8_lossy(&ledger.get_blob(&Id(r.validation.0))?).into_owned();
+    Ok(format!(
+        "{header}\nRun status: {}.\n### Files\n{files}{}\n{}\n### results.json\n{}\n{}\n{}",
+        r.status,
+        prompts::VALIDATION_HEADER,
+        truncate(&validation, 4000),
+        read("results.json", 3000)?,
+        prompts::REPORT_HEADER,
+        read("report.md", 6000)?,
+    ))
+}
+
+fn truncate(s: &str, cap: usize) -> String {
+    if s.len() <= cap {
+        return s.to_string();
+    }
+    let mut end = cap;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}\n[... {} more bytes]", &s[..end], s.len() - end)
+}
+
+impl From<Id> for RunRefId {
+    fn from(id: Id) -> Self {
+        RunRefId(id)
+    }
+}
+
+/// An id known to name a `mass.rollout` event.
+pub struct RunRefId(pub Id);
+
+/// Reads a rollout back from its event.
+pub fn load_run(ledger: &Ledger, id: Id) -> Result<RunRef> {
+    let ev = ledger.get_event(&id)?;
+    let record: Rollout =
+        schemas::decode_event(&ev).map_err(|e| EngineError::recording("rollout", e))?;
+    Ok(RunRef { event: id, record })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts_parse_from_prose_and_fences() {
+        assert_eq!(
+            parse_verdict("```json\n{\"winner\": \"b\", \"rationale\": \"x\"}\n```")
+                .unwrap()
+                .0,
+            "B"
+        );
+        assert_eq!(
+            parse_verdict("I pick {\"winner\":\"TIE\"}").unwrap().0,
+            "tie"
+        );
+        assert!(parse_verdict("A is better")
+            .unwrap_err()
+            .contains("no JSON"));
+        assert!(parse_verdict("{\"winner\": \"C\"}")
+            .unwrap_err()
+            .contains("must be"));
+        assert!(parse_verdict("{\"verdict\": \"A\"}")
+            .unwrap_err()
+            .contains("missing"));
+    }
+}

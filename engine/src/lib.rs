@@ -1,0 +1,29 @@
+//! `engine`: the MASS method (see MASS.md) on the ledger.
+//!
+//! Everything non-deterministic the engine does — model calls, tool runs,
+//! checks, snapshots, training — goes through `replay` effects, and every
+//! decision (rollouts, judgments, proposals, promotions, rankings, selections,
+//! datasets, training steps, evaluations) is an event, so a run can be replayed,
+//! resumed, re-judged and forked.
+
+pub mod backend;
+pub mod chat;
+pub mod config;
+pub mod cycle;
+pub mod dataset;
+pub mod driver;
+pub mod effects;
+pub mod error;
+pub mod evaluation;
+pub mod harness;
+pub mod judge;
+pub mod optimizer;
+pub mod parallel;
+pub mod prompts;
+pub mod status;
+pub mod task;
+pub mod tools;
+pub mod trainer;
+pub mod training;
+pub mod transcript;
+pub mod workflow;

@@ -1,0 +1,136 @@
+//! The optimizer step of the inner loop: ask the model for a revised workflow,
+//! parse and validate its JSON proposal, and re-ask (within a bound) with the
+//! error when the proposal is malformed. Every attempt is recorded.
+
+use std::sync::Arc;
+
+use ledger::Id;
+use schemas::{Hash32, ProposalRecord};
+
+use crate::backend::Backend;
+use crate::chat::Message;
+use crate::effects::{call_model, Conversation, Sampling};
+use crate::error::Result;
+use crate::prompts;
+use crate::task::Task;
+use crate::workflow::{parse_proposal, Workflow};
+
+#[derive(Clone)]
+pub struct Optimizer {
+    pub backend: Arc<dyn Backend>,
+    pub model: String,
+    pub max_retries: u32,
+    pub temperature: f64,
+}
+
+/// Asks for a proposal; returns the proposed workflow (None when every attempt
+/// was malformed) and the stream head.
+pub fn propose(
+    session: &replay::Session,
+    rel: &str,
+    task: &Task,
+    iteration: u32,
+    champion: &Workflow,
+    feedback: &[String],
+    opt: &Optimizer,
+) -> Result<(Option<Workflow>, Id)> {
+    let ledger = session.ledger().clone();
+    let champion_json = serde_json::to_string_pretty(champion).unwrap_or_default();
+    let feedback_text = if feedback.is_empty() {
+        "(no comparisons yet: the champion is the bare task)".to_string()
+    } else {
+        feedback
+            .iter()
+            .map(|f| format!("- {f}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let prompt = format!(
+        "## Task\n{}\n\nTask id: {}.\n\n## Current champion workflow\n{}\n{}\n{}\n\n## Judge feedback on recent attempts\n{}\n\nPropose an improved workflow.",
+        task.prompt.trim_end(),
+        task.id,
+        prompts::CHAMPION_BEGIN,
+        champion_json,
+        prompts::CHAMPION_END,
+        feedback_text
+    );
+    let mut st = session.stream(rel)?;
+    let mut conv = Conversation::new(
+        vec![
+            Message::system(prompts::OPTIMIZER_SYSTEM),
+            Message::user(prompt),
+        ],
+        Vec::new(),
+    );
+    let sampling = Sampling {
+        temperature: opt.temperature,
+        seed: st.derive_seed("sampling"),
+        max_tokens: 4096,
+    };
+    for attempt in 0..=opt.max_retries {
+        let resp = call_model(
+            &mut st,
+            "optimizer",
+            &opt.backend,
+            &opt.model,
+            &mut conv,
+            sampling,
+        )?;
+        let text = resp.message.content_str().to_string();
+        let (record, workflow) = match parse_proposal(&text) {
+            Ok(p) => {
+                let body = serde_json::to_vec(&serde_json::json!({
+                    "improved_design": p.improved_design,
+                    "changes_from_previous": p.changes_from_previous,
+                    "why_it_should_improve": p.why_it_should_improve,
+                    "evidence_used": p.evidence_used,
+                    "expected_impact": p.expected_impact,
+                    "verification_checks": p.verification_checks,
+                }))
+                .unwrap_or_default();
+                let wf = serde_json::to_vec(&p.improved_design).unwrap_or_default();
+                let mut b = ledger.batch();
+                let body_id = b.put_blob(&body)?;
+                let wf_id = b.put_blob(&wf)?;
+                b.commit()?;
+                (
+                    ProposalRecord {
+                        task: task.id.clone(),
+                        iteration,
+                        attempt,
+                        valid: true,
+                        error: String::new(),
+                        body: body_id.into(),
+                        workflow: wf_id.into(),
+                        conversation: Hash32(st.head().map(|h| h.0).unwrap_or([0; 32])),
+                    },
+                    Some(p.improved_design),
+                )
+            }
+            Err(e) => {
+                let body_id = ledger.put_blob(text.as_bytes())?;
+                conv.messages.push(Message::user(format!(
+                    "Your proposal could not be used: {e}. Reply again with only the JSON object."
+                )));
+                (
+                    ProposalRecord {
+                        task: task.id.clone(),
+                        iteration,
+                        attempt,
+                        valid: false,
+                        error: e.to_string(),
+                        body: body_id.into(),
+                        workflow: Hash32([0; 32]),
+                        conversation: Hash32(st.head().map(|h| h.0).unwrap_or([0; 32])),
+                    },
+                    None,
+                )
+            }
+        };
+        st.emit(schemas::to_event(&record)?)?;
+        if let Some(w) = workflow {
+            return Ok((Some(w), st.head().unwrap_or(Id([0; 32]))));
+        }
+    }
+    Ok((None, st.head().unwrap_or(Id([0; 32]))))
+}

@@ -1,0 +1,91 @@
+//! Where a run stands, as a pure fold over its main stream (a projection), plus
+//! the effects that were started and never finished (what a resume re-issues).
+
+use ledger::{Event, Ledger};
+use schemas::{Effect, EffectStatus};
+
+use crate::error::{EngineError, Result};
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunStatus {
+    pub experiment: String,
+    pub cycles_planned: u32,
+    pub cycles_done: u32,
+    pub last_step: String,
+    pub finished: bool,
+    pub forked_from: Option<String>,
+}
+
+/// Folds a main stream, oldest event first.
+pub fn fold(events: &[Event]) -> Result<RunStatus> {
+    let mut s = RunStatus::default();
+    for ev in events {
+        match ev.kind.as_str() {
+            "run.started" => {
+                let r: schemas::RunStarted = schemas::decode_event(ev)?;
+                s.experiment = r.config_name;
+                s.last_step = "started".into();
+            }
+            "run.forked" => {
+                let f: schemas::RunForked = schemas::decode_event(ev)?;
+                let sets: Vec<String> = f
+                    .overrides
+                    .iter()
+                    .map(|o| format!("{}={}", o.key, o.value))
+                    .collect();
+                s.forked_from = Some(format!(
+                    "{} at {}{}",
+                    f.source_run,
+                    &f.at.to_string()[..12],
+                    if sets.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" with {}", sets.join(", "))
+                    }
+                ));
+                s.last_step = "forked".into();
+            }
+            "note" => {
+                let n: schemas::Note = schemas::decode_event(ev)?;
+                s.finished = n.text.starts_with("run finished");
+                s.last_step = n.text;
+            }
+            "mass.cycle" => {
+                let c: schemas::Cycle = schemas::decode_event(ev)?;
+                s.cycles_done = c.cycle;
+                s.last_step = format!("cycle {} done (next model {})", c.cycle, c.next_model);
+            }
+            other => s.last_step = other.to_string(),
+        }
+    }
+    Ok(s)
+}
+
+/// Effects of the run whose stream ends in `started` (interrupted work).
+pub fn unfinished_effects(ledger: &Ledger, run: &str) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let prefix = format!("{run}/");
+    for (name, head) in ledger.refs()? {
+        if name != run && !name.starts_with(&prefix) {
+            continue;
+        }
+        let ev = ledger.get_event(&head)?;
+        if ev.kind == "effect" {
+            let e: Effect =
+                schemas::decode_event(&ev).map_err(|x| EngineError::recording("effect", x))?;
+            if e.status == EffectStatus::Started {
+                out.push(format!("{} effect in {name}", e.effect));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The planned number of cycles of a run, from its recorded definition.
+pub fn planned_cycles(ledger: &Ledger, first: &Event) -> Result<u32> {
+    let r: schemas::RunStarted = schemas::decode_event(first)?;
+    let text = String::from_utf8(ledger.get_blob(&ledger::Id(r.config.0))?)
+        .map_err(|e| EngineError::recording("experiment", e))?;
+    let exp = crate::config::Experiment::parse(&text, &r.config_name)?;
+    Ok(exp.cycles)
+}

@@ -1,0 +1,246 @@
+//! The training step. An external trainer is a command from the experiment
+//! file (placeholders for the train and validation files, base model and output
+//! directory); the built-in simulated trainer is the offline path. Either way
+//! the step is one journaled effect whose output records the command line, exit
+//! status, log, metrics, chosen checkpoint and the output directory as a tree.
+//!
+//! The simulated trainer reads the exported dataset (OpenAI chat JSONL) and
+//! moves the simulated model's parameters toward what the selected examples
+//! show: how often orchestrators delegate, how often the checks are run, and
+//! how many known mistakes the solver runs carried. It sees only the dataset.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::backend::sim::SimParams;
+
+/// What a training run reports back (also the effect's output).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct TrainOutput {
+    pub command: String,
+    pub exit_status: i32,
+    pub checkpoint: String,
+    pub validation_loss: f64,
+    /// Tree of the output directory and blob of the log, as hex ids.
+    pub output_tree: String,
+    pub log: String,
+    /// Blob of the adapter the backend loads (hex id), if any.
+    pub adapter: Option<String>,
+}
+
+/// Statistics the simulated trainer reads from a dataset file.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DatasetStats {
+    pub orchestrator_examples: u32,
+    pub delegating_orchestrators: u32,
+    pub examples: u32,
+    pub validating_examples: u32,
+    pub solver_runs: u32,
+    pub flaws_in_final_runs: u32,
+    pub final_runs: u32,
+}
+
+/// Reads an OpenAI-format JSONL dataset.
+pub fn dataset_stats(jsonl: &str) -> Result<DatasetStats, String> {
+    let mut s = DatasetStats::default();
+    for (i, line) in jsonl
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: Value = serde_json::from_str(line).map_err(|e| format!("line {}: {e}", i + 1))?;
+        let messages = v["messages"]
+            .as_array()
+            .ok_or_else(|| format!("line {}: no messages", i + 1))?;
+        let tools: Vec<&str> = v["tools"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .filter_map(|x| x["function"]["name"].as_str())
+                    .collect()
+            })
+            .unwrap_or_default();
+        s.examples += 1;
+        let is_orch = tools.contains(&"delegate");
+        let mut delegated = false;
+        let mut validated = false;
+        let mut last_solve: Option<u32> = None;
+        for m in messages.iter().filter(|m| m["role"] == "assistant") {
+            for c in m["tool_calls"].as_array().into_iter().flatten() {
+                let name = c["function"]["name"].as_str().unwrap_or("");
+                let args: Value = c["function"]["arguments"]
+                    .as_str()
+                    .and_then(|a| serde_json::from_str(a).ok())
+                    .unwrap_or(Value::Null);
+                match name {
+                    "delegate" => delegated = true,
+                    "bash" => {
+                        let cmd = args["command"].as_str().unwrap_or("");
+                        if cmd.starts_with("python3 checks/validate.py") {
+                            validated = true;
+                        } else if cmd.starts_with("python3 solve.py") {
+                            s.solver_runs += 1;
+                            last_solve = Some(cmd.matches("--flaw").count() as u32);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if is_orch {
+            s.orchestrator_examples += 1;
+            if delegated {
+                s.delegating_orchestrators += 1;
+            }
+        }
+        if validated {
+            s.validating_examples += 1;
+        }
+        if let Some(f) = last_solve {
+            s.final_runs += 1;
+            s.flaws_in_final_runs += f;
+        }
+    }
+    Ok(s)
+}
+
+/// One simulated training run: three checkpoints along the way from `base`
+/// toward the dataset's behaviour; validation loss is measured on the
+/// validation file's statistics; the lowest-loss checkpoint wins.
+pub fn sim_train(
+    base: &SimParams,
+    learning_rate: f64,
+    train: &str,
+    validation: &str,
+    out_dir: &Path,
+) -> Result<(SimParams, String, f64, String), String> {
+    let t = dataset_stats(train)?;
+    let v = dataset_stats(validation)?;
+    let ratio = |a: u32, b: u32, default: f64| if b == 0 { default } else { a as f64 / b as f64 };
+    // Targets the examples demonstrate.
+    let target_delegation = ratio(
+        t.delegating_orchestrators,
+        t.orchestrator_examples,
+        base.delegation,
+    );
+    let target_verification = ratio(t.validating_examples, t.examples, base.verification);
+    let mean_flaws = ratio(t.flaws_in_final_runs, t.final_runs, 0.0);
+    // Fewer mistakes in the selected runs than the model would make pulls skill up;
+    // a flaw the judge could not see pulls the blind spot along with it.
+    let target_skill = (0.85 - 0.5 * mean_flaws).clamp(0.0, 0.95);
+    let mut log = String::new();
+    let mut best: Option<(f64, SimParams, String)> = None;
+    let mut metrics = String::new();
+    for (k, frac) in [(1u32, 0.4), (2, 0.75), (3, 1.0)] {
+        let step = learning_rate * frac;
+        let mut p = base.clone();
+        p.delegation += step * (target_delegation - p.delegation);
+        p.verification += step * (target_verification - p.verification);
+        p.skill += step * (target_skill - p.skill).max(-0.05);
+        p.judge_noise *= 1.0 - 0.25 * step;
+        p.blind_spot += step * 0.2 * (mean_flaws.min(1.0) - p.blind_spot).min(0.0);
+        // Validation loss: distance between what the checkpoint does and what the
+        // validation examples show, plus an overfitting term that grows with the step.
+        let vd = ratio(
+            v.delegating_orchestrators,
+            v.orchestrator_examples,
+            p.delegation,
+        );
+        let vv = ratio(v.validating_examples, v.examples, p.verification);
+        let loss =
+            1.0 + (p.delegation - vd).abs() + (p.verification - vv).abs() + 0.15 * frac * frac
+                - 0.2 * frac;
+        let name = format!("checkpoint-{k}");
+        metrics
+            .push_str(&json!({"checkpoint": name, "step": k, "validation_loss": loss}).to_string());
+        metrics.push('\n');
+        log.push_str(&format!("{name}: validation loss {loss:.4}\n"));
+        let ckpt_dir = out_dir.join(&name);
+        std::fs::create_dir_all(&ckpt_dir).map_err(|e| e.to_string())?;
+        std::fs::write(
+            ckpt_dir.join("adapter.json"),
+            serde_json::to_vec_pretty(&p).map_err(|e| e.to_string())?,
+        )
+        .map_err(|e| e.to_string())?;
+        if best.as_ref().is_none_or(|(l, _, _)| loss < *l) {
+            best = Some((loss, p, name));
+        }
+    }
+    std::fs::write(out_dir.join("metrics.jsonl"), &metrics).map_err(|e| e.to_string())?;
+    let (loss, p, name) = best.ok_or("no checkpoint")?;
+    log.push_str(&format!(
+        "trained on {} examples ({} orchestrator, {} delegating, {} validating, {:.2} known mistakes per final solver run); chose {name}\n",
+        t.examples, t.orchestrator_examples, t.delegating_orchestrators, t.validating_examples, mean_flaws
+    ));
+    Ok((p, name, loss, log))
+}
+
+/// Picks the checkpoint with the lowest validation loss from a metrics JSONL
+/// file (`{"checkpoint": ..., "validation_loss": ...}` per line).
+pub fn best_checkpoint(metrics: &str) -> Option<(String, f64)> {
+    let mut best: Option<(String, f64)> = None;
+    for line in metrics.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let (Some(name), Some(loss)) = (v["checkpoint"].as_str(), v["validation_loss"].as_f64())
+        else {
+            continue;
+        };
+        if best.as_ref().is_none_or(|(_, l)| loss < *l) {
+            best = Some((name.to_string(), loss));
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_read_delegation_checks_and_flaws() {
+        let line = |tools: &str, calls: &str| {
+            format!("{{\"messages\":[{{\"role\":\"user\",\"content\":\"t\"}},{{\"role\":\"assistant\",\"tool_calls\":[{calls}]}}],\"tools\":[{tools}]}}")
+        };
+        let deleg = "{\"type\":\"function\",\"function\":{\"name\":\"delegate\",\"description\":\"\",\"parameters\":{}}}";
+        let call = |n: &str, a: &str| {
+            format!("{{\"id\":\"c\",\"type\":\"function\",\"function\":{{\"name\":\"{n}\",\"arguments\":{}}}}}", serde_json::to_string(a).unwrap())
+        };
+        let text = [
+            line(deleg, &call("delegate", "{\"role\":\"x\"}")),
+            line(
+                "",
+                &format!(
+                    "{},{}",
+                    call(
+                        "bash",
+                        "{\"command\":\"python3 solve.py --flaw a --flaw b\"}"
+                    ),
+                    call("bash", "{\"command\":\"python3 checks/validate.py\"}")
+                ),
+            ),
+        ]
+        .join("\n");
+        let s = dataset_stats(&text).unwrap();
+        assert_eq!(
+            (
+                s.examples,
+                s.orchestrator_examples,
+                s.delegating_orchestrators,
+                s.validating_examples,
+                s.final_runs,
+                s.flaws_in_final_runs
+            ),
+            (2, 1, 1, 1, 1, 2)
+        );
+        assert!(dataset_stats("{not json").unwrap_err().contains("line 1"));
+    }
+
+    #[test]
+    fn lowest_validation_loss_wins() {
+        let m = "{\"checkpoint\":\"a\",\"validation_loss\":0.9}\n{\"checkpoint\":\"b\",\"validation_loss\":0.7}\nnot json\n{\"checkpoint\":\"c\",\"validation_loss\":0.8}\n";
+        assert_eq!(best_checkpoint(m), Some(("b".to_string(), 0.7)));
+    }
+}

@@ -1,0 +1,99 @@
+//! Reconstructs conversations from the ledger: a model effect's request names
+//! only the messages added since the previous call of its conversation (its
+//! `prefix`), so the full history is rebuilt by following prefixes.
+
+use ledger::{Id, Ledger};
+use schemas::Effect;
+use serde_json::Value;
+
+use crate::chat::{Message, ToolDef};
+use crate::error::{EngineError, Result};
+
+/// Effect kinds that are model calls.
+pub const MODEL_KINDS: [&str; 3] = ["model", "judge", "optimizer"];
+
+/// One conversation as recorded: every message including the last response,
+/// and the tools offered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transcript {
+    pub messages: Vec<Message>,
+    pub tools: Vec<ToolDef>,
+}
+
+fn effect_of(ledger: &Ledger, id: &Id) -> Result<Effect> {
+    let ev = ledger.get_event(id)?;
+    schemas::decode_event(&ev)
+        .map_err(|e| EngineError::recording(format!("effect {}", id.short(12)), e))
+}
+
+fn blob_json(ledger: &Ledger, hex: &str) -> Result<Value> {
+    let id: Id = hex
+        .parse()
+        .map_err(|e| EngineError::recording("blob id", e))?;
+    serde_json::from_slice(&ledger.get_blob(&id)?)
+        .map_err(|e| EngineError::recording(format!("blob {}", id.short(12)), e))
+}
+
+/// The full request messages and response of the model effect `event`.
+pub fn model_call(ledger: &Ledger, event: Id) -> Result<Transcript> {
+    let mut chain = Vec::new();
+    let mut cur = Some(event);
+    while let Some(id) = cur {
+        let e = effect_of(ledger, &id)?;
+        if !MODEL_KINDS.contains(&e.effect.as_str()) {
+            return Err(EngineError::recording(
+                format!("event {}", id.short(12)),
+                "not a model effect",
+            ));
+        }
+        let req: Value = serde_json::from_slice(&ledger.get_blob(&Id(e.request.0))?)
+            .map_err(|x| EngineError::recording("model request", x))?;
+        cur = match req["prefix"].as_str() {
+            Some(h) => Some(
+                h.parse()
+                    .map_err(|x| EngineError::recording("prefix id", x))?,
+            ),
+            None => None,
+        };
+        chain.push((e, req));
+    }
+    chain.reverse();
+    let mut messages = Vec::new();
+    let mut tools = Vec::new();
+    for (e, req) in chain {
+        for m in req["messages"].as_array().into_iter().flatten() {
+            let v = blob_json(ledger, m.as_str().unwrap_or_default())?;
+            messages
+                .push(serde_json::from_value(v).map_err(|x| EngineError::recording("message", x))?);
+        }
+        if let Some(t) = req["tools"].as_str() {
+            tools = serde_json::from_value(blob_json(ledger, t)?)
+                .map_err(|x| EngineError::recording("tools", x))?;
+        }
+        // Each call's response is part of the next call's history.
+        let out = e
+            .output
+            .ok_or_else(|| EngineError::recording("model effect", "no output"))?;
+        let resp: Value = serde_json::from_slice(&ledger.get_blob(&Id(out.0))?)
+            .map_err(|x| EngineError::recording("model output", x))?;
+        let msg: Message = serde_json::from_value(resp["message"].clone())
+            .map_err(|x| EngineError::recording("response message", x))?;
+        messages.push(msg);
+    }
+    Ok(Transcript { messages, tools })
+}
+
+/// The conversation of a stream ending at `head`: its last model call.
+pub fn stream_conversation(ledger: &Ledger, head: Id) -> Result<Option<Transcript>> {
+    for ev in ledger.chain(head) {
+        let ev = ev?;
+        if ev.kind == "effect" {
+            let e: Effect =
+                schemas::decode_event(&ev).map_err(|x| EngineError::recording("effect", x))?;
+            if MODEL_KINDS.contains(&e.effect.as_str()) && e.status == schemas::EffectStatus::Ok {
+                return model_call(ledger, ev.id).map(Some);
+            }
+        }
+    }
+    Ok(None)
+}

@@ -1,0 +1,444 @@
+//! Records of the MASS engine's decisions: rollouts, judgments, proposals,
+//! promotions, rankings, selections, datasets, training steps, evaluations.
+//! Floating-point values are stored as IEEE-754 bits (f64), deterministic.
+
+use crate::{Hash32, Record};
+
+macro_rules! record {
+    ($t:ty, $kind:expr, $ver:expr, |$s:ident| $links:expr, $sample:expr) => {
+        impl Record for $t {
+            const KIND: &'static str = $kind;
+            const VERSION: u32 = $ver;
+            fn links(&self) -> Vec<Hash32> {
+                let $s = self;
+                $links
+            }
+            fn sample() -> Self {
+                $sample
+            }
+        }
+    };
+}
+
+/// `mass.rollout` v1: one team run of a task under a workflow, with its outcome.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct Rollout {
+    pub task: String,
+    /// `reference`, `inner`, `collect` or `eval`.
+    pub purpose: String,
+    pub cycle: u32,
+    pub index: u32,
+    /// Blob of the workflow JSON the team ran under (empty workflow = bare task).
+    pub workflow: Hash32,
+    pub orchestrator_model: String,
+    pub subagent_model: String,
+    /// `finished`, `halted` (turn or token limit) or `failed` (infrastructure).
+    pub status: String,
+    pub detail: String,
+    /// Final workspace snapshot.
+    pub tree: Hash32,
+    /// Output of the task's checks on the final workspace.
+    pub validation: Hash32,
+    pub score_passed: u32,
+    pub score_total: u32,
+    /// Orchestrator stream head and each subagent stream's head.
+    pub orchestrator: Hash32,
+    pub subagents: Vec<Hash32>,
+    pub delegations: u32,
+    pub turns: u32,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub report: String,
+}
+
+record!(
+    Rollout,
+    "mass.rollout",
+    1,
+    |s| {
+        let mut v = vec![s.workflow, s.tree, s.validation, s.orchestrator];
+        v.extend(s.subagents.iter().copied());
+        v
+    },
+    Rollout {
+        task: "fin-momentum-backtest".into(),
+        purpose: "collect".into(),
+        cycle: 1,
+        index: 3,
+        workflow: Hash32([1; 32]),
+        orchestrator_model: "sim/base".into(),
+        subagent_model: "sim/base".into(),
+        status: "finished".into(),
+        detail: String::new(),
+        tree: Hash32([2; 32]),
+        validation: Hash32([3; 32]),
+        score_passed: 5,
+        score_total: 6,
+        orchestrator: Hash32([4; 32]),
+        subagents: vec![Hash32([5; 32])],
+        delegations: 1,
+        turns: 7,
+        prompt_tokens: 9000,
+        completion_tokens: 700,
+        report: "done".into(),
+    }
+);
+
+/// `mass.judgment` v1: a pairwise verdict on two rollouts.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct Judgment {
+    pub task: String,
+    /// The two rollout events, in the order the comparison names them.
+    pub a: Hash32,
+    pub b: Hash32,
+    /// True when `b` was shown as Workspace A (swapped presentation).
+    pub swapped: bool,
+    pub judge_model: String,
+    /// `a`, `b` or `tie` (in terms of `a`/`b`, not screen positions).
+    pub winner: String,
+    pub rationale: String,
+    /// Invalid verdicts received before this one.
+    pub invalid_attempts: u32,
+    /// The judge's conversation head (its model effect).
+    pub conversation: Hash32,
+}
+
+record!(
+    Judgment,
+    "mass.judgment",
+    1,
+    |s| vec![s.a, s.b, s.conversation],
+    Judgment {
+        task: "t".into(),
+        a: Hash32([1; 32]),
+        b: Hash32([2; 32]),
+        swapped: true,
+        judge_model: "sim/base".into(),
+        winner: "a".into(),
+        rationale: "A passes more checks".into(),
+        invalid_attempts: 1,
+        conversation: Hash32([3; 32]),
+    }
+);
+
+/// `mass.proposal` v1: an optimizer proposal (valid or not).
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct ProposalRecord {
+    pub task: String,
+    pub iteration: u32,
+    pub attempt: u32,
+    pub valid: bool,
+    /// Parse or validation error when invalid.
+    pub error: String,
+    /// Blob of the proposal JSON (valid) or of the raw reply (invalid).
+    pub body: Hash32,
+    /// Blob of the proposed workflow JSON (valid only; zeros otherwise).
+    pub workflow: Hash32,
+    pub conversation: Hash32,
+}
+
+record!(
+    ProposalRecord,
+    "mass.proposal",
+    1,
+    |s| {
+        let mut v = vec![s.body, s.conversation];
+        if s.valid {
+            v.push(s.workflow);
+        }
+        v
+    },
+    ProposalRecord {
+        task: "t".into(),
+        iteration: 2,
+        attempt: 0,
+        valid: true,
+        error: String::new(),
+        body: Hash32([1; 32]),
+        workflow: Hash32([2; 32]),
+        conversation: Hash32([3; 32]),
+    }
+);
+
+/// `mass.promotion` v1: the inner loop's decision on a candidate workflow.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct Promotion {
+    pub task: String,
+    pub iteration: u32,
+    /// The candidate's rollout.
+    pub candidate: Hash32,
+    /// The champion's rollout it was compared with.
+    pub champion: Hash32,
+    pub accepted: bool,
+    /// Whether the candidate beat the bare-task reference (reference-then-champion rule).
+    pub beat_reference: bool,
+    pub reason: String,
+    /// The judgments this decision rests on.
+    pub judgments: Vec<Hash32>,
+}
+
+record!(
+    Promotion,
+    "mass.promotion",
+    1,
+    |s| {
+        let mut v = vec![s.candidate, s.champion];
+        v.extend(s.judgments.iter().copied());
+        v
+    },
+    Promotion {
+        task: "t".into(),
+        iteration: 1,
+        candidate: Hash32([1; 32]),
+        champion: Hash32([2; 32]),
+        accepted: true,
+        beat_reference: true,
+        reason: "won 2 of 2".into(),
+        judgments: vec![Hash32([3; 32])],
+    }
+);
+
+/// One ranked rollout.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct RankedRun {
+    pub rollout: Hash32,
+    pub score: f64,
+    pub rank: u32,
+    pub wins: u32,
+    pub losses: u32,
+    pub ties: u32,
+}
+
+/// `mass.ranking` v1: the Bradley-Terry fit over one task's collected runs.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct Ranking {
+    pub task: String,
+    pub cycle: u32,
+    pub prior: f64,
+    pub iterations: u32,
+    pub converged: bool,
+    pub runs: Vec<RankedRun>,
+    pub judgments: Vec<Hash32>,
+}
+
+record!(
+    Ranking,
+    "mass.ranking",
+    1,
+    |s| {
+        let mut v: Vec<Hash32> = s.runs.iter().map(|r| r.rollout).collect();
+        v.extend(s.judgments.iter().copied());
+        v
+    },
+    Ranking {
+        task: "t".into(),
+        cycle: 1,
+        prior: 0.5,
+        iterations: 40,
+        converged: true,
+        runs: vec![RankedRun {
+            rollout: Hash32([1; 32]),
+            score: 0.25,
+            rank: 1,
+            wins: 4,
+            losses: 1,
+            ties: 1
+        }],
+        judgments: vec![Hash32([2; 32])],
+    }
+);
+
+/// `mass.selection` v1: which ranked runs become training and validation data.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct Selection {
+    pub task: String,
+    pub cycle: u32,
+    pub ranking: Hash32,
+    pub train: Vec<Hash32>,
+    pub validation: Vec<Hash32>,
+    /// Why runs or the whole task were left out (empty when nothing was).
+    pub excluded: Vec<String>,
+}
+
+record!(
+    Selection,
+    "mass.selection",
+    1,
+    |s| {
+        let mut v = vec![s.ranking];
+        v.extend(s.train.iter().copied());
+        v.extend(s.validation.iter().copied());
+        v
+    },
+    Selection {
+        task: "t".into(),
+        cycle: 1,
+        ranking: Hash32([1; 32]),
+        train: vec![Hash32([2; 32])],
+        validation: vec![Hash32([3; 32])],
+        excluded: vec!["run 7: halted".into()],
+    }
+);
+
+/// `mass.dataset` v1: the exported training data of a cycle.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct Dataset {
+    pub cycle: u32,
+    /// `openai` or `trl`.
+    pub format: String,
+    pub train: Hash32,
+    pub validation: Hash32,
+    pub train_examples: u32,
+    pub validation_examples: u32,
+    pub train_supervised_tokens: u64,
+    pub validation_supervised_tokens: u64,
+    pub selections: Vec<Hash32>,
+}
+
+record!(
+    Dataset,
+    "mass.dataset",
+    1,
+    |s| {
+        let mut v = vec![s.train, s.validation];
+        v.extend(s.selections.iter().copied());
+        v
+    },
+    Dataset {
+        cycle: 1,
+        format: "openai".into(),
+        train: Hash32([1; 32]),
+        validation: Hash32([2; 32]),
+        train_examples: 120,
+        validation_examples: 8,
+        train_supervised_tokens: 90000,
+        validation_supervised_tokens: 6000,
+        selections: vec![Hash32([3; 32])],
+    }
+);
+
+/// `mass.training` v1: a training step and the model it produced.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct Training {
+    pub cycle: u32,
+    pub dataset: Hash32,
+    pub base_model: String,
+    pub new_model: String,
+    /// The trainer command line (placeholders filled) or `builtin:sim`.
+    pub command: String,
+    pub exit_status: i32,
+    /// Tree of the trainer's output directory; blob of its log.
+    pub output: Hash32,
+    pub log: Hash32,
+    pub checkpoint: String,
+    pub validation_loss: f64,
+    /// The trainer effect that ran it.
+    pub effect: Hash32,
+}
+
+record!(
+    Training,
+    "mass.training",
+    1,
+    |s| vec![s.dataset, s.output, s.log, s.effect],
+    Training {
+        cycle: 1,
+        dataset: Hash32([1; 32]),
+        base_model: "sim/base".into(),
+        new_model: "sim/c1-abcd".into(),
+        command: "builtin:sim".into(),
+        exit_status: 0,
+        output: Hash32([2; 32]),
+        log: Hash32([3; 32]),
+        checkpoint: "checkpoint-2".into(),
+        validation_loss: 0.8125,
+        effect: Hash32([4; 32]),
+    }
+);
+
+/// `mass.evaluation` v1: held-out (or train) win rate of one model against another.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct Evaluation {
+    pub cycle: u32,
+    /// `heldout` or `train`.
+    pub split: String,
+    pub model: String,
+    pub baseline: String,
+    pub judge: String,
+    pub wins: u32,
+    pub losses: u32,
+    pub ties: u32,
+    pub judgments: Vec<Hash32>,
+}
+
+record!(
+    Evaluation,
+    "mass.evaluation",
+    1,
+    |s| s.judgments.clone(),
+    Evaluation {
+        cycle: 1,
+        split: "heldout".into(),
+        model: "sim/c1".into(),
+        baseline: "sim/base".into(),
+        judge: "external/base".into(),
+        wins: 10,
+        losses: 6,
+        ties: 2,
+        judgments: vec![Hash32([1; 32])],
+    }
+);
+
+/// `mass.cycle` v1: the end of a cycle, with the figures the summary table shows.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct Cycle {
+    pub cycle: u32,
+    pub model: String,
+    pub next_model: String,
+    pub inner_wins: u32,
+    pub inner_iterations: u32,
+    pub selected_runs: u32,
+    pub supervised_tokens: u64,
+    pub delegation_rate: f64,
+    pub evaluation: Option<Hash32>,
+}
+
+record!(
+    Cycle,
+    "mass.cycle",
+    1,
+    |s| s.evaluation.iter().copied().collect(),
+    Cycle {
+        cycle: 1,
+        model: "sim/base".into(),
+        next_model: "sim/c1".into(),
+        inner_wins: 7,
+        inner_iterations: 36,
+        selected_runs: 128,
+        supervised_tokens: 90000,
+        delegation_rate: 0.25,
+        evaluation: Some(Hash32([1; 32])),
+    }
+);

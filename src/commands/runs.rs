@@ -1,0 +1,451 @@
+//! Run commands: run, resume, replay --check, rejudge, fork (of runs), status,
+//! export dataset. The engine does the work; this file opens the ledger,
+//! renders progress and prints the summary.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use engine::cycle::{CycleResult, Progress};
+use engine::driver::{drive, RunRequest, RunSummary};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use ledger::{Id, Ledger};
+use replay::{Mode, SourceRun, MAIN};
+
+use super::{open, resolve};
+use crate::cli::DatasetFormat;
+
+/// Progress bars: one per stage, under an overall spinner.
+struct Bars {
+    multi: MultiProgress,
+    bars: Mutex<BTreeMap<String, ProgressBar>>,
+}
+
+impl Bars {
+    fn new(quiet: bool) -> Bars {
+        let multi = MultiProgress::with_draw_target(if quiet {
+            ProgressDrawTarget::hidden()
+        } else {
+            ProgressDrawTarget::stderr()
+        });
+        Bars {
+            multi,
+            bars: Mutex::new(BTreeMap::new()),
+        }
+    }
+}
+
+impl Progress for Bars {
+    fn stage(&self, name: &str, total: u64) {
+        let bar = self.multi.add(ProgressBar::new(total));
+        let style =
+            ProgressStyle::with_template("{spinner} {msg:<40} [{bar:30}] {pos}/{len} {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> ");
+        bar.set_style(style);
+        bar.set_message(name.to_string());
+        if let Ok(mut b) = self.bars.lock() {
+            b.insert(name.to_string(), bar);
+        }
+    }
+    fn tick(&self, name: &str) {
+        if let Some(b) = self.bars.lock().ok().and_then(|b| b.get(name).cloned()) {
+            b.inc(1);
+        }
+    }
+    fn done(&self, name: &str) {
+        if let Some(b) = self.bars.lock().ok().and_then(|mut b| b.remove(name)) {
+            b.finish();
+        }
+    }
+}
+
+fn open_arc(dir: &Path) -> Result<Arc<Ledger>> {
+    if !dir.join("FORMAT").exists() {
+        Ledger::init(dir)
+            .with_context(|| format!("cannot create a ledger in {}", dir.display()))?;
+    }
+    Ok(Arc::new(open(dir)?))
+}
+
+pub fn run(dir: &Path, experiment: &Path, name: Option<&str>, quiet: bool) -> Result<ExitCode> {
+    let text = std::fs::read_to_string(experiment)
+        .with_context(|| format!("cannot read {}", experiment.display()))?;
+    let origin = experiment.to_string_lossy().into_owned();
+    let exp = engine::config::Experiment::parse(&text, &origin)?;
+    let run = name.map(str::to_string).unwrap_or(exp.name.clone());
+    let ledger = open_arc(dir)?;
+    if let Some(head) = ledger.head(&run)? {
+        let first = ledger.chain(head).last().transpose()?.map(|e| e.kind);
+        if first.as_deref() != Some("run.started") {
+            bail!("ref {run} exists and is not a run; choose another name with --ref");
+        }
+        eprintln!("run {run} exists: resuming it (the recorded experiment definition is used)");
+    }
+    go(
+        ledger,
+        RunRequest {
+            run,
+            experiment: Some((text, origin)),
+            mode: Mode::Live,
+            source: None,
+            progress: &Bars::new(quiet),
+        },
+    )
+}
+
+pub fn resume(dir: &Path, run: &str, quiet: bool) -> Result<ExitCode> {
+    let ledger = Arc::new(open(dir)?);
+    if ledger.head(run)?.is_none() {
+        bail!("no run named {run:?} (`mass status` lists runs)");
+    }
+    go(
+        ledger,
+        RunRequest {
+            run: run.to_string(),
+            experiment: None,
+            mode: Mode::Live,
+            source: None,
+            progress: &Bars::new(quiet),
+        },
+    )
+}
+
+pub fn replay_check(dir: &Path, run: &str, check: bool) -> Result<ExitCode> {
+    if !check {
+        bail!("`mass replay` needs --check (re-run the driver and compare every event id); to continue a run use `mass resume`");
+    }
+    let ledger = Arc::new(open(dir)?);
+    let head = ledger
+        .head(run)?
+        .with_context(|| format!("no run named {run:?}"))?;
+    let start = Instant::now();
+    let s = drive(
+        ledger,
+        RunRequest {
+            run: run.to_string(),
+            experiment: None,
+            mode: Mode::Check,
+            source: None,
+            progress: &Bars::new(true),
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))
+    .context("replay check failed")?;
+    let served: u64 = s.counts.values().sum();
+    if s.head != Some(head) {
+        bail!(
+            "replay ended at {} but the run's head is {}",
+            s.head.map(|h| h.to_hex()).unwrap_or_default(),
+            head
+        );
+    }
+    println!("replay check passed: every event id of {run} reproduced ({served} effects served from the ledger, none run) in {:.1}s", start.elapsed().as_secs_f64());
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn rejudge(
+    dir: &Path,
+    source: &str,
+    name: &str,
+    set: &[String],
+    quiet: bool,
+) -> Result<ExitCode> {
+    let ledger = Arc::new(open(dir)?);
+    let head = ledger
+        .head(source)?
+        .with_context(|| format!("no run named {source:?}"))?;
+    let start = ledger
+        .chain(head)
+        .last()
+        .transpose()?
+        .context("empty run")?;
+    let overrides = parse_sets(set)?;
+    replay::fork_run(&ledger, source, start.id, name, &overrides)?;
+    let src = SourceRun {
+        run: source.to_string(),
+        live_kinds: ["judge".to_string()].into_iter().collect(),
+    };
+    go(
+        ledger,
+        RunRequest {
+            run: name.to_string(),
+            experiment: None,
+            mode: Mode::Live,
+            source: Some(src),
+            progress: &Bars::new(quiet),
+        },
+    )
+}
+
+fn parse_sets(set: &[String]) -> Result<Vec<(String, String)>> {
+    set.iter()
+        .map(|s| match s.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => {
+                Ok((k.trim().to_string(), v.trim().to_string()))
+            }
+            _ => bail!("--set takes KEY=VALUE, got {s:?}"),
+        })
+        .collect()
+}
+
+/// Forks a run at a main-stream step (with overrides), or any ref at an event.
+pub fn fork(l: &Ledger, at: &str, name: &str, set: &[String]) -> Result<ExitCode> {
+    let id = resolve(l, at)?;
+    let ev = l
+        .get_event(&id)
+        .with_context(|| format!("{at} is not an event"))?;
+    if ev.stream == MAIN {
+        if let Some(run) = run_containing(l, id)? {
+            let overrides = parse_sets(set)?;
+            let f = replay::fork_run(l, &run, id, name, &overrides)?;
+            println!("forked run {run} at {} as {name} (fork event {}); continue it with `mass resume {name}`", id.short(12), f.short(12));
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+    if !set.is_empty() {
+        bail!("--set needs a fork point on a run's main stream (a step listed by `mass log RUN`); {} is in stream {:?}", id.short(12), ev.stream);
+    }
+    l.fork(name, id)
+        .with_context(|| format!("cannot create ref {name:?} at {}", id.short(12)))?;
+    println!("{name} -> {id}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs are refs whose head is on a main stream that starts with `run.started`.
+fn runs(l: &Ledger) -> Result<Vec<(String, Id)>> {
+    let mut out = Vec::new();
+    for (name, head) in l.refs()? {
+        if let Ok(ev) = l.get_event(&head) {
+            if ev.stream == MAIN {
+                out.push((name, head));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn run_containing(l: &Ledger, id: Id) -> Result<Option<String>> {
+    for (name, head) in runs(l)? {
+        for ev in l.chain(head) {
+            if ev?.id == id {
+                return Ok(Some(name));
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn go(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<ExitCode> {
+    let start = Instant::now();
+    let s = drive(ledger.clone(), req).map_err(|e| anyhow::anyhow!("{e}"))?;
+    print_summary(&s, start.elapsed().as_secs_f64());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_summary(s: &RunSummary, secs: f64) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "\nrun {} ({}): {} cycle(s) in {:.0}s, head {}",
+        s.run,
+        s.experiment,
+        s.cycles.len(),
+        secs,
+        s.head.map(|h| h.short(12)).unwrap_or_default()
+    );
+    let _ = writeln!(
+        out,
+        "{:>5}  {:>11}  {:>8}  {:>10}  {:>10}  {:>28}  model",
+        "cycle", "inner wins", "selected", "sup.tokens", "delegation", "held-out W/(W+L) [ties]"
+    );
+    for c in &s.cycles {
+        let _ = writeln!(out, "{}", cycle_row(c));
+    }
+    let mut counts: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
+    for ((kind, how), n) in &s.counts {
+        let e = counts.entry(kind.as_str()).or_default();
+        match how {
+            replay::Served::History => e.0 += n,
+            replay::Served::Source => e.1 += n,
+            replay::Served::Live => e.2 += n,
+        }
+    }
+    let parts: Vec<String> = counts
+        .iter()
+        .map(|(k, (h, s, l))| {
+            format!(
+                "{k}: {l} live, {h} replayed{}",
+                if *s > 0 {
+                    format!(", {s} from source")
+                } else {
+                    String::new()
+                }
+            )
+        })
+        .collect();
+    let _ = writeln!(out, "effects: {}", parts.join("; "));
+}
+
+fn cycle_row(c: &CycleResult) -> String {
+    let heldout = match c.heldout {
+        Some((w, l, t)) => {
+            let rate = if w + l > 0 {
+                format!("{:.1}%", 100.0 * w as f64 / (w + l) as f64)
+            } else {
+                "n/a".into()
+            };
+            let ci = rank::winrate::wilson(w as u64, (w + l) as u64, rank::winrate::Z_95)
+                .map(|i| format!(" ({:.0}-{:.0}%)", i.lower * 100.0, i.upper * 100.0))
+                .unwrap_or_default();
+            format!("{rate}{ci} {w}-{l} [{t}]")
+        }
+        None => "not evaluated".into(),
+    };
+    format!(
+        "{:>5}  {:>11}  {:>8}  {:>10}  {:>9.0}%  {:>28}  {}",
+        c.cycle,
+        format!("{}/{}", c.inner_wins, c.inner_iterations),
+        c.selected_runs,
+        c.supervised_tokens,
+        c.delegation_rate * 100.0,
+        heldout,
+        c.next_model
+    )
+}
+
+pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
+    let list = match run {
+        Some(r) => vec![(
+            r.to_string(),
+            l.head(r)?.with_context(|| format!("no run named {r:?}"))?,
+        )],
+        None => runs(l)?,
+    };
+    let mut rows = Vec::new();
+    for (name, head) in list {
+        let mut steps = Vec::new();
+        for ev in l.chain(head) {
+            steps.push(ev?);
+        }
+        steps.reverse();
+        let mut st = engine::status::fold(&steps)?;
+        if let Some(first) = steps.first().filter(|e| e.kind == "run.started") {
+            st.cycles_planned = engine::status::planned_cycles(l, first).unwrap_or(0);
+        }
+        let pending = engine::status::unfinished_effects(l, &name)?;
+        rows.push((name, head, st, pending));
+    }
+    let mut out = std::io::stdout().lock();
+    if json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|(n, h, st, p)| serde_json::json!({"run": n, "head": h.to_hex(), "experiment": st.experiment, "cycles_planned": st.cycles_planned, "cycles_done": st.cycles_done, "last_step": st.last_step, "finished": st.finished, "forked_from": st.forked_from, "unfinished_effects": p}))
+            .collect();
+        serde_json::to_writer_pretty(&mut out, &v)?;
+        writeln!(out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if rows.is_empty() {
+        writeln!(
+            out,
+            "no runs yet; start one with `mass run examples/smoke.toml`"
+        )?;
+    }
+    for (n, h, st, p) in rows {
+        writeln!(
+            out,
+            "{n}: {} — {}/{} cycles, {}{}; last step: {} (head {})",
+            st.experiment,
+            st.cycles_done,
+            st.cycles_planned,
+            if st.finished {
+                "finished"
+            } else {
+                "in progress"
+            },
+            st.forked_from
+                .as_ref()
+                .map(|f| format!(", forked from {f}"))
+                .unwrap_or_default(),
+            st.last_step,
+            h.short(12)
+        )?;
+        for e in p {
+            writeln!(
+                out,
+                "  started but unfinished: {e} (re-issued on `mass resume {n}`)"
+            )?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn export_dataset(
+    l: &Ledger,
+    run: &str,
+    cycle: u32,
+    format: DatasetFormat,
+    out: &Path,
+) -> Result<ExitCode> {
+    let head = l
+        .head(run)?
+        .with_context(|| format!("no run named {run:?}"))?;
+    let mut found = None;
+    for ev in l.chain(head) {
+        let ev = ev?;
+        if ev.kind == "mass.dataset" {
+            let d: schemas::Dataset = schemas::decode_event(&ev)?;
+            if d.cycle == cycle {
+                found = Some(d);
+                break;
+            }
+        }
+    }
+    let d = found.with_context(|| {
+        format!(
+            "run {run} has no dataset for cycle {cycle} (`mass status {run}` shows how far it got)"
+        )
+    })?;
+    let train =
+        String::from_utf8(l.get_blob(&Id(d.train.0))?).context("train split is not UTF-8")?;
+    let val = String::from_utf8(l.get_blob(&Id(d.validation.0))?)
+        .context("validation split is not UTF-8")?;
+    let (train, val) = match format {
+        DatasetFormat::Openai => (train, val),
+        DatasetFormat::Trl => (
+            engine::dataset::openai_to_trl(&train)?,
+            engine::dataset::openai_to_trl(&val)?,
+        ),
+    };
+    let val_path = validation_path(out);
+    std::fs::write(out, &train).with_context(|| format!("cannot write {}", out.display()))?;
+    std::fs::write(&val_path, &val)
+        .with_context(|| format!("cannot write {}", val_path.display()))?;
+    println!(
+        "{}: {} train examples ({} supervised tokens); {}: {} validation examples ({} supervised tokens)",
+        out.display(),
+        d.train_examples,
+        d.train_supervised_tokens,
+        val_path.display(),
+        d.validation_examples,
+        d.validation_supervised_tokens
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn validation_path(out: &Path) -> std::path::PathBuf {
+    let stem = out
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "dataset".into());
+    let ext = out
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    out.with_file_name(format!("{stem}.validation{ext}"))
+}
