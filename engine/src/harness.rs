@@ -126,6 +126,16 @@ pub fn scratch_root() -> PathBuf {
     std::env::temp_dir().join(format!("mass-work-{}", std::process::id()))
 }
 
+/// A fresh directory name for one run's workspace: unique within the process
+/// even when several sessions run the same stream names at once. The path is
+/// never part of what is recorded.
+fn scratch_dir(run: &str, stream: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tag = blake3::hash(format!("{run}/{stream}").as_bytes()).to_hex();
+    scratch_root().join(format!("{}-{n}", &tag[..16]))
+}
+
 struct Budget {
     turns_left: u32,
     tokens_left: i64,
@@ -152,9 +162,7 @@ pub fn run_team(
     let mut ws = LiveWorkspace {
         ledger: ledger.clone(),
         task: spec.task,
-        scratch: scratch_root().join(
-            &blake3::hash(format!("{}/{}", session.run(), spec.stream).as_bytes()).to_hex()[..16],
-        ),
+        scratch: scratch_dir(session.run(), &spec.stream),
         dir: None,
         dir_tree: None,
         last_tree: None,

@@ -15,6 +15,10 @@ use serde_json::{json, Value};
 
 use crate::backend::sim::SimParams;
 
+/// Known mistakes per task the simulated trainer assumes when it turns a
+/// dataset's mistake count into a skill level.
+pub const FLAWS_PER_TASK: f64 = 3.0;
+
 /// What a training run reports back (also the effect's output).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct TrainOutput {
@@ -126,9 +130,11 @@ pub fn sim_train(
     );
     let target_verification = ratio(t.validating_examples, t.examples, base.verification);
     let mean_flaws = ratio(t.flaws_in_final_runs, t.final_runs, 0.0);
-    // Fewer mistakes in the selected runs than the model would make pulls skill up;
-    // a flaw the judge could not see pulls the blind spot along with it.
-    let target_skill = (0.85 - 0.5 * mean_flaws).clamp(0.0, 0.95);
+    // The skill the examples demonstrate: the inverse of the simulated model's
+    // mistake rate per known mistake (three per task in the example suite, the
+    // trainer's assumption), so examples cleaner than the model's own work pull
+    // skill up and sloppier ones pull it down.
+    let target_skill = crate::backend::sim::skill_for_flaw_rate(mean_flaws / FLAWS_PER_TASK);
     let mut log = String::new();
     let mut best: Option<(f64, SimParams, String)> = None;
     let mut metrics = String::new();
@@ -137,7 +143,7 @@ pub fn sim_train(
         let mut p = base.clone();
         p.delegation += step * (target_delegation - p.delegation);
         p.verification += step * (target_verification - p.verification);
-        p.skill += step * (target_skill - p.skill).max(-0.05);
+        p.skill += step * (target_skill - p.skill);
         p.judge_noise *= 1.0 - 0.25 * step;
         p.blind_spot += step * 0.2 * (mean_flaws.min(1.0) - p.blind_spot).min(0.0);
         // Validation loss: distance between what the checkpoint does and what the

@@ -93,7 +93,8 @@ impl SimBackend {
         let rd = std::fs::read_dir(tasks_dir)
             .map_err(|e| fail(format!("cannot read {}: {e}", tasks_dir.display())))?;
         for ent in rd.flatten() {
-            let dir = ent.path();
+            // Absolute, because the reference solver runs in another directory.
+            let dir = std::fs::canonicalize(ent.path()).unwrap_or_else(|_| ent.path());
             let Ok(toml_text) = std::fs::read_to_string(dir.join("task.toml")) else {
                 continue;
             };
@@ -441,7 +442,7 @@ impl SimBackend {
             + if w.is_orchestrator { -0.05 } else { 0.05 }
             + if w.contract_checks { 0.05 } else { 0.0 })
         .clamp(0.0, 1.0);
-        let p_flaw = (0.6 - 0.7 * skill).clamp(0.03, 0.9);
+        let p_flaw = flaw_probability(skill);
         let mut flaws: Vec<String> = Vec::new();
         for (name, caught) in &task.flaws {
             let mut p_this = p_flaw;
@@ -667,6 +668,18 @@ impl SimBackend {
             json!({"winner": winner, "rationale": format!("A: {why_a}. B: {why_b}.")}).to_string(),
         )
     }
+}
+
+/// The chance that a worker of effective skill `skill` makes one given known
+/// mistake. The simulated trainer inverts this to read skill off a dataset.
+pub fn flaw_probability(skill: f64) -> f64 {
+    (0.7 - 0.9 * skill).clamp(0.02, 0.9)
+}
+
+/// The skill whose mistake rate per known mistake is `rate` (inverse of
+/// [`flaw_probability`] on its unclamped range).
+pub fn skill_for_flaw_rate(rate: f64) -> f64 {
+    ((0.7 - rate) / 0.9).clamp(0.0, 0.95)
 }
 
 fn solve_command(flaws: &[String]) -> String {
