@@ -1,0 +1,337 @@
+//! The harness, judge and optimizer against a scripted backend (a unit-test
+//! stand-in for a model): malformed tool calls, unknown tools, missing fields,
+//! halting at the turn limit, invalid verdicts and malformed proposals are all
+//! handled as documented, and recorded.
+
+use std::sync::{Arc, Mutex};
+
+use engine::backend::{Backend, BackendError, ChatRequest, ChatResponse};
+use engine::chat::{Message, Role, ToolCall, Usage};
+use engine::config::Limits;
+use engine::harness::{run_team, RunSpec, Team};
+use engine::task::Task;
+use engine::workflow::Workflow;
+use ledger::Ledger;
+use replay::{Mode, Session};
+
+/// Replies from a fixed script, then repeats the last reply.
+struct Scripted {
+    replies: Mutex<Vec<Message>>,
+    seen: Mutex<Vec<ChatRequest>>,
+}
+
+impl Scripted {
+    fn new(replies: Vec<Message>) -> Arc<Scripted> {
+        Arc::new(Scripted {
+            replies: Mutex::new(replies.into_iter().rev().collect()),
+            seen: Mutex::new(Vec::new()),
+        })
+    }
+}
+
+impl Backend for Scripted {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+    fn base_model(&self) -> String {
+        "scripted/base".into()
+    }
+    fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, BackendError> {
+        self.seen.lock().unwrap().push(req.clone());
+        let mut r = self.replies.lock().unwrap();
+        let m = if r.len() > 1 {
+            r.pop().unwrap()
+        } else {
+            r.last().cloned().unwrap()
+        };
+        Ok(ChatResponse {
+            finish_reason: if m.tool_calls.is_empty() {
+                "stop".into()
+            } else {
+                "tool_calls".into()
+            },
+            message: m,
+            usage: Usage {
+                prompt_tokens: 10,
+                completion_tokens: 5,
+            },
+        })
+    }
+}
+
+fn call(name: &str, args: &str) -> Message {
+    Message::tool_calls(vec![ToolCall::new(
+        format!("c-{name}-{}", args.len()),
+        name,
+        args,
+    )])
+}
+
+fn task() -> Task {
+    Task::load(
+        &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../examples/tasks/fin-momentum-backtest"),
+    )
+    .unwrap()
+}
+
+fn team(b: Arc<Scripted>) -> Team {
+    Team {
+        orchestrator: b.clone(),
+        orchestrator_model: "scripted/base".into(),
+        subagent: b,
+        subagent_model: "scripted/base".into(),
+        temperature: 0.0,
+        max_tokens_per_call: 100,
+    }
+}
+
+fn session() -> (tempfile::TempDir, Session) {
+    let d = tempfile::tempdir().unwrap();
+    let l = Arc::new(Ledger::init(d.path()).unwrap());
+    (d, Session::new(l, "t", Mode::Live).unwrap())
+}
+
+#[test]
+fn malformed_tool_calls_get_readable_errors_and_the_run_goes_on() {
+    let b = Scripted::new(vec![
+        call("write_file", "{\"path\": \"a.txt\", \"content\": "),
+        call("rm", "{\"path\": \"/\"}"),
+        call("write_file", "{\"path\": \"notes.md\"}"),
+        call("read_file", "{\"path\": \"../../etc/passwd\"}"),
+        call(
+            "write_file",
+            "{\"path\": \"notes.md\", \"content\": \"hello\"}",
+        ),
+        call("finish", "{\"report\": \"done\"}"),
+    ]);
+    let (_d, s) = session();
+    let t = task();
+    let out = run_team(
+        &s,
+        &RunSpec {
+            task: &t,
+            workflow: &Workflow::bare(),
+            stream: "r".into(),
+            purpose: "test",
+            cycle: 1,
+            index: 0,
+        },
+        &team(b.clone()),
+        &Limits::default(),
+    )
+    .unwrap();
+    assert_eq!(out.record.status, "finished");
+    assert_eq!(out.record.report, "done");
+    let last = b.seen.lock().unwrap().last().cloned().unwrap();
+    let tool_texts: Vec<String> = last
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .map(|m| m.content_str().to_string())
+        .collect();
+    assert!(
+        tool_texts[0].contains("not valid JSON"),
+        "{}",
+        tool_texts[0]
+    );
+    assert!(
+        tool_texts[1].contains("unknown tool \"rm\""),
+        "{}",
+        tool_texts[1]
+    );
+    assert!(
+        tool_texts[2].contains("missing field \"content\""),
+        "{}",
+        tool_texts[2]
+    );
+    assert!(
+        tool_texts[3].starts_with("error"),
+        "path escape refused: {}",
+        tool_texts[3]
+    );
+    // The write landed in the snapshot; the run was validated.
+    let tree = s.ledger().get_tree(&ledger::Id(out.record.tree.0)).unwrap();
+    assert_eq!(
+        s.ledger()
+            .get_blob(&tree.get("notes.md").unwrap().blob_id().unwrap())
+            .unwrap(),
+        b"hello"
+    );
+    assert!(
+        out.record.score_total > 0,
+        "checks ran on the final workspace"
+    );
+}
+
+#[test]
+fn a_run_that_never_finishes_is_halted_not_failed() {
+    let b = Scripted::new(vec![call("list_files", "{}")]);
+    let (_d, s) = session();
+    let t = task();
+    let limits = Limits {
+        max_turns: 4,
+        ..Limits::default()
+    };
+    let out = run_team(
+        &s,
+        &RunSpec {
+            task: &t,
+            workflow: &Workflow::bare(),
+            stream: "r".into(),
+            purpose: "test",
+            cycle: 1,
+            index: 0,
+        },
+        &team(b),
+        &limits,
+    )
+    .unwrap();
+    assert_eq!(out.record.status, "halted");
+    assert!(
+        out.record.detail.contains("turn limit (4)"),
+        "{}",
+        out.record.detail
+    );
+    assert_eq!(out.record.turns, 4);
+}
+
+#[test]
+fn delegation_runs_a_subagent_in_its_own_stream() {
+    let b = Scripted::new(vec![
+        call(
+            "delegate",
+            "{\"role\": \"analyst\", \"instructions\": \"write x\", \"contract\": \"return ok\"}",
+        ),
+        call("write_file", "{\"path\": \"x.txt\", \"content\": \"x\"}"),
+        Message::assistant("ok, wrote x.txt"),
+        call("finish", "{\"report\": \"team done\"}"),
+    ]);
+    let (_d, s) = session();
+    let t = task();
+    let out = run_team(
+        &s,
+        &RunSpec {
+            task: &t,
+            workflow: &Workflow::bare(),
+            stream: "r".into(),
+            purpose: "test",
+            cycle: 1,
+            index: 0,
+        },
+        &team(b.clone()),
+        &Limits::default(),
+    )
+    .unwrap();
+    assert_eq!(out.record.delegations, 1);
+    assert!(s.ledger().head("t/r/sub0").unwrap().is_some());
+    let seen = b.seen.lock().unwrap();
+    let sub_req = seen
+        .iter()
+        .find(|r| {
+            r.messages[0]
+                .content_str()
+                .starts_with("You are a subagent")
+        })
+        .unwrap();
+    assert!(sub_req.messages[0].content_str().contains("return ok"));
+    assert!(
+        !sub_req.tools.iter().any(|t| t.function.name == "delegate"),
+        "subagents cannot delegate"
+    );
+    let last = seen.last().unwrap();
+    assert!(last
+        .messages
+        .iter()
+        .any(|m| m.role == Role::Tool && m.content_str() == "ok, wrote x.txt"));
+}
+
+#[test]
+fn invalid_verdicts_are_re_asked_and_counted() {
+    use engine::judge::{judge_pair, Judge, RunRef};
+    let (_d, s) = session();
+    let t = task();
+    let worker = Scripted::new(vec![call("finish", "{\"report\": \"r\"}")]);
+    let mk = |i: u32| {
+        let o = run_team(
+            &s,
+            &RunSpec {
+                task: &t,
+                workflow: &Workflow::bare(),
+                stream: format!("w{i}"),
+                purpose: "test",
+                cycle: 1,
+                index: i,
+            },
+            &team(worker.clone()),
+            &Limits::default(),
+        )
+        .unwrap();
+        RunRef {
+            event: o.event,
+            record: o.record,
+        }
+    };
+    let (a, bb) = (mk(0), mk(1));
+    let judge_b = Scripted::new(vec![
+        Message::assistant("A is better"),
+        Message::assistant("{\"winner\": \"C\"}"),
+        Message::assistant("{\"winner\": \"B\", \"rationale\": \"B shows its work\"}"),
+    ]);
+    let judge = Judge {
+        backend: judge_b.clone(),
+        model: "scripted/base".into(),
+        max_retries: 3,
+        temperature: 0.0,
+    };
+    let (_, j) = judge_pair(&s, "j1", &t, &a, &bb, true, &judge).unwrap();
+    assert_eq!(j.invalid_attempts, 2);
+    assert_eq!(j.winner, "a", "screen B is run a when swapped");
+    let never = Scripted::new(vec![Message::assistant("no idea")]);
+    let (_, j2) = judge_pair(
+        &s,
+        "j2",
+        &t,
+        &a,
+        &bb,
+        false,
+        &Judge {
+            backend: never,
+            model: "scripted/base".into(),
+            max_retries: 2,
+            temperature: 0.0,
+        },
+    )
+    .unwrap();
+    assert_eq!((j2.winner.as_str(), j2.invalid_attempts), ("invalid", 3));
+}
+
+#[test]
+fn malformed_proposals_are_recorded_and_retried() {
+    use engine::optimizer::{propose, Optimizer};
+    let (_d, s) = session();
+    let t = task();
+    let good = serde_json::json!({"improved_design": {"agents": [{"agent_id": "solver", "role": "analyst", "instruction": "do it"}], "contracts": [], "hops": []}, "changes_from_previous": ["added solver"]});
+    let b = Scripted::new(vec![
+        Message::assistant("here: {\"improved_design\": "),
+        Message::assistant(format!("```json\n{good}\n```")),
+    ]);
+    let opt = Optimizer {
+        backend: b,
+        model: "scripted/base".into(),
+        max_retries: 3,
+        temperature: 0.0,
+    };
+    let (w, head) = propose(&s, "opt", &t, 1, &Workflow::bare(), &[], &opt).unwrap();
+    assert_eq!(w.unwrap().agents[0].agent_id, "solver");
+    let recs: Vec<schemas::ProposalRecord> = s
+        .ledger()
+        .chain(head)
+        .map(|e| e.unwrap())
+        .filter(|e| e.kind == "mass.proposal")
+        .map(|e| schemas::decode_event(&e).unwrap())
+        .collect();
+    assert_eq!(recs.len(), 2);
+    assert!(recs.iter().any(|r| !r.valid && !r.error.is_empty()));
+    assert!(recs.iter().any(|r| r.valid));
+}
