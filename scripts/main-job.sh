@@ -1,17 +1,15 @@
 #!/usr/bin/env bash
-# The main job on the built-in offline path. Until the MASS engine lands
-# (`mass run examples/quickstart.toml`), this is the scripted ledger demo: it
-# fills a ledger with a workspace snapshot and an orchestrator/subagent
-# conversation, then shows log, show, diff, verify and stats.
+# The main job, offline: two MASS cycles on the twelve example tasks with the
+# built-in simulated backend and trainer (examples/quickstart.toml). Writes the
+# ledger to ./mass-ledger (override with MASS_LEDGER). Re-running it resumes the
+# run if it was interrupted, or replays it from the ledger if it finished.
+# Needs: cargo (rustup toolchain) and python3 (standard library only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release
 mass=target/release/mass
 export MASS_LEDGER="${MASS_LEDGER:-mass-ledger}"
-[ -d "$MASS_LEDGER" ] || "$mass" init
-"$mass" demo
-echo; echo "== mass log"; "$mass" log
-head=$("$mass" log --kind model.call --limit 1 | cut -c1-12)
-echo; echo "== mass show $head"; "$mass" show "$head"
-echo; echo "== mass verify"; "$mass" verify
-echo; echo "== mass stats"; "$mass" stats
+"$mass" run examples/quickstart.toml
+echo
+"$mass" status quickstart
+"$mass" verify
