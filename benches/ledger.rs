@@ -666,26 +666,34 @@ fn ledger_stats(l: &Ledger) -> (u64, u64) {
 const APPEND_REF: &str = "bench/append";
 const APPEND_KIND: &str = "bench.append";
 
+/// What one ledger append run measured.
+struct AppendRun {
+    secs: f64,
+    seg_bytes: u64,
+    idx_bytes: u64,
+    /// `Ledger::stats()` when asked for (it reads every event back).
+    stats: Option<ledger::Stats>,
+    /// Events/s over the first and the last tenth of the run.
+    first_tenth: f64,
+    last_tenth: f64,
+}
+
 /// Appends `payloads` to a fresh ledger, `group` events per durable commit
-/// (`group == 1` uses `Ledger::append`). Returns (seconds, segment bytes,
-/// index bytes, and `Ledger::stats()` when asked: it reads every event back).
-fn run_ledger_append(
-    payloads: &[Vec<u8>],
-    group: usize,
-    want_stats: bool,
-) -> (f64, u64, u64, Option<ledger::Stats>) {
+/// (`group == 1` uses `Ledger::append`).
+fn run_ledger_append(payloads: &[Vec<u8>], group: usize, want_stats: bool) -> AppendRun {
     let tmp = tempdir("append-ledger");
     let dir = tmp.path().join("ledger");
     let l = Ledger::init(&dir).expect("init ledger");
     let mut head: Option<Id> = None;
+    let tenth = (payloads.len() / 10).max(1);
+    let mut marks = Vec::with_capacity(12);
     let t = Instant::now();
-    if group == 1 {
-        for p in payloads {
-            let ev = NewEvent::new(APPEND_KIND, 1, p.clone());
+    let mut done = 0usize;
+    for chunk in payloads.chunks(group) {
+        if group == 1 {
+            let ev = NewEvent::new(APPEND_KIND, 1, chunk[0].clone());
             head = Some(l.append(APPEND_REF, head, ev).expect("ledger append"));
-        }
-    } else {
-        for chunk in payloads.chunks(group) {
+        } else {
             let mut b = l.batch();
             for p in chunk {
                 let ev = NewEvent::new(APPEND_KIND, 1, p.clone());
@@ -693,16 +701,30 @@ fn run_ledger_append(
             }
             b.commit().expect("batch commit");
         }
+        let before = done;
+        done += chunk.len();
+        if before / tenth != done / tenth || done == payloads.len() {
+            marks.push((done, t.elapsed().as_secs_f64()));
+        }
     }
     let secs = t.elapsed().as_secs_f64();
+    let rate = |a: (usize, f64), b: (usize, f64)| (b.0 - a.0) as f64 / (b.1 - a.1).max(1e-9);
+    let first = marks.first().copied().unwrap_or((0, 0.0));
+    let first_tenth = rate((0, 0.0), first);
+    let last_tenth = match marks.len() {
+        0 | 1 => first_tenth,
+        n => rate(marks[n - 2], marks[n - 1]),
+    };
     let stats = want_stats.then(|| l.stats().expect("ledger stats"));
     drop(l);
-    (
+    AppendRun {
         secs,
-        dir_size(&dir.join("segments")),
-        dir_size(&dir.join("index")),
+        seg_bytes: dir_size(&dir.join("segments")),
+        idx_bytes: dir_size(&dir.join("index")),
         stats,
-    )
+        first_tenth,
+        last_tenth,
+    }
 }
 
 fn open_sled(path: &Path) -> sled::Db {
@@ -787,7 +809,7 @@ fn bench_append(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>, notes: &mut Vec<Strin
 
     // Per-event durability: calibrate against this machine's fsync speed.
     let probe = 300.min(n);
-    let (tl, ..) = run_ledger_append(&payloads[..probe], 1, false);
+    let tl = run_ledger_append(&payloads[..probe], 1, false).secs;
     let (ts, _) = run_sled_append(&payloads[..probe], 1, false);
     let (tf, _) = run_sled_append(&payloads[..probe], 1, true);
     let per_event = (tl + ts + tf) / probe as f64;
@@ -820,11 +842,16 @@ fn bench_append(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>, notes: &mut Vec<Strin
     }
     let d = &payloads[..durable_n];
     let (mut l, mut s, mut f) = (Vec::new(), Vec::new(), Vec::new());
+    let mut tenths = Vec::new();
     for r in 0..cfg.reps {
         // Rotate which of the three goes first.
         for k in 0..3 {
             match (r + k) % 3 {
-                0 => l.push(durable_n as f64 / run_ledger_append(d, 1, false).0),
+                0 => {
+                    let run = run_ledger_append(d, 1, false);
+                    tenths.push((run.first_tenth, run.last_tenth, run.idx_bytes));
+                    l.push(durable_n as f64 / run.secs)
+                }
                 1 => s.push(durable_n as f64 / run_sled_append(d, 1, false).0),
                 _ => f.push(durable_n as f64 / run_sled_append(d, 1, true).0),
             }
@@ -850,6 +877,20 @@ fn bench_append(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>, notes: &mut Vec<Strin
         None,
         "baseline: insert + flush() + fdatasync of sled's db file, i.e. the same durability as the ledger".into(),
     ));
+    let ft: Vec<f64> = tenths.iter().map(|x| x.0).collect();
+    let lt: Vec<f64> = tenths.iter().map(|x| x.1).collect();
+    let ib: Vec<f64> = tenths
+        .iter()
+        .map(|x| x.2 as f64 / durable_n as f64)
+        .collect();
+    let line = format!(
+        "ledger per-event appends: {} over the first tenth of the run, {} over the last; sled index {:.0} B/event afterwards",
+        fmt_val(Unit::EventsPerSec, median(&ft)),
+        fmt_val(Unit::EventsPerSec, median(&lt)),
+        median(&ib)
+    );
+    println!("  {line}");
+    notes.push(format!("append: {line}"));
 
     // Group commit.
     let mut layout: Option<(ledger::Stats, u64)> = None;
@@ -858,12 +899,12 @@ fn bench_append(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>, notes: &mut Vec<Strin
     let (l, s) = alternate(
         cfg.reps,
         || {
-            let (secs, seg, idx, st) = run_ledger_append(&payloads, 100, lbytes.is_empty());
-            if let Some(st) = st {
-                layout = Some((st, seg));
+            let run = run_ledger_append(&payloads, 100, lbytes.is_empty());
+            if let Some(st) = run.stats {
+                layout = Some((st, run.seg_bytes));
             }
-            lbytes.push((seg, idx));
-            n as f64 / secs
+            lbytes.push((run.seg_bytes, run.idx_bytes));
+            n as f64 / run.secs
         },
         || {
             let (secs, bytes) = run_sled_append(&payloads, 100, false);

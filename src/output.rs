@@ -102,6 +102,6 @@ mod tests {
     fn iso_time_known_values() {
         assert_eq!(iso_time(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(iso_time(951_782_400_123), "2000-02-29T00:00:00.123Z");
-        assert_eq!(iso_time(1_795_000_000_000), "2026-11-18T08:26:40.000Z");
+        assert_eq!(iso_time(1_795_000_000_000), "2026-11-18T11:06:40.000Z"); // python3: datetime.utcfromtimestamp(1795000000)
     }
 }
