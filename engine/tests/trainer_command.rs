@@ -1,0 +1,86 @@
+//! An external trainer command: placeholders filled, command line, exit status,
+//! log, metrics and output directory recorded, lowest-validation-loss
+//! checkpoint chosen, and the trained adapter served to the next stage.
+
+use std::sync::Arc;
+
+use engine::cycle::NoProgress;
+use engine::driver::{drive, RunRequest};
+use ledger::{Id, Ledger};
+use replay::Mode;
+
+const TRAINER: &str = r#"
+import argparse, json, os
+p = argparse.ArgumentParser()
+p.add_argument("--train"); p.add_argument("--val"); p.add_argument("--base"); p.add_argument("--out")
+a = p.parse_args()
+n = sum(1 for l in open(a.train) if l.strip())
+print(f"training {a.base} on {n} examples")
+losses = [0.91, 0.62, 0.75]
+with open(os.path.join(a.out, "metrics.jsonl"), "w") as m:
+    for i, loss in enumerate(losses, 1):
+        d = os.path.join(a.out, f"ckpt-{i}")
+        os.makedirs(d)
+        params = {"skill": 0.5 + 0.05 * i, "delegation": 0.3, "verification": 0.4, "judge_noise": 0.3, "position_bias": 0.1, "blind_spot": 0.3}
+        json.dump(params, open(os.path.join(d, "adapter.json"), "w"))
+        m.write(json.dumps({"checkpoint": f"ckpt-{i}", "validation_loss": loss}) + "\n")
+"#;
+
+#[test]
+fn an_external_trainer_is_recorded_and_its_best_checkpoint_used() {
+    let d = tempfile::tempdir().unwrap();
+    let script = d.path().join("train.py");
+    std::fs::write(&script, TRAINER).unwrap();
+    let smoke = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/smoke.toml"),
+    )
+    .unwrap();
+    let tasks = std::fs::canonicalize(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/tasks"),
+    )
+    .unwrap();
+    let text = smoke
+        .replace("tasks_dir = \"tasks\"", &format!("tasks_dir = {:?}", tasks.to_string_lossy()))
+        .replace("[trainer]\nkind = \"sim\"", &format!("[trainer]\nkind = \"command\"\ncommand = \"python3 {} --train {{train}} --val {{validation}} --base {{base_model}} --out {{output_dir}}\"", script.display()));
+    assert!(
+        text.contains("kind = \"command\""),
+        "the smoke file's trainer section changed shape:\n{text}"
+    );
+    let exp_path = d.path().join("exp.toml");
+    std::fs::write(&exp_path, &text).unwrap();
+    let l = Arc::new(Ledger::init(&d.path().join("l")).unwrap());
+    let s = drive(
+        l.clone(),
+        RunRequest {
+            run: "ext".into(),
+            experiment: Some((text, exp_path.to_string_lossy().into_owned())),
+            mode: Mode::Live,
+            source: None,
+            progress: &NoProgress,
+        },
+    )
+    .unwrap();
+    let head = s.head.unwrap();
+    let tr = l
+        .chain(head)
+        .map(|e| e.unwrap())
+        .find(|e| e.kind == "mass.training")
+        .expect("a training step");
+    let t: schemas::Training = schemas::decode_event(&tr).unwrap();
+    assert_eq!(t.exit_status, 0);
+    assert!(
+        t.command.starts_with("python3 ") && !t.command.contains('{'),
+        "placeholders filled: {}",
+        t.command
+    );
+    assert!(t.command.contains("train.jsonl") && t.command.contains("validation.jsonl"));
+    assert_eq!(t.checkpoint, "ckpt-2", "lowest validation loss");
+    assert!((t.validation_loss - 0.62).abs() < 1e-12);
+    let log = String::from_utf8(l.get_blob(&Id(t.log.0)).unwrap()).unwrap();
+    assert!(log.contains("training sim/base on"), "{log}");
+    let out = l.get_tree(&Id(t.output.0)).unwrap();
+    assert!(out.get("metrics.jsonl").is_some() && out.get("ckpt-2/adapter.json").is_some());
+    // The trained model was served to the held-out evaluation.
+    assert_eq!(s.cycles[0].next_model, t.new_model);
+    assert!(s.cycles[0].heldout.is_some());
+}
