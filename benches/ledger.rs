@@ -2214,9 +2214,52 @@ fn bench_scan(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>) {
 
 // ---------------------------------------------------------------------------
 
+/// What runs under `cargo test`: every code path in miniature, with the
+/// correctness checks, and no measurements.
+fn smoke_test() {
+    let t = Instant::now();
+    let lex = Lex::new(SEED_LEX, 500);
+    let payloads: Vec<Vec<u8>> = (0..50)
+        .map(|i| event_payload(&lex, SEED_APPEND, i))
+        .collect();
+    assert!(payloads.iter().all(|p| (64..=2048).contains(&p.len())));
+    let run = run_ledger_append(&payloads, 10, true);
+    let st = run.stats.expect("stats were asked for");
+    assert_eq!(st.by_kind.get("event").map(|k| k.count), Some(50));
+    run_sled_append(&payloads[..5], 1, true);
+    let system = system_prompt(&lex);
+    let tools = tools_json();
+    let convs: Vec<Vec<Value>> = (0..2)
+        .map(|c| gen_conversation(&lex, &system, c, 4))
+        .collect();
+    let (_, gz, raw) = run_jsonl(&convs, &tools, 4);
+    assert!(gz > 0 && gz < raw);
+    let (_, _, _, l, _tmp) = run_ledger_conv(&convs, &tools, 4);
+    check_reconstruction(&l, &convs, &tools, 4);
+    let r = l.verify(&|_| Ok(())).expect("verify");
+    assert!(r.is_clean(), "{:?}", r.problems);
+    let tmp = tempdir("smoke");
+    let ws = gen_workspace(&tmp.path().join("w"), &lex, 0.02);
+    mutate(&ws, &lex, 1);
+    let ld = Ledger::init(&tmp.path().join("l")).expect("init ledger");
+    let tree = ld.snapshot_dir(&ws.root).expect("snapshot_dir");
+    assert!(ld.get_tree(&tree).expect("tree").content_bytes() > 0);
+    println!(
+        "ledger bench smoke test passed in {} (measure with `cargo bench --bench ledger -- --quick`)",
+        fmt_val(Unit::Secs, t.elapsed().as_secs_f64())
+    );
+}
+
 fn main() {
     if let Ok(kind) = std::env::var(CHILD_ENV) {
         child_main(&kind);
+        return;
+    }
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs bench
+    // targets without it (in the unoptimised test profile). There, only a tiny
+    // smoke check runs, and no results are written.
+    if !std::env::args().skip(1).any(|a| a == "--bench") {
+        smoke_test();
         return;
     }
     let cfg = match parse_args() {

@@ -174,15 +174,7 @@ impl Ledger {
         if rebuild && index_dir.exists() {
             fs::remove_dir_all(&index_dir).map_err(|e| LedgerError::io(&index_dir, e))?;
         }
-        let db = sled::Config::new()
-            .path(&index_dir)
-            .cache_capacity(opts.index_cache_bytes)
-            .mode(sled::Mode::HighThroughput)
-            .flush_every_ms(Some(1000))
-            .open()
-            .map_err(|e| LedgerError::Index {
-                detail: format!("cannot open index at {}: {e}", index_dir.display()),
-            })?;
+        let db = open_index(&index_dir, &opts)?;
         let idx = db.open_tree("index").map_err(LedgerError::index)?;
         let seg_dir = dir.join(SEGMENTS_DIR);
         let segs = segment::list_segments(&seg_dir)?;
@@ -1192,6 +1184,37 @@ fn read_next_ordinal(idx: &sled::Tree) -> Result<u64> {
                 detail: "malformed ordinal counter".into(),
             })?;
             Ok(u64::from_le_bytes(b))
+        }
+    }
+}
+
+/// Opens the sled index. We hold the ledger's own LOCK, so a sled lock
+/// conflict can only be this process's previous handle whose background
+/// flusher has not let go yet (sled releases its file lock asynchronously
+/// after the last handle drops): wait for it briefly instead of failing.
+fn open_index(index_dir: &Path, opts: &Options) -> Result<sled::Db> {
+    let mut waited = 0;
+    loop {
+        let r = sled::Config::new()
+            .path(index_dir)
+            .cache_capacity(opts.index_cache_bytes)
+            .mode(sled::Mode::HighThroughput)
+            .flush_every_ms(Some(1000))
+            .open();
+        match r {
+            Ok(db) => return Ok(db),
+            // sled reports its lock conflict as ErrorKind::Other with this text.
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock") && waited < 5000 =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                waited += 10;
+            }
+            Err(e) => {
+                return Err(LedgerError::Index {
+                    detail: format!("cannot open index at {}: {e}", index_dir.display()),
+                })
+            }
         }
     }
 }

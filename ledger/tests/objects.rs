@@ -453,3 +453,17 @@ fn segments_rotate_and_everything_stays_readable() {
     }
     assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
 }
+
+/// Regression: reopening right after dropping failed with sled's "could not
+/// acquire lock" because sled releases its file lock asynchronously.
+#[test]
+fn reopen_immediately_after_drop() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("l");
+    drop(Ledger::init(&p).unwrap());
+    for i in 0..30u32 {
+        let l = Ledger::open(&p).unwrap_or_else(|e| panic!("reopen {i}: {e}"));
+        l.put_blob(&i.to_le_bytes()).unwrap();
+        drop(l);
+    }
+}
