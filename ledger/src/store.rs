@@ -77,6 +77,7 @@ struct Writer {
     heads: HashMap<String, Id>,
     /// Stream and seq of recently appended heads, to build the next event cheaply.
     head_info: HashMap<String, HeadInfo>,
+    cctx: Option<zstd::bulk::Compressor<'static>>,
     /// Set when a write or fsync failed: the file's state is unknown, so no further
     /// commit is attempted in this process (reopening recovers a valid prefix).
     poisoned: Option<String>,
@@ -194,7 +195,7 @@ impl Ledger {
             .metadata()
             .map_err(|e| LedgerError::io(&seg_path, e))?
             .len();
-        let next_ordinal = read_next_ordinal(&idx)?;
+        let next_ordinal = read_watermark(&idx)?.map(|w| w.2).unwrap_or(0);
         let mut heads = HashMap::new();
         for kv in idx.scan_prefix([index::P_REF]) {
             let (k, v) = kv.map_err(LedgerError::index)?;
@@ -216,6 +217,7 @@ impl Ledger {
                 next_ordinal,
                 heads,
                 head_info: HashMap::new(),
+                cctx: None,
                 poisoned: None,
             }),
             readers: Mutex::new(HashMap::new()),
@@ -502,6 +504,20 @@ impl Ledger {
         }
     }
 
+    /// Calls `f` for every indexed object, in id order (one pass over the index).
+    pub fn for_each_location(&self, mut f: impl FnMut(Id, ObjLoc)) -> Result<()> {
+        for kv in self.idx.scan_prefix([index::P_OBJ]) {
+            let (k, val) = kv.map_err(LedgerError::index)?;
+            let (Some(id), Some(loc)) = (Id::from_slice(&k[1..]), ObjLoc::decode(&val)) else {
+                return Err(LedgerError::Index {
+                    detail: "malformed object index entry".into(),
+                });
+            };
+            f(id, loc);
+        }
+        Ok(())
+    }
+
     /// Every object location in log order (from the index).
     pub fn locations(&self) -> Result<Vec<(Id, ObjLoc)>> {
         let mut v = Vec::new();
@@ -641,6 +657,19 @@ impl Ledger {
             w.file = file;
             w.offset = SEGMENT_HEADER_LEN;
         }
+        // Several updates of one ref in a batch are one step in the operation
+        // log: from the first expected head to the last new one.
+        let mut collapsed: Vec<PendingRef> = Vec::new();
+        for u in &b.ref_updates {
+            match collapsed.iter_mut().find(|c| c.name == u.name) {
+                Some(c) => c.new = u.new,
+                None => collapsed.push(PendingRef {
+                    name: u.name.clone(),
+                    expected: u.expected,
+                    new: u.new,
+                }),
+            }
+        }
         // Step 3: encode records.
         let mut buf = Vec::new();
         let mut items: Vec<IndexItem> = Vec::with_capacity(fresh.len() + b.ref_updates.len());
@@ -648,7 +677,7 @@ impl Ledger {
         let base = w.offset;
         let mut ordinal = w.next_ordinal;
         for p in &fresh {
-            let (flags, body) = self.maybe_compress(&p.raw);
+            let (flags, body) = self.maybe_compress(&mut w.cctx, &p.raw);
             let header = RecordHeader {
                 rtype: RecordType::Object(p.kind),
                 flags,
@@ -675,7 +704,7 @@ impl Ledger {
             });
             ordinal += 1;
         }
-        for u in &b.ref_updates {
+        for u in &collapsed {
             let body = RefUpdate {
                 name: u.name.clone(),
                 old: u.expected.map(|i| i.0),
@@ -696,7 +725,7 @@ impl Ledger {
                 new: u.new,
             });
         }
-        let count = (fresh.len() + b.ref_updates.len()) as u32;
+        let count = (fresh.len() + collapsed.len()) as u32;
         let cbody = count.to_le_bytes();
         let cheader = RecordHeader {
             rtype: RecordType::Commit,
@@ -720,16 +749,11 @@ impl Ledger {
         w.offset = base + buf.len() as u64;
         w.next_ordinal = ordinal;
         // Step 5: index.
-        let mut batch = sled::Batch::default();
+        let mut writes = index::Writes::default();
         for it in &items {
-            it.apply(&mut batch);
+            it.apply(&mut writes);
         }
-        batch.insert(
-            index::K_WATERMARK,
-            &index::encode_watermark(seg, w.offset)[..],
-        );
-        batch.insert(index::K_NEXT_ORDINAL, &ordinal.to_le_bytes()[..]);
-        if let Err(e) = self.idx.apply_batch(batch) {
+        if let Err(e) = writes.apply(&self.idx, seg, w.offset, ordinal) {
             w.poisoned = Some(format!("index update failed: {e}"));
             return Err(LedgerError::index(e));
         }
@@ -744,9 +768,17 @@ impl Ledger {
         Ok(())
     }
 
-    fn maybe_compress(&self, raw: &[u8]) -> (u8, Vec<u8>) {
+    fn maybe_compress(
+        &self,
+        cctx: &mut Option<zstd::bulk::Compressor<'static>>,
+        raw: &[u8],
+    ) -> (u8, Vec<u8>) {
         if raw.len() >= self.opts.compress_min {
-            if let Ok(c) = zstd::bulk::compress(raw, self.opts.zstd_level) {
+            // One compression context per writer, not one per object.
+            if cctx.is_none() {
+                *cctx = zstd::bulk::Compressor::new(self.opts.zstd_level).ok();
+            }
+            if let Some(Ok(c)) = cctx.as_mut().map(|c| c.compress(raw)) {
                 if c.len() + c.len() / 8 < raw.len() {
                     return (FLAG_ZSTD, c);
                 }
@@ -911,15 +943,17 @@ impl Batch<'_> {
             .copied()
             .collect();
         let meta = serde_json::to_vec(&Meta::now(ev.meta)).map_err(LedgerError::index)?;
+        // The children index covers event-to-event links (prev and parents).
+        let children_of: Vec<Id> = expected.iter().chain(ev.parents.iter()).copied().collect();
         self.push(Pending {
             kind: ObjectKind::Event,
             id,
             raw,
             meta,
-            links: links.clone(),
+            links,
             event_links: Some(EventIndex {
                 kind: ev.kind,
-                links,
+                links: children_of,
             }),
         });
         self.ref_updates.push(PendingRef {
@@ -982,7 +1016,7 @@ enum IndexItem {
 }
 
 impl IndexItem {
-    fn apply(&self, batch: &mut sled::Batch) {
+    fn apply(&self, batch: &mut index::Writes) {
         match self {
             IndexItem::Object { id, loc, event } => {
                 batch.insert(&index::obj_key(id)[..], &loc.encode()[..]);
@@ -1023,7 +1057,7 @@ fn index_item(rec: &segment::ScannedRecord, seg: u32, ordinal: u64) -> Result<Op
                 let env = EventEnvelope::from_bytes(&h.id, &raw)?;
                 let ev = Event::from_envelope(h.id, env);
                 Some(EventIndex {
-                    links: ev.links().copied().collect(),
+                    links: ev.prev.iter().chain(ev.parents.iter()).copied().collect(),
                     kind: ev.kind,
                 })
             } else {
@@ -1052,13 +1086,8 @@ fn index_item(rec: &segment::ScannedRecord, seg: u32, ordinal: u64) -> Result<Op
 fn recover(seg_dir: &Path, segs: &[u32], idx: &sled::Tree) -> Result<RecoveryReport> {
     let mut report = RecoveryReport::default();
     let first = segs.first().copied().unwrap_or(1);
-    let (wm_seg, wm_off) = match idx.get(index::K_WATERMARK).map_err(LedgerError::index)? {
-        Some(v) => index::decode_watermark(&v).ok_or_else(|| LedgerError::Index {
-            detail: "malformed watermark".into(),
-        })?,
-        None => (first, SEGMENT_HEADER_LEN),
-    };
-    let mut ordinal = read_next_ordinal(idx)?;
+    let (wm_seg, wm_off, mut ordinal) =
+        read_watermark(idx)?.unwrap_or((first, SEGMENT_HEADER_LEN, 0));
     let last = segs.last().copied().unwrap_or(first);
     for &seg in segs.iter().filter(|&&s| s >= wm_seg) {
         let path = segment::segment_path(seg_dir, seg);
@@ -1072,8 +1101,7 @@ fn recover(seg_dir: &Path, segs: &[u32], idx: &sled::Tree) -> Result<RecoveryRep
         let mut pending_records = 0u32;
         let mut committed_end = sc.offset;
         let mut committed_ord = ordinal;
-        let mut batch = sled::Batch::default();
-        let mut batch_len = 0usize;
+        let mut batch = index::Writes::default();
         loop {
             match sc.next_record()? {
                 None => break,
@@ -1108,19 +1136,13 @@ fn recover(seg_dir: &Path, segs: &[u32], idx: &sled::Tree) -> Result<RecoveryRep
                         committed_ord = ordinal;
                         for it in pending.drain(..) {
                             it.apply(&mut batch);
-                            batch_len += 1;
                         }
                         report.reindexed_records += pending_records as u64;
                         pending_records = 0;
-                        if batch_len >= 20_000 {
-                            flush_recovery_batch(
-                                idx,
-                                &mut batch,
-                                seg,
-                                committed_end,
-                                committed_ord,
-                            )?;
-                            batch_len = 0;
+                        if batch.len() >= 20_000 {
+                            std::mem::take(&mut batch)
+                                .apply(idx, seg, committed_end, committed_ord)
+                                .map_err(LedgerError::index)?;
                         }
                     } else {
                         pending_records += 1;
@@ -1135,7 +1157,9 @@ fn recover(seg_dir: &Path, segs: &[u32], idx: &sled::Tree) -> Result<RecoveryRep
                 }
             }
         }
-        flush_recovery_batch(idx, &mut batch, seg, committed_end, committed_ord)?;
+        batch
+            .apply(idx, seg, committed_end, committed_ord)
+            .map_err(LedgerError::index)?;
         let len = sc.file_len();
         if committed_end < len {
             if seg != last {
@@ -1161,30 +1185,15 @@ fn recover(seg_dir: &Path, segs: &[u32], idx: &sled::Tree) -> Result<RecoveryRep
     Ok(report)
 }
 
-/// Applies indexed records together with the watermark and ordinal counter that
-/// describe exactly them, so the index never claims more than it holds.
-fn flush_recovery_batch(
-    idx: &sled::Tree,
-    batch: &mut sled::Batch,
-    seg: u32,
-    end: u64,
-    next_ordinal: u64,
-) -> Result<()> {
-    let mut b = std::mem::take(batch);
-    b.insert(index::K_WATERMARK, &index::encode_watermark(seg, end)[..]);
-    b.insert(index::K_NEXT_ORDINAL, &next_ordinal.to_le_bytes()[..]);
-    idx.apply_batch(b).map_err(LedgerError::index)
-}
-
-fn read_next_ordinal(idx: &sled::Tree) -> Result<u64> {
-    match idx.get(index::K_NEXT_ORDINAL).map_err(LedgerError::index)? {
-        None => Ok(0),
-        Some(v) => {
-            let b: [u8; 8] = v.as_ref().try_into().map_err(|_| LedgerError::Index {
-                detail: "malformed ordinal counter".into(),
-            })?;
-            Ok(u64::from_le_bytes(b))
-        }
+/// The watermark: (segment, offset, next ordinal), if any.
+fn read_watermark(idx: &sled::Tree) -> Result<Option<(u32, u64, u64)>> {
+    match idx.get(index::K_WATERMARK).map_err(LedgerError::index)? {
+        None => Ok(None),
+        Some(v) => index::decode_watermark(&v)
+            .map(Some)
+            .ok_or_else(|| LedgerError::Index {
+                detail: "malformed watermark".into(),
+            }),
     }
 }
 
