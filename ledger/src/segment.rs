@@ -31,6 +31,10 @@ pub const RECORD_TRAILER_LEN: usize = 8;
 pub const MAX_BODY_LEN: u64 = 1 << 31;
 /// Flag bit: the body is zstd-compressed.
 pub const FLAG_ZSTD: u8 = 1;
+/// Flag bit (with `FLAG_ZSTD`): the body starts with the 32-byte id of a plainly
+/// compressed object of the same kind whose canonical bytes are the zstd
+/// dictionary for the rest (a delta against a similar earlier object).
+pub const FLAG_DICT: u8 = 2;
 
 /// What a record holds. The discriminants are on-disk values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +104,9 @@ impl RecordHeader {
         let rtype =
             RecordType::from_u8(h[4]).ok_or_else(|| format!("unknown record type {}", h[4]))?;
         let flags = h[5];
-        if flags & !FLAG_ZSTD != 0 {
+        if flags & !(FLAG_ZSTD | FLAG_DICT) != 0
+            || (flags & FLAG_DICT != 0 && flags & FLAG_ZSTD == 0)
+        {
             return Err(format!("unknown record flags {flags:#04x}"));
         }
         if h[6] != 0 || h[7] != 0 {
@@ -319,7 +325,46 @@ impl Scanner {
 }
 
 /// Decompresses a body if its record says so; `raw_len` is checked.
+/// The dictionary object a `FLAG_DICT` body names.
+pub fn dict_of(id: &Id, flags: u8, body: &[u8]) -> Result<Option<Id>> {
+    if flags & FLAG_DICT == 0 {
+        return Ok(None);
+    }
+    Id::from_slice(body.get(..32).unwrap_or_default())
+        .map(Some)
+        .ok_or_else(|| LedgerError::Corruption {
+            id: *id,
+            detail: "delta body shorter than its dictionary id".into(),
+        })
+}
+
+/// Decodes a body compressed against `dict` (the canonical bytes of the object
+/// [`dict_of`] names).
+pub fn decode_body_with_dict(id: &Id, raw_len: u32, body: &[u8], dict: &[u8]) -> Result<Vec<u8>> {
+    let frame = body.get(32..).unwrap_or_default();
+    let out = zstd::bulk::Decompressor::with_dictionary(dict)
+        .and_then(|mut d| d.decompress(frame, raw_len as usize))
+        .map_err(|e| LedgerError::Corruption {
+            id: *id,
+            detail: format!("zstd (delta): {e}"),
+        })?;
+    if out.len() != raw_len as usize {
+        return Err(LedgerError::Corruption {
+            id: *id,
+            detail: format!("decompressed to {} bytes, expected {raw_len}", out.len()),
+        });
+    }
+    Ok(out)
+}
+
+/// Decodes a body that is stored plainly or zstd-compressed (not a delta).
 pub fn decode_body(id: &Id, flags: u8, raw_len: u32, body: &[u8]) -> Result<Vec<u8>> {
+    if flags & FLAG_DICT != 0 {
+        return Err(LedgerError::Corruption {
+            id: *id,
+            detail: "delta body read without its dictionary".into(),
+        });
+    }
     if flags & FLAG_ZSTD == 0 {
         if body.len() != raw_len as usize {
             return Err(LedgerError::Corruption {

@@ -42,8 +42,11 @@ const INDEX_DIR: &str = "index";
 pub struct Options {
     /// Start a new segment once the active one exceeds this many bytes.
     pub segment_max: u64,
-    /// zstd level for bodies that are compressed.
+    /// zstd level for event and tree bodies.
     pub zstd_level: i32,
+    /// zstd level for blobs (file contents, messages): written once, read
+    /// often, and the bulk of a ledger's bytes.
+    pub blob_zstd_level: i32,
     /// Bodies shorter than this are stored as they are.
     pub compress_min: usize,
     /// sled page cache size.
@@ -55,6 +58,7 @@ impl Default for Options {
         Options {
             segment_max: 256 << 20,
             zstd_level: 3,
+            blob_zstd_level: 9,
             compress_min: 128,
             index_cache_bytes: 64 << 20,
         }
@@ -78,6 +82,10 @@ struct Writer {
     /// Stream and seq of recently appended heads, to build the next event cheaply.
     head_info: HashMap<String, HeadInfo>,
     cctx: Option<zstd::bulk::Compressor<'static>>,
+    blob_cctx: Option<zstd::bulk::Compressor<'static>>,
+    /// The last tree stored plainly: the delta base for the next trees, which
+    /// are mostly the same entries (18 snapshots of one workspace share ~all).
+    tree_base: Option<(Id, Vec<u8>)>,
     /// Set when a write or fsync failed: the file's state is unknown, so no further
     /// commit is attempted in this process (reopening recovers a valid prefix).
     poisoned: Option<String>,
@@ -218,6 +226,8 @@ impl Ledger {
                 heads,
                 head_info: HashMap::new(),
                 cctx: None,
+                blob_cctx: None,
+                tree_base: None,
                 poisoned: None,
             }),
             readers: Mutex::new(HashMap::new()),
@@ -383,12 +393,42 @@ impl Ledger {
                 loc.seg, loc.offset
             )));
         }
-        let raw = decode_body(id, h.flags, h.raw_len, &buf[RECORD_HEADER_LEN..])?;
+        let body = &buf[RECORD_HEADER_LEN..];
+        let raw = match segment::dict_of(id, h.flags, body)? {
+            None => decode_body(id, h.flags, h.raw_len, body)?,
+            Some(dict) => {
+                // Dictionaries are always stored plainly: one extra read at most.
+                let (_, dict_raw) = self
+                    .read_plain(&dict, loc.kind)
+                    .map_err(|e| corrupt(format!("its delta base {}: {e}", dict.short(12))))?;
+                segment::decode_body_with_dict(id, h.raw_len, body, &dict_raw)?
+            }
+        };
         let actual = Id::of(loc.kind, &raw);
         if actual != *id {
             return Err(corrupt(format!("content hashes to {actual}")));
         }
         Ok((loc, raw))
+    }
+
+    /// Reads an object that must not itself be a delta (a delta's base).
+    fn read_plain(&self, id: &Id, kind: ObjectKind) -> Result<(ObjLoc, Vec<u8>)> {
+        let loc = self.locate(id)?.ok_or_else(|| LedgerError::NotFound {
+            prefix: id.to_hex(),
+        })?;
+        if loc.flags & segment::FLAG_DICT != 0 || loc.kind != kind {
+            return Err(LedgerError::Corruption {
+                id: *id,
+                detail: "a delta base must be a plainly stored object of the same kind".into(),
+            });
+        }
+        self.read_verified(id, Some(kind))
+    }
+
+    /// The canonical bytes of any object, verified.
+    pub fn raw_object(&self, id: &Id) -> Result<(ObjectKind, Vec<u8>)> {
+        let (loc, raw) = self.read_verified(id, None)?;
+        Ok((loc.kind, raw))
     }
 
     pub fn get_blob(&self, id: &Id) -> Result<Vec<u8>> {
@@ -677,7 +717,13 @@ impl Ledger {
         let base = w.offset;
         let mut ordinal = w.next_ordinal;
         for p in &fresh {
-            let (flags, body) = self.maybe_compress(&mut w.cctx, &p.raw);
+            let (flags, body) = if p.kind == ObjectKind::Tree {
+                self.compress_tree(&mut w, &p.id, &p.raw)
+            } else if p.kind == ObjectKind::Blob {
+                self.maybe_compress(&mut w.blob_cctx, self.opts.blob_zstd_level, &p.raw)
+            } else {
+                self.maybe_compress(&mut w.cctx, self.opts.zstd_level, &p.raw)
+            };
             let header = RecordHeader {
                 rtype: RecordType::Object(p.kind),
                 flags,
@@ -768,15 +814,36 @@ impl Ledger {
         Ok(())
     }
 
+    /// Trees are stored as a zstd delta against the last plainly stored tree
+    /// when that is much smaller; otherwise plainly, becoming the next base.
+    fn compress_tree(&self, w: &mut Writer, id: &Id, raw: &[u8]) -> (u8, Vec<u8>) {
+        let plain = self.maybe_compress(&mut w.cctx, self.opts.zstd_level, raw);
+        if let Some((base_id, base)) = &w.tree_base {
+            let delta = zstd::bulk::Compressor::with_dictionary(self.opts.zstd_level, base)
+                .and_then(|mut c| c.compress(raw));
+            if let Ok(d) = delta {
+                if d.len() + 32 < plain.1.len() / 2 {
+                    let mut body = Vec::with_capacity(32 + d.len());
+                    body.extend_from_slice(&base_id.0);
+                    body.extend_from_slice(&d);
+                    return (FLAG_ZSTD | segment::FLAG_DICT, body);
+                }
+            }
+        }
+        w.tree_base = Some((*id, raw.to_vec()));
+        plain
+    }
+
     fn maybe_compress(
         &self,
         cctx: &mut Option<zstd::bulk::Compressor<'static>>,
+        level: i32,
         raw: &[u8],
     ) -> (u8, Vec<u8>) {
         if raw.len() >= self.opts.compress_min {
-            // One compression context per writer, not one per object.
+            // One compression context per writer and level, not one per object.
             if cctx.is_none() {
-                *cctx = zstd::bulk::Compressor::new(self.opts.zstd_level).ok();
+                *cctx = zstd::bulk::Compressor::new(level).ok();
             }
             if let Some(Ok(c)) = cctx.as_mut().map(|c| c.compress(raw)) {
                 if c.len() + c.len() / 8 < raw.len() {

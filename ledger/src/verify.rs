@@ -222,7 +222,21 @@ impl Ledger {
         check_payload: PayloadCheck<'_>,
     ) -> std::result::Result<(), String> {
         let h = &rec.header;
-        let raw = decode_body(id, h.flags, h.raw_len, &rec.body).map_err(|e| e.to_string())?;
+        let raw = match segment::dict_of(id, h.flags, &rec.body).map_err(|e| e.to_string())? {
+            None => decode_body(id, h.flags, h.raw_len, &rec.body).map_err(|e| e.to_string())?,
+            Some(base) => {
+                if seen.kind_seen(&base) != Some(kind) {
+                    return Err(format!(
+                        "delta base {base} is not a {kind} stored before it"
+                    ));
+                }
+                let (_, dict) = self
+                    .raw_object(&base)
+                    .map_err(|e| format!("delta base {}: {e}", base.short(12)))?;
+                segment::decode_body_with_dict(id, h.raw_len, &rec.body, &dict)
+                    .map_err(|e| e.to_string())?
+            }
+        };
         let actual = Id::of(kind, &raw);
         if actual != *id {
             return Err(format!("content hashes to {actual}"));
