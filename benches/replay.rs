@@ -109,7 +109,7 @@ fn main() {
     } else {
         vec![10_000, 100_000]
     };
-    let reps = if quick { 1 } else { 3 };
+    let reps = if quick || smoke { 1 } else { 3 };
     println!(
         "{:>9}  {:>14}  {:>14}  {:>7}  {:>14}",
         "events", "replay ev/s", "verify ev/s", "ratio", "replay us/ev"
