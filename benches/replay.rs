@@ -100,9 +100,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    // `cargo test --all-targets` runs this binary without `--bench`: a smoke run.
+    let smoke = !args.iter().any(|a| a == "--bench");
     let quick = args.iter().any(|a| a == "--quick");
     let full = args.iter().any(|a| a == "--full");
-    let sizes: Vec<usize> = if quick {
+    let sizes: Vec<usize> = if smoke {
+        vec![2_000]
+    } else if quick {
         vec![10_000]
     } else if full {
         vec![10_000, 100_000, 1_000_000]

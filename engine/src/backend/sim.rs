@@ -288,6 +288,13 @@ impl Backend for SimBackend {
     }
 }
 
+/// All user turns of a request, and a generator seeded by the whole request
+/// (a re-asked question gets a fresh draw).
+fn user_text_and_rng(req: &ChatRequest) -> (String, SplitMix64) {
+    let text = req.messages.iter().filter(|m| m.role == Role::User).map(|m| m.content_str()).collect::<Vec<_>>().join("\n");
+    (text, SplitMix64::new(req.seed ^ hash_messages(&req.messages)))
+}
+
 fn first_user(req: &ChatRequest) -> &str {
     req.messages
         .iter()
@@ -607,14 +614,7 @@ impl SimBackend {
     /// The judge: perceives each workspace through validation output and report
     /// content, with noise, position bias and a blind spot.
     fn judge(&self, p: &SimParams, req: &ChatRequest) -> Message {
-        let prompt: String = req
-            .messages
-            .iter()
-            .filter(|m| m.role == Role::User)
-            .map(|m| m.content_str())
-            .collect::<Vec<_>>()
-            .join("\n");
-        let mut rng = SplitMix64::new(req.seed ^ hash_messages(&req.messages));
+        let (prompt, mut rng) = user_text_and_rng(req);
         if unit(&mut rng) < 0.02 + 0.05 * p.judge_noise {
             return Message::assistant(
                 "Workspace A seems more thorough overall, but both have merits.",
@@ -718,14 +718,7 @@ fn section_text(section: &str, header: &str) -> String {
 
 /// The optimizer: edits the champion workflow; skill decides how often an edit helps.
 fn optimize(p: &SimParams, req: &ChatRequest) -> Message {
-    let prompt: String = req
-        .messages
-        .iter()
-        .filter(|m| m.role == Role::User)
-        .map(|m| m.content_str())
-        .collect::<Vec<_>>()
-        .join("\n");
-    let mut rng = SplitMix64::new(req.seed ^ hash_messages(&req.messages));
+    let (prompt, mut rng) = user_text_and_rng(req);
     let champion: Workflow = prompt
         .find(prompts::CHAMPION_BEGIN)
         .and_then(|i| {
