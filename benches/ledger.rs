@@ -2076,7 +2076,8 @@ fn child_main(kind: &str) {
     let dir = PathBuf::from(std::env::var_os(CHILD_DIR_ENV).expect("MASS_BENCH_DIR is set"));
     let out = match kind {
         "verify" => {
-            let l = Ledger::open(&dir).expect("open ledger for verify");
+            let l = Ledger::open_with(&dir, ledger::Options::for_scan())
+                .expect("open ledger for verify");
             let hwm_open = vm_kb("VmHWM");
             let t = Instant::now();
             let r = l.verify(&|_| Ok(())).expect("verify");

@@ -27,6 +27,7 @@ fn main() {
         b.commit().expect("commit");
     }
     let l = ledger::Ledger::open(&dir).expect("open");
+    eprintln!("after open: {}", hwm());
     let t = std::time::Instant::now();
     let r = l.verify(&|_| Ok(())).expect("verify");
     println!(
@@ -35,4 +36,13 @@ fn main() {
         t.elapsed(),
         r.events as f64 / t.elapsed().as_secs_f64()
     );
+}
+
+fn hwm() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("VmHWM") || l.starts_with("VmRSS"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }

@@ -385,7 +385,9 @@ struct Seen(HashMap<[u8; 16], Slot>);
 
 impl Seen {
     fn from_index(l: &Ledger) -> Result<Seen> {
-        let mut m = HashMap::new();
+        // Sized up front from the object count: growing by doubling would
+        // briefly hold two tables (a third more peak memory at 1M objects).
+        let mut m = HashMap::with_capacity(l.object_count()? as usize);
         l.for_each_location(|id, loc| {
             m.insert(
                 key16(&id),

@@ -75,8 +75,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Snapshot { dir: d } => objects::snapshot(&open(&dir)?, &d),
         Command::Checkout { tree, dir: d } => objects::checkout(&open(&dir)?, &tree, &d),
         Command::Diff { a, b, json } => objects::diff(&open(&dir)?, &a, &b, json),
-        Command::Verify { json } => maintain::verify(&open(&dir)?, json),
-        Command::Stats { json } => maintain::stats(&open(&dir)?, json),
+        Command::Verify { json } => maintain::verify(&open_scan(&dir)?, json),
+        Command::Stats { json } => maintain::stats(&open_scan(&dir)?, json),
         Command::Reindex => maintain::reindex(&dir),
         Command::Export {
             what: ExportWhat::Events { start, out },
@@ -97,6 +97,12 @@ pub fn open(dir: &std::path::Path) -> Result<Ledger> {
         );
     }
     Ok(l)
+}
+
+/// Opens for a whole-ledger scan (smaller index cache; see `Options::for_scan`).
+fn open_scan(dir: &std::path::Path) -> Result<Ledger> {
+    Ledger::open_with(dir, ledger::Options::for_scan())
+        .with_context(|| format!("cannot open ledger {}", dir.display()))
 }
 
 /// Resolves a ref name or an (abbreviated) object id.

@@ -291,8 +291,17 @@ impl Backend for SimBackend {
 /// All user turns of a request, and a generator seeded by the whole request
 /// (a re-asked question gets a fresh draw).
 fn user_text_and_rng(req: &ChatRequest) -> (String, SplitMix64) {
-    let text = req.messages.iter().filter(|m| m.role == Role::User).map(|m| m.content_str()).collect::<Vec<_>>().join("\n");
-    (text, SplitMix64::new(req.seed ^ hash_messages(&req.messages)))
+    let text = req
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::User)
+        .map(|m| m.content_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    (
+        text,
+        SplitMix64::new(req.seed ^ hash_messages(&req.messages)),
+    )
 }
 
 fn first_user(req: &ChatRequest) -> &str {
