@@ -103,11 +103,10 @@ impl LiveWorkspace<'_> {
         Ok(t)
     }
 
+    /// Notes the tree a recorded step left; a live directory that does not
+    /// hold it is re-materialised on its next use (see `ensure`).
     fn record_tree(&mut self, t: Option<Id>) {
         if let Some(t) = t {
-            if self.dir.is_some() && self.dir_tree.is_none() {
-                self.dir_tree = Some(t);
-            }
             self.last_tree = Some(t);
         }
     }
