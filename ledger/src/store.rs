@@ -59,7 +59,7 @@ impl Options {
     /// 16 MiB thrashes (6x slower at 200k events).
     pub fn for_scan() -> Options {
         Options {
-            index_cache_bytes: 48 << 20,
+            index_cache_bytes: 32 << 20,
             ..Options::default()
         }
     }
