@@ -43,6 +43,9 @@ pub struct DatasetStats {
     pub solver_runs: u32,
     pub flaws_in_final_runs: u32,
     pub final_runs: u32,
+    /// Delegations, and those whose contract asks for the checks.
+    pub delegations: u32,
+    pub delegations_with_checks: u32,
 }
 
 /// Reads an OpenAI-format JSONL dataset.
@@ -78,7 +81,16 @@ pub fn dataset_stats(jsonl: &str) -> Result<DatasetStats, String> {
                     .and_then(|a| serde_json::from_str(a).ok())
                     .unwrap_or(Value::Null);
                 match name {
-                    "delegate" => delegated = true,
+                    "delegate" => {
+                        delegated = true;
+                        s.delegations += 1;
+                        if args["contract"]
+                            .as_str()
+                            .is_some_and(|c| c.contains("checks/validate.py"))
+                        {
+                            s.delegations_with_checks += 1;
+                        }
+                    }
                     "bash" => {
                         let cmd = args["command"].as_str().unwrap_or("");
                         if cmd.starts_with("python3 checks/validate.py") {
@@ -129,6 +141,7 @@ pub fn sim_train(
         base.delegation,
     );
     let target_verification = ratio(t.validating_examples, t.examples, base.verification);
+    let target_contracts = ratio(t.delegations_with_checks, t.delegations, base.contracts);
     let mean_flaws = ratio(t.flaws_in_final_runs, t.final_runs, 0.0);
     // The skill the examples demonstrate: the inverse of the simulated model's
     // mistake rate per known mistake (three per task in the example suite, the
@@ -143,6 +156,7 @@ pub fn sim_train(
         let mut p = base.clone();
         p.delegation += step * (target_delegation - p.delegation);
         p.verification += step * (target_verification - p.verification);
+        p.contracts += step * (target_contracts - p.contracts);
         p.skill += step * (target_skill - p.skill);
         p.judge_noise *= 1.0 - 0.25 * step;
         p.blind_spot += step * 0.2 * (mean_flaws.min(1.0) - p.blind_spot).min(0.0);
@@ -241,6 +255,7 @@ mod tests {
             ),
             (2, 1, 1, 1, 1, 2)
         );
+        assert_eq!((s.delegations, s.delegations_with_checks), (1, 0));
         assert!(dataset_stats("{not json").unwrap_err().contains("line 1"));
     }
 

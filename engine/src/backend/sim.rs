@@ -43,6 +43,15 @@ pub struct SimParams {
     pub position_bias: f64,
     /// Chance that the judge trusts reports' claims over validation output.
     pub blind_spot: f64,
+    /// Habit of writing "run the checks" into the contracts of subagents it
+    /// delegates to without a workflow, in [0, 1]. (Adapters from before this
+    /// field read as 0.1.)
+    #[serde(default = "default_contracts")]
+    pub contracts: f64,
+}
+
+fn default_contracts() -> f64 {
+    0.1
 }
 
 impl SimParams {
@@ -60,6 +69,7 @@ impl SimParams {
             judge_noise,
             position_bias,
             blind_spot,
+            contracts: default_contracts(),
         }
     }
 }
@@ -581,10 +591,17 @@ impl SimBackend {
             })
             .collect();
         if agents.is_empty() {
+            // No workflow: the model writes its own contract, with the checks
+            // in it as often as its habit says.
+            let checks = unit(&mut plan) < p.contracts;
             agents.push((
                 "analyst".into(),
                 "Solve the task end to end and write all deliverables.".into(),
-                "Return what you computed and where the deliverables are.".into(),
+                if checks {
+                    "Return what you computed and where the deliverables are. Checks: python3 checks/validate.py passes".into()
+                } else {
+                    "Return what you computed and where the deliverables are.".into()
+                },
             ));
         }
         let revised = prog.delegations.len() > agents.len();
