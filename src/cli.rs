@@ -124,8 +124,11 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Re-hash every object and check every reference.
+    /// Re-hash every object and check every reference (and the index).
     Verify {
+        /// Check the log only, not the derived index (faster on big ledgers).
+        #[arg(long)]
+        log_only: bool,
         #[arg(long)]
         json: bool,
     },

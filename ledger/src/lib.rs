@@ -39,7 +39,7 @@ pub use index::ObjLoc;
 pub use object::{check_ref_name, Event, EventEnvelope, Meta, NewEvent};
 pub use store::{Batch, Chain, Ledger, Options, RecoveryReport};
 pub use tree::{Change, EntryKind, Tree, TreeEntry};
-pub use verify::{KindStats, PayloadCheck, Problem, Stats, VerifyReport};
+pub use verify::{KindStats, PayloadCheck, Problem, Stats, VerifyOptions, VerifyReport};
 
 /// Re-exported so tests and tools can talk about the on-disk format.
 pub mod format {

@@ -56,18 +56,47 @@ impl VerifyReport {
 /// A hook that checks an event's payload (the CLI passes the schema registry).
 pub type PayloadCheck<'a> = &'a dyn Fn(&Event) -> std::result::Result<(), String>;
 
+/// What `verify` covers besides the log itself.
+#[derive(Debug, Clone, Copy)]
+pub struct VerifyOptions {
+    /// Cross-check every index entry against the log (one ordered pass over
+    /// the index). The log is checked either way.
+    pub index: bool,
+}
+
+impl Default for VerifyOptions {
+    fn default() -> Self {
+        VerifyOptions { index: true }
+    }
+}
+
 impl Ledger {
     /// Checks everything; `check_payload` validates event payloads by kind/version.
     pub fn verify(&self, check_payload: PayloadCheck<'_>) -> Result<VerifyReport> {
+        self.verify_with(check_payload, VerifyOptions::default())
+    }
+
+    /// `verify` with options: the log alone (every record, hash, link and
+    /// payload) or the log and the index.
+    pub fn verify_with(
+        &self,
+        check_payload: PayloadCheck<'_>,
+        opts: VerifyOptions,
+    ) -> Result<VerifyReport> {
         let mut r = VerifyReport::default();
         let mut refs_from_log: HashMap<String, Id> = HashMap::new();
         let (end_seg, end_off) = self.committed_end()?;
-        // Every indexed object, read in one ordered pass over the index (a
-        // random index lookup per object was the scan's bottleneck), keyed by a
+        // With the index check: every indexed object, read in one ordered pass
+        // (a random lookup per object was the scan's bottleneck), keyed by a
         // 16-byte id prefix to keep 1M objects well under 100 MB. Read after
         // the end of the scan is fixed, so a commit racing the scan can only add
-        // index entries beyond it, which are ignored below.
-        let mut seen = Seen::from_index(self)?;
+        // index entries beyond it, which are ignored below. Without it, the
+        // table fills from the log as the scan goes.
+        let mut seen = if opts.index {
+            Seen::from_index(self)?
+        } else {
+            Seen::with_capacity(self.object_count()? as usize)
+        };
         let segs: Vec<u32> = segment::list_segments(self.segment_dir())?
             .into_iter()
             .filter(|&s| s <= end_seg)
@@ -159,7 +188,11 @@ impl Ledger {
                             ObjectKind::Tree => r.trees += 1,
                             ObjectKind::Event => r.events += 1,
                         }
-                        seen.mark(&id);
+                        if opts.index {
+                            seen.mark(&id);
+                        } else {
+                            seen.insert_seen(&id, seg, rec.offset, kind);
+                        }
                     }
                 }
             }
@@ -171,7 +204,7 @@ impl Ledger {
             }
         }
         // Index entries must point at records the scan met.
-        for (k, slot) in &seen.0 {
+        for (k, slot) in seen.map.iter().filter(|_| seen.from_index) {
             let within = slot.seg < end_seg || (slot.seg == end_seg && slot.offset < end_off);
             if within && !slot.seen {
                 r.problems.push(Problem {
@@ -241,15 +274,17 @@ impl Ledger {
         if actual != *id {
             return Err(format!("content hashes to {actual}"));
         }
-        match seen.slot(id) {
-            Some(slot) if slot.seg == seg && slot.offset == rec.offset => {}
-            Some(slot) => {
-                return Err(format!(
-                    "index places it at segment {} offset {}, log at segment {seg} offset {}",
-                    slot.seg, slot.offset, rec.offset
-                ))
+        if seen.from_index {
+            match seen.slot(id) {
+                Some(slot) if slot.seg == seg && slot.offset == rec.offset => {}
+                Some(slot) => {
+                    return Err(format!(
+                        "index places it at segment {} offset {}, log at segment {seg} offset {}",
+                        slot.seg, slot.offset, rec.offset
+                    ))
+                }
+                None => return Err("missing from the index (run `mass reindex`)".into()),
             }
-            None => return Err("missing from the index (run `mass reindex`)".into()),
         }
         let need = |l: &Id, what: &str| -> std::result::Result<(), String> {
             if seen.kind_seen(l).is_some() {
@@ -381,9 +416,32 @@ struct Slot {
     seen: bool,
 }
 
-struct Seen(HashMap<[u8; 16], Slot>);
+struct Seen {
+    map: HashMap<[u8; 16], Slot>,
+    /// Filled from the index (and so checked against it), or from the log.
+    from_index: bool,
+}
 
 impl Seen {
+    fn with_capacity(n: usize) -> Seen {
+        Seen {
+            map: HashMap::with_capacity(n),
+            from_index: false,
+        }
+    }
+
+    fn insert_seen(&mut self, id: &Id, seg: u32, offset: u64, kind: ObjectKind) {
+        self.map.insert(
+            key16(id),
+            Slot {
+                seg,
+                offset,
+                kind,
+                seen: true,
+            },
+        );
+    }
+
     fn from_index(l: &Ledger) -> Result<Seen> {
         // Sized up front from the object count: growing by doubling would
         // briefly hold two tables (a third more peak memory at 1M objects).
@@ -399,19 +457,22 @@ impl Seen {
                 },
             );
         })?;
-        Ok(Seen(m))
+        Ok(Seen {
+            map: m,
+            from_index: true,
+        })
     }
     fn slot(&self, id: &Id) -> Option<Slot> {
-        self.0.get(&key16(id)).copied()
+        self.map.get(&key16(id)).copied()
     }
     fn mark(&mut self, id: &Id) {
-        if let Some(s) = self.0.get_mut(&key16(id)) {
+        if let Some(s) = self.map.get_mut(&key16(id)) {
             s.seen = true;
         }
     }
     /// The kind of an object the scan has already passed, if any.
     fn kind_seen(&self, id: &Id) -> Option<ObjectKind> {
-        self.0.get(&key16(id)).filter(|s| s.seen).map(|s| s.kind)
+        self.map.get(&key16(id)).filter(|s| s.seen).map(|s| s.kind)
     }
 }
 

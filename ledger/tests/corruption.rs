@@ -108,6 +108,13 @@ fn flipped_body_bytes_give_corruption_naming_the_object() {
             "{what}: verify did not name {id}: {:?}",
             report.problems
         );
+        let log_only = l
+            .verify_with(&|_| Ok(()), ledger::VerifyOptions { index: false })
+            .unwrap();
+        assert!(
+            log_only.problems.iter().any(|p| p.id == Some(id)),
+            "{what}: log-only verify did not name {id}"
+        );
         drop(l);
         flip(&p, body_offset(&loc) + loc.body_len as u64 / 2); // repair for the next case
         let l = Ledger::open(&fx.path).unwrap();

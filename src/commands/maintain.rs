@@ -10,11 +10,11 @@ use serde_json::json;
 
 use crate::output::bytes;
 
-pub fn verify(l: &Ledger, json: bool) -> Result<ExitCode> {
+pub fn verify(l: &Ledger, index: bool, json: bool) -> Result<ExitCode> {
     let check = |ev: &ledger::Event| {
         schemas::check(&ev.kind, ev.version, &ev.payload).map_err(|e| e.to_string())
     };
-    let r = l.verify(&check)?;
+    let r = l.verify_with(&check, ledger::VerifyOptions { index })?;
     let mut out = std::io::stdout().lock();
     if json {
         let v = json!({

@@ -75,7 +75,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Snapshot { dir: d } => objects::snapshot(&open(&dir)?, &d),
         Command::Checkout { tree, dir: d } => objects::checkout(&open(&dir)?, &tree, &d),
         Command::Diff { a, b, json } => objects::diff(&open(&dir)?, &a, &b, json),
-        Command::Verify { json } => maintain::verify(&open_scan(&dir)?, json),
+        Command::Verify { log_only, json } => maintain::verify(&open_scan(&dir)?, !log_only, json),
         Command::Stats { json } => maintain::stats(&open_scan(&dir)?, json),
         Command::Reindex => maintain::reindex(&dir),
         Command::Export {
