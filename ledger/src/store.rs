@@ -1291,7 +1291,7 @@ fn open_index(index_dir: &Path, opts: &Options) -> Result<sled::Db> {
         let r = sled::Config::new()
             .path(index_dir)
             .cache_capacity(opts.index_cache_bytes)
-            .mode(sled::Mode::LowSpace)
+            .mode(sled::Mode::HighThroughput)
             .flush_every_ms(Some(1000))
             .open();
         match r {
