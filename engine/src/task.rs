@@ -315,7 +315,7 @@ impl Task {
         self.dir.join("checks")
     }
 
-    /// Copies `files/` into `workspace` (created if missing), preserving
+    /// Copies `files/` and `checks/` into `workspace` (created if missing), preserving
     /// permission bits. Refuses to write through a symlink in the workspace,
     /// so a workspace cannot redirect the copy outside itself.
     pub fn copy_files_into(&self, workspace: &Path) -> io::Result<()> {
@@ -323,7 +323,9 @@ impl Task {
         for rel in &self.files {
             copy_one(&src_root.join(rel), &workspace.join(rel))?;
         }
-        Ok(())
+        // The team self-checks with the validator the harness runs (the
+        // harness installs a pristine copy again before validating).
+        self.copy_checks_into(workspace)
     }
 
     /// Copies `checks/` into `workspace/checks/` (what the harness does before
@@ -502,11 +504,7 @@ caught_by_checks = false
             3
         );
         for t in &suite {
-            assert!(
-                t.files.contains(&"checks/validate.py".to_string()),
-                "{}",
-                t.id
-            );
+            assert!(t.checks_dir().join("validate.py").is_file(), "{}", t.id);
             assert!(!t.prompt.is_empty());
             assert_eq!(t.checks.len(), 1);
             assert_eq!(t.flaws.iter().filter(|f| !f.caught_by_checks).count(), 1);
@@ -518,7 +516,6 @@ caught_by_checks = false
             arm.files,
             [
                 "README.md",
-                "checks/validate.py",
                 "data/targets.csv",
                 "sim/__init__.py",
                 "sim/arm.py"

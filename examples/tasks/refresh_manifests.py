@@ -4,8 +4,8 @@
 For every task folder (or the ids given on the command line) this reads
 `task.toml`, hashes each `protected` path under `files/`, rewrites the block
 between `# BEGIN PROTECTED MANIFEST` and `# END PROTECTED MANIFEST` in
-`checks/validate.py`, and copies the validator to `files/checks/validate.py`
-so the team's self-check copy is identical to the harness copy.
+`checks/validate.py`. (The harness copies `checks/` into every workspace, so
+the team self-checks with exactly the validator the harness runs.)
 
 Run it after regenerating data (gen_data.py) or editing a simulator:
     python3 examples/tasks/refresh_manifests.py [task-id ...]
@@ -13,7 +13,6 @@ Run it after regenerating data (gen_data.py) or editing a simulator:
 import hashlib
 import os
 import re
-import shutil
 import sys
 import tomllib
 
@@ -43,8 +42,6 @@ def refresh(tid):
     src = BLOCK.sub(lambda _m: "\n".join(lines), src, count=1)
     with open(vpath, "w", encoding="utf-8") as f:
         f.write(src)
-    os.makedirs(os.path.join(tdir, "files", "checks"), exist_ok=True)
-    shutil.copyfile(vpath, os.path.join(tdir, "files", "checks", "validate.py"))
     print(f"{tid}: {len(task.get('protected', []))} protected files embedded")
 
 

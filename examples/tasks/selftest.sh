@@ -2,8 +2,7 @@
 # Self-test of the example task suite (examples/tasks/).
 #
 # For every task folder it checks the folder contract (task.toml fields, flaw
-# list, protected files present, files/checks/validate.py identical to
-# checks/validate.py, size < 150 KB), then, each time in a fresh temporary
+# list, protected files present, size < 150 KB), then, each time in a fresh temporary
 # workspace made from files/ (with checks/ copied in, as the harness does):
 #   - reference solver without flaws        -> validate exits 0
 #   - solver with each flaw                 -> exit 1 if caught_by_checks, else 0
@@ -65,7 +64,7 @@ solve() {
 # Prints "OK <timeout>" and then one "FLAW <name> <caught>" line per flaw, or ERR lines.
 contract() {
     "$PY" - "$1" <<'PYEOF'
-import filecmp, os, sys, tomllib
+import os, sys, tomllib
 t = sys.argv[1]
 tid = os.path.basename(t)
 errs = []
@@ -98,11 +97,9 @@ for fl in flaws:
 checks = task.get("checks", [])
 if not checks or checks[0].get("command") != "python3 checks/validate.py":
     errs.append("checks[0].command must be 'python3 checks/validate.py'")
-for rel in ("prompt.md", "solution/solve.py", "checks/validate.py", "files/checks/validate.py"):
+for rel in ("prompt.md", "solution/solve.py", "checks/validate.py"):
     if not os.path.isfile(os.path.join(t, rel)):
         errs.append(f"{rel} missing")
-if not errs and not filecmp.cmp(os.path.join(t, "checks/validate.py"), os.path.join(t, "files/checks/validate.py"), shallow=False):
-    errs.append("files/checks/validate.py differs from checks/validate.py (run refresh_manifests.py)")
 size = 0
 for root, dirs, files in os.walk(t):
     dirs[:] = [d for d in dirs if d != "__pycache__"]
