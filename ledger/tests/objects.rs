@@ -514,3 +514,32 @@ fn similar_trees_are_stored_as_deltas_and_read_back() {
     let (l, _) = Ledger::reindex(&dir).unwrap();
     assert_eq!(l.get_tree(&trees[3]).unwrap().entries.len(), 302);
 }
+
+/// With locations preloaded, reads of old and newly committed objects agree
+/// with the index, and unknown ids still fall back to it.
+#[test]
+fn preloaded_locations_serve_old_and_new_objects() {
+    let (_d, l) = new_ledger();
+    let old = l.put_blob(b"before preload").unwrap();
+    let e0 = l
+        .append(
+            "s",
+            None,
+            NewEvent::new("k", 1, vec![1]).with_refs(vec![old]),
+        )
+        .unwrap();
+    l.preload_locations().unwrap();
+    assert_eq!(l.get_blob(&old).unwrap(), b"before preload");
+    let new = l.put_blob(b"after preload").unwrap();
+    let e1 = l
+        .append(
+            "s",
+            Some(e0),
+            NewEvent::new("k", 1, vec![2]).with_refs(vec![new]),
+        )
+        .unwrap();
+    assert_eq!(l.get_blob(&new).unwrap(), b"after preload");
+    assert_eq!(l.get_event(&e1).unwrap().prev, Some(e0));
+    assert_eq!(l.locate(&Id([3; 32])).unwrap(), None);
+    assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
+}

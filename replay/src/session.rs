@@ -63,6 +63,9 @@ impl Session {
     pub fn new(ledger: Arc<Ledger>, run: impl Into<String>, mode: Mode) -> Result<Session> {
         let run = run.into();
         ledger::check_ref_name(&run)?;
+        // A session reads much of its run at random (histories, effect
+        // outputs): keep every location in memory rather than ask the index.
+        ledger.preload_locations()?;
         Ok(Session {
             inner: Arc::new(Inner {
                 ledger,
