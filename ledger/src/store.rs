@@ -124,6 +124,9 @@ pub struct RecoveryReport {
     pub reindexed_records: u64,
     /// Bytes of uncommitted tail removed from the last segment.
     pub truncated_bytes: u64,
+    /// The index could not be opened (sled reported damage after a crash)
+    /// and was rebuilt from the segment files, with this reason.
+    pub index_rebuilt: Option<String>,
 }
 
 impl Ledger {
@@ -197,7 +200,16 @@ impl Ledger {
         if rebuild && index_dir.exists() {
             fs::remove_dir_all(&index_dir).map_err(|e| LedgerError::io(&index_dir, e))?;
         }
-        let db = open_index(&index_dir, &opts)?;
+        // The index is derived data: if sled cannot recover its own files
+        // (seen after SIGKILL mid-write), rebuild it from the segments rather
+        // than refuse to open. We hold the ledger's LOCK, so nobody else uses it.
+        let (db, rebuilt) = match open_index(&index_dir, &opts) {
+            Ok(db) => (db, None),
+            Err(e) => {
+                fs::remove_dir_all(&index_dir).map_err(|x| LedgerError::io(&index_dir, x))?;
+                (open_index(&index_dir, &opts)?, Some(e.to_string()))
+            }
+        };
         let idx = db.open_tree("index").map_err(LedgerError::index)?;
         let seg_dir = dir.join(SEGMENTS_DIR);
         let segs = segment::list_segments(&seg_dir)?;
@@ -206,7 +218,8 @@ impl Ledger {
             offset: 0,
             detail: "no segment files".into(),
         })?;
-        let report = recover(&seg_dir, &segs, &idx)?;
+        let mut report = recover(&seg_dir, &segs, &idx)?;
+        report.index_rebuilt = rebuilt;
         let seg_path = segment::segment_path(&seg_dir, last);
         let file = OpenOptions::new()
             .read(true)

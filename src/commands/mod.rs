@@ -96,6 +96,9 @@ pub fn open(dir: &std::path::Path) -> Result<Ledger> {
             report.truncated_bytes
         );
     }
+    if let Some(why) = &report.index_rebuilt {
+        eprintln!("note: the index was damaged ({why}); rebuilt it from the segment files");
+    }
     Ok(l)
 }
 
