@@ -55,9 +55,12 @@ fn recorded_results(l: &Ledger) -> HashSet<Id> {
 
 fn log_lines(dir: &std::path::Path) -> Vec<Id> {
     match std::fs::File::open(dir.join("executions.log")) {
+        // A line cut by a kill (before its write completed) is not an execution
+        // record of anything: skip what does not parse.
         Ok(f) => std::io::BufReader::new(f)
             .lines()
-            .map(|l| l.unwrap().parse().unwrap())
+            .map_while(Result::ok)
+            .filter_map(|l| l.parse().ok())
             .collect(),
         Err(_) => Vec::new(),
     }

@@ -52,7 +52,9 @@ impl Effects {
         }
         if let Some(f) = self.log.lock().unwrap().as_mut() {
             use std::io::Write;
-            writeln!(f, "{}", req.id()).unwrap();
+            // One write per line: a kill must not leave half a line that the
+            // next process's line is then glued onto.
+            f.write_all(format!("{}\n", req.id()).as_bytes()).unwrap();
         }
         if let Some(d) = self.delay {
             std::thread::sleep(d);
