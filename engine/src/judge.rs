@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::backend::Backend;
 use crate::chat::Message;
 use crate::effects::{call_model, Conversation, Sampling};
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::prompts;
 use crate::task::Task;
 
@@ -30,27 +30,6 @@ pub struct Judge {
 pub struct RunRef {
     pub event: Id,
     pub record: Rollout,
-}
-
-/// How a recorded judgment came out, from `a`'s point of view.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    A,
-    B,
-    Tie,
-    /// No valid verdict within the retry bound: excluded from rankings.
-    Invalid,
-}
-
-impl Verdict {
-    pub fn parse(s: &str) -> Verdict {
-        match s {
-            "a" => Verdict::A,
-            "b" => Verdict::B,
-            "tie" => Verdict::Tie,
-            _ => Verdict::Invalid,
-        }
-    }
 }
 
 /// Judges `a` against `b` in stream `rel`; `swapped` shows `b` as Workspace A.
@@ -215,23 +194,6 @@ fn truncate(s: &str, cap: usize) -> String {
         end -= 1;
     }
     format!("{}\n[... {} more bytes]", &s[..end], s.len() - end)
-}
-
-impl From<Id> for RunRefId {
-    fn from(id: Id) -> Self {
-        RunRefId(id)
-    }
-}
-
-/// An id known to name a `mass.rollout` event.
-pub struct RunRefId(pub Id);
-
-/// Reads a rollout back from its event.
-pub fn load_run(ledger: &Ledger, id: Id) -> Result<RunRef> {
-    let ev = ledger.get_event(&id)?;
-    let record: Rollout =
-        schemas::decode_event(&ev).map_err(|e| EngineError::recording("rollout", e))?;
-    Ok(RunRef { event: id, record })
 }
 
 #[cfg(test)]
