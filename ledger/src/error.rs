@@ -33,6 +33,12 @@ pub enum LedgerError {
     #[error("index error ({detail}); the index is derived data: rebuild it with `mass reindex`")]
     Index { detail: String },
 
+    #[error("the log is shorter than the index: {detail}. Nothing was changed. Restore the segment files from a backup; `mass reindex` rebuilds the index from what the log still holds, but cannot bring back what is missing")]
+    LogBehindIndex { detail: String },
+
+    #[error("ledger {path} is open read-only (opened without the lock); writing needs the ledger to itself")]
+    ReadOnly { path: PathBuf },
+
     #[error("ledger {path} is in use by pid {pid}; wait for it to finish or stop it")]
     Locked { path: PathBuf, pid: String },
 
@@ -126,7 +132,9 @@ impl LedgerError {
     pub fn is_corruption(&self) -> bool {
         matches!(
             self,
-            LedgerError::Corruption { .. } | LedgerError::CorruptLog { .. }
+            LedgerError::Corruption { .. }
+                | LedgerError::CorruptLog { .. }
+                | LedgerError::LogBehindIndex { .. }
         )
     }
 }

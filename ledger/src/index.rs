@@ -19,6 +19,9 @@
 //! | `k`    | kind + 0x00 + ordinal (u64 BE)   | event id (32)          |
 //! | `w`    | -                                | segment (u32 LE) + offset (u64 LE) + next ordinal (u64 LE) |
 
+use std::collections::BTreeMap;
+use std::sync::RwLock;
+
 use crate::id::{Id, ObjectKind};
 
 pub const P_OBJ: u8 = b'o';
@@ -166,18 +169,168 @@ impl Writes {
     }
 
     /// Applies the entries, then the watermark last.
-    pub fn apply(
-        self,
-        idx: &sled::Tree,
-        seg: u32,
-        end: u64,
-        next_ordinal: u64,
-    ) -> Result<(), sled::Error> {
+    pub fn apply(self, idx: &Idx, seg: u32, end: u64, next_ordinal: u64) -> Result<(), String> {
         for (k, v) in self.0 {
             idx.insert(k, v)?;
         }
-        idx.insert(K_WATERMARK, &encode_watermark(seg, end, next_ordinal)[..])?;
-        Ok(())
+        idx.insert(
+            K_WATERMARK.to_vec(),
+            encode_watermark(seg, end, next_ordinal).to_vec(),
+        )
+    }
+}
+
+/// The key-value store behind the index, with the same key layout either way.
+///
+/// A writer keeps the index in sled (persistent, shared with nobody: sled
+/// locks its directory). A reader that must not take the ledger's lock (a
+/// command run while `mass run` writes, a read-only copy, a ledger with
+/// damaged records) builds the same keys in memory from one scan of the
+/// committed log and never writes anything.
+pub enum Idx {
+    Sled(sled::Tree),
+    Mem(RwLock<BTreeMap<Vec<u8>, Vec<u8>>>),
+}
+
+impl Idx {
+    pub fn get(&self, k: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        match self {
+            Idx::Sled(t) => t
+                .get(k)
+                .map(|v| v.map(|v| v.to_vec()))
+                .map_err(|e| e.to_string()),
+            Idx::Mem(m) => Ok(read(m)?.get(k).cloned()),
+        }
+    }
+
+    pub fn contains_key(&self, k: &[u8]) -> Result<bool, String> {
+        match self {
+            Idx::Sled(t) => t.contains_key(k).map_err(|e| e.to_string()),
+            Idx::Mem(m) => Ok(read(m)?.contains_key(k)),
+        }
+    }
+
+    pub fn insert(&self, k: Vec<u8>, v: Vec<u8>) -> Result<(), String> {
+        match self {
+            Idx::Sled(t) => t.insert(k, v).map(|_| ()).map_err(|e| e.to_string()),
+            Idx::Mem(m) => {
+                m.write()
+                    .map_err(|_| "index lock poisoned".to_string())?
+                    .insert(k, v);
+                Ok(())
+            }
+        }
+    }
+
+    /// Calls `f` on every entry whose key starts with `prefix`, in key order
+    /// (or reversed), until `f` returns `false`.
+    pub fn scan(
+        &self,
+        prefix: &[u8],
+        reverse: bool,
+        mut f: impl FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), String> {
+        match self {
+            Idx::Sled(t) => {
+                let it = t.scan_prefix(prefix);
+                let mut step = |kv: sled::Result<(sled::IVec, sled::IVec)>| match kv {
+                    Ok((k, v)) => Ok(f(&k, &v)),
+                    Err(e) => Err(e.to_string()),
+                };
+                if reverse {
+                    for kv in it.rev() {
+                        if !step(kv)? {
+                            break;
+                        }
+                    }
+                } else {
+                    for kv in it {
+                        if !step(kv)? {
+                            break;
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Idx::Mem(m) => {
+                let m = read(m)?;
+                let range = m
+                    .range::<[u8], _>((
+                        std::ops::Bound::Included(prefix),
+                        std::ops::Bound::Unbounded,
+                    ))
+                    .take_while(|(k, _)| k.starts_with(prefix));
+                if reverse {
+                    let all: Vec<_> = range.collect();
+                    for (k, v) in all.into_iter().rev() {
+                        if !f(k, v) {
+                            break;
+                        }
+                    }
+                } else {
+                    for (k, v) in range {
+                        if !f(k, v) {
+                            break;
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    pub fn flush(&self) -> Result<(), String> {
+        match self {
+            Idx::Sled(t) => t.flush().map(|_| ()).map_err(|e| e.to_string()),
+            Idx::Mem(_) => Ok(()),
+        }
+    }
+}
+
+type Map = BTreeMap<Vec<u8>, Vec<u8>>;
+
+fn read(m: &RwLock<Map>) -> Result<std::sync::RwLockReadGuard<'_, Map>, String> {
+    m.read().map_err(|_| "index lock poisoned".to_string())
+}
+
+/// An index update derived from one record (a commit, recovery or a scan).
+pub(crate) enum IndexItem {
+    Object {
+        id: Id,
+        loc: ObjLoc,
+        event: Option<EventIndex>,
+    },
+    Ref {
+        name: String,
+        new: Id,
+    },
+}
+
+/// What the index keeps about an event besides its location.
+#[derive(Clone)]
+pub(crate) struct EventIndex {
+    pub kind: String,
+    /// Event-to-event links (prev and parents): the children index.
+    pub links: Vec<Id>,
+}
+
+impl IndexItem {
+    pub(crate) fn apply(&self, batch: &mut Writes) {
+        match self {
+            IndexItem::Object { id, loc, event } => {
+                batch.insert(&obj_key(id)[..], &loc.encode()[..]);
+                if let Some(ev) = event {
+                    batch.insert(&event_key(loc.ordinal)[..], &id.0[..]);
+                    batch.insert(kind_key(&ev.kind, loc.ordinal), &id.0[..]);
+                    for l in &ev.links {
+                        batch.insert(&child_key(l, id)[..], &[][..]);
+                    }
+                }
+            }
+            IndexItem::Ref { name, new } => {
+                batch.insert(ref_key(name), &new.0[..]);
+            }
+        }
     }
 }
 

@@ -25,19 +25,23 @@
 //! ```
 
 mod error;
+mod files;
 mod id;
 mod index;
 mod object;
+mod recovery;
 mod segment;
 mod store;
 pub mod tree;
 mod verify;
 
 pub use error::{LedgerError, Result};
+pub use files::{AppendFile, FileLayer, OsFiles};
 pub use id::{Id, IdPrefix, ObjectKind, ID_LEN, MIN_PREFIX_HEX};
 pub use index::ObjLoc;
 pub use object::{check_ref_name, Event, EventEnvelope, Meta, NewEvent};
-pub use store::{Batch, Chain, Ledger, Options, RecoveryReport};
+pub use recovery::Damage;
+pub use store::{Batch, Chain, Ledger, Options, RecoveryReport, SetAside, QUARANTINE_DIR};
 pub use tree::{Change, EntryKind, Tree, TreeEntry};
 pub use verify::{KindStats, PayloadCheck, Problem, Stats, VerifyOptions, VerifyReport};
 

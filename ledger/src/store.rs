@@ -5,14 +5,20 @@
 //!    from canonical bytes as they are added.
 //! 2. `commit` takes the writer lock, checks every ref update against the current
 //!    head (compare-and-swap) and every link against the index or the batch.
-//! 3. New objects (duplicates are skipped) and ref updates are encoded as records,
-//!    followed by a commit marker, and written to the active segment in one write.
+//! 3. New objects (duplicates are skipped, once the log is seen to hold them)
+//!    and ref updates are encoded as records, followed by a commit marker, and
+//!    written to the active segment in one write.
 //! 4. The segment is fsynced. Only now is the commit durable; a crash before this
-//!    point leaves an uncommitted tail that recovery truncates.
-//! 5. The sled index is updated in one atomic batch that also advances the
-//!    watermark. sled is not flushed per commit: after a crash, recovery re-indexes
-//!    the committed records past the last persisted watermark.
+//!    point leaves a torn tail that recovery moves into `quarantine/`.
+//! 5. The sled index is updated with plain inserts and the watermark last.
+//!    sled is not flushed per commit: after a crash, recovery re-indexes the
+//!    committed records past the last persisted watermark.
 //! 6. `commit` returns: the batch is acknowledged.
+//!
+//! Two ways to open: [`Ledger::open`] takes the ledger's lock, recovers and
+//! may write; [`Ledger::open_read_only`] takes no lock, changes nothing, and
+//! reads the committed prefix of the log into an in-memory index, so it works
+//! while another process writes, on a read-only copy, and past damage.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
@@ -22,12 +28,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{LedgerError, Result};
+use crate::files::{self, AppendFile, FileLayer, OsFiles};
 use crate::id::{Id, IdPrefix, ObjectKind};
-use crate::index::{self, ObjLoc};
+use crate::index::{self, EventIndex, Idx, IndexItem, ObjLoc};
 use crate::object::{check_ref_name, Event, EventEnvelope, Meta, NewEvent, RefUpdate};
+use crate::recovery::{self, Damage, ScanMode};
 use crate::segment::{
-    self, decode_body, encode_record, RecordHeader, RecordType, Scanner, FLAG_ZSTD,
-    RECORD_HEADER_LEN, SEGMENT_HEADER_LEN,
+    self, encode_record, RecordHeader, RecordType, FLAG_ZSTD, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN,
 };
 use crate::tree::{self, Tree, TreeEntry};
 
@@ -36,6 +43,12 @@ const FORMAT_TEXT: &str = "mass-ledger 1\n";
 const LOCK_FILE: &str = "LOCK";
 const SEGMENTS_DIR: &str = "segments";
 const INDEX_DIR: &str = "index";
+/// Where a rebuilt index is made before it replaces the old one.
+const INDEX_NEW_DIR: &str = "index.new";
+/// Bytes set aside by recovery or repair; never deleted by `mass`.
+pub const QUARANTINE_DIR: &str = "quarantine";
+/// The damaged ranges `repair` set aside, one JSON object per line.
+const DAMAGED_FILE: &str = "damaged.jsonl";
 
 /// Tuning knobs; the defaults suit both tests and real runs.
 #[derive(Debug, Clone)]
@@ -51,6 +64,9 @@ pub struct Options {
     pub compress_min: usize,
     /// sled page cache size.
     pub index_cache_bytes: u64,
+    /// The file layer the writer appends and syncs through (tests substitute
+    /// one that simulates power loss).
+    pub files: Arc<dyn FileLayer>,
 }
 
 impl Options {
@@ -73,6 +89,7 @@ impl Default for Options {
             blob_zstd_level: 9,
             compress_min: 128,
             index_cache_bytes: 64 << 20,
+            files: Arc::new(OsFiles),
         }
     }
 }
@@ -87,7 +104,8 @@ struct HeadInfo {
 
 struct Writer {
     seg_no: u32,
-    file: File,
+    /// `None` when opened read-only.
+    file: Option<Box<dyn AppendFile>>,
     offset: u64,
     next_ordinal: u64,
     heads: HashMap<String, Id>,
@@ -107,26 +125,55 @@ struct Writer {
 pub struct Ledger {
     dir: PathBuf,
     seg_dir: PathBuf,
-    _db: sled::Db,
-    idx: sled::Tree,
+    _db: Option<sled::Db>,
+    idx: Idx,
     writer: Mutex<Writer>,
     readers: Mutex<HashMap<u32, Arc<File>>>,
     /// Every object's location, when preloaded (see `preload_locations`).
     locs: std::sync::RwLock<Option<HashMap<Id, ObjLoc>>>,
     opts: Options,
-    _lock: File,
+    read_only: bool,
+    recovery: RecoveryReport,
+    _lock: Option<File>,
 }
 
-/// What opening found and repaired.
+/// Bytes recovery moved out of a segment into `quarantine/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetAside {
+    pub segment: u32,
+    pub offset: u64,
+    pub len: u64,
+    /// The quarantine file that holds the bytes, relative to the ledger.
+    pub file: PathBuf,
+}
+
+/// What opening found and did. Nothing in it is ever silent: the CLI prints
+/// every field that is not empty.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecoveryReport {
     /// Records indexed because the index had not caught up with the log.
     pub reindexed_records: u64,
-    /// Bytes of uncommitted tail removed from the last segment.
-    pub truncated_bytes: u64,
+    /// A torn tail (bytes no valid commit marker follows, so never
+    /// acknowledged) moved into `quarantine/` and cut from the last segment.
+    pub set_aside: Vec<SetAside>,
     /// The index could not be opened (sled reported damage after a crash)
     /// and was rebuilt from the segment files, with this reason.
     pub index_rebuilt: Option<String>,
+    /// Damaged ranges found (read-only opens and repair step over them).
+    pub damage: Vec<Damage>,
+    /// Damaged ranges skipped because an earlier `repair` set them aside.
+    pub known_damage: u64,
+    /// Read-only opens: bytes at the end of the log past the last commit
+    /// marker (a commit in progress, or a torn tail the next writer will set
+    /// aside); not read.
+    pub unread_tail: u64,
+}
+
+impl RecoveryReport {
+    /// Bytes recovery moved into quarantine.
+    pub fn set_aside_bytes(&self) -> u64 {
+        self.set_aside.iter().map(|s| s.len).sum()
+    }
 }
 
 impl Ledger {
@@ -150,11 +197,11 @@ impl Ledger {
         }
         let seg_dir = dir.join(SEGMENTS_DIR);
         fs::create_dir_all(&seg_dir).map_err(|e| LedgerError::io(&seg_dir, e))?;
-        create_segment(&seg_dir, 1)?;
+        create_segment(opts.files.as_ref(), &seg_dir, 1)?;
         // FORMAT is written last: a crash during init leaves no half-made ledger
         // that `open` would accept.
-        write_durably(&dir.join(FORMAT_FILE), FORMAT_TEXT.as_bytes())?;
-        sync_dir(dir)?;
+        let fmt = dir.join(FORMAT_FILE);
+        files::write_durably(&fmt, FORMAT_TEXT.as_bytes()).map_err(|e| LedgerError::io(&fmt, e))?;
         Self::open_with(dir, opts)
     }
 
@@ -164,89 +211,185 @@ impl Ledger {
     }
 
     pub fn open_with(dir: &Path, opts: Options) -> Result<Ledger> {
-        Self::open_inner(dir, opts, false).map(|(l, _)| l)
+        Self::open_inner(dir, opts, Open::Normal).map(|(l, _)| l)
     }
 
     /// Opens and reports what recovery did.
     pub fn open_reporting(dir: &Path) -> Result<(Ledger, RecoveryReport)> {
-        Self::open_inner(dir, Options::default(), false)
+        Self::open_inner(dir, Options::default(), Open::Normal)
     }
 
-    /// Throws the index away and rebuilds it from the segment files.
-    pub fn reindex(dir: &Path) -> Result<(Ledger, RecoveryReport)> {
-        Self::open_inner(dir, Options::default(), true)
+    /// [`Ledger::open_reporting`] with options.
+    pub fn open_reporting_with(dir: &Path, opts: Options) -> Result<(Ledger, RecoveryReport)> {
+        Self::open_inner(dir, opts, Open::Normal)
     }
 
-    fn open_inner(dir: &Path, opts: Options, rebuild: bool) -> Result<(Ledger, RecoveryReport)> {
-        let fmt_path = dir.join(FORMAT_FILE);
-        let fmt = match fs::read_to_string(&fmt_path) {
-            Ok(s) => s,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(LedgerError::NotALedger {
-                    path: dir.to_path_buf(),
-                })
-            }
-            Err(e) => return Err(LedgerError::io(&fmt_path, e)),
+    /// Opens without the lock, changing nothing: the committed prefix of the
+    /// log as it is now, indexed in memory. Works while another process
+    /// writes, on a read-only copy, and past damaged records (which are
+    /// reported in [`Ledger::recovery`], and whose objects are not found).
+    /// Commits are refused.
+    pub fn open_read_only(dir: &Path) -> Result<Ledger> {
+        check_format(dir)?;
+        let seg_dir = dir.join(SEGMENTS_DIR);
+        let segs = list_segments_checked(&seg_dir)?;
+        let set_aside = read_damaged(dir)?;
+        let idx = Idx::Mem(Default::default());
+        let first = segs[0];
+        let out = recovery::scan_log(
+            &seg_dir,
+            &segs,
+            &idx,
+            (first, SEGMENT_HEADER_LEN, 0),
+            &set_aside,
+            ScanMode::Reader,
+        )?;
+        let report = RecoveryReport {
+            reindexed_records: out.records,
+            damage: out.damage,
+            known_damage: out.skipped_set_aside,
+            unread_tail: out.tail.as_ref().map_or(0, |t| t.len),
+            ..Default::default()
         };
-        if fmt != FORMAT_TEXT {
-            return Err(LedgerError::UnsupportedFormat {
-                path: fmt_path,
-                found: fmt.trim().to_string(),
-                supported: segment::FORMAT_VERSION,
-            });
-        }
+        let (seg_no, offset) = out.end.unwrap_or((first, SEGMENT_HEADER_LEN));
+        Self::assemble(
+            dir,
+            None,
+            idx,
+            None,
+            seg_no,
+            offset,
+            report,
+            Options::default(),
+        )
+    }
+
+    /// Throws the index away and rebuilds it from the segment files. The new
+    /// index is built beside the old one and replaces it only when complete,
+    /// so a refused or killed rebuild leaves the old index as it was.
+    /// Refuses (changing nothing) when the log has damage in the middle:
+    /// that is `repair`'s job.
+    pub fn reindex(dir: &Path) -> Result<(Ledger, RecoveryReport)> {
+        Self::open_inner(dir, Options::default(), Open::Rebuild(ScanMode::Writer))
+    }
+
+    /// Rebuilds the index stepping over damaged records: every intact record
+    /// is kept, each damaged range is copied into `quarantine/`, listed in
+    /// `quarantine/damaged.jsonl` (so later scans step over it too) and
+    /// reported. The segment files are not changed, except that a torn tail
+    /// is moved into quarantine as on every open.
+    pub fn repair(dir: &Path) -> Result<(Ledger, RecoveryReport)> {
+        Self::open_inner(dir, Options::default(), Open::Rebuild(ScanMode::Repair))
+    }
+
+    /// What opening found and did.
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    /// True when opened with [`Ledger::open_read_only`].
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn open_inner(dir: &Path, opts: Options, how: Open) -> Result<(Ledger, RecoveryReport)> {
+        check_format(dir)?;
         let lock = take_lock(dir)?;
+        let seg_dir = dir.join(SEGMENTS_DIR);
+        let segs = list_segments_checked(&seg_dir)?;
         let index_dir = dir.join(INDEX_DIR);
-        if rebuild && index_dir.exists() {
-            fs::remove_dir_all(&index_dir).map_err(|e| LedgerError::io(&index_dir, e))?;
+        let new_dir = dir.join(INDEX_NEW_DIR);
+        // A rebuild that was killed leaves a partial new index: derived data
+        // that nothing points to.
+        if new_dir.exists() {
+            fs::remove_dir_all(&new_dir).map_err(|e| LedgerError::io(&new_dir, e))?;
+        }
+        let mut report = RecoveryReport::default();
+        if let Open::Rebuild(mode) = how {
+            report = rebuild_index(dir, &seg_dir, &segs, &opts, mode)?;
         }
         // The index is derived data: if sled cannot recover its own files
         // (seen after SIGKILL mid-write), rebuild it from the segments rather
         // than refuse to open. We hold the ledger's LOCK, so nobody else uses it.
-        let (db, rebuilt) = match open_index(&index_dir, &opts) {
-            Ok(db) => (db, None),
+        let db = match open_index(&index_dir, &opts) {
+            Ok(db) => db,
             Err(e) => {
-                fs::remove_dir_all(&index_dir).map_err(|x| LedgerError::io(&index_dir, x))?;
-                (open_index(&index_dir, &opts)?, Some(e.to_string()))
+                rebuild_index(dir, &seg_dir, &segs, &opts, ScanMode::Writer)?;
+                report.index_rebuilt = Some(e.to_string());
+                open_index(&index_dir, &opts)?
             }
         };
-        let idx = db.open_tree("index").map_err(LedgerError::index)?;
-        let seg_dir = dir.join(SEGMENTS_DIR);
-        let segs = segment::list_segments(&seg_dir)?;
-        let last = *segs.last().ok_or_else(|| LedgerError::CorruptLog {
-            path: seg_dir.clone(),
-            offset: 0,
-            detail: "no segment files".into(),
-        })?;
-        let mut report = recover(&seg_dir, &segs, &idx)?;
-        report.index_rebuilt = rebuilt;
+        let idx = Idx::Sled(db.open_tree("index").map_err(LedgerError::index)?);
+        let set_aside = read_damaged(dir)?;
+        let out = recover(dir, &seg_dir, &segs, &idx, &set_aside)?;
+        report.reindexed_records += out.0.reindexed_records;
+        report.set_aside.extend(out.0.set_aside);
+        report.known_damage += out.0.known_damage;
+        let last = *segs.last().unwrap_or(&1);
         let seg_path = segment::segment_path(&seg_dir, last);
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .open(&seg_path)
+        let file = opts
+            .files
+            .open_append(&seg_path)
             .map_err(|e| LedgerError::io(&seg_path, e))?;
-        let offset = file
-            .metadata()
+        let offset = fs::metadata(&seg_path)
             .map_err(|e| LedgerError::io(&seg_path, e))?
             .len();
+        let ledger = Self::assemble(
+            dir,
+            Some(db),
+            idx,
+            Some(file),
+            last,
+            offset,
+            report.clone(),
+            opts,
+        )?;
+        let mut ledger = ledger;
+        ledger._lock = Some(lock);
+        Ok((ledger, report))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        dir: &Path,
+        db: Option<sled::Db>,
+        idx: Idx,
+        file: Option<Box<dyn AppendFile>>,
+        seg_no: u32,
+        offset: u64,
+        recovery: RecoveryReport,
+        opts: Options,
+    ) -> Result<Ledger> {
         let next_ordinal = read_watermark(&idx)?.map(|w| w.2).unwrap_or(0);
         let mut heads = HashMap::new();
-        for kv in idx.scan_prefix([index::P_REF]) {
-            let (k, v) = kv.map_err(LedgerError::index)?;
+        let mut bad = None;
+        idx.scan(&[index::P_REF], false, |k, v| {
             let name = String::from_utf8_lossy(&k[1..]).into_owned();
-            let id = Id::from_slice(&v).ok_or_else(|| LedgerError::Index {
+            match Id::from_slice(v) {
+                Some(id) => {
+                    heads.insert(name, id);
+                    true
+                }
+                None => {
+                    bad = Some(name);
+                    false
+                }
+            }
+        })
+        .map_err(LedgerError::index)?;
+        if let Some(name) = bad {
+            return Err(LedgerError::Index {
                 detail: format!("ref {name:?} has a malformed value"),
-            })?;
-            heads.insert(name, id);
+            });
         }
-        let ledger = Ledger {
+        let read_only = file.is_none();
+        Ok(Ledger {
             dir: dir.to_path_buf(),
-            seg_dir,
+            seg_dir: dir.join(SEGMENTS_DIR),
             _db: db,
             idx,
             writer: Mutex::new(Writer {
-                seg_no: last,
+                seg_no,
                 file,
                 offset,
                 next_ordinal,
@@ -260,9 +403,10 @@ impl Ledger {
             readers: Mutex::new(HashMap::new()),
             locs: std::sync::RwLock::new(None),
             opts,
-            _lock: lock,
-        };
-        Ok((ledger, report))
+            read_only,
+            recovery,
+            _lock: None,
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -352,7 +496,7 @@ impl Ledger {
         }
         match self
             .idx
-            .get(index::obj_key(id))
+            .get(&index::obj_key(id))
             .map_err(LedgerError::index)?
         {
             None => Ok(None),
@@ -365,9 +509,42 @@ impl Ledger {
     }
 
     pub fn contains(&self, id: &Id) -> Result<bool> {
+        if let Ok(guard) = self.locs.read() {
+            if guard.as_ref().is_some_and(|m| m.contains_key(id)) {
+                return Ok(true);
+            }
+        }
         self.idx
-            .contains_key(index::obj_key(id))
+            .contains_key(&index::obj_key(id))
             .map_err(LedgerError::index)
+    }
+
+    /// True if the log holds an intact record for `id` where the index says:
+    /// the whole record is read back and its checksum and header checked.
+    /// Dedup asks this, never the index alone, so an index entry the log
+    /// does not back (a cut or damaged segment) cannot turn a write into a
+    /// no-op; the object is written again and the index points to the copy.
+    fn backed(&self, id: &Id) -> Result<bool> {
+        let Some(loc) = self.locate(id)? else {
+            return Ok(false);
+        };
+        let f = self.reader(loc.seg)?;
+        let path = segment::segment_path(&self.seg_dir, loc.seg);
+        let total = (RECORD_HEADER_LEN + segment::RECORD_TRAILER_LEN) as u64
+            + loc.body_len as u64
+            + loc.meta_len as u64;
+        Ok(
+            match segment::read_record_at(&f, &path, loc.offset, total)? {
+                Ok(rec) => rec.header.id == *id && rec.header.rtype == RecordType::Object(loc.kind),
+                Err(_) => false,
+            },
+        )
+    }
+
+    /// Where an object is; an error saying why if it is not readable
+    /// (`Corruption` for a damaged record a reader stepped over).
+    pub fn require(&self, id: &Id) -> Result<ObjLoc> {
+        self.locate(id)?.ok_or_else(|| self.missing(id))
     }
 
     pub fn kind_of(&self, id: &Id) -> Result<Option<ObjectKind>> {
@@ -387,11 +564,31 @@ impl Ledger {
         Ok(f)
     }
 
+    /// The error for an id the index does not know: `Corruption` if a damaged
+    /// record the scan stepped over claims it (so a reader says "damaged",
+    /// not "no such object"), `NotFound` otherwise.
+    fn missing(&self, id: &Id) -> LedgerError {
+        let hex = id.to_hex();
+        match self
+            .recovery
+            .damage
+            .iter()
+            .find(|d| d.claimed_id.as_deref() == Some(hex.as_str()))
+        {
+            Some(d) => LedgerError::Corruption {
+                id: *id,
+                detail: format!(
+                    "its record in segment {} at byte {} is damaged ({}); `mass repair` sets it aside",
+                    d.segment, d.offset, d.reason
+                ),
+            },
+            None => LedgerError::NotFound { prefix: hex },
+        }
+    }
+
     /// Reads, decompresses and hash-checks an object's canonical bytes.
     fn read_verified(&self, id: &Id, want: Option<ObjectKind>) -> Result<(ObjLoc, Vec<u8>)> {
-        let loc = self.locate(id)?.ok_or_else(|| LedgerError::NotFound {
-            prefix: id.to_hex(),
-        })?;
+        let loc = self.locate(id)?.ok_or_else(|| self.missing(id))?;
         if let Some(w) = want {
             if loc.kind != w {
                 return Err(LedgerError::WrongKind {
@@ -428,7 +625,7 @@ impl Ledger {
         }
         let body = &buf[RECORD_HEADER_LEN..];
         let raw = match segment::dict_of(id, h.flags, body)? {
-            None => decode_body(id, h.flags, h.raw_len, body)?,
+            None => segment::decode_body(id, h.flags, h.raw_len, body)?,
             Some(dict) => {
                 // Dictionaries are always stored plainly: one extra read at most.
                 let (_, dict_raw) = self
@@ -446,9 +643,7 @@ impl Ledger {
 
     /// Reads an object that must not itself be a delta (a delta's base).
     fn read_plain(&self, id: &Id, kind: ObjectKind) -> Result<(ObjLoc, Vec<u8>)> {
-        let loc = self.locate(id)?.ok_or_else(|| LedgerError::NotFound {
-            prefix: id.to_hex(),
-        })?;
+        let loc = self.locate(id)?.ok_or_else(|| self.missing(id))?;
         if loc.flags & segment::FLAG_DICT != 0 || loc.kind != kind {
             return Err(LedgerError::Corruption {
                 id: *id,
@@ -483,20 +678,33 @@ impl Ledger {
 
     /// The unhashed metadata stored beside an object.
     pub fn get_meta(&self, id: &Id) -> Result<Meta> {
-        let loc = self.locate(id)?.ok_or_else(|| LedgerError::NotFound {
-            prefix: id.to_hex(),
-        })?;
+        let loc = self.locate(id)?.ok_or_else(|| self.missing(id))?;
         if loc.meta_len == 0 {
             return Ok(Meta::default());
         }
+        // The whole record is read so its checksum (which covers the
+        // metadata; the id covers only the body) can be checked.
         let f = self.reader(loc.seg)?;
-        let mut buf = vec![0u8; loc.meta_len as usize];
-        f.read_exact_at(
-            &mut buf,
-            loc.offset + RECORD_HEADER_LEN as u64 + loc.body_len as u64,
-        )
-        .map_err(|e| LedgerError::io(segment::segment_path(&self.seg_dir, loc.seg), e))?;
-        serde_json::from_slice(&buf).map_err(|e| LedgerError::Corruption {
+        let path = segment::segment_path(&self.seg_dir, loc.seg);
+        let total = (RECORD_HEADER_LEN + segment::RECORD_TRAILER_LEN) as u64
+            + loc.body_len as u64
+            + loc.meta_len as u64;
+        let rec = segment::read_record_at(&f, &path, loc.offset, total)?.map_err(|reason| {
+            LedgerError::Corruption {
+                id: *id,
+                detail: format!("metadata record in segment {}: {reason}", loc.seg),
+            }
+        })?;
+        if rec.header.id != *id {
+            return Err(LedgerError::Corruption {
+                id: *id,
+                detail: format!(
+                    "the record at segment {} byte {} is not this object",
+                    loc.seg, loc.offset
+                ),
+            });
+        }
+        serde_json::from_slice(&rec.meta).map_err(|e| LedgerError::Corruption {
             id: *id,
             detail: format!("metadata is not valid JSON: {e}"),
         })
@@ -508,20 +716,31 @@ impl Ledger {
         let mut key = vec![index::P_OBJ];
         key.extend_from_slice(&p.byte_prefix());
         let mut found = Vec::new();
-        for kv in self.idx.scan_prefix(key) {
-            let (k, _) = kv.map_err(LedgerError::index)?;
-            let Some(id) = Id::from_slice(&k[1..]) else {
-                continue;
-            };
-            if p.matches(&id) {
-                found.push(id);
-                if found.len() > 10 {
-                    break;
+        self.idx
+            .scan(&key, false, |k, _| {
+                if let Some(id) = Id::from_slice(&k[1..]) {
+                    if p.matches(&id) {
+                        found.push(id);
+                    }
+                }
+                found.len() <= 10
+            })
+            .map_err(LedgerError::index)?;
+        match found.len() {
+            0 => {
+                // A damaged record the scan stepped over may claim it.
+                let claimed: Vec<Id> = self
+                    .recovery
+                    .damage
+                    .iter()
+                    .filter_map(|d| d.claimed_id.as_deref()?.parse::<Id>().ok())
+                    .filter(|id| p.matches(id))
+                    .collect();
+                match claimed.as_slice() {
+                    [id] => Ok(*id),
+                    _ => Err(LedgerError::NotFound { prefix: p.hex }),
                 }
             }
-        }
-        match found.len() {
-            0 => Err(LedgerError::NotFound { prefix: p.hex }),
             1 => Ok(found[0]),
             _ => Err(LedgerError::Ambiguous {
                 prefix: p.hex,
@@ -535,12 +754,14 @@ impl Ledger {
         let mut key = vec![index::P_CHILD];
         key.extend_from_slice(&id.0);
         let mut out = Vec::new();
-        for kv in self.idx.scan_prefix(key) {
-            let (k, _) = kv.map_err(LedgerError::index)?;
-            if let Some(c) = Id::from_slice(&k[33..]) {
-                out.push(c);
-            }
-        }
+        self.idx
+            .scan(&key, false, |k, _| {
+                if let Some(c) = k.get(33..).and_then(Id::from_slice) {
+                    out.push(c);
+                }
+                true
+            })
+            .map_err(LedgerError::index)?;
         let mut with_ord = Vec::with_capacity(out.len());
         for c in out {
             let ord = self.locate(&c)?.map(|l| l.ordinal).unwrap_or(u64::MAX);
@@ -557,14 +778,22 @@ impl Ledger {
             None => vec![index::P_EVENT],
         };
         let mut out = Vec::new();
-        for kv in self.idx.scan_prefix(prefix).rev() {
-            if out.len() >= limit {
-                break;
-            }
-            let (_, v) = kv.map_err(LedgerError::index)?;
-            out.push(Id::from_slice(&v).ok_or_else(|| LedgerError::Index {
+        let mut bad = false;
+        if limit > 0 {
+            self.idx
+                .scan(&prefix, true, |_, v| {
+                    match Id::from_slice(v) {
+                        Some(id) => out.push(id),
+                        None => bad = true,
+                    }
+                    !bad && out.len() < limit
+                })
+                .map_err(LedgerError::index)?;
+        }
+        if bad {
+            return Err(LedgerError::Index {
                 detail: "malformed event index entry".into(),
-            })?);
+            });
         }
         Ok(out)
     }
@@ -604,14 +833,20 @@ impl Ledger {
 
     /// Calls `f` for every indexed object, in id order (one pass over the index).
     pub fn for_each_location(&self, mut f: impl FnMut(Id, ObjLoc)) -> Result<()> {
-        for kv in self.idx.scan_prefix([index::P_OBJ]) {
-            let (k, val) = kv.map_err(LedgerError::index)?;
-            let (Some(id), Some(loc)) = (Id::from_slice(&k[1..]), ObjLoc::decode(&val)) else {
-                return Err(LedgerError::Index {
-                    detail: "malformed object index entry".into(),
-                });
-            };
-            f(id, loc);
+        let mut bad = false;
+        self.idx
+            .scan(&[index::P_OBJ], false, |k, val| {
+                match (Id::from_slice(&k[1..]), ObjLoc::decode(val)) {
+                    (Some(id), Some(loc)) => f(id, loc),
+                    _ => bad = true,
+                }
+                !bad
+            })
+            .map_err(LedgerError::index)?;
+        if bad {
+            return Err(LedgerError::Index {
+                detail: "malformed object index entry".into(),
+            });
         }
         Ok(())
     }
@@ -619,15 +854,7 @@ impl Ledger {
     /// Every object location in log order (from the index).
     pub fn locations(&self) -> Result<Vec<(Id, ObjLoc)>> {
         let mut v = Vec::new();
-        for kv in self.idx.scan_prefix([index::P_OBJ]) {
-            let (k, val) = kv.map_err(LedgerError::index)?;
-            let (Some(id), Some(loc)) = (Id::from_slice(&k[1..]), ObjLoc::decode(&val)) else {
-                return Err(LedgerError::Index {
-                    detail: "malformed object index entry".into(),
-                });
-            };
-            v.push((id, loc));
-        }
+        self.for_each_location(|id, loc| v.push((id, loc)))?;
         v.sort_by_key(|(_, l)| l.ordinal);
         Ok(v)
     }
@@ -680,6 +907,11 @@ impl Ledger {
     }
 
     fn commit_batch(&self, b: Batch<'_>) -> Result<()> {
+        if self.read_only {
+            return Err(LedgerError::ReadOnly {
+                path: self.dir.clone(),
+            });
+        }
         let mut w = self.lock_writer()?;
         if let Some(why) = &w.poisoned {
             return Err(LedgerError::Index {
@@ -706,7 +938,7 @@ impl Ledger {
         let mut fresh: Vec<&Pending> = Vec::with_capacity(b.objects.len());
         let mut seen: HashSet<Id> = HashSet::new();
         for p in &b.objects {
-            if seen.contains(&p.id) || self.contains(&p.id)? {
+            if seen.contains(&p.id) || self.backed(&p.id)? {
                 continue;
             }
             for l in &p.links {
@@ -745,14 +977,14 @@ impl Ledger {
         }
         if w.offset >= self.opts.segment_max {
             let next = w.seg_no + 1;
-            let path = create_segment(&self.seg_dir, next)?;
-            let file = OpenOptions::new()
-                .read(true)
-                .append(true)
-                .open(&path)
+            let path = create_segment(self.opts.files.as_ref(), &self.seg_dir, next)?;
+            let file = self
+                .opts
+                .files
+                .open_append(&path)
                 .map_err(|e| LedgerError::io(&path, e))?;
             w.seg_no = next;
-            w.file = file;
+            w.file = Some(file);
             w.offset = SEGMENT_HEADER_LEN;
         }
         // Several updates of one ref in a batch are one step in the operation
@@ -842,11 +1074,16 @@ impl Ledger {
         buf.extend_from_slice(&encode_record(&cheader, &cbody, &[]));
         // Steps 3-4: one write, one fsync.
         let seg_path = segment::segment_path(&self.seg_dir, seg);
-        let res = w.file.write_all(&buf).and_then(|_| w.file.sync_data());
+        let Some(file) = w.file.as_mut() else {
+            return Err(LedgerError::ReadOnly {
+                path: self.dir.clone(),
+            });
+        };
+        let res = file.append(&buf).and_then(|_| file.sync_data());
         if let Err(e) = res {
             // The tail is uncommitted garbage at worst; try to drop it now, and stop
             // writing either way because the file's durable state is unknown.
-            let _ = w.file.set_len(base);
+            let _ = file.truncate(base);
             w.poisoned = Some(e.to_string());
             return Err(LedgerError::io(seg_path, e));
         }
@@ -949,12 +1186,6 @@ struct Pending {
     meta: Vec<u8>,
     links: Vec<Id>,
     event_links: Option<EventIndex>,
-}
-
-#[derive(Clone)]
-struct EventIndex {
-    kind: String,
-    links: Vec<Id>,
 }
 
 struct PendingRef {
@@ -1136,191 +1367,268 @@ fn check_size(len: usize) -> Result<()> {
     Ok(())
 }
 
-/// An index update derived from one record.
-enum IndexItem {
-    Object {
-        id: Id,
-        loc: ObjLoc,
-        event: Option<EventIndex>,
-    },
-    Ref {
-        name: String,
-        new: Id,
-    },
+/// How `open_inner` treats the index.
+#[derive(Clone, Copy)]
+enum Open {
+    Normal,
+    /// Build a new index from the whole log first, scanning in this mode.
+    Rebuild(ScanMode),
 }
 
-impl IndexItem {
-    fn apply(&self, batch: &mut index::Writes) {
-        match self {
-            IndexItem::Object { id, loc, event } => {
-                batch.insert(&index::obj_key(id)[..], &loc.encode()[..]);
-                if let Some(ev) = event {
-                    batch.insert(&index::event_key(loc.ordinal)[..], &id.0[..]);
-                    batch.insert(index::kind_key(&ev.kind, loc.ordinal), &id.0[..]);
-                    for l in &ev.links {
-                        batch.insert(&index::child_key(l, id)[..], &[][..]);
-                    }
-                }
-            }
-            IndexItem::Ref { name, new } => {
-                batch.insert(index::ref_key(name), &new.0[..]);
-            }
+fn check_format(dir: &Path) -> Result<()> {
+    let fmt_path = dir.join(FORMAT_FILE);
+    let fmt = match fs::read_to_string(&fmt_path) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(LedgerError::NotALedger {
+                path: dir.to_path_buf(),
+            })
+        }
+        Err(e) => return Err(LedgerError::io(&fmt_path, e)),
+    };
+    if fmt != FORMAT_TEXT {
+        return Err(LedgerError::UnsupportedFormat {
+            path: fmt_path,
+            found: fmt.trim().to_string(),
+            supported: segment::FORMAT_VERSION,
+        });
+    }
+    Ok(())
+}
+
+/// The segment numbers, which must run without gaps: a missing segment in
+/// the middle is lost data, reported rather than read around.
+fn list_segments_checked(seg_dir: &Path) -> Result<Vec<u32>> {
+    let segs = segment::list_segments(seg_dir)?;
+    let Some(&first) = segs.first() else {
+        return Err(LedgerError::CorruptLog {
+            path: seg_dir.to_path_buf(),
+            offset: 0,
+            detail: "no segment files".into(),
+        });
+    };
+    for (i, &s) in segs.iter().enumerate() {
+        let want = first + i as u32;
+        if s != want {
+            return Err(LedgerError::LogBehindIndex {
+                detail: format!(
+                    "segment {want} is missing from {} (found {} next); restore it from a backup",
+                    seg_dir.display(),
+                    s
+                ),
+            });
         }
     }
+    Ok(segs)
 }
 
-/// Turns a scanned record into an index update (used by recovery and reindex).
-fn index_item(rec: &segment::ScannedRecord, seg: u32, ordinal: u64) -> Result<Option<IndexItem>> {
-    let h = &rec.header;
-    match h.rtype {
-        RecordType::Commit => Ok(None),
-        RecordType::RefUpdate => {
-            let u = RefUpdate::from_bytes(&rec.body).map_err(|r| LedgerError::CorruptLog {
-                path: PathBuf::from(format!("segment {seg}")),
-                offset: rec.offset,
-                detail: format!("ref update: {r}"),
-            })?;
-            Ok(Some(IndexItem::Ref {
-                name: u.name,
-                new: Id(u.new),
-            }))
-        }
-        RecordType::Object(kind) => {
-            let event = if kind == ObjectKind::Event {
-                let raw = decode_body(&h.id, h.flags, h.raw_len, &rec.body)?;
-                let env = EventEnvelope::from_bytes(&h.id, &raw)?;
-                let ev = Event::from_envelope(h.id, env);
-                Some(EventIndex {
-                    links: ev.prev.iter().chain(ev.parents.iter()).copied().collect(),
-                    kind: ev.kind,
-                })
-            } else {
-                None
-            };
-            Ok(Some(IndexItem::Object {
-                id: h.id,
-                loc: ObjLoc {
-                    kind,
-                    flags: h.flags,
-                    seg,
-                    offset: rec.offset,
-                    body_len: h.body_len,
-                    raw_len: h.raw_len,
-                    meta_len: h.meta_len,
-                    ordinal,
-                },
-                event,
-            }))
-        }
-    }
-}
-
-/// Brings the index up to the end of the log's committed records and truncates
-/// an uncommitted tail from the last segment.
-fn recover(seg_dir: &Path, segs: &[u32], idx: &sled::Tree) -> Result<RecoveryReport> {
-    let mut report = RecoveryReport::default();
+/// Brings the index up to the end of the committed log. First checks that
+/// the log still holds everything the index says it does (a log shorter than
+/// the index means acknowledged data is gone, and is reported, never
+/// re-indexed over); then indexes committed records past the watermark and
+/// moves a torn tail into quarantine.
+fn recover(
+    dir: &Path,
+    seg_dir: &Path,
+    segs: &[u32],
+    idx: &Idx,
+    set_aside: &[Damage],
+) -> Result<(RecoveryReport,)> {
     let first = segs.first().copied().unwrap_or(1);
-    let (wm_seg, wm_off, mut ordinal) =
-        read_watermark(idx)?.unwrap_or((first, SEGMENT_HEADER_LEN, 0));
-    let last = segs.last().copied().unwrap_or(first);
-    for &seg in segs.iter().filter(|&&s| s >= wm_seg) {
-        let path = segment::segment_path(seg_dir, seg);
-        let start = if seg == wm_seg {
-            wm_off
-        } else {
-            SEGMENT_HEADER_LEN
-        };
-        let mut sc = Scanner::open(&path, seg, start)?;
-        let mut pending: Vec<IndexItem> = Vec::new();
-        let mut pending_records = 0u32;
-        let mut committed_end = sc.offset;
-        let mut committed_ord = ordinal;
-        let mut batch = index::Writes::default();
-        loop {
-            match sc.next_record()? {
-                None => break,
-                Some(Err(torn)) => {
-                    if seg != last {
-                        return Err(LedgerError::CorruptLog {
-                            path,
-                            offset: torn.offset,
-                            detail: torn.reason,
-                        });
-                    }
-                    break;
-                }
-                Some(Ok(rec)) => {
-                    if rec.header.rtype == RecordType::Commit {
-                        let n = u32::from_le_bytes(
-                            rec.body
-                                .get(..4)
-                                .and_then(|b| b.try_into().ok())
-                                .unwrap_or([0xff; 4]),
-                        );
-                        if n != pending_records {
-                            return Err(LedgerError::CorruptLog {
-                                path,
-                                offset: rec.offset,
-                                detail: format!(
-                                    "commit marker counts {n} records, {pending_records} precede it"
-                                ),
-                            });
-                        }
-                        committed_end = rec.offset + rec.header.total_len();
-                        committed_ord = ordinal;
-                        for it in pending.drain(..) {
-                            it.apply(&mut batch);
-                        }
-                        report.reindexed_records += pending_records as u64;
-                        pending_records = 0;
-                        if batch.len() >= 20_000 {
-                            std::mem::take(&mut batch)
-                                .apply(idx, seg, committed_end, committed_ord)
-                                .map_err(LedgerError::index)?;
-                        }
-                    } else {
-                        pending_records += 1;
-                        let is_obj = matches!(rec.header.rtype, RecordType::Object(_));
-                        if let Some(it) = index_item(&rec, seg, ordinal)? {
-                            pending.push(it);
-                        }
-                        if is_obj {
-                            ordinal += 1;
-                        }
-                    }
-                }
-            }
+    let wm = read_watermark(idx)?;
+    if let Some((wseg, woff, _)) = wm {
+        let path = segment::segment_path(seg_dir, wseg);
+        if !segs.contains(&wseg) {
+            return Err(LedgerError::LogBehindIndex {
+                detail: format!(
+                    "the index covers segment {wseg} up to byte {woff}, but {} is missing",
+                    path.display()
+                ),
+            });
         }
-        batch
-            .apply(idx, seg, committed_end, committed_ord)
-            .map_err(LedgerError::index)?;
-        let len = sc.file_len();
-        if committed_end < len {
-            if seg != last {
-                return Err(LedgerError::CorruptLog {
-                    path,
-                    offset: committed_end,
-                    detail: "uncommitted records in a sealed segment".into(),
-                });
-            }
-            let f = OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .map_err(|e| LedgerError::io(&path, e))?;
-            f.set_len(committed_end)
-                .and_then(|_| f.sync_all())
-                .map_err(|e| LedgerError::io(&path, e))?;
-            report.truncated_bytes += len - committed_end;
+        let len = fs::metadata(&path)
+            .map_err(|e| LedgerError::io(&path, e))?
+            .len();
+        if len < woff {
+            return Err(LedgerError::LogBehindIndex {
+                detail: format!(
+                    "{} holds {len} bytes but the index covers {woff}: {} bytes of \
+                     acknowledged data are missing",
+                    path.display(),
+                    woff - len
+                ),
+            });
         }
-        // Positions of records dropped with the tail are reused.
-        ordinal = committed_ord;
+    }
+    let start = wm.unwrap_or((first, SEGMENT_HEADER_LEN, 0));
+    let out = recovery::scan_log(seg_dir, segs, idx, start, set_aside, ScanMode::Writer)?;
+    let mut report = RecoveryReport {
+        reindexed_records: out.records,
+        known_damage: out.skipped_set_aside,
+        ..Default::default()
+    };
+    if let Some(t) = &out.tail {
+        report.set_aside.push(quarantine_tail(dir, seg_dir, t)?);
     }
     idx.flush().map_err(LedgerError::index)?;
+    Ok((report,))
+}
+
+/// Builds a new index from the whole log beside the old one, then swaps it in.
+fn rebuild_index(
+    dir: &Path,
+    seg_dir: &Path,
+    segs: &[u32],
+    opts: &Options,
+    mode: ScanMode,
+) -> Result<RecoveryReport> {
+    let new_dir = dir.join(INDEX_NEW_DIR);
+    if new_dir.exists() {
+        fs::remove_dir_all(&new_dir).map_err(|e| LedgerError::io(&new_dir, e))?;
+    }
+    let set_aside = read_damaged(dir)?;
+    let first = segs.first().copied().unwrap_or(1);
+    let mut report = RecoveryReport::default();
+    {
+        let db = open_index(&new_dir, opts)?;
+        let idx = Idx::Sled(db.open_tree("index").map_err(LedgerError::index)?);
+        let scanned = recovery::scan_log(
+            seg_dir,
+            segs,
+            &idx,
+            (first, SEGMENT_HEADER_LEN, 0),
+            &set_aside,
+            mode,
+        );
+        let out = match scanned {
+            Ok(out) => out,
+            Err(e) => {
+                drop(idx);
+                drop(db);
+                let _ = fs::remove_dir_all(&new_dir);
+                return Err(e);
+            }
+        };
+        report.reindexed_records = out.records;
+        report.known_damage = out.skipped_set_aside;
+        if !out.damage.is_empty() {
+            for d in &out.damage {
+                copy_to_quarantine(dir, seg_dir, d.segment, d.offset, d.len, "damaged")?;
+            }
+            append_damaged(dir, &out.damage)?;
+            report.damage = out.damage;
+        }
+        if let Some(t) = &out.tail {
+            report.set_aside.push(quarantine_tail(dir, seg_dir, t)?);
+        }
+        idx.flush().map_err(LedgerError::index)?;
+        db.flush().map_err(LedgerError::index)?;
+    }
+    let index_dir = dir.join(INDEX_DIR);
+    if index_dir.exists() {
+        fs::remove_dir_all(&index_dir).map_err(|e| LedgerError::io(&index_dir, e))?;
+    }
+    fs::rename(&new_dir, &index_dir).map_err(|e| LedgerError::io(&index_dir, e))?;
+    files::sync_dir(dir).map_err(|e| LedgerError::io(dir, e))?;
     Ok(report)
 }
 
+/// Copies `len` bytes at `offset` of a segment into a new file under
+/// `quarantine/` (durably) and returns its path relative to the ledger.
+fn copy_to_quarantine(
+    dir: &Path,
+    seg_dir: &Path,
+    seg: u32,
+    offset: u64,
+    len: u64,
+    what: &str,
+) -> Result<PathBuf> {
+    let path = segment::segment_path(seg_dir, seg);
+    let f = File::open(&path).map_err(|e| LedgerError::io(&path, e))?;
+    let mut bytes = vec![0u8; len as usize];
+    f.read_exact_at(&mut bytes, offset)
+        .map_err(|e| LedgerError::io(&path, e))?;
+    let qdir = dir.join(QUARANTINE_DIR);
+    fs::create_dir_all(&qdir).map_err(|e| LedgerError::io(&qdir, e))?;
+    // The content hash keeps two set-asides at the same place (two crashes
+    // at one offset) from overwriting each other.
+    let short = &blake3::hash(&bytes).to_hex()[..12];
+    let rel = PathBuf::from(QUARANTINE_DIR).join(format!("{seg:08}-{offset}-{what}-{short}.bin"));
+    let full = dir.join(&rel);
+    if !full.exists() {
+        files::write_durably(&full, &bytes).map_err(|e| LedgerError::io(&full, e))?;
+    }
+    Ok(rel)
+}
+
+/// Moves a torn tail into quarantine: copy (durably), then cut it off.
+fn quarantine_tail(dir: &Path, seg_dir: &Path, t: &recovery::Tail) -> Result<SetAside> {
+    let file = copy_to_quarantine(dir, seg_dir, t.segment, t.offset, t.len, "tail")?;
+    let path = segment::segment_path(seg_dir, t.segment);
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .map_err(|e| LedgerError::io(&path, e))?;
+    f.set_len(t.offset)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| LedgerError::io(&path, e))?;
+    Ok(SetAside {
+        segment: t.segment,
+        offset: t.offset,
+        len: t.len,
+        file,
+    })
+}
+
+/// The damaged ranges an earlier `repair` set aside.
+pub(crate) fn read_damaged(dir: &Path) -> Result<Vec<Damage>> {
+    let path = dir.join(QUARANTINE_DIR).join(DAMAGED_FILE);
+    let text = match fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(LedgerError::io(&path, e)),
+    };
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        out.push(
+            serde_json::from_str(line).map_err(|e| LedgerError::CorruptLog {
+                path: path.clone(),
+                offset: i as u64 + 1,
+                detail: format!("line {} is not a damaged-range record: {e}", i + 1),
+            })?,
+        );
+    }
+    Ok(out)
+}
+
+/// Adds ranges to `quarantine/damaged.jsonl` (rewritten atomically with the
+/// old lines first: the list only grows).
+fn append_damaged(dir: &Path, new: &[Damage]) -> Result<()> {
+    let mut all = read_damaged(dir)?;
+    for d in new {
+        if !all
+            .iter()
+            .any(|o| o.segment == d.segment && o.offset == d.offset)
+        {
+            all.push(d.clone());
+        }
+    }
+    let mut text = String::new();
+    for d in &all {
+        text.push_str(&serde_json::to_string(d).map_err(LedgerError::index)?);
+        text.push('\n');
+    }
+    let qdir = dir.join(QUARANTINE_DIR);
+    fs::create_dir_all(&qdir).map_err(|e| LedgerError::io(&qdir, e))?;
+    let path = qdir.join(DAMAGED_FILE);
+    files::write_durably(&path, text.as_bytes()).map_err(|e| LedgerError::io(&path, e))
+}
+
 /// The watermark: (segment, offset, next ordinal), if any.
-fn read_watermark(idx: &sled::Tree) -> Result<Option<(u32, u64, u64)>> {
+fn read_watermark(idx: &Idx) -> Result<Option<(u32, u64, u64)>> {
     match idx.get(index::K_WATERMARK).map_err(LedgerError::index)? {
         None => Ok(None),
         Some(v) => index::decode_watermark(&v)
@@ -1394,29 +1702,10 @@ fn take_lock(dir: &Path) -> Result<File> {
     Ok(f)
 }
 
-fn create_segment(seg_dir: &Path, seg_no: u32) -> Result<PathBuf> {
+fn create_segment(files: &dyn FileLayer, seg_dir: &Path, seg_no: u32) -> Result<PathBuf> {
     let path = segment::segment_path(seg_dir, seg_no);
-    write_durably(&path, &segment::segment_header(seg_no))?;
-    sync_dir(seg_dir)?;
+    files
+        .create_durably(&path, &segment::segment_header(seg_no))
+        .map_err(|e| LedgerError::io(&path, e))?;
     Ok(path)
-}
-
-/// Writes a small file atomically: temp file, fsync, rename, fsync directory.
-fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut f = File::create(&tmp).map_err(|e| LedgerError::io(&tmp, e))?;
-    f.write_all(bytes)
-        .and_then(|_| f.sync_all())
-        .map_err(|e| LedgerError::io(&tmp, e))?;
-    fs::rename(&tmp, path).map_err(|e| LedgerError::io(path, e))?;
-    if let Some(parent) = path.parent() {
-        sync_dir(parent)?;
-    }
-    Ok(())
-}
-
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| LedgerError::io(dir, e))
 }

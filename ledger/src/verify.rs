@@ -41,6 +41,10 @@ pub struct VerifyReport {
     pub refs: u64,
     pub records: u64,
     pub bytes_scanned: u64,
+    /// Damaged ranges an earlier `mass repair` set aside (listed in
+    /// `quarantine/damaged.jsonl`), stepped over rather than reported again.
+    /// What depended on their objects still shows up as dangling links.
+    pub set_aside: u64,
     pub problems: Vec<Problem>,
 }
 
@@ -97,6 +101,7 @@ impl Ledger {
         } else {
             Seen::with_capacity(self.object_count()? as usize)
         };
+        let set_aside = crate::store::read_damaged(self.dir())?;
         let segs: Vec<u32> = segment::list_segments(self.segment_dir())?
             .into_iter()
             .filter(|&s| s <= end_seg)
@@ -121,6 +126,14 @@ impl Ledger {
                     None => break,
                     Some(Ok(rec)) => rec,
                     Some(Err(torn)) => {
+                        if let Some(d) = set_aside
+                            .iter()
+                            .find(|d| d.segment == seg && d.offset == torn.offset)
+                        {
+                            r.set_aside += 1;
+                            sc = Scanner::open_bounded(&path, seg, d.offset + d.len, bound)?;
+                            continue;
+                        }
                         // An unreadable record: if its header names an object, blame it.
                         let id = header_id_at(&path, torn.offset);
                         r.problems.push(Problem {
@@ -132,14 +145,14 @@ impl Ledger {
                                 torn.reason
                             ),
                         });
-                        // Skip it if its length is believable, otherwise give up on
-                        // this segment and name what the index says lived there.
-                        match skip_len(&path, torn.offset, sc.file_len()) {
-                            Some(n) if n > 0 => {
-                                sc = Scanner::open_bounded(&path, seg, torn.offset + n, bound)?;
+                        // Step to the next valid record (the same rule recovery
+                        // uses); if none, name what the index says lived there.
+                        match segment::find_next_record(&path, torn.offset, sc.file_len())? {
+                            Some(n) => {
+                                sc = Scanner::open_bounded(&path, seg, n, bound)?;
                                 continue;
                             }
-                            _ => {
+                            None => {
                                 self.blame_rest(seg, torn.offset, &mut r)?;
                                 break;
                             }
@@ -210,7 +223,7 @@ impl Ledger {
                 r.problems.push(Problem {
                     id: None,
                     what: format!(
-                        "the index places object {}... at segment {} offset {}, where the log has no such record (run `mass reindex`)",
+                        "the index places object {}... at segment {} offset {}, where the log has no readable record (if the log is intact, `mass reindex` rebuilds the index; if the record is damaged, `mass repair` sets it aside)",
                         hex::encode(k),
                         slot.seg,
                         slot.offset
@@ -492,16 +505,6 @@ fn header_id_at(path: &std::path::Path, offset: u64) -> Option<Id> {
         RecordType::Object(_) => Some(hdr.id),
         _ => None,
     }
-}
-
-fn skip_len(path: &std::path::Path, offset: u64, file_len: u64) -> Option<u64> {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::File::open(path).ok()?;
-    let mut h = [0u8; segment::RECORD_HEADER_LEN];
-    f.read_exact_at(&mut h, offset).ok()?;
-    let hdr = segment::RecordHeader::decode(&h).ok()?;
-    let n = hdr.total_len();
-    (offset + n <= file_len).then_some(n)
 }
 
 /// Per-kind counts and sizes.

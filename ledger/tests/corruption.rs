@@ -181,7 +181,7 @@ fn torn_tail_is_truncated_and_acknowledged_data_survives() {
         // The index may have seen the lost batch; throw it away as a crash would.
         fs::remove_dir_all(cp.join("index")).unwrap();
         let (l, report) = Ledger::open_reporting(&cp).unwrap();
-        assert_eq!(report.truncated_bytes, cut, "cut {cut}");
+        assert_eq!(report.set_aside_bytes(), cut, "cut {cut}");
         assert_eq!(l.head("s").unwrap(), Some(fx.last));
         assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
         assert_eq!(fs::metadata(&seg_cp).unwrap().len(), good_len);
@@ -200,7 +200,7 @@ fn garbage_after_the_last_commit_is_dropped_on_open() {
     f.write_all_at(b"MREC\x03garbage that is not a record", len)
         .unwrap();
     let (l, report) = Ledger::open_reporting(&fx.path).unwrap();
-    assert!(report.truncated_bytes > 0);
+    assert!(report.set_aside_bytes() > 0);
     assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
 }
 
