@@ -137,8 +137,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Rebuild the index from the segment files.
+    /// Rebuild the index from the segment files. Refuses, changing nothing,
+    /// if a record in the middle of the log is damaged (see `repair`).
     Reindex,
+    /// Set damaged records aside and rebuild the index, keeping every intact
+    /// record: damaged byte ranges are copied into quarantine/, listed in
+    /// quarantine/damaged.jsonl and stepped over from then on; the segment
+    /// files are not changed. Prints what it set aside.
+    Repair {
+        #[arg(long)]
+        json: bool,
+    },
     /// Export ledger contents.
     Export {
         #[command(subcommand)]

@@ -32,7 +32,7 @@ fn exit_code_for(e: &anyhow::Error) -> u8 {
         if let Some(le) = cause.downcast_ref::<ledger::LedgerError>() {
             use ledger::LedgerError as L;
             return match le {
-                L::Corruption { .. } | L::CorruptLog { .. } => 3,
+                L::Corruption { .. } | L::CorruptLog { .. } | L::LogBehindIndex { .. } => 3,
                 L::NotFound { .. }
                 | L::Ambiguous { .. }
                 | L::NoSuchRef { .. }

@@ -218,9 +218,11 @@ fn errors_have_documented_exit_codes_and_say_what_to_do() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("neither a ref nor an object id"));
     let o = mass(&l, &["show", "0123456789abcdef"]);
     assert_eq!(o.status.code(), Some(4));
-    // A second process on the same ledger gets the lock error.
+    // A second process that wants to write gets the lock error; readers
+    // do not need the lock.
     let held = ledger::Ledger::open(&l).unwrap();
-    let o = mass(&l, &["log"]);
+    ok(&l, &["log"]);
+    let o = mass(&l, &["snapshot", l.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(6));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -256,4 +258,60 @@ fn rank_prints_scores_and_json() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+#[test]
+fn reindex_refuses_damage_and_repair_keeps_every_intact_record() {
+    let (_d, l) = fresh();
+    ok(&l, &["demo"]);
+    let before: serde_json::Value =
+        serde_json::from_str(&ok(&l, &["log", "--json", "--limit", "100"])).unwrap();
+    // Damage the first record (the note): valid records follow it.
+    let seg = l.join("segments/00000001.seg");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[16 + 52 + 10] ^= 0xff;
+    std::fs::write(&seg, &bytes).unwrap();
+    let o = mass(&l, &["reindex"]);
+    assert_eq!(o.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("segment") && err.contains("byte 16"), "{err}");
+    assert!(
+        err.contains("mass repair") && err.contains("Nothing was changed"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&seg).unwrap(),
+        bytes,
+        "reindex changed the segment"
+    );
+
+    let out = ok(&l, &["repair"]);
+    assert!(out.contains("set aside 1 damaged range"), "{out}");
+    assert!(out.contains("no segment bytes were changed"), "{out}");
+    assert_eq!(
+        std::fs::read(&seg).unwrap(),
+        bytes,
+        "repair changed the segment"
+    );
+    let after: serde_json::Value =
+        serde_json::from_str(&ok(&l, &["log", "--json", "--limit", "100"])).unwrap();
+    // Every event but the damaged note is still there.
+    let ids = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (b, a) = (ids(&before), ids(&after));
+    assert_eq!(a.len() + 1, b.len(), "{a:?} vs {b:?}");
+    assert!(a.iter().all(|x| b.contains(x)));
+    // verify says what was set aside and what depended on it.
+    let o = mass(&l, &["verify"]);
+    assert_eq!(o.status.code(), Some(3));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("set aside"), "{text}");
+    assert!(text.contains("dangling"), "{text}");
+    // The ledger takes writes again.
+    ok(&l, &["snapshot", l.join("segments").to_str().unwrap()]);
 }

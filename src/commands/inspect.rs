@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use ledger::{Ledger, ObjectKind};
 use serde_json::json;
 
@@ -57,9 +57,7 @@ pub fn log(
 
 pub fn show(l: &Ledger, s: &str, json: bool) -> Result<ExitCode> {
     let id = resolve(l, s)?;
-    let loc = l
-        .locate(&id)?
-        .with_context(|| format!("{id} vanished from the index"))?;
+    let loc = l.require(&id)?;
     let mut out = std::io::stdout().lock();
     match loc.kind {
         ObjectKind::Event => {

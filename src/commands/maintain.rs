@@ -10,7 +10,12 @@ use serde_json::json;
 
 use crate::output::bytes;
 
-pub fn verify(l: &Ledger, index: bool, json: bool) -> Result<ExitCode> {
+pub fn verify(
+    l: &Ledger,
+    opened: &ledger::RecoveryReport,
+    index: bool,
+    json: bool,
+) -> Result<ExitCode> {
     let check = |ev: &ledger::Event| {
         schemas::check(&ev.kind, ev.version, &ev.payload).map_err(|e| e.to_string())
     };
@@ -21,11 +26,23 @@ pub fn verify(l: &Ledger, index: bool, json: bool) -> Result<ExitCode> {
             "clean": r.is_clean(),
             "blobs": r.blobs, "trees": r.trees, "events": r.events, "refs": r.refs,
             "records": r.records, "bytes_scanned": r.bytes_scanned,
+            "set_aside_by_repair": r.set_aside,
+            "opening": recovery_json(opened),
             "problems": r.problems.iter().map(|p| json!({"id": p.id.map(|i| i.to_hex()), "problem": p.what})).collect::<Vec<_>>(),
         });
         serde_json::to_writer_pretty(&mut out, &v)?;
         writeln!(out)?;
     } else {
+        for line in super::recovery_lines(opened) {
+            writeln!(out, "opening: {line}")?;
+        }
+        if r.set_aside > 0 {
+            writeln!(
+                out,
+                "note: stepped over {} damaged range(s) that `mass repair` set aside (quarantine/damaged.jsonl)",
+                r.set_aside
+            )?;
+        }
         for p in &r.problems {
             writeln!(out, "BAD {p}")?;
         }
@@ -99,9 +116,57 @@ pub fn stats(l: &Ledger, json: bool) -> Result<ExitCode> {
 pub fn reindex(dir: &Path) -> Result<ExitCode> {
     let (_l, r) =
         Ledger::reindex(dir).with_context(|| format!("cannot reindex {}", dir.display()))?;
+    for line in super::recovery_lines(&r) {
+        println!("{line}");
+    }
     println!(
         "reindexed {} records from the segment files",
         r.reindexed_records
     );
     Ok(ExitCode::SUCCESS)
+}
+
+pub fn repair(dir: &Path, json: bool) -> Result<ExitCode> {
+    let (_l, r) =
+        Ledger::repair(dir).with_context(|| format!("cannot repair {}", dir.display()))?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, &recovery_json(&r))?;
+        writeln!(out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    for line in super::recovery_lines(&r) {
+        writeln!(out, "{line}")?;
+    }
+    if r.known_damage > 0 {
+        writeln!(
+            out,
+            "stepped over {} range(s) set aside by an earlier repair",
+            r.known_damage
+        )?;
+    }
+    writeln!(
+        out,
+        "kept {} intact records; set aside {} damaged range(s) (copies in {}/, list in {}/damaged.jsonl); no segment bytes were changed{}",
+        r.reindexed_records,
+        r.damage.len(),
+        ledger::QUARANTINE_DIR,
+        ledger::QUARANTINE_DIR,
+        if r.damage.is_empty() { "" } else { "; run `mass verify` to see what depended on them" }
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What opening or repairing did, as JSON.
+fn recovery_json(r: &ledger::RecoveryReport) -> serde_json::Value {
+    json!({
+        "reindexed_records": r.reindexed_records,
+        "index_rebuilt": r.index_rebuilt,
+        "set_aside": r.set_aside.iter().map(|s| json!({
+            "segment": s.segment, "offset": s.offset, "len": s.len,
+            "file": s.file.display().to_string(),
+        })).collect::<Vec<_>>(),
+        "damage": r.damage,
+        "known_damage": r.known_damage,
+    })
 }

@@ -44,10 +44,16 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             kind,
             limit,
             json,
-        } => inspect::log(&open(&dir)?, start.as_deref(), kind.as_deref(), limit, json),
-        Command::Show { id, json } => inspect::show(&open(&dir)?, &id, json),
-        Command::Cat { id } => inspect::cat(&open(&dir)?, &id),
-        Command::Refs { json } => inspect::refs(&open(&dir)?, json),
+        } => inspect::log(
+            &open_read(&dir)?,
+            start.as_deref(),
+            kind.as_deref(),
+            limit,
+            json,
+        ),
+        Command::Show { id, json } => inspect::show(&open_read(&dir)?, &id, json),
+        Command::Cat { id } => inspect::cat(&open_read(&dir)?, &id),
+        Command::Refs { json } => inspect::refs(&open_read(&dir)?, json),
         Command::Fork { id, name, set } => runs::fork(&open(&dir)?, &id, &name, &set),
         Command::Run {
             experiment,
@@ -62,7 +68,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             set,
             quiet,
         } => runs::rejudge(&dir, &run, &name, &set, quiet),
-        Command::Status { run, json } => runs::status(&open(&dir)?, run.as_deref(), json),
+        Command::Status { run, json } => {
+            let l = open_read(&dir)?;
+            note_quarantine(&dir);
+            runs::status(&l, run.as_deref(), json)
+        }
         Command::Export {
             what:
                 ExportWhat::Dataset {
@@ -71,41 +81,107 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     format,
                     out,
                 },
-        } => runs::export_dataset(&open(&dir)?, &run, cycle, format, &out),
+        } => runs::export_dataset(&open_read(&dir)?, &run, cycle, format, &out),
         Command::Snapshot { dir: d } => objects::snapshot(&open(&dir)?, &d),
-        Command::Checkout { tree, dir: d } => objects::checkout(&open(&dir)?, &tree, &d),
-        Command::Diff { a, b, json } => objects::diff(&open(&dir)?, &a, &b, json),
-        Command::Verify { log_only, json } => maintain::verify(&open_scan(&dir)?, !log_only, json),
-        Command::Stats { json } => maintain::stats(&open_scan(&dir)?, json),
+        Command::Checkout { tree, dir: d } => objects::checkout(&open_read(&dir)?, &tree, &d),
+        Command::Diff { a, b, json } => objects::diff(&open_read(&dir)?, &a, &b, json),
+        Command::Verify { log_only, json } => {
+            // The index check needs the persistent index, which only the
+            // lock holder may open; the log alone can be checked any time.
+            let (l, report) = if log_only {
+                let l = open_read(&dir)?;
+                let r = l.recovery().clone();
+                (l, r)
+            } else {
+                let (l, r) = Ledger::open_reporting_with(&dir, ledger::Options::for_scan())
+                    .with_context(|| format!("cannot open ledger {}", dir.display()))?;
+                (l, r)
+            };
+            maintain::verify(&l, &report, !log_only, json)
+        }
+        Command::Stats { json } => maintain::stats(&open_read(&dir)?, json),
         Command::Reindex => maintain::reindex(&dir),
+        Command::Repair { json } => maintain::repair(&dir, json),
         Command::Export {
             what: ExportWhat::Events { start, out },
-        } => export::events(&open(&dir)?, start.as_deref(), &out),
+        } => export::events(&open_read(&dir)?, start.as_deref(), &out),
         Command::Rank { file, prior, json } => rank::run(&file, prior, json),
         Command::Demo { workspace } => demo::run(&dir, workspace.as_deref()),
     }
 }
 
-/// Opens the ledger, reporting crash recovery on stderr.
+/// Opens the ledger for writing (taking its lock), reporting on stderr
+/// whatever recovery did.
 pub fn open(dir: &std::path::Path) -> Result<Ledger> {
     let (l, report) = Ledger::open_reporting(dir)
         .with_context(|| format!("cannot open ledger {}", dir.display()))?;
-    if report.truncated_bytes > 0 {
-        eprintln!(
-            "note: recovered from an interrupted write: dropped {} bytes of unacknowledged tail",
-            report.truncated_bytes
-        );
-    }
-    if let Some(why) = &report.index_rebuilt {
-        eprintln!("note: the index was damaged ({why}); rebuilt it from the segment files");
+    for line in recovery_lines(&report) {
+        eprintln!("note: {line}");
     }
     Ok(l)
 }
 
-/// Opens for a whole-ledger scan (smaller index cache; see `Options::for_scan`).
-fn open_scan(dir: &std::path::Path) -> Result<Ledger> {
-    Ledger::open_with(dir, ledger::Options::for_scan())
-        .with_context(|| format!("cannot open ledger {}", dir.display()))
+/// Opens the ledger for reading only: no lock, nothing changed, so it works
+/// while `mass run` writes and on a read-only copy. Damage the scan stepped
+/// over is reported on stderr.
+pub fn open_read(dir: &std::path::Path) -> Result<Ledger> {
+    let l = Ledger::open_read_only(dir)
+        .with_context(|| format!("cannot open ledger {}", dir.display()))?;
+    for d in &l.recovery().damage {
+        eprintln!(
+            "warning: damaged bytes in segment {} at byte {} ({} bytes: {}) were skipped; \
+             `mass verify --log-only` names what they held, `mass repair` sets them aside",
+            d.segment, d.offset, d.len, d.reason
+        );
+    }
+    Ok(l)
+}
+
+/// One line per thing opening did, for people.
+pub fn recovery_lines(r: &ledger::RecoveryReport) -> Vec<String> {
+    let mut out = Vec::new();
+    for s in &r.set_aside {
+        out.push(format!(
+            "an interrupted write left {} bytes after the last commit in segment {} (byte {}); \
+             they were never acknowledged and are kept in {}",
+            s.len,
+            s.segment,
+            s.offset,
+            s.file.display()
+        ));
+    }
+    if let Some(why) = &r.index_rebuilt {
+        out.push(format!(
+            "the index was damaged ({why}); rebuilt it from the segment files"
+        ));
+    }
+    for d in &r.damage {
+        out.push(format!(
+            "damaged bytes in segment {} at byte {} ({} bytes: {}){}",
+            d.segment,
+            d.offset,
+            d.len,
+            d.reason,
+            d.claimed_id
+                .as_ref()
+                .map(|i| format!(", claimed object {i}"))
+                .unwrap_or_default()
+        ));
+    }
+    out
+}
+
+/// Says on stderr if anything was ever set aside into quarantine/.
+fn note_quarantine(dir: &std::path::Path) {
+    let q = dir.join(ledger::QUARANTINE_DIR);
+    let n = std::fs::read_dir(&q).map(|rd| rd.count()).unwrap_or(0);
+    if n > 0 {
+        eprintln!(
+            "note: {} holds {n} file(s) that recovery or repair set aside (never deleted); \
+             `mass verify` reports what is missing",
+            q.display()
+        );
+    }
 }
 
 /// Resolves a ref name or an (abbreviated) object id.
