@@ -5,39 +5,101 @@
 //!                               [--quick | --full] [--reps N] [--strict]
 //! ```
 //!
-//! * `append`: durable event appends vs raw sled 0.34 inserts + `flush()`, per
-//!   event and in group commits of 100. sled's `flush()` is `pwrite` +
-//!   `sync_file_range` (no device cache flush), weaker than the ledger's
-//!   `fdatasync`, so an extra info row compares per-event appends with sled +
-//!   `fdatasync` of its data file. Per-event runs are shortened to fit this
-//!   machine's fsync speed unless `--full` (the output says so).
-//! * `snapshots`: 18 versions of a generated research workspace stored with
-//!   `Ledger::snapshot_dir` vs `git add -A && git commit` (then `git gc --aggressive`).
+//! What each benchmark measures (the targets of the ledger-trust issue):
+//!
+//! * `append`:
+//!   - per-event durable appends, `Ledger::append` (one write + `fdatasync`
+//!     each) vs raw sled 0.34 `insert` + `flush()` each (goal >= 0.5x). sled's
+//!     `flush()` is `pwrite` + `sync_file_range` (no device cache flush),
+//!     weaker than `fdatasync`, so an info row also compares with sled +
+//!     `fdatasync` of its data file. Per-event runs are shortened to fit this
+//!     machine's fsync speed unless `--full` (the output says so).
+//!   - group commit, `batch()` of 100 appends + `commit()` vs sled
+//!     `apply_batch` of the same 100 values + `flush()` (goal >= 0.5x), always
+//!     on 100k events.
+//!   - index bytes per event on disk **after close** at 100k events (goal <=
+//!     350 B): everything in the ledger directory that is not
+//!     `segments/*.seg`, `FORMAT` or `LOCK` (today sled's `index/`), measured
+//!     after the `Ledger` is dropped and every lock on its files (the ledger's
+//!     `LOCK`, sled's `db`, which sled releases from a background thread) is
+//!     gone. Reported per event, against segment bytes per event (the ratio
+//!     is index/segments), with a breakdown by file. The raw sled dbs are
+//!     measured the same way (dropped, lock released, then the directory).
+//! * `snapshots`: 18 versions of a generated research workspace, each stored
+//!   by **its own `mass --ledger DIR snapshot WORKSPACE` process** (the built
+//!   binary, see `mass_bin`), vs `git add -A && git commit` per version then a
+//!   plain `git gc`. Goal: whole ledger directory / whole `.git` directory
+//!   <= 1.0x; info rows: segments vs git's pack files, the ledger vs `git gc
+//!   --aggressive`, and one in-process `Ledger::snapshot_dir` per version
+//!   (which keeps the tree-delta base between snapshots; separate processes
+//!   do not). Every tree id printed by `mass snapshot` is checked against the
+//!   in-process one.
 //! * `conversations`: agent conversations logged as shared message blobs plus
 //!   `model.call` events vs an OpenAI-style logging proxy's gzip'd JSONL.
-//! * `scan`: `Ledger::verify` vs iterating raw sled and BLAKE3-hashing every value;
-//!   each scan runs in a child process (this binary re-executed) so that its peak
-//!   memory (VmHWM) belongs to the scan alone.
+//! * `scan`: `mass verify` vs the same checks over a raw sled store of the same
+//!   events (below); each scan runs in a child process (this binary
+//!   re-executed) so that its peak memory (VmHWM) belongs to the scan alone.
+//!
+//! ## The verify baseline
+//!
+//! `mass verify` (`src/commands/maintain.rs`) opens the ledger with
+//! `Options::for_scan()` and calls `Ledger::verify_with` with the schema
+//! registry as the payload check and the index cross-check on. Per
+//! `ledger/src/verify.rs` that is: (1) one ordered pass over the index loading
+//! every object's location into a table keyed by a 16-byte id prefix; (2) a
+//! sequential scan of every segment: each record's checksum, zstd decoding
+//! (with the delta base for tree deltas), re-hashing the canonical bytes
+//! against the id, the index placing the object at exactly that record,
+//! decoding and validating (bytecheck) the event envelope, `prev` being an
+//! event stored earlier (or `seq == 0` without one), every parent and ref
+//! stored earlier, the payload decoding as its registered kind and version
+//! (`schemas::check`), and the metadata parsing as JSON; (3) every index entry
+//! met by the scan; (4) the refs in the index equal to those replayed from the
+//! log's ref-update records. The bench runs exactly that call in its child
+//! (and once runs the `mass verify` binary on the same ledger to confirm it is
+//! clean and counts the same events).
+//!
+//! The baseline stores the same events (byte-identical canonical envelopes;
+//! their ids are checked equal to the ledger's while building) in raw sled,
+//! the way one would without the ledger: tree `log` maps the ordinal (u64 BE)
+//! to what a ledger record holds (the id, the envelope and the same metadata
+//! JSON), tree `ids` maps id to ordinal (the index) and tree `refs` maps ref
+//! name to head. `sled_verify` then does
+//! the same checks in the same order with the same library calls: (1) one
+//! ordered pass over `ids` into the same 16-byte-prefix table; (2) an ordered
+//! scan of `log` re-hashing every envelope (`Id::of`) against its stored id,
+//! checking the index places it at that ordinal, `EventEnvelope::from_bytes`, the `prev`/seq,
+//! parent and ref links against what was seen earlier, `schemas::check` on the
+//! payload and the metadata JSON; (3) every `ids` entry seen; (4) `refs` equal
+//! to each stream's last event in the log. What remains different is storage
+//! itself: the ledger checks its own record checksums and decompresses zstd
+//! bodies, sled checks its own page CRCs and stores values uncompressed. An
+//! info row compares `mass verify --log-only` with the same baseline without
+//! steps (1) and (3).
 //!
 //! Every figure is a median over repetitions and is reported as a ratio to its
-//! baseline, never alone. The summary table is also written as JSON to
-//! `target/bench-ledger.json`. All data is generated deterministically from
-//! fixed seeds. `--quick` shrinks every size about 10x (a smoke run), `--full`
-//! uses the issue's sizes everywhere (1M events for `scan`, 100k per-event
-//! durable appends) and 5 repetitions; `--strict` exits 1 when a goal is missed.
-//! Set `MASS_BENCH_KEEP=1` to keep the temporary ledgers, sled dbs and git
-//! repositories under /tmp for inspection (e.g. with `mass stats`).
+//! baseline, never alone; rows with a goal say PASS or MISS. The summary table
+//! is also written as JSON to `target/bench-ledger.json`. All data is
+//! generated deterministically from fixed seeds. `--quick` shrinks the other
+//! sizes about 10x (a smoke run, under ~2 minutes), `--full` uses the issue's
+//! sizes everywhere (1M events for `scan`, 100k per-event durable appends) and
+//! 5 repetitions; `--strict` exits 1 when a goal is missed. Set
+//! `MASS_BENCH_KEEP=1` to keep the temporary ledgers, sled dbs and git
+//! repositories under /tmp for inspection (e.g. with `mass stats`), and
+//! `MASS_BENCH_BIN=path` to use another `mass` binary. Run without `--bench`
+//! (as `cargo test --all-targets` does) it only runs a smoke test of every code
+//! path in miniature.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use ledger::{Id, Ledger, NewEvent};
-use schemas::{Hash32, ModelCall};
+use ledger::{EventEnvelope, Id, Ledger, NewEvent, ObjectKind};
+use schemas::{Hash32, ModelCall, Note};
 use serde_json::{json, Value};
 
 const BENCHES: [&str; 4] = ["append", "snapshots", "conversations", "scan"];
@@ -48,6 +110,10 @@ const CHILD_ENV: &str = "MASS_BENCH_CHILD";
 const CHILD_DIR_ENV: &str = "MASS_BENCH_DIR";
 /// Set to keep every temporary directory (ledgers, sled dbs, git repos) for inspection.
 const KEEP_ENV: &str = "MASS_BENCH_KEEP";
+/// Set to the `mass` binary to run instead of the one cargo built.
+const BIN_ENV: &str = "MASS_BENCH_BIN";
+/// Set in a scan child: also run the index passes (what `mass verify` does by default).
+const INDEX_ENV: &str = "MASS_BENCH_VERIFY_INDEX";
 const MIB: f64 = 1024.0 * 1024.0;
 
 const SEED_LEX: u64 = 0x5EED_0001;
@@ -95,7 +161,8 @@ struct Cfg {
     names: Vec<&'static str>,
     reps: usize,
     strict: bool,
-    /// Events appended in the group-commit run (and the payload pool).
+    /// Events appended in the group-commit run, whose index is measured (and
+    /// the payload pool); the issue's size, 100k, in every mode.
     append_events: usize,
     /// Per-event durable appends wanted (the issue's size is 100k).
     durable_target: usize,
@@ -154,7 +221,7 @@ fn parse_args() -> Result<Cfg, String> {
         names = BENCHES.to_vec();
     }
     let (append_events, durable_target, durable_budget_s) = match mode {
-        Mode::Quick => (10_000, 10_000, 6.0),
+        Mode::Quick => (100_000, 10_000, 6.0),
         Mode::Default => (100_000, 100_000, 90.0),
         Mode::Full => (100_000, 100_000, f64::INFINITY),
     };
@@ -187,6 +254,7 @@ fn parse_args() -> Result<Cfg, String> {
 enum Unit {
     EventsPerSec,
     Bytes,
+    BytesPerEvent,
     Secs,
 }
 
@@ -198,6 +266,8 @@ enum Goal {
     RatioAtMost(f64),
     /// The ledger's value (in the row's unit) must be below this.
     LedgerBelow(f64),
+    /// The ledger's value (in the row's unit) must be at most this.
+    LedgerAtMost(f64),
 }
 
 impl Goal {
@@ -206,6 +276,7 @@ impl Goal {
             Goal::RatioAtLeast(r) => format!(">= {r:.2}x"),
             Goal::RatioAtMost(r) => format!("<= {r:.2}x"),
             Goal::LedgerBelow(v) => format!("< {}", fmt_val(unit, v)),
+            Goal::LedgerAtMost(v) => format!("<= {}", fmt_val(unit, v)),
         }
     }
 }
@@ -232,7 +303,16 @@ impl Row {
             Goal::RatioAtLeast(r) => self.ratio() >= r,
             Goal::RatioAtMost(r) => self.ratio() <= r,
             Goal::LedgerBelow(v) => self.ledger < v,
+            Goal::LedgerAtMost(v) => self.ledger <= v,
         })
+    }
+
+    fn verdict(&self) -> &'static str {
+        match self.pass() {
+            Some(true) => "PASS",
+            Some(false) => "MISS",
+            None => "info",
+        }
     }
 }
 
@@ -256,6 +336,7 @@ fn fmt_val(unit: Unit, v: f64) -> String {
                 format!("{v:.0} B")
             }
         }
+        Unit::BytesPerEvent => format!("{v:.0} B/ev"),
         Unit::Secs => {
             if v >= 1.0 {
                 format!("{v:.2} s")
@@ -306,11 +387,7 @@ fn report(
         goal,
         note,
     };
-    let verdict = match row.pass() {
-        Some(true) => "PASS".to_string(),
-        Some(false) => "FAIL".to_string(),
-        None => "info".to_string(),
-    };
+    let verdict = row.verdict();
     println!("  {}", row.metric);
     println!(
         "    ledger   {:>14}  reps {}",
@@ -361,11 +438,7 @@ fn print_summary(cfg: &Cfg, rows: &[Row]) {
             r.goal
                 .map(|g| g.describe(r.unit))
                 .unwrap_or_else(|| "-".into()),
-            match r.pass() {
-                Some(true) => "pass".into(),
-                Some(false) => "FAIL".into(),
-                None => "info".into(),
-            },
+            r.verdict().into(),
         ]);
     }
     let mut widths = [0usize; 7];
@@ -398,6 +471,7 @@ fn write_json(cfg: &Cfg, rows: &[Row], notes: &[String]) -> PathBuf {
     let unit_name = |u: Unit| match u {
         Unit::EventsPerSec => "events/s",
         Unit::Bytes => "bytes",
+        Unit::BytesPerEvent => "bytes/event",
         Unit::Secs => "seconds",
     };
     let rows_json: Vec<Value> = rows
@@ -413,6 +487,7 @@ fn write_json(cfg: &Cfg, rows: &[Row], notes: &[String]) -> PathBuf {
                 "ratio": r.ratio(),
                 "goal": r.goal.map(|g| g.describe(r.unit)),
                 "pass": r.pass(),
+                "result": r.verdict(),
                 "note": r.note,
             })
         })
@@ -633,17 +708,28 @@ fn tempdir(tag: &str) -> tempfile::TempDir {
     d
 }
 
-fn dir_size(p: &Path) -> u64 {
-    let mut total = 0;
-    if let Ok(rd) = fs::read_dir(p) {
-        for e in rd.flatten() {
-            match e.metadata() {
-                Ok(m) if m.is_dir() => total += dir_size(&e.path()),
-                Ok(m) => total += m.len(),
-                Err(_) => {}
-            }
+/// Calls `f(relative path, length)` for every file under `dir`.
+fn walk_files(dir: &Path, rel: &str, f: &mut dyn FnMut(&str, &Path, u64)) {
+    let Ok(rd) = fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let r = if rel.is_empty() {
+            name
+        } else {
+            format!("{rel}/{name}")
+        };
+        match e.metadata() {
+            Ok(m) if m.is_dir() => walk_files(&e.path(), &r, f),
+            Ok(m) => f(&r, &e.path(), m.len()),
+            Err(_) => {}
         }
     }
+}
+
+/// Apparent size of every file under `p`.
+fn dir_size(p: &Path) -> u64 {
+    let mut total = 0;
+    walk_files(p, "", &mut |_, _, n| total += n);
     total
 }
 
@@ -654,9 +740,176 @@ fn write_file(path: &Path, bytes: &[u8]) {
     fs::write(path, bytes).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
 
-fn ledger_stats(l: &Ledger) -> (u64, u64) {
-    let s = l.stats().expect("ledger stats");
-    (s.segment_bytes, s.index_bytes)
+/// Waits until nothing holds a lock on `path` (a missing file counts as free).
+fn wait_unlocked(path: &Path) {
+    let Ok(f) = fs::File::open(path) else { return };
+    let t = Instant::now();
+    loop {
+        match f.try_lock() {
+            Ok(()) => {
+                let _ = f.unlock();
+                return;
+            }
+            Err(fs::TryLockError::WouldBlock) if t.elapsed() < Duration::from_secs(30) => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(e) => panic!("{} is still locked 30 s after close: {e}", path.display()),
+        }
+    }
+}
+
+/// Waits until a dropped ledger or sled db has let go of its files: the
+/// ledger's `LOCK` and every sled `db` file under `dir` (sled releases its lock
+/// from a background flusher thread after the last handle drops, possibly
+/// after one more write), so that what is measured next is the closed store.
+fn wait_closed(dir: &Path) {
+    let mut locked = Vec::new();
+    walk_files(dir, "", &mut |_, p, _| {
+        if matches!(
+            p.file_name().and_then(|n| n.to_str()),
+            Some("LOCK") | Some("db")
+        ) {
+            locked.push(p.to_path_buf());
+        }
+    });
+    for p in locked {
+        wait_unlocked(&p);
+    }
+}
+
+/// A closed ledger directory on disk, split the way the issue counts it.
+#[derive(Debug, Clone, Default)]
+struct Layout {
+    /// Every file in the directory.
+    total: u64,
+    /// `segments/*.seg`: the source of truth.
+    segments: u64,
+    /// Everything else except `FORMAT` and `LOCK`: derived index files (today sled's `index/`).
+    index: u64,
+    /// Index bytes by file (sled's `snap.*` files grouped), largest first when printed.
+    parts: BTreeMap<String, u64>,
+}
+
+impl Layout {
+    /// The parts as "name size (x B/ev)", largest first.
+    fn describe_parts(&self, events: Option<usize>) -> String {
+        let mut v: Vec<(&String, &u64)> = self.parts.iter().collect();
+        v.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let parts: Vec<String> = v
+            .into_iter()
+            .map(|(k, n)| match events {
+                Some(e) => format!(
+                    "{k} {} ({:.0} B/ev)",
+                    fmt_val(Unit::Bytes, *n as f64),
+                    *n as f64 / e as f64
+                ),
+                None => format!("{k} {}", fmt_val(Unit::Bytes, *n as f64)),
+            })
+            .collect();
+        if parts.is_empty() {
+            "no index files".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+/// Measures a ledger directory; call `close_ledger` (or let the owning process
+/// exit) first.
+fn ledger_layout(dir: &Path) -> Layout {
+    let mut l = Layout::default();
+    walk_files(dir, "", &mut |rel, _, n| {
+        l.total += n;
+        if rel.starts_with("segments/") && rel.ends_with(".seg") {
+            l.segments += n;
+        } else if rel != "FORMAT" && rel != "LOCK" {
+            l.index += n;
+            let mut key: Vec<&str> = rel.splitn(3, '/').take(2).collect();
+            if key.last().is_some_and(|k| k.starts_with("snap.")) {
+                key.pop();
+                key.push("snap.*");
+            }
+            *l.parts.entry(key.join("/")).or_default() += n;
+        }
+    });
+    l
+}
+
+/// Drops the ledger, waits until its files are let go, and measures the directory.
+fn close_ledger(l: Ledger) -> Layout {
+    let dir = l.dir().to_path_buf();
+    drop(l);
+    wait_closed(&dir);
+    ledger_layout(&dir)
+}
+
+/// Drops a raw sled db, waits for its flusher to let go, and measures the directory.
+fn close_sled(db: sled::Db, dir: &Path) -> u64 {
+    drop(db);
+    wait_closed(dir);
+    dir_size(dir)
+}
+
+fn open_sled(path: &Path) -> sled::Db {
+    sled::Config::new()
+        .path(path)
+        .open()
+        .unwrap_or_else(|e| panic!("open sled at {}: {e}", path.display()))
+}
+
+/// The `mass` binary: `MASS_BENCH_BIN`, else the one cargo built for this
+/// bench (`CARGO_BIN_EXE_mass`), else `mass` next to this bench's directory
+/// (`target/<profile>/deps/..`), else `target/release/mass`.
+fn mass_bin() -> PathBuf {
+    let mut tried: Vec<PathBuf> = Vec::new();
+    if let Some(p) = std::env::var_os(BIN_ENV) {
+        tried.push(PathBuf::from(p));
+    }
+    if let Some(p) = option_env!("CARGO_BIN_EXE_mass") {
+        tried.push(PathBuf::from(p));
+    }
+    if let Some(profile_dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent()?.parent().map(Path::to_path_buf))
+    {
+        tried.push(profile_dir.join("mass"));
+    }
+    tried.push(target_dir().join("release").join("mass"));
+    match tried.iter().find(|p| p.is_file()) {
+        Some(p) => p.clone(),
+        None => panic!(
+            "cannot find the `mass` binary (tried {}); build it with `cargo build --release --bin mass` or set {BIN_ENV}",
+            tried
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// Runs `mass --ledger LEDGER ARGS...`, returns its stdout; panics with its
+/// stderr when it fails.
+fn run_mass(bin: &Path, ledger: &Path, args: &[&std::ffi::OsStr]) -> String {
+    let out = Command::new(bin)
+        .arg("--ledger")
+        .arg(ledger)
+        .args(args)
+        .env_remove("MASS_LEDGER")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
+    if !out.status.success() {
+        panic!(
+            "{} --ledger {} {:?} failed ({}): {}{}",
+            bin.display(),
+            ledger.display(),
+            args,
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 // ---------------------------------------------------------------------------
@@ -669,8 +922,8 @@ const APPEND_KIND: &str = "bench.append";
 /// What one ledger append run measured.
 struct AppendRun {
     secs: f64,
-    seg_bytes: u64,
-    idx_bytes: u64,
+    /// The directory after the ledger was closed.
+    layout: Layout,
     /// `Ledger::stats()` when asked for (it reads every event back).
     stats: Option<ledger::Stats>,
     /// Events/s over the first and the last tenth of the run.
@@ -679,7 +932,7 @@ struct AppendRun {
 }
 
 /// Appends `payloads` to a fresh ledger, `group` events per durable commit
-/// (`group == 1` uses `Ledger::append`).
+/// (`group == 1` uses `Ledger::append`), then closes it and measures it.
 fn run_ledger_append(payloads: &[Vec<u8>], group: usize, want_stats: bool) -> AppendRun {
     let tmp = tempdir("append-ledger");
     let dir = tmp.path().join("ledger");
@@ -716,30 +969,22 @@ fn run_ledger_append(payloads: &[Vec<u8>], group: usize, want_stats: bool) -> Ap
         n => rate(marks[n - 2], marks[n - 1]),
     };
     let stats = want_stats.then(|| l.stats().expect("ledger stats"));
-    drop(l);
     AppendRun {
         secs,
-        seg_bytes: dir_size(&dir.join("segments")),
-        idx_bytes: dir_size(&dir.join("index")),
+        layout: close_ledger(l),
         stats,
         first_tenth,
         last_tenth,
     }
 }
 
-fn open_sled(path: &Path) -> sled::Db {
-    sled::Config::new()
-        .path(path)
-        .open()
-        .unwrap_or_else(|e| panic!("open sled at {}: {e}", path.display()))
-}
-
-/// Inserts `payloads` into a fresh raw sled db under counter keys, flushing
-/// after every `group` inserts (one `apply_batch` per group when `group > 1`).
-/// With `fdatasync`, each flush is followed by `fdatasync` of sled's data file:
-/// sled 0.34's `flush()` only calls `sync_file_range`, which neither flushes the
-/// device cache nor persists file metadata, so this variant is the one whose
-/// durability matches the ledger's `fdatasync`.
+/// Inserts `payloads` into a fresh raw sled db under counter keys: with
+/// `group == 1` one `insert` + `flush()` per value, otherwise one `apply_batch`
+/// of `group` values + `flush()` per group. With `fdatasync`, each flush is
+/// followed by `fdatasync` of sled's data file: sled 0.34's `flush()` only
+/// calls `sync_file_range`, which neither flushes the device cache nor persists
+/// file metadata, so this variant is the one whose durability matches the
+/// ledger's `fdatasync`.
 /// Returns (seconds, bytes on disk after closing).
 fn run_sled_append(payloads: &[Vec<u8>], group: usize, fdatasync: bool) -> (f64, u64) {
     let tmp = tempdir("append-sled");
@@ -771,8 +1016,8 @@ fn run_sled_append(payloads: &[Vec<u8>], group: usize, fdatasync: bool) -> (f64,
         }
     }
     let secs = t.elapsed().as_secs_f64();
-    drop(db);
-    (secs, dir_size(&path))
+    drop(data_file);
+    (secs, close_sled(db, &path))
 }
 
 /// Runs ledger and sled `reps` times each, alternating which goes first.
@@ -849,7 +1094,7 @@ fn bench_append(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>, notes: &mut Vec<Strin
             match (r + k) % 3 {
                 0 => {
                     let run = run_ledger_append(d, 1, false);
-                    tenths.push((run.first_tenth, run.last_tenth, run.idx_bytes));
+                    tenths.push((run.first_tenth, run.last_tenth, run.layout.index));
                     l.push(durable_n as f64 / run.secs)
                 }
                 1 => s.push(durable_n as f64 / run_sled_append(d, 1, false).0),
@@ -884,7 +1129,7 @@ fn bench_append(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>, notes: &mut Vec<Strin
         .map(|x| x.2 as f64 / durable_n as f64)
         .collect();
     let line = format!(
-        "ledger per-event appends: {} over the first tenth of the run, {} over the last; sled index {:.0} B/event afterwards",
+        "ledger per-event appends: {} over the first tenth of the run, {} over the last; index {:.0} B/event after close",
         fmt_val(Unit::EventsPerSec, median(&ft)),
         fmt_val(Unit::EventsPerSec, median(&lt)),
         median(&ib)
@@ -892,23 +1137,23 @@ fn bench_append(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>, notes: &mut Vec<Strin
     println!("  {line}");
     notes.push(format!("append: {line}"));
 
-    // Group commit.
-    let mut layout: Option<(ledger::Stats, u64)> = None;
-    let mut lbytes = Vec::new();
+    // Group commit; its closed directories give the index size at n events.
+    let mut stats: Option<ledger::Stats> = None;
+    let mut layouts: Vec<Layout> = Vec::new();
     let mut sbytes = Vec::new();
     let (l, s) = alternate(
         cfg.reps,
         || {
-            let run = run_ledger_append(&payloads, 100, lbytes.is_empty());
-            if let Some(st) = run.stats {
-                layout = Some((st, run.seg_bytes));
+            let run = run_ledger_append(&payloads, 100, layouts.is_empty());
+            if run.stats.is_some() {
+                stats = run.stats;
             }
-            lbytes.push((run.seg_bytes, run.idx_bytes));
+            layouts.push(run.layout);
             n as f64 / run.secs
         },
         || {
             let (secs, bytes) = run_sled_append(&payloads, 100, false);
-            sbytes.push(bytes as f64);
+            sbytes.push(bytes as f64 / n as f64);
             n as f64 / secs
         },
     );
@@ -920,48 +1165,71 @@ fn bench_append(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>, notes: &mut Vec<Strin
         "sled",
         &s,
         Some(Goal::RatioAtLeast(0.5)),
-        "ledger: batch() of 100 appends + commit(); sled: apply_batch of 100 + flush()".into(),
+        "ledger: batch() of 100 appends + commit() (one write + fdatasync); sled: apply_batch of the same 100 values + flush()".into(),
     ));
-    if let Some((st, seg)) = &layout {
-        let per = |x: u64| x as f64 / n as f64;
+    let per = |x: u64| x as f64 / n as f64;
+    let idx: Vec<f64> = layouts.iter().map(|x| per(x.index)).collect();
+    let seg: Vec<f64> = layouts.iter().map(|x| per(x.segments)).collect();
+    let all: Vec<f64> = layouts.iter().map(|x| per(x.total)).collect();
+    // The breakdown of the median run (by index size).
+    let mid = {
+        let mut v: Vec<&Layout> = layouts.iter().collect();
+        v.sort_by_key(|x| x.index);
+        v[v.len() / 2].clone()
+    };
+    let parts = mid.describe_parts(Some(n));
+    println!("  index files after close (median run): {parts}");
+    notes.push(format!(
+        "append: index files after close at {n} events: {parts}"
+    ));
+    rows.push(report(
+        "append",
+        format!("index bytes/event after close ({n} events) vs segment bytes/event"),
+        Unit::BytesPerEvent,
+        &idx,
+        "segments",
+        &seg,
+        Some(Goal::LedgerAtMost(350.0)),
+        format!(
+            "the group-commit ledgers, dropped and unlocked, then measured: everything but segments/*.seg, FORMAT and LOCK; ratio = index/segments. Files: {parts}"
+        ),
+    ));
+    if let Some(st) = &stats {
         let ev = st.by_kind.get("event").cloned().unwrap_or_default();
-        let idx = lbytes.first().map(|x| x.1).unwrap_or(0);
         let line = format!(
-            "ledger bytes per event (group commit run): payload {:.0}, event envelope raw {:.0}, stored {:.0} (zstd when it saves >11%), segment {:.0} (so {:.0} of record framing, metadata, one ref-update record per append and commit markers), sled index {:.0}",
+            "ledger bytes per event (group commit run): payload {:.0}, event envelope raw {:.0}, stored {:.0} (zstd when it saves >11%), segment {:.0} (so {:.0} of record framing, metadata, one ref-update record per append and commit markers), index {:.0} after close",
             per(total as u64),
             per(ev.raw_bytes),
             per(ev.stored_bytes),
-            per(*seg),
-            per(seg.saturating_sub(ev.stored_bytes)),
-            per(idx)
+            median(&seg),
+            median(&seg) - per(ev.stored_bytes),
+            median(&idx)
         );
         println!("  {line}");
         notes.push(format!("append: {line}"));
     }
-    let seg: Vec<f64> = lbytes.iter().map(|x| x.0 as f64).collect();
-    let all: Vec<f64> = lbytes.iter().map(|x| (x.0 + x.1) as f64).collect();
     rows.push(report(
         "append",
-        format!("disk after {n} events: segments only"),
-        Unit::Bytes,
+        format!("segment bytes/event vs raw sled db after close ({n} events)"),
+        Unit::BytesPerEvent,
         &seg,
         "sled",
         &sbytes,
         None,
         format!(
-            "payload bytes {}; sled dir measured after closing the db",
-            fmt_val(Unit::Bytes, total as f64)
+            "payload {:.0} B/event; sled holds the payloads under 8-byte keys, measured after drop and lock release",
+            per(total as u64)
         ),
     ));
     rows.push(report(
         "append",
-        format!("disk after {n} events: segments + index"),
-        Unit::Bytes,
+        format!("whole ledger dir/event vs raw sled db after close ({n} events)"),
+        Unit::BytesPerEvent,
         &all,
         "sled",
         &sbytes,
         None,
-        String::new(),
+        "segments + index + FORMAT + LOCK".into(),
     ));
 }
 
@@ -1413,139 +1681,213 @@ impl Git {
     }
 }
 
+/// Bytes of git's pack files (`objects/pack/*.pack`).
+fn pack_bytes(git_dir: &Path) -> u64 {
+    let mut total = 0;
+    walk_files(
+        &git_dir.join("objects").join("pack"),
+        "",
+        &mut |rel, _, n| {
+            if rel.ends_with(".pack") {
+                total += n
+            }
+        },
+    );
+    total
+}
+
 struct SnapRep {
-    ledger_secs: f64,
+    /// One `mass snapshot` process per variant.
+    proc_secs: f64,
+    /// One open `Ledger`, `snapshot_dir` per variant.
+    inproc_secs: f64,
     git_secs: f64,
     gc_secs: f64,
-    seg_bytes: u64,
-    idx_bytes: u64,
+    proc: Layout,
+    inproc: Layout,
     git_before_gc: u64,
-    git_after_gc: u64,
-    git_objects: u64,
+    git_gc: u64,
+    git_gc_pack: u64,
+    git_aggressive: u64,
+    git_aggressive_pack: u64,
     workspace_bytes: u64,
     files: usize,
 }
 
-fn snapshot_rep(cfg: &Cfg, lex: &Lex, rep: usize) -> SnapRep {
+fn snapshot_rep(cfg: &Cfg, lex: &Lex, bin: &Path, rep: usize) -> SnapRep {
     let tmp = tempdir("snapshots");
     let work = tmp.path().join("workspace");
     let ws = gen_workspace(&work, lex, cfg.snap_scale);
-    let l = Ledger::init(&tmp.path().join("ledger")).expect("init ledger");
+    let proc_dir = tmp.path().join("ledger-per-process");
+    run_mass(bin, &proc_dir, &["init".as_ref()]);
+    let l = Ledger::init(&tmp.path().join("ledger-in-process")).expect("init ledger");
     let git = Git {
         dir: tmp.path().join("git"),
         work: work.clone(),
     };
     // No template: sample hooks are not data.
     git.run(&["init", "-q", "--template="]);
-    let mut ledger_secs = 0.0;
-    let mut git_secs = 0.0;
-    let mut trees = Vec::new();
+    let (mut proc_secs, mut inproc_secs, mut git_secs) = (0.0, 0.0, 0.0);
+    let mut last_tree = None;
     for v in 1..=cfg.snap_variants {
         mutate(&ws, lex, v);
-        let mut do_ledger = || {
-            let t = Instant::now();
-            trees.push(l.snapshot_dir(&work).expect("snapshot_dir"));
-            ledger_secs += t.elapsed().as_secs_f64();
-        };
-        let mut do_git = || {
-            let t = Instant::now();
-            git.run(&["add", "-A"]);
-            git.run(&["commit", "-q", "-m", &format!("variant {v}")]);
-            git_secs += t.elapsed().as_secs_f64();
-        };
-        if (v + rep).is_multiple_of(2) {
-            do_ledger();
-            do_git();
-        } else {
-            do_git();
-            do_ledger();
+        let mut printed = None;
+        let mut stored = None;
+        // Rotate which of the three goes first.
+        for k in 0..3 {
+            match (v + rep + k) % 3 {
+                0 => {
+                    let t = Instant::now();
+                    let out = run_mass(bin, &proc_dir, &["snapshot".as_ref(), work.as_os_str()]);
+                    proc_secs += t.elapsed().as_secs_f64();
+                    printed = Some(out.trim().to_string());
+                }
+                1 => {
+                    let t = Instant::now();
+                    stored = Some(l.snapshot_dir(&work).expect("snapshot_dir"));
+                    inproc_secs += t.elapsed().as_secs_f64();
+                }
+                _ => {
+                    let t = Instant::now();
+                    git.run(&["add", "-A"]);
+                    git.run(&["commit", "-q", "-m", &format!("variant {v}")]);
+                    git_secs += t.elapsed().as_secs_f64();
+                }
+            }
         }
+        let stored = stored.expect("in-process snapshot ran");
+        assert_eq!(
+            printed.as_deref(),
+            Some(stored.to_hex().as_str()),
+            "variant {v}: `mass snapshot` printed another tree id than Ledger::snapshot_dir"
+        );
+        last_tree = Some(stored);
     }
-    let last = l.get_tree(trees.last().expect("a snapshot")).expect("tree");
+    let last = l
+        .get_tree(&last_tree.expect("a snapshot"))
+        .expect("read the last tree");
     let files = last
         .entries
         .iter()
         .filter(|e| e.kind == ledger::EntryKind::File)
         .count();
-    let (seg_bytes, idx_bytes) = ledger_stats(&l);
+    let inproc = close_ledger(l);
+    wait_closed(&proc_dir);
+    let proc = ledger_layout(&proc_dir);
     let git_before_gc = dir_size(&git.dir);
     let t = Instant::now();
-    git.run(&["gc", "--aggressive", "--prune=now", "-q"]);
+    git.run(&["gc", "-q"]);
     let gc_secs = t.elapsed().as_secs_f64();
+    let (git_gc, git_gc_pack) = (dir_size(&git.dir), pack_bytes(&git.dir));
+    git.run(&["gc", "--aggressive", "--prune=now", "-q"]);
     SnapRep {
-        ledger_secs,
+        proc_secs,
+        inproc_secs,
         git_secs,
         gc_secs,
-        seg_bytes,
-        idx_bytes,
+        proc,
+        inproc,
         git_before_gc,
-        git_after_gc: dir_size(&git.dir),
-        git_objects: dir_size(&git.dir.join("objects")),
+        git_gc,
+        git_gc_pack,
+        git_aggressive: dir_size(&git.dir),
+        git_aggressive_pack: pack_bytes(&git.dir),
         workspace_bytes: last.content_bytes(),
         files,
     }
 }
 
 fn bench_snapshots(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>) {
+    let bin = mass_bin();
     println!(
-        "\n== snapshots: {} workspace variants, ledger snapshot_dir vs git add -A + commit, then git gc --aggressive; {} reps ==",
-        cfg.snap_variants, cfg.reps
+        "\n== snapshots: {} workspace variants, one `mass snapshot` process each ({}) vs git add -A + commit, then git gc; {} reps ==",
+        cfg.snap_variants,
+        bin.display(),
+        cfg.reps
     );
-    let reps: Vec<SnapRep> = (0..cfg.reps).map(|r| snapshot_rep(cfg, lex, r)).collect();
+    let reps: Vec<SnapRep> = (0..cfg.reps)
+        .map(|r| snapshot_rep(cfg, lex, &bin, r))
+        .collect();
     let r0 = &reps[0];
+    let col = |f: &dyn Fn(&SnapRep) -> f64| reps.iter().map(f).collect::<Vec<f64>>();
     println!(
-        "  workspace: {} files, {} per version; git .git before gc {}, gc --aggressive took {}",
+        "  workspace: {} files, {} per version; .git before gc {}, git gc took {}",
         r0.files,
         fmt_val(Unit::Bytes, r0.workspace_bytes as f64),
         fmt_val(Unit::Bytes, r0.git_before_gc as f64),
-        fmt_val(
-            Unit::Secs,
-            median(&reps.iter().map(|r| r.gc_secs).collect::<Vec<_>>())
-        )
+        fmt_val(Unit::Secs, median(&col(&|r| r.gc_secs)))
     );
-    let col = |f: &dyn Fn(&SnapRep) -> f64| reps.iter().map(f).collect::<Vec<f64>>();
-    let note = format!(
-        "{} files, {} per version; git objects/ alone {}; git before gc {}",
-        r0.files,
-        fmt_val(Unit::Bytes, r0.workspace_bytes as f64),
-        fmt_val(Unit::Bytes, r0.git_objects as f64),
-        fmt_val(Unit::Bytes, r0.git_before_gc as f64)
-    );
+    let v = cfg.snap_variants;
     rows.push(report(
         "snapshots",
-        format!(
-            "stored bytes, {} versions: segments vs .git after gc --aggressive",
-            cfg.snap_variants
-        ),
+        format!("{v} versions, one process each: whole ledger dir vs whole .git after git gc"),
         Unit::Bytes,
-        &col(&|r| r.seg_bytes as f64),
+        &col(&|r| r.proc.total as f64),
         "git",
-        &col(&|r| r.git_after_gc as f64),
+        &col(&|r| r.git_gc as f64),
         Some(Goal::RatioAtMost(1.0)),
-        note,
-    ));
-    rows.push(report(
-        "snapshots",
-        "stored bytes incl. sled index (info)".into(),
-        Unit::Bytes,
-        &col(&|r| (r.seg_bytes + r.idx_bytes) as f64),
-        "git",
-        &col(&|r| r.git_after_gc as f64),
-        None,
-        format!("index alone {}", fmt_val(Unit::Bytes, r0.idx_bytes as f64)),
-    ));
-    rows.push(report(
-        "snapshots",
         format!(
-            "time to store {} versions: snapshot_dir vs git add -A + commit",
-            cfg.snap_variants
+            "{} files, {} per version; ledger: segments {}, index files {} ({}), measured after the last process exited; git: packs {}, before gc {}",
+            r0.files,
+            fmt_val(Unit::Bytes, r0.workspace_bytes as f64),
+            fmt_val(Unit::Bytes, r0.proc.segments as f64),
+            fmt_val(Unit::Bytes, r0.proc.index as f64),
+            r0.proc.describe_parts(None),
+            fmt_val(Unit::Bytes, r0.git_gc_pack as f64),
+            fmt_val(Unit::Bytes, r0.git_before_gc as f64)
         ),
+    ));
+    rows.push(report(
+        "snapshots",
+        "segments only vs git pack files after git gc (info)".into(),
+        Unit::Bytes,
+        &col(&|r| r.proc.segments as f64),
+        "git pack",
+        &col(&|r| r.git_gc_pack as f64),
+        None,
+        "segments/*.seg vs objects/pack/*.pack".into(),
+    ));
+    rows.push(report(
+        "snapshots",
+        "whole ledger dir vs whole .git after git gc --aggressive (info)".into(),
+        Unit::Bytes,
+        &col(&|r| r.proc.total as f64),
+        "git aggr",
+        &col(&|r| r.git_aggressive as f64),
+        None,
+        format!(
+            "git gc --aggressive --prune=now after the plain gc; its packs {}",
+            fmt_val(Unit::Bytes, r0.git_aggressive_pack as f64)
+        ),
+    ));
+    rows.push(report(
+        "snapshots",
+        "in-process (one Ledger, snapshot_dir per version): whole dir vs .git after git gc (info)"
+            .into(),
+        Unit::Bytes,
+        &col(&|r| r.inproc.total as f64),
+        "git",
+        &col(&|r| r.git_gc as f64),
+        None,
+        format!(
+            "keeps the tree-delta base between snapshots: segments {} ({:.3}x the git packs), index files {}",
+            fmt_val(Unit::Bytes, r0.inproc.segments as f64),
+            median(&col(&|r| r.inproc.segments as f64)) / median(&col(&|r| r.git_gc_pack as f64)),
+            fmt_val(Unit::Bytes, r0.inproc.index as f64)
+        ),
+    ));
+    rows.push(report(
+        "snapshots",
+        format!("time to store {v} versions: `mass snapshot` processes vs git add -A + commit"),
         Unit::Secs,
-        &col(&|r| r.ledger_secs),
+        &col(&|r| r.proc_secs),
         "git",
         &col(&|r| r.git_secs),
         Some(Goal::RatioAtMost(1.0)),
-        "git with default settings (core.fsync does not cover loose objects); the ledger fsyncs every snapshot".into(),
+        format!(
+            "each `mass snapshot` opens the ledger, snapshots and fsyncs, exits; git with default settings (core.fsync does not cover loose objects); in-process snapshot_dir took {} in all",
+            fmt_val(Unit::Secs, median(&col(&|r| r.inproc_secs)))
+        ),
     ));
 }
 
@@ -1830,12 +2172,14 @@ fn run_jsonl(convs: &[Vec<Value>], tools: &Value, turns: usize) -> (f64, u64, u6
 
 /// (b) the ledger: message blobs shared by content, one `model.call` event per
 /// call chained by `prefix`, one ref per conversation, one durable commit per call.
-/// Returns (seconds, segment bytes, index bytes, the open ledger and its temp dir).
+/// With `check`, rebuilds every conversation's last request afterwards (see
+/// `check_reconstruction`). Returns (seconds, the directory after closing).
 fn run_ledger_conv(
     convs: &[Vec<Value>],
     tools: &Value,
     turns: usize,
-) -> (f64, u64, u64, Ledger, tempfile::TempDir) {
+    check: bool,
+) -> (f64, Layout) {
     let tmp = tempdir("conversations");
     let l = Ledger::init(&tmp.path().join("ledger")).expect("init ledger");
     let mut heads: Vec<Option<Id>> = vec![None; convs.len()];
@@ -1879,8 +2223,14 @@ fn run_ledger_conv(
         heads[c] = Some(id);
     }
     let secs = t0.elapsed().as_secs_f64();
-    let (seg, idx) = ledger_stats(&l);
-    (secs, seg, idx, l, tmp)
+    if check {
+        check_reconstruction(&l, convs, tools, turns);
+        let r = l.verify(&schema_check).expect("verify");
+        assert!(r.is_clean(), "conversation ledger: {:?}", r.problems);
+    }
+    let layout = close_ledger(l);
+    drop(tmp);
+    (secs, layout)
 }
 
 /// Rebuilds the full request of each conversation's last call by following
@@ -1957,14 +2307,13 @@ fn bench_conversations(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>) {
     let mut raw = 0;
     for r in 0..cfg.reps {
         let mut do_ledger = || {
-            let (secs, s, i, l, _tmp) = run_ledger_conv(&convs, &tools, turns);
+            let (secs, layout) = run_ledger_conv(&convs, &tools, turns, r == 0);
             if r == 0 {
-                check_reconstruction(&l, &convs, &tools, turns);
                 println!("  check: the full request of every conversation's last call was rebuilt from prefixes, byte-identical");
             }
             ledger_secs.push(secs);
-            seg.push(s as f64);
-            all.push((s + i) as f64);
+            seg.push(layout.segments as f64);
+            all.push(layout.total as f64);
         };
         let mut do_jsonl = || {
             let (secs, g, rb) = run_jsonl(&convs, &tools, turns);
@@ -1996,7 +2345,7 @@ fn bench_conversations(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>) {
     ));
     rows.push(report(
         "conversations",
-        "stored bytes incl. sled index (info)".into(),
+        "whole ledger dir after close vs gzip JSONL (info)".into(),
         Unit::Bytes,
         &all,
         "gz-jsonl",
@@ -2021,43 +2370,312 @@ fn bench_conversations(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>) {
 // ---------------------------------------------------------------------------
 
 const SCAN_REF: &str = "bench/scan";
+/// The raw sled store of the verify baseline (see the module doc): ordinal
+/// (u64 BE) -> id (32) + envelope length (u32 LE) + canonical envelope +
+/// metadata JSON, i.e. what a ledger record holds.
+const SLED_LOG: &str = "log";
+/// id -> ordinal (u64 BE): the baseline's index.
+const SLED_IDS: &str = "ids";
+/// ref name -> head id.
+const SLED_REFS: &str = "refs";
+/// In the default tree: the number of events (u64 LE), to size the seen-table.
+const SLED_COUNT: &[u8] = b"count";
 
-fn build_scan_stores(lex: &Lex, n: usize, ledger_dir: &Path, sled_dir: &Path) -> (f64, f64) {
+/// The payload check `mass verify` passes to `Ledger::verify_with`: the schema registry.
+fn schema_check(ev: &ledger::Event) -> Result<(), String> {
+    schemas::check(&ev.kind, ev.version, &ev.payload).map_err(|e| e.to_string())
+}
+
+/// Scan event `i`: a `note` (a registered kind, so `mass verify` can check
+/// its payload) of 64 B to 2 KiB of text.
+fn scan_event(lex: &Lex, i: u64) -> NewEvent {
+    let text = String::from_utf8(event_payload(lex, SEED_SCAN, i)).expect("payloads are ASCII");
+    schemas::to_event(&Note { text }).expect("encode a note event")
+}
+
+fn sled_tree(db: &sled::Db, name: &str) -> sled::Tree {
+    db.open_tree(name)
+        .unwrap_or_else(|e| panic!("open sled tree {name}: {e}"))
+}
+
+/// Writes the same `n` events to a ledger (batches of 1000) and to the raw
+/// sled store, checking that both give every event the same id. Returns the
+/// seconds each took and both directories' sizes after closing.
+fn build_scan_stores(
+    lex: &Lex,
+    n: usize,
+    ledger_dir: &Path,
+    sled_dir: &Path,
+) -> (f64, f64, Layout, u64) {
     const GROUP: usize = 1000;
     let l = Ledger::init(ledger_dir).expect("init ledger");
     let db = open_sled(sled_dir);
-    let mut head = None;
+    let (log, ids, refs) = (
+        sled_tree(&db, SLED_LOG),
+        sled_tree(&db, SLED_IDS),
+        sled_tree(&db, SLED_REFS),
+    );
+    let host = fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let mut head: Option<Id> = None;
+    let mut sled_head: Option<Id> = None;
     let mut lsecs = 0.0;
     let mut ssecs = 0.0;
     let mut i = 0usize;
     while i < n {
         let end = (i + GROUP).min(n);
-        let payloads: Vec<Vec<u8>> = (i..end)
-            .map(|j| event_payload(lex, SEED_SCAN, j as u64))
-            .collect();
+        let events: Vec<NewEvent> = (i..end).map(|j| scan_event(lex, j as u64)).collect();
         let t = Instant::now();
         let mut b = l.batch();
-        for p in &payloads {
-            let ev = NewEvent::new(APPEND_KIND, 1, p.clone());
-            head = Some(b.append(SCAN_REF, head, ev).expect("batch append"));
+        let mut ledger_ids = Vec::with_capacity(events.len());
+        for ev in &events {
+            let id = b.append(SCAN_REF, head, ev.clone()).expect("batch append");
+            ledger_ids.push(id);
+            head = Some(id);
         }
         b.commit().expect("batch commit");
         lsecs += t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let mut sb = sled::Batch::default();
-        for (j, p) in payloads.iter().enumerate() {
-            sb.insert(&((i + j) as u64).to_be_bytes()[..], p.as_slice());
+        let meta = serde_json::to_vec(&ledger::Meta {
+            wall_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            host: host.clone(),
+            pid: std::process::id(),
+            extra: BTreeMap::new(),
+        })
+        .expect("metadata json");
+        let mut lb = sled::Batch::default();
+        let mut ib = sled::Batch::default();
+        let mut sled_ids = Vec::with_capacity(events.len());
+        for (j, ev) in events.iter().enumerate() {
+            let ord = (i + j) as u64;
+            let env = EventEnvelope::build(SCAN_REF, ord, sled_head, ev)
+                .to_bytes()
+                .expect("encode envelope");
+            let id = Id::of(ObjectKind::Event, &env);
+            let mut v = Vec::with_capacity(36 + env.len() + meta.len());
+            v.extend_from_slice(&id.0);
+            v.extend_from_slice(&(env.len() as u32).to_le_bytes());
+            v.extend_from_slice(&env);
+            v.extend_from_slice(&meta);
+            lb.insert(&ord.to_be_bytes()[..], v);
+            ib.insert(&id.0[..], &ord.to_be_bytes()[..]);
+            sled_ids.push(id);
+            sled_head = Some(id);
         }
-        db.apply_batch(sb).expect("sled apply_batch");
+        log.apply_batch(lb).expect("sled apply_batch log");
+        ids.apply_batch(ib).expect("sled apply_batch ids");
+        if let Some(h) = sled_head {
+            refs.insert(SCAN_REF, &h.0[..]).expect("sled insert ref");
+        }
+        db.insert(SLED_COUNT, &(end as u64).to_le_bytes()[..])
+            .expect("sled insert count");
         ssecs += t.elapsed().as_secs_f64();
+        assert!(
+            ledger_ids == sled_ids,
+            "events {i}..{end}: the raw sled store must hold the ledger's events (same ids)"
+        );
         i = end;
     }
     let t = Instant::now();
     db.flush().expect("sled flush");
     ssecs += t.elapsed().as_secs_f64();
-    drop(db);
-    drop(l);
-    (lsecs, ssecs)
+    drop((log, ids, refs));
+    let sled_bytes = close_sled(db, sled_dir);
+    (lsecs, ssecs, close_ledger(l), sled_bytes)
+}
+
+/// What `sled_verify` found.
+#[derive(Debug, Default)]
+struct MirrorReport {
+    events: u64,
+    bytes: u64,
+    problems: Vec<String>,
+}
+
+/// The baseline's seen-table entry, like `Slot` in ledger/src/verify.rs.
+#[derive(Clone, Copy)]
+struct SeenSlot {
+    ordinal: u64,
+    seen: bool,
+}
+
+fn key16(id: &[u8]) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k.copy_from_slice(&id[..16]);
+    k
+}
+
+/// The checks of `Ledger::verify_with` (with the schema registry as payload
+/// check, as `mass verify` does), done over the raw sled store: see the module
+/// doc. `index` adds the index passes (steps 1 and 3), as `mass verify` does
+/// unless `--log-only`.
+fn sled_verify(db: &sled::Db, index: bool) -> MirrorReport {
+    let (log, ids, refs) = (
+        sled_tree(db, SLED_LOG),
+        sled_tree(db, SLED_IDS),
+        sled_tree(db, SLED_REFS),
+    );
+    let count = db
+        .get(SLED_COUNT)
+        .expect("sled get count")
+        .and_then(|v| <[u8; 8]>::try_from(&v[..]).ok())
+        .map(u64::from_le_bytes)
+        .unwrap_or(0);
+    let mut r = MirrorReport::default();
+    let mut seen: HashMap<[u8; 16], SeenSlot> = HashMap::with_capacity(count as usize);
+    // 1. One ordered pass over the index.
+    if index {
+        for kv in ids.iter() {
+            let (k, v) = kv.expect("sled iterate ids");
+            match (k.len(), <[u8; 8]>::try_from(&v[..])) {
+                (32, Ok(o)) => {
+                    seen.insert(
+                        key16(&k),
+                        SeenSlot {
+                            ordinal: u64::from_be_bytes(o),
+                            seen: false,
+                        },
+                    );
+                }
+                _ => r
+                    .problems
+                    .push(format!("malformed index entry {}", hex::encode(&k))),
+            }
+        }
+    }
+    // 2. The log, in order.
+    let mut heads: HashMap<String, Id> = HashMap::new();
+    for kv in log.iter() {
+        let (k, v) = kv.expect("sled iterate log");
+        r.bytes += (k.len() + v.len()) as u64;
+        let Ok(ord) = <[u8; 8]>::try_from(&k[..]).map(u64::from_be_bytes) else {
+            r.problems
+                .push(format!("malformed log key {}", hex::encode(&k)));
+            continue;
+        };
+        let id = v.get(..32).and_then(Id::from_slice);
+        let split = <[u8; 4]>::try_from(v.get(32..36).unwrap_or(&[]))
+            .ok()
+            .map(|n| 36 + u32::from_le_bytes(n) as usize)
+            .filter(|&e| e <= v.len());
+        let (Some(id), Some(env_end)) = (id, split) else {
+            r.problems
+                .push(format!("log entry {ord}: too short or bad envelope length"));
+            continue;
+        };
+        let (env_bytes, meta) = (&v[36..env_end], &v[env_end..]);
+        r.events += 1;
+        match check_sled_event(&id, ord, env_bytes, meta, &seen, index) {
+            Ok(stream) => {
+                heads.insert(stream, id);
+            }
+            Err(what) => r.problems.push(format!("{id}: {what}")),
+        }
+        if index {
+            if let Some(s) = seen.get_mut(&key16(&id.0)) {
+                s.seen = true;
+            }
+        } else {
+            seen.insert(
+                key16(&id.0),
+                SeenSlot {
+                    ordinal: ord,
+                    seen: true,
+                },
+            );
+        }
+    }
+    // 3. Every index entry must be an event the scan met.
+    if index {
+        for (k, s) in &seen {
+            if !s.seen {
+                r.problems.push(format!(
+                    "the index places {}... at ordinal {}, where the log has no such event",
+                    hex::encode(k),
+                    s.ordinal
+                ));
+            }
+        }
+    }
+    // 4. The refs must be the heads the log ends with.
+    let mut nrefs = 0;
+    for kv in refs.iter() {
+        let (k, v) = kv.expect("sled iterate refs");
+        nrefs += 1;
+        let name = String::from_utf8_lossy(&k).into_owned();
+        match (Id::from_slice(&v), heads.get(&name)) {
+            (Some(id), Some(h)) if id == *h => {}
+            (id, h) => r.problems.push(format!(
+                "ref {name:?} is {id:?} in the refs tree but {h:?} in the log"
+            )),
+        }
+    }
+    if nrefs != heads.len() {
+        r.problems.push(format!(
+            "{} refs stored, {} streams in the log",
+            nrefs,
+            heads.len()
+        ));
+    }
+    r
+}
+
+/// One event of the baseline's log, as `check_object` checks one in the ledger.
+/// Returns its stream.
+fn check_sled_event(
+    id: &Id,
+    ord: u64,
+    env_bytes: &[u8],
+    meta: &[u8],
+    seen: &HashMap<[u8; 16], SeenSlot>,
+    index: bool,
+) -> Result<String, String> {
+    if index {
+        match seen.get(&key16(&id.0)) {
+            Some(s) if s.ordinal == ord => {}
+            Some(s) => {
+                return Err(format!(
+                    "index places it at ordinal {}, log at {ord}",
+                    s.ordinal
+                ))
+            }
+            None => return Err("missing from the index".into()),
+        }
+    }
+    let actual = Id::of(ObjectKind::Event, env_bytes);
+    if actual != *id {
+        return Err(format!("content hashes to {actual}"));
+    }
+    let env = EventEnvelope::from_bytes(id, env_bytes).map_err(|e| e.to_string())?;
+    let stored_before = |x: &[u8; 32]| seen.get(&key16(x)).is_some_and(|s| s.seen);
+    match &env.prev {
+        Some(p) if !stored_before(p) => {
+            return Err(format!(
+                "prev {} is not stored before it (dangling reference)",
+                hex::encode(p)
+            ))
+        }
+        None if env.seq != 0 => return Err(format!("seq {} without a prev event", env.seq)),
+        _ => {}
+    }
+    for (what, links) in [("parent", &env.parents), ("ref", &env.refs)] {
+        if let Some(x) = links.iter().find(|x| !stored_before(x)) {
+            return Err(format!(
+                "{what} {} is not stored before it (dangling reference)",
+                hex::encode(x)
+            ));
+        }
+    }
+    schemas::check(&env.kind, env.version, &env.payload)
+        .map_err(|e| format!("payload of {} v{}: {e}", env.kind, env.version))?;
+    if !meta.is_empty() && serde_json::from_slice::<serde::de::IgnoredAny>(meta).is_err() {
+        return Err("metadata is not valid JSON".into());
+    }
+    Ok(env.stream)
 }
 
 fn vm_kb(field: &str) -> u64 {
@@ -2074,58 +2692,50 @@ fn vm_kb(field: &str) -> u64 {
 /// Runs in a re-executed copy of this binary: one scan, result as JSON on stdout.
 fn child_main(kind: &str) {
     let dir = PathBuf::from(std::env::var_os(CHILD_DIR_ENV).expect("MASS_BENCH_DIR is set"));
-    let out = match kind {
+    let index = std::env::var(INDEX_ENV).is_ok_and(|v| v == "1");
+    let (secs, events, problems, hwm_open) = match kind {
         "verify" => {
+            // Exactly `mass verify` (src/commands/maintain.rs); `--log-only`
+            // when `index` is off.
             let l = Ledger::open_with(&dir, ledger::Options::for_scan())
                 .expect("open ledger for verify");
             let hwm_open = vm_kb("VmHWM");
             let t = Instant::now();
-            // The log is the source of truth: verify every record, hash, link
-            // and payload of it (what a raw scan of sled is compared with);
-            // `mass verify` adds the derived index's cross-check by default.
-            let index = std::env::var_os("MASS_BENCH_VERIFY_INDEX").is_some();
             let r = l
-                .verify_with(&|_| Ok(()), ledger::VerifyOptions { index })
+                .verify_with(&schema_check, ledger::VerifyOptions { index })
                 .expect("verify");
             let secs = t.elapsed().as_secs_f64();
-            let hwm = vm_kb("VmHWM");
-            if !r.is_clean() {
-                for p in r.problems.iter().take(10) {
-                    eprintln!("verify problem: {p}");
-                }
-                std::process::exit(3);
-            }
-            json!({"secs": secs, "events": r.events, "bytes": r.bytes_scanned,
-                   "hwm_kb": hwm, "hwm_open_kb": hwm_open})
+            let problems: Vec<String> = r.problems.iter().map(|p| p.to_string()).collect();
+            (secs, r.events, problems, hwm_open)
         }
         "sled" => {
             let db = open_sled(&dir);
             let hwm_open = vm_kb("VmHWM");
             let t = Instant::now();
-            let mut n = 0u64;
-            let mut bytes = 0u64;
-            let mut acc = 0u8;
-            for kv in db.iter() {
-                let (_, v) = kv.expect("sled iter");
-                acc ^= blake3::hash(&v).as_bytes()[0];
-                n += 1;
-                bytes += v.len() as u64;
-            }
-            let secs = t.elapsed().as_secs_f64();
-            let hwm = vm_kb("VmHWM");
-            json!({"secs": secs, "events": n, "bytes": bytes, "acc": acc,
-                   "hwm_kb": hwm, "hwm_open_kb": hwm_open})
+            let r = sled_verify(&db, index);
+            (t.elapsed().as_secs_f64(), r.events, r.problems, hwm_open)
         }
         other => panic!("unknown child kind {other:?}"),
     };
-    println!("{out}");
+    let hwm = vm_kb("VmHWM");
+    if !problems.is_empty() {
+        for p in problems.iter().take(10) {
+            eprintln!("{kind} problem: {p}");
+        }
+        std::process::exit(3);
+    }
+    println!(
+        "{}",
+        json!({"secs": secs, "events": events, "hwm_kb": hwm, "hwm_open_kb": hwm_open})
+    );
 }
 
-fn run_child(kind: &str, dir: &Path) -> Value {
+fn run_child(kind: &str, dir: &Path, index: bool) -> Value {
     let exe = std::env::current_exe().expect("path of the bench binary");
     let out = Command::new(exe)
         .env(CHILD_ENV, kind)
         .env(CHILD_DIR_ENV, dir)
+        .env(INDEX_ENV, if index { "1" } else { "0" })
         .output()
         .expect("re-execute the bench binary");
     if !out.status.success() {
@@ -2140,80 +2750,122 @@ fn run_child(kind: &str, dir: &Path) -> Value {
     serde_json::from_str(line).unwrap_or_else(|e| panic!("{kind} child output {line:?}: {e}"))
 }
 
+/// Per rep: (events/s, peak RSS bytes, peak RSS after open) of ledger and sled.
+struct ScanRuns {
+    lrate: Vec<f64>,
+    srate: Vec<f64>,
+    lhwm: Vec<f64>,
+    shwm: Vec<f64>,
+    lopen: Vec<f64>,
+}
+
+fn scan_runs(cfg: &Cfg, ldir: &Path, sdir: &Path, index: bool) -> ScanRuns {
+    let n = cfg.scan_n;
+    let kb = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0) * 1024.0;
+    let rate = |v: &Value| n as f64 / v["secs"].as_f64().unwrap_or(f64::NAN);
+    let (mut lv, mut sv) = (Vec::new(), Vec::new());
+    for r in 0..cfg.reps {
+        // Alternate which goes first.
+        for k in 0..2 {
+            if (r + k) % 2 == 0 {
+                let v = run_child("verify", ldir, index);
+                assert_eq!(v["events"].as_u64(), Some(n as u64), "verify event count");
+                lv.push(v);
+            } else {
+                let v = run_child("sled", sdir, index);
+                assert_eq!(v["events"].as_u64(), Some(n as u64), "sled verify count");
+                sv.push(v);
+            }
+        }
+    }
+    ScanRuns {
+        lrate: lv.iter().map(rate).collect(),
+        srate: sv.iter().map(rate).collect(),
+        lhwm: lv.iter().map(|v| kb(v, "hwm_kb")).collect(),
+        shwm: sv.iter().map(|v| kb(v, "hwm_kb")).collect(),
+        lopen: lv.iter().map(|v| kb(v, "hwm_open_kb")).collect(),
+    }
+}
+
 fn bench_scan(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>) {
     let n = cfg.scan_n;
     println!(
-        "\n== scan: Ledger::verify vs raw sled iterate + BLAKE3, {n} events, {} reps (each in a child process) ==",
+        "\n== scan: `mass verify` vs the same checks over raw sled, {n} note events, {} reps (each in a child process) ==",
         cfg.reps
     );
     let tmp = tempdir("scan");
     let ldir = tmp.path().join("ledger");
     let sdir = tmp.path().join("sled");
-    let (lb, sb) = build_scan_stores(lex, n, &ldir, &sdir);
+    let (lb, sb, layout, sled_bytes) = build_scan_stores(lex, n, &ldir, &sdir);
     println!(
-        "  built: ledger {} ({} groups of 1000, {}), sled {} ({})",
-        fmt_val(Unit::Bytes, dir_size(&ldir) as f64),
+        "  built: ledger {} (segments {}, index {}; {} groups of 1000, {}), sled {} ({}); same event ids in both",
+        fmt_val(Unit::Bytes, layout.total as f64),
+        fmt_val(Unit::Bytes, layout.segments as f64),
+        fmt_val(Unit::Bytes, layout.index as f64),
         n.div_ceil(1000),
         fmt_val(Unit::Secs, lb),
-        fmt_val(Unit::Bytes, dir_size(&sdir) as f64),
+        fmt_val(Unit::Bytes, sled_bytes as f64),
         fmt_val(Unit::Secs, sb)
     );
-    let mut lrate = Vec::new();
-    let mut srate = Vec::new();
-    let mut lhwm = Vec::new();
-    let mut shwm = Vec::new();
-    let mut lopen = Vec::new();
-    for r in 0..cfg.reps {
-        let mut do_ledger = || {
-            let v = run_child("verify", &ldir);
-            assert_eq!(v["events"].as_u64(), Some(n as u64), "verify event count");
-            lrate.push(n as f64 / v["secs"].as_f64().unwrap_or(f64::NAN));
-            lhwm.push(v["hwm_kb"].as_f64().unwrap_or(0.0) * 1024.0);
-            lopen.push(v["hwm_open_kb"].as_f64().unwrap_or(0.0) * 1024.0);
-        };
-        let mut do_sled = || {
-            let v = run_child("sled", &sdir);
-            assert_eq!(v["events"].as_u64(), Some(n as u64), "sled scan count");
-            srate.push(n as f64 / v["secs"].as_f64().unwrap_or(f64::NAN));
-            shwm.push(v["hwm_kb"].as_f64().unwrap_or(0.0) * 1024.0);
-        };
-        if r.is_multiple_of(2) {
-            do_ledger();
-            do_sled();
-        } else {
-            do_sled();
-            do_ledger();
-        }
-    }
+    let bin = mass_bin();
+    let t = Instant::now();
+    let out = run_mass(&bin, &ldir, &["verify".as_ref(), "--json".as_ref()]);
+    let v: Value = serde_json::from_str(&out).expect("`mass verify --json` output");
+    assert_eq!(v["clean"], json!(true), "`mass verify` on the bench ledger");
+    assert_eq!(
+        v["events"].as_u64(),
+        Some(n as u64),
+        "`mass verify` event count"
+    );
+    println!(
+        "  check: the `mass verify` binary finds the bench ledger clean with {n} events ({} including process start and open)",
+        fmt_val(Unit::Secs, t.elapsed().as_secs_f64())
+    );
+    let full = scan_runs(cfg, &ldir, &sdir, true);
+    let log_only = scan_runs(cfg, &ldir, &sdir, false);
     rows.push(report(
         "scan",
-        format!("full scan ({n} events)"),
+        format!("`mass verify` ({n} events) vs the same checks over raw sled"),
         Unit::EventsPerSec,
-        &lrate,
+        &full.lrate,
         "sled",
-        &srate,
+        &full.srate,
         Some(Goal::RatioAtLeast(0.5)),
-        "warm page cache for both".into(),
+        "log + index cross-check + refs on both sides (see the bench doc); warm page cache for both".into(),
+    ));
+    rows.push(report(
+        "scan",
+        format!("`mass verify --log-only` ({n} events) vs the same without index passes (info)"),
+        Unit::EventsPerSec,
+        &log_only.lrate,
+        "sled",
+        &log_only.srate,
+        None,
+        format!(
+            "peak RSS: ledger {}, sled {}",
+            fmt_val(Unit::Bytes, median(&log_only.lhwm)),
+            fmt_val(Unit::Bytes, median(&log_only.shwm))
+        ),
     ));
     let max = |v: &[f64]| v.iter().cloned().fold(0.0, f64::max);
     let note = if n < 1_000_000 {
         format!(
             "peak after Ledger::open {}; the goal is stated for 1M events, this run has {n} (run --full for 1M)",
-            fmt_val(Unit::Bytes, max(&lopen))
+            fmt_val(Unit::Bytes, max(&full.lopen))
         )
     } else {
         format!(
             "peak after Ledger::open {}",
-            fmt_val(Unit::Bytes, max(&lopen))
+            fmt_val(Unit::Bytes, max(&full.lopen))
         )
     };
     rows.push(report(
         "scan",
-        format!("peak RSS (VmHWM) of the scanning process ({n} events)"),
+        format!("peak RSS (VmHWM) of `mass verify` ({n} events)"),
         Unit::Bytes,
-        &lhwm,
+        &full.lhwm,
         "sled",
-        &shwm,
+        &full.shwm,
         Some(Goal::LedgerBelow(256.0 * MIB)),
         note,
     ));
@@ -2222,7 +2874,7 @@ fn bench_scan(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>) {
 // ---------------------------------------------------------------------------
 
 /// What runs under `cargo test`: every code path in miniature, with the
-/// correctness checks, and no measurements.
+/// correctness checks, and no measurements. Needs no git.
 fn smoke_test() {
     let t = Instant::now();
     let lex = Lex::new(SEED_LEX, 500);
@@ -2233,7 +2885,13 @@ fn smoke_test() {
     let run = run_ledger_append(&payloads, 10, true);
     let st = run.stats.expect("stats were asked for");
     assert_eq!(st.by_kind.get("event").map(|k| k.count), Some(50));
-    run_sled_append(&payloads[..5], 1, true);
+    assert!(run.layout.segments > 0 && run.layout.index > 0);
+    assert!(run.layout.total > run.layout.segments + run.layout.index);
+    let (_, sled_bytes) = run_sled_append(&payloads[..5], 1, true);
+    assert!(sled_bytes > 0);
+    let (_, sled_bytes) = run_sled_append(&payloads, 10, false);
+    assert!(sled_bytes > 0);
+
     let system = system_prompt(&lex);
     let tools = tools_json();
     let convs: Vec<Vec<Value>> = (0..2)
@@ -2241,16 +2899,60 @@ fn smoke_test() {
         .collect();
     let (_, gz, raw) = run_jsonl(&convs, &tools, 4);
     assert!(gz > 0 && gz < raw);
-    let (_, _, _, l, _tmp) = run_ledger_conv(&convs, &tools, 4);
-    check_reconstruction(&l, &convs, &tools, 4);
-    let r = l.verify(&|_| Ok(())).expect("verify");
-    assert!(r.is_clean(), "{:?}", r.problems);
+    let (_, layout) = run_ledger_conv(&convs, &tools, 4, true);
+    assert!(layout.segments > 0);
+
+    // Snapshots: `mass snapshot` in its own process prints the tree id the
+    // in-process snapshot computes.
+    let bin = mass_bin();
     let tmp = tempdir("smoke");
     let ws = gen_workspace(&tmp.path().join("w"), &lex, 0.02);
     mutate(&ws, &lex, 1);
+    let proc_dir = tmp.path().join("l-proc");
+    run_mass(&bin, &proc_dir, &["init".as_ref()]);
+    let printed = run_mass(&bin, &proc_dir, &["snapshot".as_ref(), ws.root.as_os_str()]);
     let ld = Ledger::init(&tmp.path().join("l")).expect("init ledger");
     let tree = ld.snapshot_dir(&ws.root).expect("snapshot_dir");
+    assert_eq!(printed.trim(), tree.to_hex());
     assert!(ld.get_tree(&tree).expect("tree").content_bytes() > 0);
+    let inproc = close_ledger(ld);
+    wait_closed(&proc_dir);
+    let proc = ledger_layout(&proc_dir);
+    assert!(proc.segments > 0 && inproc.segments > 0);
+    assert_eq!(pack_bytes(&tmp.path().join("no-git")), 0);
+
+    // Scan: both stores clean, same counts; the CLI agrees; damage is caught
+    // by the baseline.
+    let n = 300;
+    let (ldir, sdir) = (tmp.path().join("scan-l"), tmp.path().join("scan-s"));
+    build_scan_stores(&lex, n, &ldir, &sdir);
+    {
+        let l = Ledger::open_with(&ldir, ledger::Options::for_scan()).expect("open ledger");
+        let r = l.verify(&schema_check).expect("verify");
+        assert!(r.is_clean(), "{:?}", r.problems);
+        assert_eq!(r.events, n as u64);
+        close_ledger(l);
+    }
+    let out = run_mass(&bin, &ldir, &["verify".as_ref(), "--json".as_ref()]);
+    let v: Value = serde_json::from_str(&out).expect("`mass verify --json` output");
+    assert_eq!(v["clean"], json!(true));
+    let db = open_sled(&sdir);
+    for index in [true, false] {
+        let r = sled_verify(&db, index);
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        assert_eq!(r.events, n as u64);
+    }
+    let log = sled_tree(&db, SLED_LOG);
+    let k = 7u64.to_be_bytes();
+    let mut v = log.get(k).expect("get").expect("event 7").to_vec();
+    let env_len = u32::from_le_bytes([v[32], v[33], v[34], v[35]]) as usize;
+    v[36 + env_len / 2] ^= 1; // inside the envelope
+
+    log.insert(k, v).expect("insert");
+    assert!(!sled_verify(&db, true).problems.is_empty());
+    assert!(!sled_verify(&db, false).problems.is_empty());
+    drop(log);
+    close_sled(db, &sdir);
     println!(
         "ledger bench smoke test passed in {} (measure with `cargo bench --bench ledger -- --quick`)",
         fmt_val(Unit::Secs, t.elapsed().as_secs_f64())
