@@ -150,3 +150,83 @@ fn sigkill_at_random_points_loses_nothing_acknowledged() {
     );
     eprintln!("{rounds} kills, {} acknowledged appends, {truncations} torn tails repaired, {reindexed} records re-indexed from the log", acked.len());
 }
+
+const REBUILD_ENV: &str = "LEDGER_REBUILD_CHILD_DIR";
+
+/// The child for the rebuild test: reindexes (and repairs) in a loop.
+#[test]
+fn rebuild_child() {
+    let Ok(dir) = std::env::var(REBUILD_ENV) else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    loop {
+        let (l, _) = Ledger::reindex(&dir).expect("child reindex");
+        drop(l);
+        let (l, _) = Ledger::repair(&dir).expect("child repair");
+        drop(l);
+        println!("REBUILT");
+    }
+}
+
+#[test]
+fn sigkill_during_an_index_rebuild_loses_nothing() {
+    if std::env::var(REBUILD_ENV).is_ok() || std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l");
+    let mut all: Vec<Id> = Vec::new();
+    let mut heads: Vec<(String, Id)> = Vec::new();
+    {
+        let l = Ledger::init(&path).unwrap();
+        let mut head = None;
+        for i in 0..3000u32 {
+            let blob = l
+                .put_blob(format!("payload {i}").repeat(4).as_bytes())
+                .unwrap();
+            let ev = l
+                .append(
+                    "r",
+                    head,
+                    NewEvent::new("k", 1, i.to_le_bytes().to_vec()).with_refs(vec![blob]),
+                )
+                .unwrap();
+            head = Some(ev);
+            all.extend([blob, ev]);
+        }
+        heads.push(("r".into(), head.unwrap()));
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut rng: u64 = 0xfeed_beef;
+    for round in 0..12 {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let delay = Duration::from_millis(5 + (rng >> 33) % 300);
+        let mut child = Command::new(&exe)
+            .args([
+                "rebuild_child",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(REBUILD_ENV, &path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(delay);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let l = Ledger::open(&path).unwrap_or_else(|e| panic!("round {round}: reopen: {e}"));
+        for (name, h) in &heads {
+            assert_eq!(l.head(name).unwrap(), Some(*h), "round {round}");
+        }
+        for id in &all {
+            l.raw_object(id)
+                .unwrap_or_else(|e| panic!("round {round}: {id} lost: {e}"));
+        }
+        assert!(l.verify(&|_| Ok(())).unwrap().is_clean(), "round {round}");
+    }
+}
