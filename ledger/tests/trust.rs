@@ -107,7 +107,7 @@ fn reindex_after_a_flipped_byte_mid_segment_refuses_instead_of_truncating() {
     flip(&seg(&dir, loc.seg), loc.offset + 60);
     let bytes_before = files(&dir);
 
-    let err = Ledger::reindex(&dir).err().expect("reindex must refuse");
+    let err = Ledger::reindex(&dir).expect_err("reindex must refuse");
     assert!(err.is_corruption(), "{err}");
     let msg = err.to_string();
     assert!(msg.contains(&format!("byte {}", loc.offset)), "{msg}");
@@ -206,9 +206,7 @@ fn a_log_cut_at_a_record_boundary_is_reported_not_ignored() {
         .open(seg(&dir, loc.seg))
         .unwrap();
     f.set_len(loc.offset).unwrap();
-    let err = Ledger::open(&dir)
-        .err()
-        .expect("open must report the short log");
+    let err = Ledger::open(&dir).expect_err("open must report the short log");
     assert!(matches!(err, LedgerError::LogBehindIndex { .. }), "{err}");
     assert!(err.is_corruption());
     let ro = Ledger::open_read_only(&dir).unwrap();
@@ -231,9 +229,7 @@ fn a_missing_last_segment_is_reported_not_ignored() {
     assert!(segs.len() > 2, "the fixture should roll over segments");
     let last = segs.len() as u32;
     fs::remove_file(seg(&dir, last)).unwrap();
-    let err = Ledger::open(&dir)
-        .err()
-        .expect("a deleted segment must be reported");
+    let err = Ledger::open(&dir).expect_err("a deleted segment must be reported");
     assert!(matches!(err, LedgerError::LogBehindIndex { .. }), "{err}");
     // A gap in the middle is reported too.
     let tmp2 = tempfile::tempdir().unwrap();
@@ -246,7 +242,7 @@ fn a_missing_last_segment_is_reported_not_ignored() {
         },
     );
     fs::remove_file(seg(&dir2, 2)).unwrap();
-    let err = Ledger::open(&dir2).err().expect("a gap must be reported");
+    let err = Ledger::open(&dir2).expect_err("a gap must be reported");
     assert!(err.to_string().contains("segment 2 is missing"), "{err}");
 }
 
@@ -296,8 +292,7 @@ fn a_damaged_timestamp_is_reported_not_shown() {
     f.write_all_at(&b, meta_at + digit).unwrap();
     let err = l
         .get_meta(&ev)
-        .err()
-        .expect("damaged metadata must not be shown");
+        .expect_err("damaged metadata must not be shown");
     assert!(err.is_corruption(), "{err}");
     assert!(l.get_event(&ev).is_ok(), "the event body itself is intact");
 }
