@@ -2697,7 +2697,7 @@ fn child_main(kind: &str) {
         "verify" => {
             // Exactly `mass verify` (src/commands/maintain.rs); `--log-only`
             // when `index` is off.
-            let l = Ledger::open_with(&dir, ledger::Options::for_scan())
+            let l = Ledger::open_with(&dir, ledger::Options::default())
                 .expect("open ledger for verify");
             let hwm_open = vm_kb("VmHWM");
             let t = Instant::now();
@@ -2927,7 +2927,7 @@ fn smoke_test() {
     let (ldir, sdir) = (tmp.path().join("scan-l"), tmp.path().join("scan-s"));
     build_scan_stores(&lex, n, &ldir, &sdir);
     {
-        let l = Ledger::open_with(&ldir, ledger::Options::for_scan()).expect("open ledger");
+        let l = Ledger::open_with(&ldir, ledger::Options::default()).expect("open ledger");
         let r = l.verify(&schema_check).expect("verify");
         assert!(r.is_clean(), "{:?}", r.problems);
         assert_eq!(r.events, n as u64);

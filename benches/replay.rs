@@ -7,7 +7,6 @@
 //!     cargo bench --bench replay -- --full  # also 1M events
 //!     cargo bench --bench replay -- --quick # 10k only, 1 repetition
 //!
-//! `REPLAY_CACHE_MB` sets the ledger's index cache (default 64).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -123,20 +122,7 @@ fn main() {
     let mut rows = Vec::new();
     for &n in &sizes {
         let dir = tempfile::tempdir().expect("tempdir");
-        let cache: u64 = std::env::var("REPLAY_CACHE_MB")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(64);
-        let l = Arc::new(
-            Ledger::init_with(
-                dir.path(),
-                ledger::Options {
-                    index_cache_bytes: cache << 20,
-                    ..Default::default()
-                },
-            )
-            .expect("ledger"),
-        );
+        let l = Arc::new(Ledger::init(dir.path()).expect("ledger"));
         build(&l, n);
         let (mut rep, mut ver) = (Vec::new(), Vec::new());
         for _ in 0..reps {

@@ -26,7 +26,7 @@ fn main() {
         }
         b.commit().expect("commit");
     }
-    let l = ledger::Ledger::open_with(&dir, ledger::Options::for_scan()).expect("open");
+    let l = ledger::Ledger::open_with(&dir, ledger::Options::default()).expect("open");
     eprintln!("after open: {}", hwm());
     let t = std::time::Instant::now();
     let r = l.verify(&|_| Ok(())).expect("verify");

@@ -1,35 +1,44 @@
-//! The sled index: derived data that makes lookups fast.
+//! The index: derived data that makes lookups fast, in files anyone can read.
 //!
-//! Everything here can be rebuilt from the segment files (`mass reindex`), so
-//! the index is never the only copy of anything. All keys live in one sled tree.
-//! A commit's index entries are plain inserts followed by one insert of the
-//! *watermark* (the log position up to which the index is complete, with the
-//! next ordinal). sled recovers a prefix of its own log after a crash, so the
-//! watermark never survives without the entries before it; entries past a
-//! surviving watermark are simply written again by recovery (idempotent).
-//! (sled's atomic `apply_batch` forces an I/O buffer roll per call, which cost
-//! an extra device write per commit.) Key layout (documented in `FORMAT.md`):
+//! Everything here is rebuilt from the segment files on demand (`mass
+//! reindex`), so the index is never the only copy of anything. It has two
+//! parts, like git's pack `.idx` files plus an in-memory tail:
 //!
-//! | prefix | key rest                         | value                  |
-//! |--------|----------------------------------|------------------------|
-//! | `o`    | id (32)                          | [`ObjLoc`] (34 bytes)  |
-//! | `r`    | ref name                         | head id (32)           |
-//! | `c`    | parent id (32) + child id (32)   | empty (prev and parent links only) |
-//! | `e`    | ordinal (u64 BE)                 | event id (32)          |
-//! | `k`    | kind + 0x00 + ordinal (u64 BE)   | event id (32)          |
-//! | `w`    | -                                | segment (u32 LE) + offset (u64 LE) + next ordinal (u64 LE) |
+//! - **Tables** (`index/*.idx`): immutable files, each covering one contiguous
+//!   range of the log, written whole (temp file, rename) and never changed.
+//!   Objects sorted by id under a 256-entry fan-out (binary search through
+//!   an mmap), events in log order and by kind, children links sorted by
+//!   parent, the ref heads at the end of the range, and a BLAKE3 footer over
+//!   the file. A table that fails its checksum is ignored (and deleted by a
+//!   writer): the log past the last good table is simply scanned again.
+//! - **The memtable**: the same information for the log past the last table,
+//!   in memory. The writer adds each commit to it; it becomes a table every
+//!   [`FLUSH_OBJECTS`] objects and when the ledger closes. Readers build one
+//!   by scanning the tail, which is at most that many objects.
+//!
+//! Tables are merged as they accumulate (a newer table absorbs the one before
+//! it while that one is no more than twice its size), so a ledger has
+//! O(log n) tables. Lookups go newest first; the first hit wins (an object
+//! stored again after its record was damaged has a newer location).
+//! Nothing needs a lock to read: readers map the same files the writer
+//! wrote, so commands work while `mass run` writes and on read-only copies.
+//! The table layout is documented in `FORMAT.md`.
 
-use std::collections::BTreeMap;
-use std::sync::RwLock;
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
 use crate::id::{Id, ObjectKind};
 
-pub const P_OBJ: u8 = b'o';
-pub const P_REF: u8 = b'r';
-pub const P_CHILD: u8 = b'c';
-pub const P_EVENT: u8 = b'e';
-pub const P_KIND: u8 = b'k';
-pub const K_WATERMARK: &[u8] = b"w";
+/// The memtable becomes a table at this many objects.
+pub const FLUSH_OBJECTS: usize = 100_000;
+const TABLE_MAGIC: &[u8; 8] = b"MASSIDX1";
+const HEADER_LEN: usize = 72;
+const FANOUT_LEN: usize = 256 * 4;
+const OBJ_ENTRY: usize = 32 + ObjLoc::LEN;
+const EVENT_ENTRY: usize = 8;
+const CHILD_ENTRY: usize = 36;
 
 /// Where an object's record is, plus what is needed to read it back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,231 +75,44 @@ impl ObjLoc {
         if b.len() != Self::LEN {
             return None;
         }
-        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-        let u64_at = |o: usize| {
-            let mut x = [0u8; 8];
-            x.copy_from_slice(&b[o..o + 8]);
-            u64::from_le_bytes(x)
-        };
         Some(ObjLoc {
             kind: ObjectKind::from_u8(b[0])?,
             flags: b[1],
-            seg: u32_at(2),
-            offset: u64_at(6),
-            body_len: u32_at(14),
-            raw_len: u32_at(18),
-            meta_len: u32_at(22),
-            ordinal: u64_at(26),
+            seg: u32_at(b, 2),
+            offset: u64_at(b, 6),
+            body_len: u32_at(b, 14),
+            raw_len: u32_at(b, 18),
+            meta_len: u32_at(b, 22),
+            ordinal: u64_at(b, 26),
         })
     }
 }
 
-pub fn obj_key(id: &Id) -> [u8; 33] {
-    let mut k = [0u8; 33];
-    k[0] = P_OBJ;
-    k[1..].copy_from_slice(&id.0);
-    k
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    let mut x = [0u8; 4];
+    x.copy_from_slice(&b[o..o + 4]);
+    u32::from_le_bytes(x)
 }
 
-pub fn ref_key(name: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(1 + name.len());
-    k.push(P_REF);
-    k.extend_from_slice(name.as_bytes());
-    k
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[o..o + 8]);
+    u64::from_le_bytes(x)
 }
 
-pub fn child_key(parent: &Id, child: &Id) -> [u8; 65] {
-    let mut k = [0u8; 65];
-    k[0] = P_CHILD;
-    k[1..33].copy_from_slice(&parent.0);
-    k[33..].copy_from_slice(&child.0);
-    k
+fn id_at(b: &[u8], o: usize) -> Id {
+    let mut x = [0u8; 32];
+    x.copy_from_slice(&b[o..o + 32]);
+    Id(x)
 }
 
-pub fn event_key(ordinal: u64) -> [u8; 9] {
-    let mut k = [0u8; 9];
-    k[0] = P_EVENT;
-    k[1..].copy_from_slice(&ordinal.to_be_bytes());
-    k
-}
-
-pub fn kind_prefix(kind: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(2 + kind.len());
-    k.push(P_KIND);
-    k.extend_from_slice(kind.as_bytes());
-    k.push(0);
-    k
-}
-
-pub fn kind_key(kind: &str, ordinal: u64) -> Vec<u8> {
-    let mut k = kind_prefix(kind);
-    k.extend_from_slice(&ordinal.to_be_bytes());
-    k
-}
-
-/// The watermark: everything before (segment, offset) is indexed, and the
-/// next object gets `next_ordinal`. One value, so both move together.
-pub fn encode_watermark(seg: u32, offset: u64, next_ordinal: u64) -> [u8; 20] {
-    let mut b = [0u8; 20];
-    b[0..4].copy_from_slice(&seg.to_le_bytes());
-    b[4..12].copy_from_slice(&offset.to_le_bytes());
-    b[12..20].copy_from_slice(&next_ordinal.to_le_bytes());
-    b
-}
-
-pub fn decode_watermark(b: &[u8]) -> Option<(u32, u64, u64)> {
-    if b.len() != 20 {
-        return None;
-    }
-    let mut s = [0u8; 4];
-    s.copy_from_slice(&b[0..4]);
-    let mut o = [0u8; 8];
-    o.copy_from_slice(&b[4..12]);
-    let mut n = [0u8; 8];
-    n.copy_from_slice(&b[12..20]);
-    Some((
-        u32::from_le_bytes(s),
-        u64::from_le_bytes(o),
-        u64::from_le_bytes(n),
-    ))
-}
-
-/// Index writes gathered for one commit (or one recovery step).
-#[derive(Default)]
-pub struct Writes(pub Vec<(Vec<u8>, Vec<u8>)>);
-
-impl Writes {
-    pub fn insert(&mut self, k: impl AsRef<[u8]>, v: impl AsRef<[u8]>) {
-        self.0.push((k.as_ref().to_vec(), v.as_ref().to_vec()));
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Applies the entries, then the watermark last.
-    pub fn apply(self, idx: &Idx, seg: u32, end: u64, next_ordinal: u64) -> Result<(), String> {
-        for (k, v) in self.0 {
-            idx.insert(k, v)?;
-        }
-        idx.insert(
-            K_WATERMARK.to_vec(),
-            encode_watermark(seg, end, next_ordinal).to_vec(),
-        )
-    }
-}
-
-/// The key-value store behind the index, with the same key layout either way.
-///
-/// A writer keeps the index in sled (persistent, shared with nobody: sled
-/// locks its directory). A reader that must not take the ledger's lock (a
-/// command run while `mass run` writes, a read-only copy, a ledger with
-/// damaged records) builds the same keys in memory from one scan of the
-/// committed log and never writes anything.
-pub enum Idx {
-    Sled(sled::Tree),
-    Mem(RwLock<BTreeMap<Vec<u8>, Vec<u8>>>),
-}
-
-impl Idx {
-    pub fn get(&self, k: &[u8]) -> Result<Option<Vec<u8>>, String> {
-        match self {
-            Idx::Sled(t) => t
-                .get(k)
-                .map(|v| v.map(|v| v.to_vec()))
-                .map_err(|e| e.to_string()),
-            Idx::Mem(m) => Ok(read(m)?.get(k).cloned()),
-        }
-    }
-
-    pub fn contains_key(&self, k: &[u8]) -> Result<bool, String> {
-        match self {
-            Idx::Sled(t) => t.contains_key(k).map_err(|e| e.to_string()),
-            Idx::Mem(m) => Ok(read(m)?.contains_key(k)),
-        }
-    }
-
-    pub fn insert(&self, k: Vec<u8>, v: Vec<u8>) -> Result<(), String> {
-        match self {
-            Idx::Sled(t) => t.insert(k, v).map(|_| ()).map_err(|e| e.to_string()),
-            Idx::Mem(m) => {
-                m.write()
-                    .map_err(|_| "index lock poisoned".to_string())?
-                    .insert(k, v);
-                Ok(())
-            }
-        }
-    }
-
-    /// Calls `f` on every entry whose key starts with `prefix`, in key order
-    /// (or reversed), until `f` returns `false`.
-    pub fn scan(
-        &self,
-        prefix: &[u8],
-        reverse: bool,
-        mut f: impl FnMut(&[u8], &[u8]) -> bool,
-    ) -> Result<(), String> {
-        match self {
-            Idx::Sled(t) => {
-                let it = t.scan_prefix(prefix);
-                let mut step = |kv: sled::Result<(sled::IVec, sled::IVec)>| match kv {
-                    Ok((k, v)) => Ok(f(&k, &v)),
-                    Err(e) => Err(e.to_string()),
-                };
-                if reverse {
-                    for kv in it.rev() {
-                        if !step(kv)? {
-                            break;
-                        }
-                    }
-                } else {
-                    for kv in it {
-                        if !step(kv)? {
-                            break;
-                        }
-                    }
-                }
-                Ok(())
-            }
-            Idx::Mem(m) => {
-                let m = read(m)?;
-                let range = m
-                    .range::<[u8], _>((
-                        std::ops::Bound::Included(prefix),
-                        std::ops::Bound::Unbounded,
-                    ))
-                    .take_while(|(k, _)| k.starts_with(prefix));
-                if reverse {
-                    let all: Vec<_> = range.collect();
-                    for (k, v) in all.into_iter().rev() {
-                        if !f(k, v) {
-                            break;
-                        }
-                    }
-                } else {
-                    for (k, v) in range {
-                        if !f(k, v) {
-                            break;
-                        }
-                    }
-                }
-                Ok(())
-            }
-        }
-    }
-
-    pub fn flush(&self) -> Result<(), String> {
-        match self {
-            Idx::Sled(t) => t.flush().map(|_| ()).map_err(|e| e.to_string()),
-            Idx::Mem(_) => Ok(()),
-        }
-    }
-}
-
-type Map = BTreeMap<Vec<u8>, Vec<u8>>;
-
-fn read(m: &RwLock<Map>) -> Result<std::sync::RwLockReadGuard<'_, Map>, String> {
-    m.read().map_err(|_| "index lock poisoned".to_string())
+/// A position in the log: segment, byte offset, and the ordinal the next
+/// object there gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Pos {
+    pub seg: u32,
+    pub off: u64,
+    pub ordinal: u64,
 }
 
 /// An index update derived from one record (a commit, recovery or a scan).
@@ -314,24 +136,720 @@ pub(crate) struct EventIndex {
     pub links: Vec<Id>,
 }
 
-impl IndexItem {
-    pub(crate) fn apply(&self, batch: &mut Writes) {
-        match self {
+/// The index of one contiguous log range, in memory and in log order.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MemTable {
+    start: Pos,
+    end: Pos,
+    objs: Vec<(Id, ObjLoc)>,
+    by_id: HashMap<Id, usize>,
+    /// (object index, kind number), log order.
+    events: Vec<(usize, u32)>,
+    kinds: Vec<String>,
+    kind_no: HashMap<String, u32>,
+    /// (parent, child object index), log order.
+    children: Vec<(Id, usize)>,
+    by_parent: HashMap<Id, Vec<usize>>,
+    /// Every ref's head at `end`.
+    refs: BTreeMap<String, Id>,
+    /// The latest tree stored plainly (a delta base that survives processes).
+    last_plain_tree: Option<Id>,
+}
+
+impl MemTable {
+    fn new(start: Pos, refs: BTreeMap<String, Id>, last_plain_tree: Option<Id>) -> MemTable {
+        MemTable {
+            start,
+            end: start,
+            refs,
+            last_plain_tree,
+            ..Default::default()
+        }
+    }
+
+    fn add(&mut self, it: &IndexItem) {
+        match it {
             IndexItem::Object { id, loc, event } => {
-                batch.insert(&obj_key(id)[..], &loc.encode()[..]);
+                let i = self.objs.len();
+                self.objs.push((*id, *loc));
+                self.by_id.insert(*id, i);
+                if loc.kind == ObjectKind::Tree && loc.flags & crate::segment::FLAG_DICT == 0 {
+                    self.last_plain_tree = Some(*id);
+                }
                 if let Some(ev) = event {
-                    batch.insert(&event_key(loc.ordinal)[..], &id.0[..]);
-                    batch.insert(kind_key(&ev.kind, loc.ordinal), &id.0[..]);
-                    for l in &ev.links {
-                        batch.insert(&child_key(l, id)[..], &[][..]);
+                    let k = self.kind_number(&ev.kind);
+                    self.events.push((i, k));
+                    for p in &ev.links {
+                        self.children.push((*p, i));
+                        self.by_parent.entry(*p).or_default().push(i);
                     }
                 }
             }
             IndexItem::Ref { name, new } => {
-                batch.insert(ref_key(name), &new.0[..]);
+                self.refs.insert(name.clone(), *new);
             }
         }
     }
+
+    fn kind_number(&mut self, kind: &str) -> u32 {
+        if let Some(k) = self.kind_no.get(kind) {
+            return *k;
+        }
+        let k = self.kinds.len() as u32;
+        self.kinds.push(kind.to_string());
+        self.kind_no.insert(kind.to_string(), k);
+        k
+    }
+
+    fn get(&self, id: &Id) -> Option<ObjLoc> {
+        self.by_id.get(id).map(|&i| self.objs[i].1)
+    }
+
+    /// Appends `later`, which starts where this ends.
+    fn extend(&mut self, later: &MemTable) {
+        let base = self.objs.len();
+        for (id, loc) in &later.objs {
+            self.by_id.insert(*id, self.objs.len());
+            self.objs.push((*id, *loc));
+        }
+        for (i, k) in &later.events {
+            let k = self.kind_number(&later.kinds[*k as usize]);
+            self.events.push((base + i, k));
+        }
+        for (p, c) in &later.children {
+            self.children.push((*p, base + c));
+            self.by_parent.entry(*p).or_default().push(base + c);
+        }
+        self.refs = later.refs.clone();
+        if later.last_plain_tree.is_some() {
+            self.last_plain_tree = later.last_plain_tree;
+        }
+        self.end = later.end;
+    }
+
+    /// The table file's bytes.
+    fn encode(&self) -> Vec<u8> {
+        // Objects sorted by id; a duplicate id keeps its newest location.
+        let mut order: Vec<usize> = (0..self.objs.len())
+            .filter(|&i| self.by_id.get(&self.objs[i].0) == Some(&i))
+            .collect();
+        order.sort_by(|a, b| self.objs[*a].0.cmp(&self.objs[*b].0));
+        let mut pos_of: HashMap<Id, u32> = HashMap::with_capacity(order.len());
+        for (p, &i) in order.iter().enumerate() {
+            pos_of.insert(self.objs[i].0, p as u32);
+        }
+        let pos = |i: usize| pos_of[&self.objs[i].0];
+        let mut fanout = [0u32; 256];
+        for &i in &order {
+            fanout[self.objs[i].0 .0[0] as usize] += 1;
+        }
+        let mut acc = 0;
+        for f in fanout.iter_mut() {
+            acc += *f;
+            *f = acc;
+        }
+        // Events by kind: indices into the events array, by (kind, log order).
+        let mut by_kind: Vec<u32> = (0..self.events.len() as u32).collect();
+        by_kind.sort_by_key(|&e| (self.events[e as usize].1, e));
+        let mut kind_ranges = vec![(0u32, 0u32); self.kinds.len()];
+        for (n, &e) in by_kind.iter().enumerate() {
+            let k = self.events[e as usize].1 as usize;
+            if kind_ranges[k].1 == 0 {
+                kind_ranges[k].0 = n as u32;
+            }
+            kind_ranges[k].1 += 1;
+        }
+        let mut children: Vec<(Id, u64, u32)> = self
+            .children
+            .iter()
+            .map(|(p, c)| (*p, self.objs[*c].1.ordinal, pos(*c)))
+            .collect();
+        children.sort();
+
+        let mut out = Vec::with_capacity(
+            HEADER_LEN
+                + FANOUT_LEN
+                + order.len() * OBJ_ENTRY
+                + self.events.len() * (EVENT_ENTRY + 4)
+                + children.len() * CHILD_ENTRY
+                + 4096,
+        );
+        out.extend_from_slice(TABLE_MAGIC);
+        for v in [self.start.seg, self.end.seg] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [
+            self.start.off,
+            self.end.off,
+            self.start.ordinal,
+            self.end.ordinal,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [
+            order.len() as u32,
+            self.events.len() as u32,
+            children.len() as u32,
+            self.kinds.len() as u32,
+            self.refs.len() as u32,
+            0,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        debug_assert_eq!(out.len(), HEADER_LEN);
+        for f in fanout {
+            out.extend_from_slice(&f.to_le_bytes());
+        }
+        for &i in &order {
+            out.extend_from_slice(&self.objs[i].0 .0);
+            out.extend_from_slice(&self.objs[i].1.encode());
+        }
+        for (i, k) in &self.events {
+            out.extend_from_slice(&pos(*i).to_le_bytes());
+            out.extend_from_slice(&k.to_le_bytes());
+        }
+        for e in &by_kind {
+            out.extend_from_slice(&e.to_le_bytes());
+        }
+        for (p, _, c) in &children {
+            out.extend_from_slice(&p.0);
+            out.extend_from_slice(&c.to_le_bytes());
+        }
+        for (name, (first, count)) in self.kinds.iter().zip(&kind_ranges) {
+            put_str(&mut out, name);
+            out.extend_from_slice(&first.to_le_bytes());
+            out.extend_from_slice(&count.to_le_bytes());
+        }
+        for (name, id) in &self.refs {
+            put_str(&mut out, name);
+            out.extend_from_slice(&id.0);
+        }
+        match self.last_plain_tree {
+            Some(t) => {
+                out.push(1);
+                out.extend_from_slice(&t.0);
+            }
+            None => {
+                out.push(0);
+                out.extend_from_slice(&[0; 32]);
+            }
+        }
+        let sum = blake3::hash(&out);
+        out.extend_from_slice(sum.as_bytes());
+        out
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// One immutable table file, memory-mapped.
+pub(crate) struct Table {
+    path: PathBuf,
+    map: memmap2::Mmap,
+    start: Pos,
+    end: Pos,
+    n_objs: usize,
+    n_events: usize,
+    n_children: usize,
+    kinds: Vec<(String, u32, u32)>,
+    refs: BTreeMap<String, Id>,
+    last_plain_tree: Option<Id>,
+}
+
+impl Table {
+    fn objs_at(&self) -> usize {
+        HEADER_LEN + FANOUT_LEN
+    }
+    fn events_at(&self) -> usize {
+        self.objs_at() + self.n_objs * OBJ_ENTRY
+    }
+    fn by_kind_at(&self) -> usize {
+        self.events_at() + self.n_events * EVENT_ENTRY
+    }
+    fn children_at(&self) -> usize {
+        self.by_kind_at() + self.n_events * 4
+    }
+
+    /// Maps and checks a table file; `Err` says why it cannot be used.
+    fn open(path: &Path) -> Result<Table, String> {
+        let f = fs::File::open(path).map_err(|e| e.to_string())?;
+        // SAFETY: tables are never modified after they are renamed into
+        // place (a merge writes a new file and renames it), so the mapped
+        // bytes cannot change under us; a truncated file fails the checks.
+        let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| e.to_string())?;
+        let b = &map[..];
+        if b.len() < HEADER_LEN + FANOUT_LEN + 33 + 32 || &b[..8] != TABLE_MAGIC {
+            return Err("not an index table".into());
+        }
+        let (body, sum) = b.split_at(b.len() - 32);
+        if blake3::hash(body).as_bytes() != sum {
+            return Err("checksum mismatch".into());
+        }
+        let body_len = body.len();
+        let start = Pos {
+            seg: u32_at(b, 8),
+            off: u64_at(b, 16),
+            ordinal: u64_at(b, 32),
+        };
+        let end = Pos {
+            seg: u32_at(b, 12),
+            off: u64_at(b, 24),
+            ordinal: u64_at(b, 40),
+        };
+        let n_objs = u32_at(b, 48) as usize;
+        let n_events = u32_at(b, 52) as usize;
+        let n_children = u32_at(b, 56) as usize;
+        let n_kinds = u32_at(b, 60) as usize;
+        let n_refs = u32_at(b, 64) as usize;
+        let mut t = Table {
+            path: path.to_path_buf(),
+            start,
+            end,
+            n_objs,
+            n_events,
+            n_children,
+            kinds: Vec::with_capacity(n_kinds),
+            refs: BTreeMap::new(),
+            last_plain_tree: None,
+            map,
+        };
+        let mut at = t.children_at() + n_children * CHILD_ENTRY;
+        if at > body_len {
+            return Err("section sizes exceed the file".into());
+        }
+        let take_str = |at: &mut usize| -> Result<String, String> {
+            let b = &t.map[..body_len];
+            if *at + 4 > b.len() {
+                return Err("truncated string".into());
+            }
+            let n = u32_at(b, *at) as usize;
+            *at += 4;
+            let s = b.get(*at..*at + n).ok_or("truncated string")?.to_vec();
+            *at += n;
+            String::from_utf8(s).map_err(|e| e.to_string())
+        };
+        let mut kinds = Vec::with_capacity(n_kinds);
+        for _ in 0..n_kinds {
+            let name = take_str(&mut at)?;
+            if at + 8 > body_len {
+                return Err("truncated kind table".into());
+            }
+            kinds.push((name, u32_at(&t.map, at), u32_at(&t.map, at + 4)));
+            at += 8;
+        }
+        let mut refs = BTreeMap::new();
+        for _ in 0..n_refs {
+            let name = take_str(&mut at)?;
+            if at + 32 > body_len {
+                return Err("truncated ref table".into());
+            }
+            refs.insert(name, id_at(&t.map, at));
+            at += 32;
+        }
+        if at + 33 != body_len {
+            return Err("section sizes do not add up".into());
+        }
+        let last_plain_tree = (t.map[at] == 1).then(|| id_at(&t.map, at + 1));
+        t.kinds = kinds;
+        t.refs = refs;
+        t.last_plain_tree = last_plain_tree;
+        Ok(t)
+    }
+
+    fn obj(&self, p: usize) -> (Id, Option<ObjLoc>) {
+        let at = self.objs_at() + p * OBJ_ENTRY;
+        (
+            id_at(&self.map, at),
+            ObjLoc::decode(&self.map[at + 32..at + OBJ_ENTRY]),
+        )
+    }
+
+    fn obj_id(&self, p: usize) -> &[u8] {
+        let at = self.objs_at() + p * OBJ_ENTRY;
+        &self.map[at..at + 32]
+    }
+
+    fn bucket(&self, first: u8) -> (usize, usize) {
+        let f = |i: usize| u32_at(&self.map, HEADER_LEN + 4 * i) as usize;
+        let hi = f(first as usize).min(self.n_objs);
+        let lo = if first == 0 { 0 } else { f(first as usize - 1) };
+        (lo.min(hi), hi)
+    }
+
+    /// First object position in `[lo, hi)` whose id is not below `key`
+    /// (compared on `key.len()` bytes).
+    fn lower_bound(&self, key: &[u8], mut lo: usize, mut hi: usize) -> usize {
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if &self.obj_id(mid)[..key.len()] < key {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    fn get(&self, id: &Id) -> Option<ObjLoc> {
+        let (lo, hi) = self.bucket(id.0[0]);
+        let p = self.lower_bound(&id.0, lo, hi);
+        (p < hi && self.obj_id(p) == id.0)
+            .then(|| self.obj(p).1)
+            .flatten()
+    }
+
+    fn with_prefix(&self, prefix: &[u8], out: &mut Vec<Id>, limit: usize) {
+        let Some(&first) = prefix.first() else { return };
+        let (lo, hi) = self.bucket(first);
+        let mut p = self.lower_bound(prefix, lo, hi);
+        while p < hi && self.obj_id(p).starts_with(prefix) && out.len() < limit {
+            out.push(self.obj(p).0);
+            p += 1;
+        }
+    }
+
+    fn event(&self, e: usize) -> (usize, u32) {
+        let at = self.events_at() + e * EVENT_ENTRY;
+        (u32_at(&self.map, at) as usize, u32_at(&self.map, at + 4))
+    }
+
+    fn children(&self, parent: &Id, out: &mut Vec<Id>) {
+        let base = self.children_at();
+        let key = |i: usize| &self.map[base + i * CHILD_ENTRY..base + i * CHILD_ENTRY + 32];
+        let (mut lo, mut hi) = (0, self.n_children);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if key(mid) < &parent.0[..] {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        while lo < self.n_children && key(lo) == parent.0 {
+            let c = u32_at(&self.map, base + lo * CHILD_ENTRY + 32) as usize;
+            out.push(self.obj(c).0);
+            lo += 1;
+        }
+    }
+
+    /// Rebuilds the memtable this table was written from (for merges).
+    fn to_mem(&self) -> MemTable {
+        let mut m = MemTable::new(self.start, self.refs.clone(), self.last_plain_tree);
+        m.end = self.end;
+        let mut objs: Vec<(u64, usize)> = (0..self.n_objs)
+            .filter_map(|p| self.obj(p).1.map(|l| (l.ordinal, p)))
+            .collect();
+        objs.sort();
+        let mut log_index = vec![0usize; self.n_objs];
+        for (i, (_, p)) in objs.iter().enumerate() {
+            let (id, loc) = self.obj(*p);
+            if let Some(loc) = loc {
+                m.by_id.insert(id, i);
+                m.objs.push((id, loc));
+            }
+            log_index[*p] = i;
+        }
+        m.kinds = self.kinds.iter().map(|k| k.0.clone()).collect();
+        for (n, k) in m.kinds.iter().enumerate() {
+            m.kind_no.insert(k.clone(), n as u32);
+        }
+        for e in 0..self.n_events {
+            let (p, k) = self.event(e);
+            m.events.push((log_index[p.min(self.n_objs - 1)], k));
+        }
+        let base = self.children_at();
+        for i in 0..self.n_children {
+            let at = base + i * CHILD_ENTRY;
+            let parent = id_at(&self.map, at);
+            let c = log_index[(u32_at(&self.map, at + 32) as usize).min(self.n_objs - 1)];
+            m.children.push((parent, c));
+            m.by_parent.entry(parent).or_default().push(c);
+        }
+        m
+    }
+}
+
+fn table_name(start: Pos, end: Pos) -> String {
+    format!(
+        "{:08}.{:012}-{:08}.{:012}.idx",
+        start.seg, start.off, end.seg, end.off
+    )
+}
+
+/// The whole index: tables (oldest first) and the memtable after them.
+pub(crate) struct Index {
+    /// Where tables live; `None` for an index that never writes (readers).
+    dir: Option<PathBuf>,
+    tables: RwLock<Vec<Arc<Table>>>,
+    mem: RwLock<MemTable>,
+}
+
+/// What opening the index found.
+#[derive(Debug, Default)]
+pub(crate) struct IndexOpen {
+    /// Table files that could not be used (damaged, or not part of the chain).
+    pub ignored: Vec<(PathBuf, String)>,
+}
+
+impl Index {
+    /// An empty index starting at `start`, kept in memory only.
+    pub fn in_memory(start: Pos) -> Index {
+        Index {
+            dir: None,
+            tables: RwLock::new(Vec::new()),
+            mem: RwLock::new(MemTable::new(start, BTreeMap::new(), None)),
+        }
+    }
+
+    /// Loads the chain of tables in `dir` that covers the log from `start`
+    /// without gaps. A writer (`writable`) deletes tables that are damaged or
+    /// not part of the chain (derived data); a reader leaves them alone.
+    pub fn open(dir: &Path, start: Pos, writable: bool) -> Result<(Index, IndexOpen), String> {
+        let mut report = IndexOpen::default();
+        let mut found: Vec<Table> = Vec::new();
+        match fs::read_dir(dir) {
+            Ok(rd) => {
+                for e in rd {
+                    let p = e.map_err(|e| e.to_string())?.path();
+                    let is_table = p.extension().is_some_and(|x| x == "idx");
+                    let is_temp = p.extension().is_some_and(|x| x == "tmp");
+                    if is_temp && writable {
+                        let _ = fs::remove_file(&p);
+                    }
+                    if !is_table {
+                        continue;
+                    }
+                    match Table::open(&p) {
+                        Ok(t) => found.push(t),
+                        Err(why) => report.ignored.push((p, why)),
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("cannot read {}: {e}", dir.display())),
+        }
+        found.sort_by_key(|t| (t.start, std::cmp::Reverse(t.end)));
+        let mut chain: Vec<Arc<Table>> = Vec::new();
+        let mut cur = start;
+        let mut rest = Vec::new();
+        for t in found {
+            if (t.start.seg, t.start.off, t.start.ordinal) == (cur.seg, cur.off, cur.ordinal)
+                && t.end > cur
+            {
+                cur = t.end;
+                chain.push(Arc::new(t));
+            } else {
+                rest.push(t);
+            }
+        }
+        for t in rest {
+            report.ignored.push((
+                t.path.clone(),
+                "not part of the chain from the log's start".into(),
+            ));
+        }
+        if writable {
+            for (p, _) in &report.ignored {
+                let _ = fs::remove_file(p);
+            }
+        }
+        let (refs, lpt) = chain
+            .last()
+            .map(|t| (t.refs.clone(), t.last_plain_tree))
+            .unwrap_or_default();
+        Ok((
+            Index {
+                dir: writable.then(|| dir.to_path_buf()),
+                tables: RwLock::new(chain),
+                mem: RwLock::new(MemTable::new(cur, refs, lpt)),
+            },
+            report,
+        ))
+    }
+
+    fn mem(&self) -> std::sync::RwLockReadGuard<'_, MemTable> {
+        self.mem.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn tables(&self) -> Vec<Arc<Table>> {
+        self.tables
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The log position the index covers up to (the watermark).
+    pub fn end(&self) -> Pos {
+        self.mem().end
+    }
+
+    /// Adds one committed batch ending at `end`.
+    pub fn apply(&self, items: &[IndexItem], end: Pos) {
+        let mut m = self.mem.write().unwrap_or_else(|e| e.into_inner());
+        for it in items {
+            m.add(it);
+        }
+        m.end = end;
+    }
+
+    /// Objects in the memtable (for the flush threshold).
+    pub fn mem_objects(&self) -> usize {
+        self.mem().objs.len()
+    }
+
+    pub fn get(&self, id: &Id) -> Option<ObjLoc> {
+        if let Some(l) = self.mem().get(id) {
+            return Some(l);
+        }
+        self.tables().iter().rev().find_map(|t| t.get(id))
+    }
+
+    /// Ids starting with the bytes `prefix`, at most `limit`.
+    pub fn with_prefix(&self, prefix: &[u8], limit: usize) -> Vec<Id> {
+        let mut out: Vec<Id> = self
+            .mem()
+            .objs
+            .iter()
+            .filter(|(id, _)| id.0.starts_with(prefix))
+            .map(|(id, _)| *id)
+            .take(limit)
+            .collect();
+        for t in self.tables().iter().rev() {
+            t.with_prefix(prefix, &mut out, limit);
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Events that name `id` as prev or parent (any order).
+    pub fn children(&self, id: &Id) -> Vec<Id> {
+        let mut out = Vec::new();
+        for t in self.tables().iter() {
+            t.children(id, &mut out);
+        }
+        let m = self.mem();
+        if let Some(v) = m.by_parent.get(id) {
+            out.extend(v.iter().map(|&i| m.objs[i].0));
+        }
+        out
+    }
+
+    /// Event ids newest first, optionally of one kind.
+    pub fn events_newest_first(&self, kind: Option<&str>, limit: usize) -> Vec<Id> {
+        let mut out = Vec::new();
+        {
+            let m = self.mem();
+            let want = kind.map(|k| m.kind_no.get(k).copied());
+            for (i, k) in m.events.iter().rev() {
+                if out.len() >= limit {
+                    return out;
+                }
+                match want {
+                    Some(None) => break,
+                    Some(Some(w)) if *k != w => continue,
+                    _ => out.push(m.objs[*i].0),
+                }
+            }
+        }
+        for t in self.tables().iter().rev() {
+            match kind {
+                None => {
+                    for e in (0..t.n_events).rev() {
+                        if out.len() >= limit {
+                            return out;
+                        }
+                        out.push(t.obj(t.event(e).0).0);
+                    }
+                }
+                Some(k) => {
+                    let Some((_, first, count)) = t.kinds.iter().find(|x| x.0 == k) else {
+                        continue;
+                    };
+                    for n in (*first..first + count).rev() {
+                        if out.len() >= limit {
+                            return out;
+                        }
+                        let e = u32_at(&t.map, t.by_kind_at() + 4 * n as usize) as usize;
+                        out.push(t.obj(t.event(e).0).0);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Every indexed object, oldest table first (a later entry for the same
+    /// id supersedes an earlier one).
+    pub fn for_each(&self, mut f: impl FnMut(Id, ObjLoc)) {
+        for t in self.tables().iter() {
+            for p in 0..t.n_objs {
+                if let (id, Some(loc)) = t.obj(p) {
+                    f(id, loc);
+                }
+            }
+        }
+        for (id, loc) in &self.mem().objs {
+            f(*id, *loc);
+        }
+    }
+
+    pub fn refs(&self) -> BTreeMap<String, Id> {
+        self.mem().refs.clone()
+    }
+
+    pub fn last_plain_tree(&self) -> Option<Id> {
+        self.mem().last_plain_tree
+    }
+
+    /// Writes the memtable as a table (if it holds anything) and merges
+    /// tables that have become small next to their successor. Tables are
+    /// derived data: written to a temp file and renamed, not fsynced (a torn
+    /// table fails its checksum and the log is scanned instead).
+    pub fn flush(&self) -> Result<(), String> {
+        let Some(dir) = &self.dir else {
+            return Ok(());
+        };
+        let mut m = self.mem.write().unwrap_or_else(|e| e.into_inner());
+        if m.objs.is_empty() && m.end == m.start {
+            return Ok(());
+        }
+        fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut tables = self.tables.write().unwrap_or_else(|e| e.into_inner());
+        let t = write_table(dir, &m)?;
+        tables.push(Arc::new(t));
+        *m = MemTable::new(m.end, m.refs.clone(), m.last_plain_tree);
+        // Merge while the older of the last two is at most twice the newer.
+        while tables.len() >= 2 {
+            let n = tables.len();
+            let (a, b) = (&tables[n - 2], &tables[n - 1]);
+            if a.n_objs > 2 * b.n_objs.max(1) {
+                break;
+            }
+            let mut merged = a.to_mem();
+            merged.extend(&b.to_mem());
+            let t = write_table(dir, &merged)?;
+            let old = [a.path.clone(), b.path.clone()];
+            tables.truncate(n - 2);
+            tables.push(Arc::new(t));
+            for p in old {
+                let _ = fs::remove_file(p);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn write_table(dir: &Path, m: &MemTable) -> Result<Table, String> {
+    let bytes = m.encode();
+    let path = dir.join(table_name(m.start, m.end));
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, &bytes).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Table::open(&path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 #[cfg(test)]
@@ -352,5 +870,143 @@ mod tests {
         };
         assert_eq!(ObjLoc::decode(&l.encode()), Some(l));
         assert_eq!(ObjLoc::decode(&[0; 3]), None);
+    }
+
+    fn item(n: u8, ordinal: u64, kind: Option<&str>, links: Vec<Id>) -> IndexItem {
+        IndexItem::Object {
+            id: Id([n; 32]),
+            loc: ObjLoc {
+                kind: if kind.is_some() {
+                    ObjectKind::Event
+                } else {
+                    ObjectKind::Blob
+                },
+                flags: 0,
+                seg: 1,
+                offset: 16 + ordinal * 100,
+                body_len: 10,
+                raw_len: 10,
+                meta_len: 0,
+                ordinal,
+            },
+            event: kind.map(|k| EventIndex {
+                kind: k.into(),
+                links,
+            }),
+        }
+    }
+
+    #[test]
+    fn tables_answer_like_the_memtable_and_merge() {
+        let dir = tempfile::tempdir().unwrap();
+        let start = Pos {
+            seg: 1,
+            off: 16,
+            ordinal: 0,
+        };
+        let idx = Index::open(dir.path(), start, true).unwrap().0;
+        // Three flushes: [1,2,3], [4,5], [6]; 4 and 6 are children of 3.
+        let batches: Vec<Vec<IndexItem>> = vec![
+            vec![
+                item(1, 0, None, vec![]),
+                item(2, 1, Some("a"), vec![]),
+                item(3, 2, Some("b"), vec![Id([2; 32])]),
+            ],
+            vec![
+                item(4, 3, Some("a"), vec![Id([3; 32])]),
+                item(5, 4, None, vec![]),
+            ],
+            vec![
+                item(6, 5, Some("b"), vec![Id([3; 32])]),
+                IndexItem::Ref {
+                    name: "r".into(),
+                    new: Id([6; 32]),
+                },
+            ],
+        ];
+        let mut ord = 0;
+        let mut answers = Vec::new();
+        for b in &batches {
+            ord += b
+                .iter()
+                .filter(|i| matches!(i, IndexItem::Object { .. }))
+                .count() as u64;
+            idx.apply(
+                b,
+                Pos {
+                    seg: 1,
+                    off: 16 + ord * 100,
+                    ordinal: ord,
+                },
+            );
+            let ask = |idx: &Index| {
+                (
+                    (1..=7u8).map(|n| idx.get(&Id([n; 32]))).collect::<Vec<_>>(),
+                    idx.events_newest_first(None, 10),
+                    idx.events_newest_first(Some("a"), 10),
+                    {
+                        let mut c = idx.children(&Id([3; 32]));
+                        c.sort();
+                        c
+                    },
+                    idx.refs(),
+                    idx.with_prefix(&[4, 4], 10),
+                )
+            };
+            let before = ask(&idx);
+            idx.flush().unwrap();
+            assert_eq!(ask(&idx), before, "a flush changes no answer");
+            answers.push(before);
+        }
+        let last = answers.last().unwrap();
+        assert_eq!(
+            last.1,
+            vec![Id([6; 32]), Id([4; 32]), Id([3; 32]), Id([2; 32])]
+        );
+        assert_eq!(last.2, vec![Id([4; 32]), Id([2; 32])]);
+        assert_eq!(last.3, vec![Id([4; 32]), Id([6; 32])]);
+        assert!(idx.tables().len() <= 2, "tables merge");
+        // Reopened from disk (as a reader), the answers are the same.
+        let end = idx.end();
+        drop(idx);
+        let (ro, rep) = Index::open(dir.path(), start, false).unwrap();
+        assert!(rep.ignored.is_empty(), "{rep:?}");
+        assert_eq!(ro.end(), end);
+        assert_eq!(ro.get(&Id([5; 32])).unwrap().ordinal, 4);
+        assert_eq!(ro.refs().get("r"), Some(&Id([6; 32])));
+    }
+
+    #[test]
+    fn a_damaged_table_is_ignored_not_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let start = Pos {
+            seg: 1,
+            off: 16,
+            ordinal: 0,
+        };
+        let idx = Index::open(dir.path(), start, true).unwrap().0;
+        idx.apply(
+            &[item(1, 0, None, vec![])],
+            Pos {
+                seg: 1,
+                off: 116,
+                ordinal: 1,
+            },
+        );
+        idx.flush().unwrap();
+        drop(idx);
+        let p = fs::read_dir(dir.path())
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let mut b = fs::read(&p).unwrap();
+        b[HEADER_LEN + FANOUT_LEN + 3] ^= 1;
+        fs::write(&p, b).unwrap();
+        let (idx, rep) = Index::open(dir.path(), start, false).unwrap();
+        assert_eq!(rep.ignored.len(), 1);
+        assert_eq!(idx.end(), start, "the log is scanned again from the start");
+        assert!(idx.get(&Id([1; 32])).is_none());
     }
 }

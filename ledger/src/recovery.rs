@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{LedgerError, Result};
 use crate::id::{Id, ObjectKind};
-use crate::index::{self, Idx, IndexItem};
+use crate::index::{self, Index, IndexItem, Pos};
 use crate::object::{Event, EventEnvelope, RefUpdate};
 use crate::segment::{self, decode_body, RecordType, Scanner, SEGMENT_HEADER_LEN};
 
@@ -74,18 +74,17 @@ pub(crate) struct ScanOutcome {
     pub skipped_set_aside: u64,
 }
 
-/// Scans `segs` from `start` (segment, offset, next ordinal) and writes the
-/// index entries of every committed record into `idx`, moving the watermark
-/// after each applied batch.
+/// Scans `segs` from `start` and adds the index entries of every committed
+/// batch to `idx`, moving its end after each.
 pub(crate) fn scan_log(
     seg_dir: &Path,
     segs: &[u32],
-    idx: &Idx,
-    start: (u32, u64, u64),
+    idx: &Index,
+    start: Pos,
     set_aside: &[Damage],
     mode: ScanMode,
 ) -> Result<ScanOutcome> {
-    let (start_seg, start_off, mut ordinal) = start;
+    let (start_seg, start_off, mut ordinal) = (start.seg, start.off, start.ordinal);
     let mut out = ScanOutcome {
         next_ordinal: ordinal,
         ..Default::default()
@@ -122,7 +121,6 @@ pub(crate) fn scan_log(
             committed_end: sc.offset,
             committed_ord: ordinal,
             skipped: false,
-            batch: index::Writes::default(),
         };
         loop {
             let rec = match sc.next_record()? {
@@ -219,12 +217,19 @@ pub(crate) fn scan_log(
         // intact, and a later segment proves the writer moved on.
         if !st.pending.is_empty() && seg != last && mode != ScanMode::Writer {
             st.committed_ord = ordinal;
+            st.committed_end = file_len;
             out.records += st.pending_records as u64;
             st.apply_pending(idx)?;
         }
-        st.batch
-            .apply(idx, seg, st.committed_end, st.committed_ord)
-            .map_err(LedgerError::index)?;
+        // An empty or header-only segment still moves the index's end.
+        idx.apply(
+            &[],
+            Pos {
+                seg,
+                off: st.committed_end,
+                ordinal: st.committed_ord,
+            },
+        );
         if st.committed_end < file_len {
             if seg == last {
                 out.tail = Some(Tail {
@@ -258,22 +263,28 @@ struct SegState {
     committed_end: u64,
     committed_ord: u64,
     skipped: bool,
-    batch: index::Writes,
 }
 
 impl SegState {
-    fn apply_pending(&mut self, idx: &Idx) -> Result<()> {
-        for it in self.pending.drain(..) {
-            it.apply(&mut self.batch);
-        }
+    /// Adds the batch that just committed to the index (writing a table
+    /// when the memtable is full, for a writer's index).
+    fn apply_pending(&mut self, idx: &Index) -> Result<()> {
+        idx.apply(
+            &self.pending,
+            Pos {
+                seg: self.seg,
+                off: self.committed_end,
+                ordinal: self.committed_ord,
+            },
+        );
+        self.pending.clear();
         self.pending_records = 0;
         self.skipped = false;
-        if self.batch.len() >= 20_000 {
-            std::mem::take(&mut self.batch)
-                .apply(idx, self.seg, self.committed_end, self.committed_ord)
-                .map_err(LedgerError::index)?;
+        if idx.mem_objects() >= index::FLUSH_OBJECTS {
+            idx.flush().map_err(|e| LedgerError::Index {
+                detail: format!("writing an index table for {}: {e}", self.path.display()),
+            })?;
         }
-        let _ = &self.path;
         Ok(())
     }
 }

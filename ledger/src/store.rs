@@ -10,9 +10,10 @@
 //!    written to the active segment in one write.
 //! 4. The segment is fsynced. Only now is the commit durable; a crash before this
 //!    point leaves a torn tail that recovery moves into `quarantine/`.
-//! 5. The sled index is updated with plain inserts and the watermark last.
-//!    sled is not flushed per commit: after a crash, recovery re-indexes the
-//!    committed records past the last persisted watermark.
+//! 5. The in-memory index (memtable) takes the batch's entries and moves its
+//!    end. It becomes an index table file every `index::FLUSH_OBJECTS` objects
+//!    and at close; after a crash, recovery re-indexes the committed records
+//!    past the last table.
 //! 6. `commit` returns: the batch is acknowledged.
 //!
 //! Two ways to open: [`Ledger::open`] takes the ledger's lock, recovers and
@@ -30,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::error::{LedgerError, Result};
 use crate::files::{self, AppendFile, FileLayer, OsFiles};
 use crate::id::{Id, IdPrefix, ObjectKind};
-use crate::index::{self, EventIndex, Idx, IndexItem, ObjLoc};
+use crate::index::{self, EventIndex, Index, IndexItem, ObjLoc, Pos};
 use crate::object::{check_ref_name, Event, EventEnvelope, Meta, NewEvent, RefUpdate};
 use crate::recovery::{self, Damage, ScanMode};
 use crate::segment::{
@@ -62,23 +63,9 @@ pub struct Options {
     pub blob_zstd_level: i32,
     /// Bodies shorter than this are stored as they are.
     pub compress_min: usize,
-    /// sled page cache size.
-    pub index_cache_bytes: u64,
     /// The file layer the writer appends and syncs through (tests substitute
     /// one that simulates power loss).
     pub files: Arc<dyn FileLayer>,
-}
-
-impl Options {
-    /// For whole-ledger scans (`verify`, `stats`): a smaller index cache. At
-    /// 1M events, 32 MiB peaks at ~300 MB (64 MiB: ~370 MB) at the same speed;
-    /// 16 MiB thrashes (6x slower at 200k events).
-    pub fn for_scan() -> Options {
-        Options {
-            index_cache_bytes: 32 << 20,
-            ..Options::default()
-        }
-    }
 }
 
 impl Default for Options {
@@ -88,7 +75,6 @@ impl Default for Options {
             zstd_level: 3,
             blob_zstd_level: 9,
             compress_min: 128,
-            index_cache_bytes: 64 << 20,
             files: Arc::new(OsFiles),
         }
     }
@@ -125,8 +111,7 @@ struct Writer {
 pub struct Ledger {
     dir: PathBuf,
     seg_dir: PathBuf,
-    _db: Option<sled::Db>,
-    idx: Idx,
+    idx: Index,
     writer: Mutex<Writer>,
     readers: Mutex<HashMap<u32, Arc<File>>>,
     /// Every object's location, when preloaded (see `preload_locations`).
@@ -156,8 +141,8 @@ pub struct RecoveryReport {
     /// A torn tail (bytes no valid commit marker follows, so never
     /// acknowledged) moved into `quarantine/` and cut from the last segment.
     pub set_aside: Vec<SetAside>,
-    /// The index could not be opened (sled reported damage after a crash)
-    /// and was rebuilt from the segment files, with this reason.
+    /// Index tables that could not be used (damaged, or left over) and were
+    /// replaced by scanning the log, with the reason.
     pub index_rebuilt: Option<String>,
     /// Damaged ranges found (read-only opens and repair step over them).
     pub damage: Vec<Damage>,
@@ -234,13 +219,28 @@ impl Ledger {
         let seg_dir = dir.join(SEGMENTS_DIR);
         let segs = list_segments_checked(&seg_dir)?;
         let set_aside = read_damaged(dir)?;
-        let idx = Idx::Mem(Default::default());
-        let first = segs[0];
+        let start = log_start(&segs);
+        let mut index_note = None;
+        let idx = match Index::open(&dir.join(INDEX_DIR), start, false) {
+            Ok((idx, _)) => match log_shorter_than(&seg_dir, &segs, idx.end())? {
+                // Tables that claim more than the log holds are not used:
+                // the log itself is read (the writer reports the loss).
+                Some(why) => {
+                    index_note = Some(why);
+                    Index::in_memory(start)
+                }
+                None => idx,
+            },
+            Err(why) => {
+                index_note = Some(why);
+                Index::in_memory(start)
+            }
+        };
         let out = recovery::scan_log(
             &seg_dir,
             &segs,
             &idx,
-            (first, SEGMENT_HEADER_LEN, 0),
+            idx.end(),
             &set_aside,
             ScanMode::Reader,
         )?;
@@ -249,19 +249,11 @@ impl Ledger {
             damage: out.damage,
             known_damage: out.skipped_set_aside,
             unread_tail: out.tail.as_ref().map_or(0, |t| t.len),
+            index_rebuilt: index_note,
             ..Default::default()
         };
-        let (seg_no, offset) = out.end.unwrap_or((first, SEGMENT_HEADER_LEN));
-        Self::assemble(
-            dir,
-            None,
-            idx,
-            None,
-            seg_no,
-            offset,
-            report,
-            Options::default(),
-        )
+        let end = idx.end();
+        Self::assemble(dir, idx, None, end.seg, end.off, report, Options::default())
     }
 
     /// Throws the index away and rebuilds it from the segment files. The new
@@ -300,31 +292,39 @@ impl Ledger {
         let index_dir = dir.join(INDEX_DIR);
         let new_dir = dir.join(INDEX_NEW_DIR);
         // A rebuild that was killed leaves a partial new index: derived data
-        // that nothing points to.
-        if new_dir.exists() {
-            fs::remove_dir_all(&new_dir).map_err(|e| LedgerError::io(&new_dir, e))?;
+        // that nothing points to. So is an index in the earlier sled format.
+        for stale in [new_dir.clone(), index_dir.join("db")] {
+            if stale.exists() {
+                let target = if stale == new_dir {
+                    &new_dir
+                } else {
+                    &index_dir
+                };
+                fs::remove_dir_all(target).map_err(|e| LedgerError::io(target, e))?;
+            }
         }
         let mut report = RecoveryReport::default();
         if let Open::Rebuild(mode) = how {
-            report = rebuild_index(dir, &seg_dir, &segs, &opts, mode)?;
+            report = rebuild_index(dir, &seg_dir, &segs, mode)?;
         }
-        // The index is derived data: if sled cannot recover its own files
-        // (seen after SIGKILL mid-write), rebuild it from the segments rather
-        // than refuse to open. We hold the ledger's LOCK, so nobody else uses it.
-        let db = match open_index(&index_dir, &opts) {
-            Ok(db) => db,
-            Err(e) => {
-                rebuild_index(dir, &seg_dir, &segs, &opts, ScanMode::Writer)?;
-                report.index_rebuilt = Some(e.to_string());
-                open_index(&index_dir, &opts)?
-            }
-        };
-        let idx = Idx::Sled(db.open_tree("index").map_err(LedgerError::index)?);
+        let start = log_start(&segs);
+        let (idx, opened) =
+            Index::open(&index_dir, start, true).map_err(|detail| LedgerError::Index { detail })?;
+        if !opened.ignored.is_empty() {
+            report.index_rebuilt = Some(
+                opened
+                    .ignored
+                    .iter()
+                    .map(|(p, why)| format!("{}: {why}", p.display()))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            );
+        }
         let set_aside = read_damaged(dir)?;
-        let out = recover(dir, &seg_dir, &segs, &idx, &set_aside)?;
-        report.reindexed_records += out.0.reindexed_records;
-        report.set_aside.extend(out.0.set_aside);
-        report.known_damage += out.0.known_damage;
+        let rec = recover(dir, &seg_dir, &segs, &idx, &set_aside)?;
+        report.reindexed_records += rec.reindexed_records;
+        report.set_aside.extend(rec.set_aside);
+        report.known_damage += rec.known_damage;
         let last = *segs.last().unwrap_or(&1);
         let seg_path = segment::segment_path(&seg_dir, last);
         let file = opts
@@ -334,59 +334,26 @@ impl Ledger {
         let offset = fs::metadata(&seg_path)
             .map_err(|e| LedgerError::io(&seg_path, e))?
             .len();
-        let ledger = Self::assemble(
-            dir,
-            Some(db),
-            idx,
-            Some(file),
-            last,
-            offset,
-            report.clone(),
-            opts,
-        )?;
-        let mut ledger = ledger;
+        let mut ledger = Self::assemble(dir, idx, Some(file), last, offset, report.clone(), opts)?;
         ledger._lock = Some(lock);
         Ok((ledger, report))
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn assemble(
         dir: &Path,
-        db: Option<sled::Db>,
-        idx: Idx,
+        idx: Index,
         file: Option<Box<dyn AppendFile>>,
         seg_no: u32,
         offset: u64,
         recovery: RecoveryReport,
         opts: Options,
     ) -> Result<Ledger> {
-        let next_ordinal = read_watermark(&idx)?.map(|w| w.2).unwrap_or(0);
-        let mut heads = HashMap::new();
-        let mut bad = None;
-        idx.scan(&[index::P_REF], false, |k, v| {
-            let name = String::from_utf8_lossy(&k[1..]).into_owned();
-            match Id::from_slice(v) {
-                Some(id) => {
-                    heads.insert(name, id);
-                    true
-                }
-                None => {
-                    bad = Some(name);
-                    false
-                }
-            }
-        })
-        .map_err(LedgerError::index)?;
-        if let Some(name) = bad {
-            return Err(LedgerError::Index {
-                detail: format!("ref {name:?} has a malformed value"),
-            });
-        }
+        let next_ordinal = idx.end().ordinal;
+        let heads: HashMap<String, Id> = idx.refs().into_iter().collect();
         let read_only = file.is_none();
         Ok(Ledger {
             dir: dir.to_path_buf(),
             seg_dir: dir.join(SEGMENTS_DIR),
-            _db: db,
             idx,
             writer: Mutex::new(Writer {
                 seg_no,
@@ -494,18 +461,7 @@ impl Ledger {
                 return Ok(Some(*l));
             }
         }
-        match self
-            .idx
-            .get(&index::obj_key(id))
-            .map_err(LedgerError::index)?
-        {
-            None => Ok(None),
-            Some(v) => ObjLoc::decode(&v)
-                .map(Some)
-                .ok_or_else(|| LedgerError::Index {
-                    detail: format!("malformed location for {id}"),
-                }),
-        }
+        Ok(self.idx.get(id))
     }
 
     pub fn contains(&self, id: &Id) -> Result<bool> {
@@ -514,9 +470,7 @@ impl Ledger {
                 return Ok(true);
             }
         }
-        self.idx
-            .contains_key(&index::obj_key(id))
-            .map_err(LedgerError::index)
+        Ok(self.idx.get(id).is_some())
     }
 
     /// True if the log holds an intact record for `id` where the index says:
@@ -713,19 +667,12 @@ impl Ledger {
     /// Expands an abbreviated id (at least 8 hex digits) to the one object it names.
     pub fn resolve(&self, prefix: &str) -> Result<Id> {
         let p = IdPrefix::parse(prefix)?;
-        let mut key = vec![index::P_OBJ];
-        key.extend_from_slice(&p.byte_prefix());
-        let mut found = Vec::new();
-        self.idx
-            .scan(&key, false, |k, _| {
-                if let Some(id) = Id::from_slice(&k[1..]) {
-                    if p.matches(&id) {
-                        found.push(id);
-                    }
-                }
-                found.len() <= 10
-            })
-            .map_err(LedgerError::index)?;
+        let found: Vec<Id> = self
+            .idx
+            .with_prefix(&p.byte_prefix(), 11)
+            .into_iter()
+            .filter(|id| p.matches(id))
+            .collect();
         match found.len() {
             0 => {
                 // A damaged record the scan stepped over may claim it.
@@ -751,17 +698,7 @@ impl Ledger {
 
     /// Events that name `id` as prev or parent, in log order.
     pub fn children(&self, id: &Id) -> Result<Vec<Id>> {
-        let mut key = vec![index::P_CHILD];
-        key.extend_from_slice(&id.0);
-        let mut out = Vec::new();
-        self.idx
-            .scan(&key, false, |k, _| {
-                if let Some(c) = k.get(33..).and_then(Id::from_slice) {
-                    out.push(c);
-                }
-                true
-            })
-            .map_err(LedgerError::index)?;
+        let out = self.idx.children(id);
         let mut with_ord = Vec::with_capacity(out.len());
         for c in out {
             let ord = self.locate(&c)?.map(|l| l.ordinal).unwrap_or(u64::MAX);
@@ -773,29 +710,7 @@ impl Ledger {
 
     /// Event ids newest first, optionally of one kind.
     pub fn events_newest_first(&self, kind: Option<&str>, limit: usize) -> Result<Vec<Id>> {
-        let prefix = match kind {
-            Some(k) => index::kind_prefix(k),
-            None => vec![index::P_EVENT],
-        };
-        let mut out = Vec::new();
-        let mut bad = false;
-        if limit > 0 {
-            self.idx
-                .scan(&prefix, true, |_, v| {
-                    match Id::from_slice(v) {
-                        Some(id) => out.push(id),
-                        None => bad = true,
-                    }
-                    !bad && out.len() < limit
-                })
-                .map_err(LedgerError::index)?;
-        }
-        if bad {
-            return Err(LedgerError::Index {
-                detail: "malformed event index entry".into(),
-            });
-        }
-        Ok(out)
+        Ok(self.idx.events_newest_first(kind, limit))
     }
 
     /// Walks a stream backwards from `head` along `prev` links.
@@ -828,26 +743,13 @@ impl Ledger {
 
     /// Number of objects in the ledger (from the index's watermark).
     pub fn object_count(&self) -> Result<u64> {
-        Ok(read_watermark(&self.idx)?.map(|w| w.2).unwrap_or(0))
+        Ok(self.idx.end().ordinal)
     }
 
-    /// Calls `f` for every indexed object, in id order (one pass over the index).
-    pub fn for_each_location(&self, mut f: impl FnMut(Id, ObjLoc)) -> Result<()> {
-        let mut bad = false;
-        self.idx
-            .scan(&[index::P_OBJ], false, |k, val| {
-                match (Id::from_slice(&k[1..]), ObjLoc::decode(val)) {
-                    (Some(id), Some(loc)) => f(id, loc),
-                    _ => bad = true,
-                }
-                !bad
-            })
-            .map_err(LedgerError::index)?;
-        if bad {
-            return Err(LedgerError::Index {
-                detail: "malformed object index entry".into(),
-            });
-        }
+    /// Calls `f` for every indexed object (table by table, then the memtable;
+    /// a later entry for an id supersedes an earlier one).
+    pub fn for_each_location(&self, f: impl FnMut(Id, ObjLoc)) -> Result<()> {
+        self.idx.for_each(f);
         Ok(())
     }
 
@@ -1090,13 +992,18 @@ impl Ledger {
         w.offset = base + buf.len() as u64;
         w.next_ordinal = ordinal;
         // Step 5: index.
-        let mut writes = index::Writes::default();
-        for it in &items {
-            it.apply(&mut writes);
-        }
-        if let Err(e) = writes.apply(&self.idx, seg, w.offset, ordinal) {
-            w.poisoned = Some(format!("index update failed: {e}"));
-            return Err(LedgerError::index(e));
+        self.idx.apply(
+            &items,
+            Pos {
+                seg,
+                off: w.offset,
+                ordinal,
+            },
+        );
+        if self.idx.mem_objects() >= index::FLUSH_OBJECTS {
+            // A table that cannot be written costs only memory and a longer
+            // scan at the next open: the batch is already durable.
+            let _ = self.idx.flush();
         }
         if let Ok(mut g) = self.locs.write() {
             if let Some(m) = g.as_mut() {
@@ -1122,6 +1029,9 @@ impl Ledger {
     /// when that is much smaller; otherwise plainly, becoming the next base.
     fn compress_tree(&self, w: &mut Writer, id: &Id, raw: &[u8]) -> (u8, Vec<u8>) {
         let plain = self.maybe_compress(&mut w.cctx, self.opts.zstd_level, raw);
+        if w.tree_base.is_none() {
+            w.tree_base = self.initial_tree_base();
+        }
         if let Some((base_id, base)) = &w.tree_base {
             let delta = zstd::bulk::Compressor::with_dictionary(self.opts.zstd_level, base)
                 .and_then(|mut c| c.compress(raw));
@@ -1136,6 +1046,15 @@ impl Ledger {
         }
         w.tree_base = Some((*id, raw.to_vec()));
         plain
+    }
+
+    /// The delta base for the first tree a writer stores: the latest plain
+    /// tree in the ledger (recorded by the index, so it survives processes:
+    /// one `mass snapshot` per workspace version still stores deltas).
+    fn initial_tree_base(&self) -> Option<(Id, Vec<u8>)> {
+        let id = self.idx.last_plain_tree()?;
+        let (_, raw) = self.read_plain(&id, ObjectKind::Tree).ok()?;
+        Some((id, raw))
     }
 
     fn maybe_compress(
@@ -1156,6 +1075,25 @@ impl Ledger {
             }
         }
         (0, raw.to_vec())
+    }
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger")
+            .field("dir", &self.dir)
+            .field("read_only", &self.read_only)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Ledger {
+    /// Writes the memtable as an index table so the next open need not scan
+    /// the log again. Derived data: a failure here costs only a longer scan.
+    fn drop(&mut self) {
+        if !self.read_only {
+            let _ = self.idx.flush();
+        }
     }
 }
 
@@ -1422,46 +1360,56 @@ fn list_segments_checked(seg_dir: &Path) -> Result<Vec<u32>> {
     Ok(segs)
 }
 
+/// Where the log starts: the first record of the first segment.
+fn log_start(segs: &[u32]) -> Pos {
+    Pos {
+        seg: segs.first().copied().unwrap_or(1),
+        off: SEGMENT_HEADER_LEN,
+        ordinal: 0,
+    }
+}
+
+/// `Some(reason)` if the log ends before `pos` (a segment the index covers
+/// is missing or shorter than the index says): acknowledged data is gone.
+fn log_shorter_than(seg_dir: &Path, segs: &[u32], pos: Pos) -> Result<Option<String>> {
+    let path = segment::segment_path(seg_dir, pos.seg);
+    if !segs.contains(&pos.seg) {
+        return Ok(Some(format!(
+            "the index covers segment {} up to byte {}, but {} is missing",
+            pos.seg,
+            pos.off,
+            path.display()
+        )));
+    }
+    let len = fs::metadata(&path)
+        .map_err(|e| LedgerError::io(&path, e))?
+        .len();
+    Ok((len < pos.off).then(|| {
+        format!(
+            "{} holds {len} bytes but the index covers {}: {} bytes of acknowledged data are missing",
+            path.display(),
+            pos.off,
+            pos.off - len
+        )
+    }))
+}
+
 /// Brings the index up to the end of the committed log. First checks that
 /// the log still holds everything the index says it does (a log shorter than
 /// the index means acknowledged data is gone, and is reported, never
-/// re-indexed over); then indexes committed records past the watermark and
+/// re-indexed over); then indexes committed records past the index's end and
 /// moves a torn tail into quarantine.
 fn recover(
     dir: &Path,
     seg_dir: &Path,
     segs: &[u32],
-    idx: &Idx,
+    idx: &Index,
     set_aside: &[Damage],
-) -> Result<(RecoveryReport,)> {
-    let first = segs.first().copied().unwrap_or(1);
-    let wm = read_watermark(idx)?;
-    if let Some((wseg, woff, _)) = wm {
-        let path = segment::segment_path(seg_dir, wseg);
-        if !segs.contains(&wseg) {
-            return Err(LedgerError::LogBehindIndex {
-                detail: format!(
-                    "the index covers segment {wseg} up to byte {woff}, but {} is missing",
-                    path.display()
-                ),
-            });
-        }
-        let len = fs::metadata(&path)
-            .map_err(|e| LedgerError::io(&path, e))?
-            .len();
-        if len < woff {
-            return Err(LedgerError::LogBehindIndex {
-                detail: format!(
-                    "{} holds {len} bytes but the index covers {woff}: {} bytes of \
-                     acknowledged data are missing",
-                    path.display(),
-                    woff - len
-                ),
-            });
-        }
+) -> Result<RecoveryReport> {
+    if let Some(detail) = log_shorter_than(seg_dir, segs, idx.end())? {
+        return Err(LedgerError::LogBehindIndex { detail });
     }
-    let start = wm.unwrap_or((first, SEGMENT_HEADER_LEN, 0));
-    let out = recovery::scan_log(seg_dir, segs, idx, start, set_aside, ScanMode::Writer)?;
+    let out = recovery::scan_log(seg_dir, segs, idx, idx.end(), set_aside, ScanMode::Writer)?;
     let mut report = RecoveryReport {
         reindexed_records: out.records,
         known_damage: out.skipped_set_aside,
@@ -1470,8 +1418,7 @@ fn recover(
     if let Some(t) = &out.tail {
         report.set_aside.push(quarantine_tail(dir, seg_dir, t)?);
     }
-    idx.flush().map_err(LedgerError::index)?;
-    Ok((report,))
+    Ok(report)
 }
 
 /// Builds a new index from the whole log beside the old one, then swaps it in.
@@ -1479,7 +1426,6 @@ fn rebuild_index(
     dir: &Path,
     seg_dir: &Path,
     segs: &[u32],
-    opts: &Options,
     mode: ScanMode,
 ) -> Result<RecoveryReport> {
     let new_dir = dir.join(INDEX_NEW_DIR);
@@ -1487,24 +1433,16 @@ fn rebuild_index(
         fs::remove_dir_all(&new_dir).map_err(|e| LedgerError::io(&new_dir, e))?;
     }
     let set_aside = read_damaged(dir)?;
-    let first = segs.first().copied().unwrap_or(1);
+    let start = log_start(segs);
     let mut report = RecoveryReport::default();
     {
-        let db = open_index(&new_dir, opts)?;
-        let idx = Idx::Sled(db.open_tree("index").map_err(LedgerError::index)?);
-        let scanned = recovery::scan_log(
-            seg_dir,
-            segs,
-            &idx,
-            (first, SEGMENT_HEADER_LEN, 0),
-            &set_aside,
-            mode,
-        );
+        let (idx, _) =
+            Index::open(&new_dir, start, true).map_err(|detail| LedgerError::Index { detail })?;
+        let scanned = recovery::scan_log(seg_dir, segs, &idx, start, &set_aside, mode);
         let out = match scanned {
             Ok(out) => out,
             Err(e) => {
                 drop(idx);
-                drop(db);
                 let _ = fs::remove_dir_all(&new_dir);
                 return Err(e);
             }
@@ -1521,8 +1459,10 @@ fn rebuild_index(
         if let Some(t) = &out.tail {
             report.set_aside.push(quarantine_tail(dir, seg_dir, t)?);
         }
-        idx.flush().map_err(LedgerError::index)?;
-        db.flush().map_err(LedgerError::index)?;
+        idx.flush()
+            .map_err(|detail| LedgerError::Index { detail })?;
+        // An empty log leaves no table; the (empty) index is still swapped in.
+        fs::create_dir_all(&new_dir).map_err(|e| LedgerError::io(&new_dir, e))?;
     }
     let index_dir = dir.join(INDEX_DIR);
     if index_dir.exists() {
@@ -1625,49 +1565,6 @@ fn append_damaged(dir: &Path, new: &[Damage]) -> Result<()> {
     fs::create_dir_all(&qdir).map_err(|e| LedgerError::io(&qdir, e))?;
     let path = qdir.join(DAMAGED_FILE);
     files::write_durably(&path, text.as_bytes()).map_err(|e| LedgerError::io(&path, e))
-}
-
-/// The watermark: (segment, offset, next ordinal), if any.
-fn read_watermark(idx: &Idx) -> Result<Option<(u32, u64, u64)>> {
-    match idx.get(index::K_WATERMARK).map_err(LedgerError::index)? {
-        None => Ok(None),
-        Some(v) => index::decode_watermark(&v)
-            .map(Some)
-            .ok_or_else(|| LedgerError::Index {
-                detail: "malformed watermark".into(),
-            }),
-    }
-}
-
-/// Opens the sled index. We hold the ledger's own LOCK, so a sled lock
-/// conflict can only be this process's previous handle whose background
-/// flusher has not let go yet (sled releases its file lock asynchronously
-/// after the last handle drops): wait for it briefly instead of failing.
-fn open_index(index_dir: &Path, opts: &Options) -> Result<sled::Db> {
-    let mut waited = 0;
-    loop {
-        let r = sled::Config::new()
-            .path(index_dir)
-            .cache_capacity(opts.index_cache_bytes)
-            .mode(sled::Mode::HighThroughput)
-            .flush_every_ms(Some(1000))
-            .open();
-        match r {
-            Ok(db) => return Ok(db),
-            // sled reports its lock conflict as ErrorKind::Other with this text.
-            Err(sled::Error::Io(e))
-                if e.to_string().contains("could not acquire lock") && waited < 5000 =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-                waited += 10;
-            }
-            Err(e) => {
-                return Err(LedgerError::Index {
-                    detail: format!("cannot open index at {}: {e}", index_dir.display()),
-                })
-            }
-        }
-    }
 }
 
 fn take_lock(dir: &Path) -> Result<File> {

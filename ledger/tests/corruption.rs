@@ -237,12 +237,13 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// Regression: after a SIGKILL, sled once failed to reopen its own files
-/// ("Read corrupted data"). The index is derived data: opening rebuilds it.
+/// Regression: after a SIGKILL, the earlier sled index once failed to reopen
+/// its own files. The index is derived data: damaged index tables are
+/// ignored and the log is scanned instead.
 #[test]
 fn a_damaged_index_is_rebuilt_on_open() {
     let fx = fixture();
-    // Damage every file of the sled index.
+    // Damage every file of the index.
     fn scribble(dir: &Path) {
         for e in fs::read_dir(dir).unwrap() {
             let p = e.unwrap().path();

@@ -93,7 +93,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 let r = l.recovery().clone();
                 (l, r)
             } else {
-                let (l, r) = Ledger::open_reporting_with(&dir, ledger::Options::for_scan())
+                let (l, r) = Ledger::open_reporting(&dir)
                     .with_context(|| format!("cannot open ledger {}", dir.display()))?;
                 (l, r)
             };
