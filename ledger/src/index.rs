@@ -152,17 +152,26 @@ pub(crate) struct MemTable {
     by_parent: HashMap<Id, Vec<usize>>,
     /// Every ref's head at `end`.
     refs: BTreeMap<String, Id>,
-    /// The latest tree stored plainly (a delta base that survives processes).
-    last_plain_tree: Option<Id>,
+    /// The latest trees stored (delta bases that survive processes).
+    trees: LatestTrees,
+}
+
+/// The latest tree stored plainly (the base for the next tree's delta) and
+/// the latest tree of any storage (the parent whose same-path blobs are the
+/// bases for the next snapshot's blob deltas).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct LatestTrees {
+    pub plain: Option<Id>,
+    pub any: Option<Id>,
 }
 
 impl MemTable {
-    fn new(start: Pos, refs: BTreeMap<String, Id>, last_plain_tree: Option<Id>) -> MemTable {
+    fn new(start: Pos, refs: BTreeMap<String, Id>, trees: LatestTrees) -> MemTable {
         MemTable {
             start,
             end: start,
             refs,
-            last_plain_tree,
+            trees,
             ..Default::default()
         }
     }
@@ -173,8 +182,11 @@ impl MemTable {
                 let i = self.objs.len();
                 self.objs.push((*id, *loc));
                 self.by_id.insert(*id, i);
-                if loc.kind == ObjectKind::Tree && loc.flags & crate::segment::FLAG_DICT == 0 {
-                    self.last_plain_tree = Some(*id);
+                if loc.kind == ObjectKind::Tree {
+                    self.trees.any = Some(*id);
+                    if loc.flags & crate::segment::FLAG_DICT == 0 {
+                        self.trees.plain = Some(*id);
+                    }
                 }
                 if let Some(ev) = event {
                     let k = self.kind_number(&ev.kind);
@@ -221,8 +233,11 @@ impl MemTable {
             self.by_parent.entry(*p).or_default().push(base + c);
         }
         self.refs = later.refs.clone();
-        if later.last_plain_tree.is_some() {
-            self.last_plain_tree = later.last_plain_tree;
+        if later.trees.plain.is_some() {
+            self.trees.plain = later.trees.plain;
+        }
+        if later.trees.any.is_some() {
+            self.trees.any = later.trees.any;
         }
         self.end = later.end;
     }
@@ -324,14 +339,16 @@ impl MemTable {
             put_str(&mut out, name);
             out.extend_from_slice(&id.0);
         }
-        match self.last_plain_tree {
-            Some(t) => {
-                out.push(1);
-                out.extend_from_slice(&t.0);
-            }
-            None => {
-                out.push(0);
-                out.extend_from_slice(&[0; 32]);
+        for t in [self.trees.plain, self.trees.any] {
+            match t {
+                Some(t) => {
+                    out.push(1);
+                    out.extend_from_slice(&t.0);
+                }
+                None => {
+                    out.push(0);
+                    out.extend_from_slice(&[0; 32]);
+                }
             }
         }
         let sum = blake3::hash(&out);
@@ -356,7 +373,7 @@ pub(crate) struct Table {
     n_children: usize,
     kinds: Vec<(String, u32, u32)>,
     refs: BTreeMap<String, Id>,
-    last_plain_tree: Option<Id>,
+    trees: LatestTrees,
 }
 
 impl Table {
@@ -381,7 +398,7 @@ impl Table {
         // bytes cannot change under us; a truncated file fails the checks.
         let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| e.to_string())?;
         let b = &map[..];
-        if b.len() < HEADER_LEN + FANOUT_LEN + 33 + 32 || &b[..8] != TABLE_MAGIC {
+        if b.len() < HEADER_LEN + FANOUT_LEN + 66 + 32 || &b[..8] != TABLE_MAGIC {
             return Err("not an index table".into());
         }
         let (body, sum) = b.split_at(b.len() - 32);
@@ -413,7 +430,7 @@ impl Table {
             n_children,
             kinds: Vec::with_capacity(n_kinds),
             refs: BTreeMap::new(),
-            last_plain_tree: None,
+            trees: LatestTrees::default(),
             map,
         };
         let mut at = t.children_at() + n_children * CHILD_ENTRY;
@@ -449,13 +466,17 @@ impl Table {
             refs.insert(name, id_at(&t.map, at));
             at += 32;
         }
-        if at + 33 != body_len {
+        if at + 66 != body_len {
             return Err("section sizes do not add up".into());
         }
-        let last_plain_tree = (t.map[at] == 1).then(|| id_at(&t.map, at + 1));
+        let tree_at = |at: usize| (t.map[at] == 1).then(|| id_at(&t.map, at + 1));
+        let trees = LatestTrees {
+            plain: tree_at(at),
+            any: tree_at(at + 33),
+        };
         t.kinds = kinds;
         t.refs = refs;
-        t.last_plain_tree = last_plain_tree;
+        t.trees = trees;
         Ok(t)
     }
 
@@ -537,7 +558,7 @@ impl Table {
 
     /// Rebuilds the memtable this table was written from (for merges).
     fn to_mem(&self) -> MemTable {
-        let mut m = MemTable::new(self.start, self.refs.clone(), self.last_plain_tree);
+        let mut m = MemTable::new(self.start, self.refs.clone(), self.trees);
         m.end = self.end;
         let mut objs: Vec<(u64, usize)> = (0..self.n_objs)
             .filter_map(|p| self.obj(p).1.map(|l| (l.ordinal, p)))
@@ -600,7 +621,11 @@ impl Index {
         Index {
             dir: None,
             tables: RwLock::new(Vec::new()),
-            mem: RwLock::new(MemTable::new(start, BTreeMap::new(), None)),
+            mem: RwLock::new(MemTable::new(
+                start,
+                BTreeMap::new(),
+                LatestTrees::default(),
+            )),
         }
     }
 
@@ -658,7 +683,7 @@ impl Index {
         }
         let (refs, lpt) = chain
             .last()
-            .map(|t| (t.refs.clone(), t.last_plain_tree))
+            .map(|t| (t.refs.clone(), t.trees))
             .unwrap_or_default();
         Ok((
             Index {
@@ -801,8 +826,8 @@ impl Index {
         self.mem().refs.clone()
     }
 
-    pub fn last_plain_tree(&self) -> Option<Id> {
-        self.mem().last_plain_tree
+    pub fn latest_trees(&self) -> LatestTrees {
+        self.mem().trees
     }
 
     /// Writes the memtable as a table (if it holds anything) and merges
@@ -821,7 +846,7 @@ impl Index {
         let mut tables = self.tables.write().unwrap_or_else(|e| e.into_inner());
         let t = write_table(dir, &m)?;
         tables.push(Arc::new(t));
-        *m = MemTable::new(m.end, m.refs.clone(), m.last_plain_tree);
+        *m = MemTable::new(m.end, m.refs.clone(), m.trees);
         // Merge while the older of the last two is at most twice the newer.
         while tables.len() >= 2 {
             let n = tables.len();

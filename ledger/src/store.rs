@@ -912,7 +912,15 @@ impl Ledger {
             let (flags, body) = if p.kind == ObjectKind::Tree {
                 self.compress_tree(&mut w, &p.id, &p.raw)
             } else if p.kind == ObjectKind::Blob {
-                self.maybe_compress(&mut w.blob_cctx, self.opts.blob_zstd_level, &p.raw)
+                let plain =
+                    self.maybe_compress(&mut w.blob_cctx, self.opts.blob_zstd_level, &p.raw);
+                match p
+                    .similar
+                    .and_then(|s| self.blob_delta(s, &p.raw, plain.1.len()))
+                {
+                    Some(delta) => (FLAG_ZSTD | segment::FLAG_DICT, delta),
+                    None => plain,
+                }
             } else {
                 self.maybe_compress(&mut w.cctx, self.opts.zstd_level, &p.raw)
             };
@@ -1048,11 +1056,39 @@ impl Ledger {
         plain
     }
 
+    /// A delta body for blob `raw` against `similar` (or, if that is itself a
+    /// delta, against its base: a base is never a delta), if it saves at
+    /// least 1/8 of `plain_len`, the blob's plain compressed size (a delta
+    /// costs one more read; an edited copy stored whole costs far more).
+    fn blob_delta(&self, similar: Id, raw: &[u8], plain_len: usize) -> Option<Vec<u8>> {
+        let loc = self.locate(&similar).ok()??;
+        let base = if loc.flags & segment::FLAG_DICT != 0 {
+            let f = self.reader(loc.seg).ok()?;
+            let mut b = [0u8; 32];
+            f.read_exact_at(&mut b, loc.offset + RECORD_HEADER_LEN as u64)
+                .ok()?;
+            Id(b)
+        } else {
+            similar
+        };
+        let (_, dict) = self.read_plain(&base, ObjectKind::Blob).ok()?;
+        let d = zstd::bulk::Compressor::with_dictionary(self.opts.blob_zstd_level, &dict)
+            .and_then(|mut c| c.compress(raw))
+            .ok()?;
+        if (d.len() + 32) * 8 >= plain_len * 7 {
+            return None;
+        }
+        let mut body = Vec::with_capacity(32 + d.len());
+        body.extend_from_slice(&base.0);
+        body.extend_from_slice(&d);
+        Some(body)
+    }
+
     /// The delta base for the first tree a writer stores: the latest plain
     /// tree in the ledger (recorded by the index, so it survives processes:
     /// one `mass snapshot` per workspace version still stores deltas).
     fn initial_tree_base(&self) -> Option<(Id, Vec<u8>)> {
-        let id = self.idx.last_plain_tree()?;
+        let id = self.idx.latest_trees().plain?;
         let (_, raw) = self.read_plain(&id, ObjectKind::Tree).ok()?;
         Some((id, raw))
     }
@@ -1124,6 +1160,9 @@ struct Pending {
     meta: Vec<u8>,
     links: Vec<Id>,
     event_links: Option<EventIndex>,
+    /// For a blob: an earlier blob likely to be similar (the same path in
+    /// the previous snapshot), tried as a delta base when it is stored.
+    similar: Option<Id>,
 }
 
 struct PendingRef {
@@ -1163,6 +1202,7 @@ impl Batch<'_> {
             meta: Vec::new(),
             links: Vec::new(),
             event_links: None,
+            similar: None,
         }))
     }
 
@@ -1179,17 +1219,41 @@ impl Batch<'_> {
             meta: Vec::new(),
             links,
             event_links: None,
+            similar: None,
         }))
     }
 
-    /// Adds a snapshot of `dir` (its blobs and tree) to the batch.
+    /// Adds a snapshot of `dir` (its blobs and tree) to the batch. A changed
+    /// file is stored as a delta against the same path in the latest tree in
+    /// the ledger when that is much smaller (a workspace's versions differ
+    /// by small edits; without this every edited copy is stored whole).
     pub fn snapshot_dir(&mut self, dir: &Path) -> Result<Id> {
+        let parent: HashMap<String, Id> = match self.ledger.idx.latest_trees().any {
+            Some(t) => match self.ledger.get_tree(&t) {
+                Ok(t) => t
+                    .entries
+                    .iter()
+                    .filter_map(|e| Some((e.path.clone(), e.blob_id()?)))
+                    .collect(),
+                // A damaged parent only costs the deltas.
+                Err(_) => HashMap::new(),
+            },
+            None => HashMap::new(),
+        };
         let mut entries = Vec::new();
         for item in tree::walk(dir)? {
             let content = tree::read_item(&item)?;
             let (blob, size) = match item.kind {
                 tree::EntryKind::Dir => ([0u8; 32], 0),
-                _ => (self.put_blob(&content)?.0, content.len() as u64),
+                _ => {
+                    let id = self.put_blob(&content)?;
+                    if let Some(p) = self.objects.last_mut() {
+                        if p.id == id && parent.get(&item.rel) != Some(&id) {
+                            p.similar = parent.get(&item.rel).copied();
+                        }
+                    }
+                    (id.0, content.len() as u64)
+                }
             };
             entries.push(TreeEntry {
                 path: item.rel,
@@ -1258,6 +1322,7 @@ impl Batch<'_> {
                 kind: ev.kind,
                 links: children_of,
             }),
+            similar: None,
         });
         self.ref_updates.push(PendingRef {
             name: ref_name.to_string(),
