@@ -12,8 +12,8 @@
 //! variant, and the hash of the record carrying it.
 
 use schemas::{
-    encode, known_kinds, Effect, EffectStatus, Hash32, ModelCall, Note, Record, RunForked,
-    RunStarted, WorkspaceSnapshot,
+    encode, known_kinds, older_versions, Effect, EffectStatus, Hash32, ModelCall, Note, Record,
+    RunForked, RunStarted, RunStartedV1, WorkspaceSnapshot,
 };
 
 /// (kind, version, blake3 of the sample encoding)
@@ -89,6 +89,11 @@ const PINS: &[(&str, u32, &str)] = &[
         "9fa8d7362ac1b6f39a9386b98a4c4e3a1b49d96bf1d08d8d195daaccbe7e4916",
     ),
     (
+        "run.started",
+        2,
+        "e5461393847a4f0300d64cff80e570cbe382d86e71eceaab07f648fbcbbc78d4",
+    ),
+    (
         "run.forked",
         1,
         "d5dfbeaaa4c3965704fa40ff032000709ce4840d540b3d5dfe89080aabe584e7",
@@ -100,25 +105,27 @@ const PINS: &[(&str, u32, &str)] = &[
     ),
 ];
 
-fn sample_hash(kind: &str) -> String {
-    let bytes = match kind {
-        "note" => encode(&Note::sample()),
-        "model.call" => encode(&ModelCall::sample()),
-        "workspace.snapshot" => encode(&WorkspaceSnapshot::sample()),
-        "effect" => encode(&Effect::sample()),
-        "run.started" => encode(&RunStarted::sample()),
-        "run.forked" => encode(&RunForked::sample()),
-        "mass.rollout" => encode(&schemas::Rollout::sample()),
-        "mass.judgment" => encode(&schemas::Judgment::sample()),
-        "mass.proposal" => encode(&schemas::ProposalRecord::sample()),
-        "mass.promotion" => encode(&schemas::Promotion::sample()),
-        "mass.ranking" => encode(&schemas::Ranking::sample()),
-        "mass.selection" => encode(&schemas::Selection::sample()),
-        "mass.dataset" => encode(&schemas::Dataset::sample()),
-        "mass.training" => encode(&schemas::Training::sample()),
-        "mass.evaluation" => encode(&schemas::Evaluation::sample()),
-        "mass.cycle" => encode(&schemas::Cycle::sample()),
-        other => panic!("kind {other} has no sample in this test: add it"),
+fn sample_hash(kind: &str, version: u32) -> String {
+    let bytes = match (kind, version) {
+        ("run.started", 1) => encode(&RunStartedV1::sample()),
+        ("run.started", 2) => encode(&RunStarted::sample()),
+        (_, v) if v != 1 => panic!("{kind} v{version} has no sample in this test: add it"),
+        ("note", _) => encode(&Note::sample()),
+        ("model.call", _) => encode(&ModelCall::sample()),
+        ("workspace.snapshot", _) => encode(&WorkspaceSnapshot::sample()),
+        ("effect", _) => encode(&Effect::sample()),
+        ("run.forked", _) => encode(&RunForked::sample()),
+        ("mass.rollout", _) => encode(&schemas::Rollout::sample()),
+        ("mass.judgment", _) => encode(&schemas::Judgment::sample()),
+        ("mass.proposal", _) => encode(&schemas::ProposalRecord::sample()),
+        ("mass.promotion", _) => encode(&schemas::Promotion::sample()),
+        ("mass.ranking", _) => encode(&schemas::Ranking::sample()),
+        ("mass.selection", _) => encode(&schemas::Selection::sample()),
+        ("mass.dataset", _) => encode(&schemas::Dataset::sample()),
+        ("mass.training", _) => encode(&schemas::Training::sample()),
+        ("mass.evaluation", _) => encode(&schemas::Evaluation::sample()),
+        ("mass.cycle", _) => encode(&schemas::Cycle::sample()),
+        (other, _) => panic!("kind {other} has no sample in this test: add it"),
     }
     .unwrap();
     blake3::hash(&bytes).to_hex().to_string()
@@ -126,7 +133,8 @@ fn sample_hash(kind: &str) -> String {
 
 #[test]
 fn every_known_kind_is_pinned_at_its_current_version() {
-    for k in known_kinds() {
+    // Older versions are still read, so their layout is pinned as well.
+    for k in known_kinds().into_iter().chain(older_versions()) {
         let pin = PINS
             .iter()
             .find(|(kind, v, _)| *kind == k.kind && *v == k.version)
@@ -137,7 +145,7 @@ fn every_known_kind_is_pinned_at_its_current_version() {
                 )
             });
         assert_eq!(
-            sample_hash(k.kind),
+            sample_hash(k.kind, k.version),
             pin.2,
             "the encoding of {} changed but its VERSION is still {}: bump the version and add a pin",
             k.kind,
