@@ -289,3 +289,47 @@ fn a_fork_cannot_point_a_run_at_other_task_files() {
         "no fork was created"
     );
 }
+
+/// A run recorded by the previous driver (`run.started` v1: a path, no tasks)
+/// cannot be driven any more: replay, resume, rejudge and fork say so (and
+/// create no fork), while status, show and verify still read it.
+#[test]
+fn a_run_without_recorded_tasks_is_refused_clearly() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let ledger = d.path().join("ledger");
+    let first = {
+        let l = ledger::Ledger::init(&ledger).expect("init");
+        let text = std::fs::read_to_string(repo().join("examples/smoke.toml")).expect("toml");
+        let config = l.put_blob(text.as_bytes()).expect("blob");
+        let old = schemas::RunStartedV1 {
+            driver: "mass-engine/1".into(),
+            config: config.into(),
+            config_name: "examples/smoke.toml".into(),
+            seed: 3,
+        };
+        let ev = schemas::to_event(&old).expect("event").in_stream("main");
+        l.append("old", None, ev).expect("append").to_hex()
+    };
+    let cwd = d.path();
+    for args in [
+        vec!["replay", "old", "--check"],
+        vec!["resume", "old"],
+        vec!["rejudge", "old", "--name", "x"],
+        vec!["fork", first.as_str(), "--name", "y"],
+    ] {
+        let o = mass(cwd, &ledger, &args);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("recorded by an older mass (run.started v1)")
+                && err.contains("start the experiment again as a new run"),
+            "{args:?}: {err}"
+        );
+    }
+    let refs = ok(cwd, &ledger, &["refs", "--json"]);
+    assert!(!refs.contains("\"x\"") && !refs.contains("\"y\""), "{refs}");
+    let status = ok(cwd, &ledger, &["status"]);
+    assert!(status.starts_with("old: smoke — 0/1 cycles"), "{status}");
+    ok(cwd, &ledger, &["show", &first]);
+    ok(cwd, &ledger, &["verify"]);
+}

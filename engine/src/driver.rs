@@ -55,9 +55,11 @@ struct Start {
     tasks: Id,
 }
 
-/// Reads a run's recorded start. Runs recorded by another driver are refused
-/// (they may mean other things).
-fn recorded_start(ledger: &Ledger, run: &str, first: &Event) -> Result<Start> {
+/// Checks that `first`, the first event of run `run`, starts a run this build
+/// can drive; runs recorded by another driver are refused (they may mean
+/// other things). Callers that fork a run check this first, so no fork of a
+/// run that cannot continue is created.
+pub fn check_run_start(run: &str, first: &Event) -> Result<()> {
     if first.kind != RunStarted::KIND {
         return Err(EngineError::Invalid(format!(
             "{run} is not a run: its first event is a {}",
@@ -80,6 +82,13 @@ fn recorded_start(ledger: &Ledger, run: &str, first: &Event) -> Result<Start> {
             rs.driver
         )));
     }
+    Ok(())
+}
+
+/// Reads a run's recorded start (see [`check_run_start`]).
+fn recorded_start(ledger: &Ledger, run: &str, first: &Event) -> Result<Start> {
+    check_run_start(run, first)?;
+    let rs: RunStarted = schemas::decode_event(first)?;
     let config = Id(rs.config.0);
     let text = String::from_utf8(ledger.get_blob(&config)?)
         .map_err(|e| EngineError::recording("experiment definition", e))?;

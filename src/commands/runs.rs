@@ -166,6 +166,7 @@ pub fn rejudge(
         .last()
         .transpose()?
         .context("empty run")?;
+    engine::driver::check_run_start(source, &start).map_err(|e| anyhow::anyhow!("{e}"))?;
     let overrides = parse_sets(set)?;
     replay::fork_run(&ledger, source, start.id, name, &overrides)?;
     let src = SourceRun {
@@ -206,6 +207,8 @@ pub fn fork(l: &Ledger, at: &str, name: &str, set: &[String]) -> Result<ExitCode
         .with_context(|| format!("{at} is not an event"))?;
     if ev.stream == MAIN {
         if let Some(run) = run_containing(l, id)? {
+            let first = l.chain(id).last().transpose()?.context("empty run")?;
+            engine::driver::check_run_start(&run, &first).map_err(|e| anyhow::anyhow!("{e}"))?;
             let overrides = parse_sets(set)?;
             let f = replay::fork_run(l, &run, id, name, &overrides)?;
             println!("forked run {run} at {} as {name} (fork event {}); continue it with `mass resume {name}`", id.short(12), f.short(12));
