@@ -972,7 +972,14 @@ impl Experiment {
             .try_into()
             .map_err(|e: toml::de::Error| fail(clean_serde_message(e.message())))?;
         updated.origin = self.origin.clone();
-        updated.tasks_path = resolve_tasks_dir(&self.origin, &updated.tasks_dir);
+        // The resolved tasks folder is kept unless the override is of
+        // tasks_dir itself: a driver points it at the run's recorded suite,
+        // which an unrelated override must not send back to the disk.
+        updated.tasks_path = if updated.tasks_dir == self.tasks_dir {
+            self.tasks_path.clone()
+        } else {
+            resolve_tasks_dir(&self.origin, &updated.tasks_dir)
+        };
         updated.validate()?;
         *self = updated;
         Ok(())
@@ -1014,8 +1021,8 @@ impl Experiment {
     pub fn select_tasks(&self, suite: &[Task]) -> Result<TaskSelection, ConfigError> {
         let mut v = Validator::default();
         let by_id: BTreeMap<&str, &Task> = suite.iter().map(|t| (t.id.as_str(), t)).collect();
-        let pick =
-            |key: &str, list: &Option<Vec<String>>, split: Split, v: &mut Validator| match list {
+        let pick = |key: &str, list: &Option<Vec<String>>, split: Split, v: &mut Validator| {
+            match list {
                 None => suite
                     .iter()
                     .filter(|t| t.split == split)
@@ -1028,9 +1035,12 @@ impl Experiment {
                         None => {
                             v.add(
                                 key,
+                                // tasks_dir as written, not the resolved
+                                // path: a run's sessions read a temporary
+                                // checkout of its recorded suite.
                                 format!(
-                                    "{key} names task \"{id}\", which is not in {} (known: {})",
-                                    self.tasks_path.display(),
+                                    "{key} names task \"{id}\", which is not in the task suite (tasks_dir \"{}\"; known: {})",
+                                    self.tasks_dir,
                                     quote_list(&by_id.keys().copied().collect::<Vec<_>>())
                                 ),
                             );
@@ -1038,7 +1048,8 @@ impl Experiment {
                         }
                     })
                     .collect(),
-            };
+            }
+        };
         let train = pick("train", &self.train, Split::Train, &mut v);
         let heldout = pick("heldout", &self.heldout, Split::Heldout, &mut v);
         for t in &train {
@@ -1537,6 +1548,12 @@ optimizer = "sim"
         e.apply_override("train", "[\"a\", \"b\"]")
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(e.train, Some(vec!["a".to_string(), "b".to_string()]));
+        // A tasks folder set by the driver (a recorded suite's checkout)
+        // survives other overrides.
+        e.tasks_path = PathBuf::from("/checkout");
+        e.apply_override("outer.prior", "0.5")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(e.tasks_path, PathBuf::from("/checkout"));
         e.apply_override("tasks_dir", "other")
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(e.tasks_path, PathBuf::from("dir/other"));

@@ -125,8 +125,22 @@ pub fn apply_forks(main: &mut Stream, exp: &mut Experiment) -> Result<()> {
     while let Some(f) = main.take_recorded("run.forked") {
         let rf: schemas::RunForked = schemas::decode_event(&f)?;
         for o in rf.overrides {
+            check_fork_override(&o.key)?;
             exp.apply_override(&o.key, &o.value)?;
         }
+    }
+    Ok(())
+}
+
+/// Refuses overrides a fork cannot honour. `tasks_dir`: a run's tasks are
+/// recorded when it starts and every fork shares them (a fork may still pick
+/// other recorded tasks with `train`/`heldout`); reading a folder from disk
+/// instead would make the fork depend on the working directory again.
+pub fn check_fork_override(key: &str) -> Result<()> {
+    if key.trim() == "tasks_dir" {
+        return Err(EngineError::Invalid(
+            "tasks_dir cannot be overridden in a fork: a run's tasks are recorded when it starts and its forks use that recording; to run other tasks, start a new run with `mass run FILE --ref NEW`".into(),
+        ));
     }
     Ok(())
 }

@@ -1,30 +1,36 @@
-//! The run driver: records the experiment definition when a run starts (so a
-//! run resumes without the file), builds the backends, and runs the cycles.
-//! The same code records, resumes, runs forks and replay-checks: the replay
-//! layer decides what is served from the ledger and what runs live.
+//! The run driver: records what a run depends on when it starts — the
+//! experiment definition and the task suite, by content (`suite.rs`) — so every
+//! later session reads them from the ledger, never from the working directory;
+//! builds the backends; and runs the cycles. The same code records, resumes,
+//! runs forks and replay-checks: the replay layer decides what is served from
+//! the ledger and what runs live.
 
+use std::path::Path;
 use std::sync::Arc;
 
-use ledger::Ledger;
+use ledger::{Event, Id, Ledger};
 use replay::{Mode, Session, SourceRun, MAIN};
-use schemas::RunStarted;
+use schemas::{Record, RunStarted};
 
 use crate::backend::sim::{SimBackend, SimParams};
 use crate::backend::Backends;
 use crate::config::{Backend as BackendCfg, Experiment};
 use crate::cycle::{apply_forks, base_models, run_cycle, step, Ctx, CycleResult, Progress};
 use crate::error::{EngineError, Result};
+use crate::suite;
 use crate::task::load_suite;
 
-/// The driver's name and version, recorded in `run.started`.
-pub const DRIVER: &str = "mass-engine/1";
+/// The driver's name and version, recorded in `run.started`. Version 2 reads a
+/// run's tasks from the ledger (version 1 read them from disk).
+pub const DRIVER: &str = "mass-engine/2";
 
 /// What to run.
 pub struct RunRequest<'a> {
     /// The run's name (its main stream's ref).
     pub run: String,
-    /// Experiment file text and the path it was read from (relative paths in it
-    /// resolve against that path's directory). Needed only for a new run.
+    /// Experiment file text and the path it was read from (a relative
+    /// `tasks_dir` resolves against that path's directory; the path itself is
+    /// not recorded). Needed only for a new run.
     pub experiment: Option<(String, String)>,
     pub mode: Mode,
     /// Mixed mode: take effect results from this run, except the live kinds.
@@ -42,6 +48,57 @@ pub struct RunSummary {
     pub counts: std::collections::BTreeMap<(String, replay::Served), u64>,
 }
 
+/// A run's start: the experiment text, its blob and the task suite's tree.
+struct Start {
+    text: String,
+    config: Id,
+    tasks: Id,
+}
+
+/// Checks that `first`, the first event of run `run`, starts a run this build
+/// can drive; runs recorded by another driver are refused (they may mean
+/// other things). Callers that fork a run check this first, so no fork of a
+/// run that cannot continue is created.
+pub fn check_run_start(run: &str, first: &Event) -> Result<()> {
+    if first.kind != RunStarted::KIND {
+        return Err(EngineError::Invalid(format!(
+            "{run} is not a run: its first event is a {}",
+            first.kind
+        )));
+    }
+    if first.version != RunStarted::VERSION {
+        return Err(EngineError::Invalid(format!(
+            "run {run} was recorded by an older mass (run.started v{}), which did not record its tasks and read them from disk; \
+             this build ({DRIVER}) replays, resumes, re-judges and forks only runs that carry their tasks (run.started v{}). \
+             Use the build that recorded it, or start the experiment again as a new run (`mass run FILE --ref NEW`)",
+            first.version,
+            RunStarted::VERSION
+        )));
+    }
+    let rs: RunStarted = schemas::decode_event(first)?;
+    if rs.driver != DRIVER {
+        return Err(EngineError::Invalid(format!(
+            "run {run} was recorded by driver {}; this build is {DRIVER}",
+            rs.driver
+        )));
+    }
+    Ok(())
+}
+
+/// Reads a run's recorded start (see [`check_run_start`]).
+fn recorded_start(ledger: &Ledger, run: &str, first: &Event) -> Result<Start> {
+    check_run_start(run, first)?;
+    let rs: RunStarted = schemas::decode_event(first)?;
+    let config = Id(rs.config.0);
+    let text = String::from_utf8(ledger.get_blob(&config)?)
+        .map_err(|e| EngineError::recording("experiment definition", e))?;
+    Ok(Start {
+        text,
+        config,
+        tasks: Id(rs.tasks.0),
+    })
+}
+
 /// Records, resumes, continues a fork of, or checks a run.
 pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
     let mut session = Session::new(ledger.clone(), req.run.clone(), req.mode.clone())?;
@@ -49,42 +106,54 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
         session = session.with_source(src);
     }
     let mut main = session.stream(MAIN)?;
-    let (text, origin) = match main.peek_history() {
+    let (start, mut exp) = match main.peek_history() {
         Some(first) => {
-            if first.kind != "run.started" {
-                return Err(EngineError::Invalid(format!(
-                    "{} is not a run: its first event is a {}",
-                    req.run, first.kind
-                )));
-            }
-            let rs: RunStarted = schemas::decode_event(first)?;
-            if rs.driver != DRIVER {
-                return Err(EngineError::Invalid(format!(
-                    "run {} was recorded by driver {}; this build is {DRIVER}",
-                    req.run, rs.driver
-                )));
-            }
-            let text = String::from_utf8(ledger.get_blob(&ledger::Id(rs.config.0))?)
-                .map_err(|e| EngineError::recording("experiment definition", e))?;
-            (text, rs.config_name)
+            let start = recorded_start(&ledger, &req.run, first)?;
+            let label = format!("experiment recorded by run {}", req.run);
+            let exp = Experiment::parse(&start.text, &label)?;
+            (start, exp)
         }
-        None => req.experiment.clone().ok_or_else(|| {
-            EngineError::Invalid(format!(
-                "run {} does not exist yet: give the experiment file to start it",
-                req.run
-            ))
-        })?,
+        None => {
+            let (text, origin) = req.experiment.as_ref().ok_or_else(|| {
+                EngineError::Invalid(format!(
+                    "run {} does not exist yet: give the experiment file to start it",
+                    req.run
+                ))
+            })?;
+            let exp = Experiment::parse(text, origin)?;
+            // Only a live session may store anything.
+            if req.mode != Mode::Live {
+                return Err(EngineError::Invalid(format!(
+                    "run {} has no recording to check",
+                    req.run
+                )));
+            }
+            // Checked on disk before anything is stored, so a broken task or
+            // a misspelt task id is reported against the files the user gave.
+            let on_disk = load_suite(&exp.tasks_path)?;
+            exp.select_tasks(&on_disk)?;
+            let start = Start {
+                tasks: suite::record(&ledger, &on_disk)?,
+                config: ledger.put_blob(text.as_bytes())?,
+                text: text.clone(),
+            };
+            (start, exp)
+        }
     };
-    let mut exp = Experiment::parse(&text, &origin)?;
-    let config = ledger.put_blob(text.as_bytes())?;
     let started = RunStarted {
         driver: DRIVER.into(),
-        config: config.into(),
-        config_name: origin.clone(),
+        config: start.config.into(),
+        tasks: start.tasks.into(),
         seed: exp.seed,
     };
     main.emit(schemas::to_event(&started)?)?;
     session.set_seed(exp.seed);
+
+    // Every session works on its own checkout of the recorded suite (kept
+    // until this function returns): the tasks as they were when the run
+    // started, wherever and whenever it is resumed.
+    let checkout = suite::checkout(&ledger, start.tasks, &req.run)?;
+    exp.tasks_path = checkout.path().to_path_buf();
     apply_forks(&mut main, &mut exp)?;
 
     let mut summary = RunSummary {
@@ -94,8 +163,8 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
         head: None,
         counts: Default::default(),
     };
-    let backends = build_backends(&exp)?;
-    let suite = load_suite(&exp.tasks_path)?;
+    let backends = build_backends(&exp, checkout.path())?;
+    let suite = load_suite(checkout.path())?;
     let sel = exp.select_tasks(&suite)?;
     for t in &sel.train {
         if sel.heldout.iter().any(|h| h.id == t.id) {
@@ -144,14 +213,15 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
     Ok(summary)
 }
 
-/// Builds every backend the experiment defines.
-pub fn build_backends(exp: &Experiment) -> Result<Backends> {
+/// Builds every backend the experiment defines; simulated models know the
+/// tasks under `tasks` (the run's checkout of its recorded suite).
+pub fn build_backends(exp: &Experiment, tasks: &Path) -> Result<Backends> {
     let mut b = Backends::default();
     for (name, cfg) in &exp.backends {
         match cfg {
             BackendCfg::Sim(p) => {
                 let params = SimParams::new(p.skill, p.delegation, p.judge_noise, p.position_bias, p.blind_spot);
-                b.by_name.insert(name.clone(), Arc::new(SimBackend::new(name, params, &exp.tasks_path)?));
+                b.by_name.insert(name.clone(), Arc::new(SimBackend::new(name, params, tasks)?));
             }
             BackendCfg::OpenAi(_) => {
                 return Err(EngineError::Invalid(format!(

@@ -21,6 +21,7 @@ pub mod optimizer;
 pub mod parallel;
 pub mod prompts;
 pub mod status;
+pub mod suite;
 pub mod task;
 pub mod tools;
 pub mod trainer;

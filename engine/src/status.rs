@@ -1,5 +1,6 @@
 //! Where a run stands, as a pure fold over its main stream (a projection), plus
-//! the effects that were started and never finished (what a resume re-issues).
+//! the effects that were started and never finished (what a resume re-issues)
+//! and what its recorded definition says (name, planned cycles).
 
 use ledger::{Event, Ledger};
 use schemas::{Effect, EffectStatus};
@@ -21,11 +22,9 @@ pub fn fold(events: &[Event]) -> Result<RunStatus> {
     let mut s = RunStatus::default();
     for ev in events {
         match ev.kind.as_str() {
-            "run.started" => {
-                let r: schemas::RunStarted = schemas::decode_event(ev)?;
-                s.experiment = r.config_name;
-                s.last_step = "started".into();
-            }
+            // The experiment's name and plan are in the recorded definition
+            // (see `describe_start`); the fold reads events only.
+            "run.started" => s.last_step = "started".into(),
             "run.forked" => {
                 let f: schemas::RunForked = schemas::decode_event(ev)?;
                 let sets: Vec<String> = f
@@ -81,11 +80,16 @@ pub fn unfinished_effects(ledger: &Ledger, run: &str) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// The planned number of cycles of a run, from its recorded definition.
-pub fn planned_cycles(ledger: &Ledger, first: &Event) -> Result<u32> {
-    let r: schemas::RunStarted = schemas::decode_event(first)?;
-    let text = String::from_utf8(ledger.get_blob(&ledger::Id(r.config.0))?)
+/// The experiment name and planned number of cycles of a run, from its
+/// recorded definition. Reads runs of every `run.started` version, so `mass
+/// status` still lists runs recorded by older builds.
+pub fn describe_start(ledger: &Ledger, first: &Event) -> Result<(String, u32)> {
+    let config = match first.version {
+        1 => schemas::decode_event::<schemas::RunStartedV1>(first)?.config,
+        _ => schemas::decode_event::<schemas::RunStarted>(first)?.config,
+    };
+    let text = String::from_utf8(ledger.get_blob(&ledger::Id(config.0))?)
         .map_err(|e| EngineError::recording("experiment", e))?;
-    let exp = crate::config::Experiment::parse(&text, &r.config_name)?;
-    Ok(exp.cycles)
+    let exp = crate::config::Experiment::parse(&text, "recorded experiment")?;
+    Ok((exp.name, exp.cycles))
 }

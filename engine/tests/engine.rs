@@ -335,3 +335,53 @@ fn rejudging_serves_rollouts_and_calls_only_the_judge() {
     // the source already recorded with the same request.
     assert!(live.contains("judge"), "{:?}", s.counts);
 }
+
+/// A run recorded before runs carried their tasks (`run.started` v1) is
+/// refused with a message that says why and what to do; its name and plan
+/// still show in status.
+#[test]
+fn runs_from_an_older_driver_are_refused_clearly() {
+    let d = tempfile::tempdir().unwrap();
+    let l = Arc::new(Ledger::init(d.path()).unwrap());
+    let (text, path) = smoke_text();
+    let config = l.put_blob(text.as_bytes()).unwrap();
+    let old = schemas::RunStartedV1 {
+        driver: "mass-engine/1".into(),
+        config: config.into(),
+        config_name: path,
+        seed: 3,
+    };
+    l.append(
+        "old",
+        None,
+        schemas::to_event(&old).unwrap().in_stream("main"),
+    )
+    .unwrap();
+    for mode in [Mode::Check, Mode::Live] {
+        let err = drive(
+            l.clone(),
+            RunRequest {
+                run: "old".into(),
+                experiment: None,
+                mode,
+                source: None,
+                progress: &NoProgress,
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("recorded by an older mass (run.started v1)")
+                && err.contains("start the experiment again as a new run"),
+            "{err}"
+        );
+    }
+    let first = l.get_event(&l.head("old").unwrap().unwrap()).unwrap();
+    assert_eq!(
+        engine::status::describe_start(&l, &first).unwrap(),
+        ("smoke".to_string(), 1)
+    );
+    // `mass show` and `mass verify` still read the old layout.
+    let json = schemas::describe("run.started", 1, &first.payload).unwrap();
+    assert_eq!(json["seed"], 3);
+}

@@ -24,7 +24,7 @@ mod registry;
 pub use hash::Hash32;
 pub use mass::*;
 pub use records::*;
-pub use registry::{check, describe, known_kinds, KindInfo};
+pub use registry::{check, describe, known_kinds, older_versions, KindInfo};
 
 use ledger::NewEvent;
 use rkyv::rancor;

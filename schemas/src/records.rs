@@ -163,30 +163,65 @@ impl Record for Effect {
     }
 }
 
-/// `run.started` v1: the first event of a run's main stream. The experiment
-/// definition is stored with it, so a run can be resumed without the file.
+/// `run.started` v2: the first event of a run's main stream. Everything the run
+/// depends on is recorded with it, by content: the experiment definition and
+/// the task suite. Replays, resumes, re-judgings and forks read both from the
+/// ledger, so a run does not depend on the working directory, on files that
+/// may have been edited since, or on the path the experiment was given by
+/// (which is therefore not recorded: the same text and tasks give the same id).
 #[derive(
     rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq, Eq,
 )]
 pub struct RunStarted {
-    /// The driver that interprets the run, with its version, e.g. `mass-engine/1`.
+    /// The driver that interprets the run, with its version, e.g. `mass-engine/2`.
     pub driver: String,
     /// Blob of the experiment definition as given (e.g. the TOML text).
     pub config: Hash32,
-    /// File name the definition came from (informational).
-    pub config_name: String,
+    /// Tree of the task suite: every task folder, `<task-id>/...`.
+    pub tasks: Hash32,
     /// Root of all seeds derived in the run.
     pub seed: u64,
 }
 
 impl Record for RunStarted {
     const KIND: &'static str = "run.started";
+    const VERSION: u32 = 2;
+    fn links(&self) -> Vec<Hash32> {
+        vec![self.config, self.tasks]
+    }
+    fn sample() -> Self {
+        RunStarted {
+            driver: "mass-engine/2".into(),
+            config: Hash32([10; 32]),
+            tasks: Hash32([12; 32]),
+            seed: 42,
+        }
+    }
+}
+
+/// `run.started` v1, kept so old ledgers still show, export and verify. It
+/// recorded the experiment file's path (hashed, so the same run started via
+/// another spelling of the path got other ids) and not the tasks, which were
+/// read from disk relative to that path; the engine refuses to drive such runs.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq, Eq,
+)]
+pub struct RunStartedV1 {
+    pub driver: String,
+    pub config: Hash32,
+    /// The path the definition was read from.
+    pub config_name: String,
+    pub seed: u64,
+}
+
+impl Record for RunStartedV1 {
+    const KIND: &'static str = "run.started";
     const VERSION: u32 = 1;
     fn links(&self) -> Vec<Hash32> {
         vec![self.config]
     }
     fn sample() -> Self {
-        RunStarted {
+        RunStartedV1 {
             driver: "mass-engine/1".into(),
             config: Hash32([10; 32]),
             config_name: "quickstart.toml".into(),

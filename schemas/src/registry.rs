@@ -1,10 +1,12 @@
 //! The registry of known kinds: decode any payload to a JSON view (for `mass
-//! show`, `mass export`) or just validate it (for `mass verify`), by kind and version.
+//! show`, `mass export`) or just validate it (for `mass verify`), by kind and
+//! version. Old versions of a kind stay readable: stored bytes never change,
+//! so a ledger written by an older build must still verify and display.
 
 use crate::{
     decode, Cycle, Dataset, Effect, Evaluation, Judgment, ModelCall, Note, Promotion,
-    ProposalRecord, Ranking, Record, Rollout, RunForked, RunStarted, SchemaError, Selection,
-    Training, WorkspaceSnapshot,
+    ProposalRecord, Ranking, Record, Rollout, RunForked, RunStarted, RunStartedV1, SchemaError,
+    Selection, Training, WorkspaceSnapshot,
 };
 
 /// A known kind and its current version.
@@ -15,48 +17,79 @@ pub struct KindInfo {
 }
 
 macro_rules! registry {
-    ($($t:ty),* $(,)?) => {
-        /// Every kind this build can read.
+    (current: [$($t:ty),* $(,)?], older: [$($old:ty),* $(,)?] $(,)?) => {
+        /// Every kind this build writes, at the version it writes.
         pub fn known_kinds() -> Vec<KindInfo> {
             vec![$(KindInfo { kind: <$t>::KIND, version: <$t>::VERSION }),*]
+        }
+
+        /// Older versions this build still reads (never writes).
+        pub fn older_versions() -> Vec<KindInfo> {
+            vec![$(KindInfo { kind: <$old>::KIND, version: <$old>::VERSION }),*]
         }
 
         /// Decodes a payload into a JSON view.
         pub fn describe(kind: &str, version: u32, payload: &[u8]) -> Result<serde_json::Value, SchemaError> {
             $(
-                if kind == <$t>::KIND {
+                if kind == <$t>::KIND && version == <$t>::VERSION {
                     let r: $t = decode(kind, version, payload)?;
-                    return serde_json::to_value(&r).map_err(|e| SchemaError::Encode {
-                        kind: kind.into(),
-                        detail: e.to_string(),
-                    });
+                    return to_json(kind, &r);
                 }
             )*
-            Err(SchemaError::UnknownKind {
+            $(
+                if kind == <$old>::KIND && version == <$old>::VERSION {
+                    let r: $old = decode(kind, version, payload)?;
+                    return to_json(kind, &r);
+                }
+            )*
+            let versions: Vec<String> = known_kinds()
+                .into_iter()
+                .chain(older_versions())
+                .filter(|k| k.kind == kind)
+                .map(|k| k.version.to_string())
+                .collect();
+            if versions.is_empty() {
+                return Err(SchemaError::UnknownKind {
+                    kind: kind.into(),
+                    known: known_kinds().iter().map(|k| k.kind).collect::<Vec<_>>().join(", "),
+                });
+            }
+            Err(SchemaError::UnknownVersion {
                 kind: kind.into(),
-                known: known_kinds().iter().map(|k| k.kind).collect::<Vec<_>>().join(", "),
+                version,
+                known: versions.join(", "),
             })
         }
     };
 }
 
+fn to_json<T: serde::Serialize>(kind: &str, r: &T) -> Result<serde_json::Value, SchemaError> {
+    serde_json::to_value(r).map_err(|e| SchemaError::Encode {
+        kind: kind.into(),
+        detail: e.to_string(),
+    })
+}
+
 registry!(
-    Note,
-    ModelCall,
-    WorkspaceSnapshot,
-    Effect,
-    RunStarted,
-    RunForked,
-    Rollout,
-    Judgment,
-    ProposalRecord,
-    Promotion,
-    Ranking,
-    Selection,
-    Dataset,
-    Training,
-    Evaluation,
-    Cycle,
+    current: [
+        Note,
+        ModelCall,
+        WorkspaceSnapshot,
+        Effect,
+        RunStarted,
+        RunForked,
+        Rollout,
+        Judgment,
+        ProposalRecord,
+        Promotion,
+        Ranking,
+        Selection,
+        Dataset,
+        Training,
+        Evaluation,
+        Cycle,
+    ],
+    older: [RunStartedV1],
 );
 
 /// Validates a payload against its kind and version.

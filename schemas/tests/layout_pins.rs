@@ -4,9 +4,16 @@
 //! encoding. Changing a type's fields changes that hash: bump the type's VERSION,
 //! keep a decoder for the old version, and add a new pin line. Editing an
 //! existing pin line instead would silently change the meaning of stored bytes.
+//!
+//! A record's sample holds one variant of each enum field, so reordering an
+//! enum's variants (which renumbers their stored discriminants) would slip past
+//! the record pins whenever the sample's variant keeps its number. Enum fields
+//! are therefore pinned variant by variant as well: the archived bytes of every
+//! variant, and the hash of the record carrying it.
 
 use schemas::{
-    encode, known_kinds, Effect, ModelCall, Note, Record, RunForked, RunStarted, WorkspaceSnapshot,
+    encode, known_kinds, older_versions, Effect, EffectStatus, Hash32, ModelCall, Note, Record,
+    RunForked, RunStarted, RunStartedV1, WorkspaceSnapshot,
 };
 
 /// (kind, version, blake3 of the sample encoding)
@@ -82,6 +89,11 @@ const PINS: &[(&str, u32, &str)] = &[
         "9fa8d7362ac1b6f39a9386b98a4c4e3a1b49d96bf1d08d8d195daaccbe7e4916",
     ),
     (
+        "run.started",
+        2,
+        "e5461393847a4f0300d64cff80e570cbe382d86e71eceaab07f648fbcbbc78d4",
+    ),
+    (
         "run.forked",
         1,
         "d5dfbeaaa4c3965704fa40ff032000709ce4840d540b3d5dfe89080aabe584e7",
@@ -93,25 +105,27 @@ const PINS: &[(&str, u32, &str)] = &[
     ),
 ];
 
-fn sample_hash(kind: &str) -> String {
-    let bytes = match kind {
-        "note" => encode(&Note::sample()),
-        "model.call" => encode(&ModelCall::sample()),
-        "workspace.snapshot" => encode(&WorkspaceSnapshot::sample()),
-        "effect" => encode(&Effect::sample()),
-        "run.started" => encode(&RunStarted::sample()),
-        "run.forked" => encode(&RunForked::sample()),
-        "mass.rollout" => encode(&schemas::Rollout::sample()),
-        "mass.judgment" => encode(&schemas::Judgment::sample()),
-        "mass.proposal" => encode(&schemas::ProposalRecord::sample()),
-        "mass.promotion" => encode(&schemas::Promotion::sample()),
-        "mass.ranking" => encode(&schemas::Ranking::sample()),
-        "mass.selection" => encode(&schemas::Selection::sample()),
-        "mass.dataset" => encode(&schemas::Dataset::sample()),
-        "mass.training" => encode(&schemas::Training::sample()),
-        "mass.evaluation" => encode(&schemas::Evaluation::sample()),
-        "mass.cycle" => encode(&schemas::Cycle::sample()),
-        other => panic!("kind {other} has no sample in this test: add it"),
+fn sample_hash(kind: &str, version: u32) -> String {
+    let bytes = match (kind, version) {
+        ("run.started", 1) => encode(&RunStartedV1::sample()),
+        ("run.started", 2) => encode(&RunStarted::sample()),
+        (_, v) if v != 1 => panic!("{kind} v{version} has no sample in this test: add it"),
+        ("note", _) => encode(&Note::sample()),
+        ("model.call", _) => encode(&ModelCall::sample()),
+        ("workspace.snapshot", _) => encode(&WorkspaceSnapshot::sample()),
+        ("effect", _) => encode(&Effect::sample()),
+        ("run.forked", _) => encode(&RunForked::sample()),
+        ("mass.rollout", _) => encode(&schemas::Rollout::sample()),
+        ("mass.judgment", _) => encode(&schemas::Judgment::sample()),
+        ("mass.proposal", _) => encode(&schemas::ProposalRecord::sample()),
+        ("mass.promotion", _) => encode(&schemas::Promotion::sample()),
+        ("mass.ranking", _) => encode(&schemas::Ranking::sample()),
+        ("mass.selection", _) => encode(&schemas::Selection::sample()),
+        ("mass.dataset", _) => encode(&schemas::Dataset::sample()),
+        ("mass.training", _) => encode(&schemas::Training::sample()),
+        ("mass.evaluation", _) => encode(&schemas::Evaluation::sample()),
+        ("mass.cycle", _) => encode(&schemas::Cycle::sample()),
+        (other, _) => panic!("kind {other} has no sample in this test: add it"),
     }
     .unwrap();
     blake3::hash(&bytes).to_hex().to_string()
@@ -119,7 +133,8 @@ fn sample_hash(kind: &str) -> String {
 
 #[test]
 fn every_known_kind_is_pinned_at_its_current_version() {
-    for k in known_kinds() {
+    // Older versions are still read, so their layout is pinned as well.
+    for k in known_kinds().into_iter().chain(older_versions()) {
         let pin = PINS
             .iter()
             .find(|(kind, v, _)| *kind == k.kind && *v == k.version)
@@ -130,7 +145,7 @@ fn every_known_kind_is_pinned_at_its_current_version() {
                 )
             });
         assert_eq!(
-            sample_hash(k.kind),
+            sample_hash(k.kind, k.version),
             pin.2,
             "the encoding of {} changed but its VERSION is still {}: bump the version and add a pin",
             k.kind,
@@ -190,4 +205,163 @@ fn records_round_trip_and_list_their_links() {
         schemas::decode::<Note>("model.call", 1, &ev.payload),
         Err(schemas::SchemaError::KindMismatch { .. })
     ));
+}
+
+/// Every variant of `EffectStatus`. The match has no wildcard, so adding a
+/// variant stops this test from compiling until it is listed (and pinned).
+fn effect_statuses() -> Vec<(&'static str, EffectStatus)> {
+    let all = [
+        ("Started", EffectStatus::Started),
+        ("Ok", EffectStatus::Ok),
+        ("Failed", EffectStatus::Failed),
+    ];
+    for (_, v) in &all {
+        match v {
+            EffectStatus::Started | EffectStatus::Ok | EffectStatus::Failed => {}
+        }
+    }
+    all.to_vec()
+}
+
+/// (enum, variant, hex of the variant's own rkyv bytes, blake3 of the record
+/// sample carrying that variant). The discriminants are the SCHEMAS.md values.
+const VARIANT_PINS: &[(&str, &str, &str, &str)] = &[
+    (
+        "EffectStatus",
+        "Started",
+        "00",
+        "43bcd87470f9e741d4a17e19a09810c9221d89dd822cd32a2d8359637e6bec68",
+    ),
+    (
+        "EffectStatus",
+        "Ok",
+        "01",
+        "15e6fccf049d93e758cc32759547763b85a060bebbde35b853b046748d277ea5",
+    ),
+    (
+        "EffectStatus",
+        "Failed",
+        "02",
+        "336c6b14d997805cd0e5827a1ba40a650703ffebebf419d1c709169e6deb4c93",
+    ),
+    (
+        "Option<Hash32>",
+        "None",
+        "000000000000000000000000000000000000000000000000000000000000000000",
+        "92f648989e2abbfdf0c0216aee9a247189012e4b92ec3c6b707aa27d2844ae20",
+    ),
+    (
+        "Option<Hash32>",
+        "Some",
+        "010808080808080808080808080808080808080808080808080808080808080808",
+        "15e6fccf049d93e758cc32759547763b85a060bebbde35b853b046748d277ea5",
+    ),
+];
+
+fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn rkyv_hex<T>(v: &T) -> String
+where
+    T: for<'a> rkyv::Serialize<
+        rkyv::api::high::HighSerializer<
+            rkyv::util::AlignedVec,
+            rkyv::ser::allocator::ArenaHandle<'a>,
+            rkyv::rancor::Error,
+        >,
+    >,
+{
+    hex_of(&rkyv::to_bytes::<rkyv::rancor::Error>(v).unwrap())
+}
+
+fn record_hash<T: Record>(r: &T) -> String
+where
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rkyv::rancor::Error>>
+        + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rkyv::rancor::Error>>,
+{
+    blake3::hash(&encode(r).unwrap()).to_hex().to_string()
+}
+
+/// (enum, variant, variant bytes, record hash) for every variant of every enum
+/// stored in a record, computed from the types as they are now.
+fn variant_encodings() -> Vec<(&'static str, &'static str, String, String)> {
+    let mut out = Vec::new();
+    for (name, status) in effect_statuses() {
+        let mut e = Effect::sample();
+        e.status = status;
+        out.push(("EffectStatus", name, rkyv_hex(&status), record_hash(&e)));
+    }
+    // Option is rkyv's enum, not ours, but a dependency upgrade that renumbered
+    // None/Some would re-encode every stored optional id; the record samples
+    // only hold Some.
+    for (name, output) in [("None", None), ("Some", Some(Hash32([8; 32])))] {
+        let mut e = Effect::sample();
+        e.output = output;
+        out.push(("Option<Hash32>", name, rkyv_hex(&output), record_hash(&e)));
+    }
+    out
+}
+
+#[test]
+fn every_enum_variant_is_pinned() {
+    let got = variant_encodings();
+    for (enum_name, variant, bytes, hash) in &got {
+        let pin = VARIANT_PINS
+            .iter()
+            .find(|(e, v, _, _)| e == enum_name && v == variant)
+            .unwrap_or_else(|| {
+                panic!("{enum_name}::{variant} has no pin: add (enum, variant, bytes {bytes}, hash {hash}) to VARIANT_PINS")
+            });
+        assert_eq!(
+            (bytes.as_str(), hash.as_str()),
+            (pin.2, pin.3),
+            "the encoding of {enum_name}::{variant} changed (variants reordered, or rkyv encodes it differently): \
+             stored records would be read as another variant; restore the order or bump the versions of the records that hold it"
+        );
+    }
+    assert_eq!(
+        got.len(),
+        VARIANT_PINS.len(),
+        "VARIANT_PINS lists a variant that no longer exists"
+    );
+}
+
+/// Every enum declared in the schemas crate is a record field (or the error
+/// type): a new one must be added to `variant_encodings` and pinned.
+#[test]
+fn every_schema_enum_has_variant_pins() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut declared = Vec::new();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for line in text.lines() {
+            let line = line.trim_start();
+            let rest = line
+                .strip_prefix("pub enum ")
+                .or_else(|| line.strip_prefix("enum "));
+            if let Some(rest) = rest {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                declared.push(name);
+            }
+        }
+    }
+    // Not stored in any record.
+    const NOT_STORED: &[&str] = &["SchemaError"];
+    for name in declared {
+        if NOT_STORED.contains(&name.as_str()) {
+            continue;
+        }
+        assert!(
+            VARIANT_PINS.iter().any(|(e, ..)| *e == name),
+            "enum {name} in schemas/src has no VARIANT_PINS entries: pin every variant of it"
+        );
+    }
 }

@@ -84,7 +84,9 @@ pub fn run(dir: &Path, experiment: &Path, name: Option<&str>, quiet: bool) -> Re
         if first.as_deref() != Some("run.started") {
             bail!("ref {run} exists and is not a run; choose another name with --ref");
         }
-        eprintln!("run {run} exists: resuming it (the recorded experiment definition is used)");
+        eprintln!(
+            "run {run} exists: resuming it (the recorded experiment definition and tasks are used)"
+        );
     }
     go(
         ledger,
@@ -164,6 +166,7 @@ pub fn rejudge(
         .last()
         .transpose()?
         .context("empty run")?;
+    engine::driver::check_run_start(source, &start).map_err(|e| anyhow::anyhow!("{e}"))?;
     let overrides = parse_sets(set)?;
     replay::fork_run(&ledger, source, start.id, name, &overrides)?;
     let src = SourceRun {
@@ -182,10 +185,13 @@ pub fn rejudge(
     )
 }
 
+/// Parses `--set KEY=VALUE` items for a fork of a run, refusing keys a fork
+/// cannot honour before the fork is created (the driver checks again).
 fn parse_sets(set: &[String]) -> Result<Vec<(String, String)>> {
     set.iter()
         .map(|s| match s.split_once('=') {
             Some((k, v)) if !k.trim().is_empty() => {
+                engine::cycle::check_fork_override(k).map_err(|e| anyhow::anyhow!("{e}"))?;
                 Ok((k.trim().to_string(), v.trim().to_string()))
             }
             _ => bail!("--set takes KEY=VALUE, got {s:?}"),
@@ -201,6 +207,8 @@ pub fn fork(l: &Ledger, at: &str, name: &str, set: &[String]) -> Result<ExitCode
         .with_context(|| format!("{at} is not an event"))?;
     if ev.stream == MAIN {
         if let Some(run) = run_containing(l, id)? {
+            let first = l.chain(id).last().transpose()?.context("empty run")?;
+            engine::driver::check_run_start(&run, &first).map_err(|e| anyhow::anyhow!("{e}"))?;
             let overrides = parse_sets(set)?;
             let f = replay::fork_run(l, &run, id, name, &overrides)?;
             println!("forked run {run} at {} as {name} (fork event {}); continue it with `mass resume {name}`", id.short(12), f.short(12));
@@ -335,7 +343,12 @@ pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
         steps.reverse();
         let mut st = engine::status::fold(&steps)?;
         if let Some(first) = steps.first().filter(|e| e.kind == "run.started") {
-            st.cycles_planned = engine::status::planned_cycles(l, first).unwrap_or(0);
+            // A definition that cannot be read leaves the name and plan blank:
+            // status still shows how far the run got.
+            if let Ok((name, cycles)) = engine::status::describe_start(l, first) {
+                st.experiment = name;
+                st.cycles_planned = cycles;
+            }
         }
         let pending = engine::status::unfinished_effects(l, &name)?;
         rows.push((name, head, st, pending));
