@@ -729,7 +729,13 @@ impl Index {
         if let Some(l) = self.mem().get(id) {
             return Some(l);
         }
-        self.tables().iter().rev().find_map(|t| t.get(id))
+        // No clone of the table list: this is on every commit's link check.
+        self.tables
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .rev()
+            .find_map(|t| t.get(id))
     }
 
     /// Ids starting with the bytes `prefix`, at most `limit`.

@@ -56,8 +56,12 @@ const DAMAGED_FILE: &str = "damaged.jsonl";
 pub struct Options {
     /// Start a new segment once the active one exceeds this many bytes.
     pub segment_max: u64,
-    /// zstd level for event and tree bodies.
+    /// zstd level for tree bodies.
     pub zstd_level: i32,
+    /// zstd level for event bodies: small and many, so a fast level (at
+    /// level 3, building entropy tables for each ~1 KiB body was a third of
+    /// a group commit's CPU time; -1 made group commits ~35% faster).
+    pub event_zstd_level: i32,
     /// zstd level for blobs (file contents, messages): written once, read
     /// often, and the bulk of a ledger's bytes.
     pub blob_zstd_level: i32,
@@ -73,6 +77,7 @@ impl Default for Options {
         Options {
             segment_max: 256 << 20,
             zstd_level: 3,
+            event_zstd_level: -1,
             blob_zstd_level: 9,
             compress_min: 128,
             files: Arc::new(OsFiles),
@@ -98,6 +103,7 @@ struct Writer {
     /// Stream and seq of recently appended heads, to build the next event cheaply.
     head_info: HashMap<String, HeadInfo>,
     cctx: Option<zstd::bulk::Compressor<'static>>,
+    event_cctx: Option<zstd::bulk::Compressor<'static>>,
     blob_cctx: Option<zstd::bulk::Compressor<'static>>,
     /// The last tree stored plainly: the delta base for the next trees, which
     /// are mostly the same entries (18 snapshots of one workspace share ~all).
@@ -363,6 +369,7 @@ impl Ledger {
                 heads,
                 head_info: HashMap::new(),
                 cctx: None,
+                event_cctx: None,
                 blob_cctx: None,
                 tree_base: None,
                 poisoned: None,
@@ -922,7 +929,7 @@ impl Ledger {
                     None => plain,
                 }
             } else {
-                self.maybe_compress(&mut w.cctx, self.opts.zstd_level, &p.raw)
+                self.maybe_compress(&mut w.event_cctx, self.opts.event_zstd_level, &p.raw)
             };
             let header = RecordHeader {
                 rtype: RecordType::Object(p.kind),

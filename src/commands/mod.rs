@@ -127,6 +127,9 @@ pub fn open(dir: &std::path::Path) -> Result<Ledger> {
 pub fn open_read(dir: &std::path::Path) -> Result<Ledger> {
     let l = Ledger::open_read_only(dir)
         .with_context(|| format!("cannot open ledger {}", dir.display()))?;
+    if let Some(why) = &l.recovery().index_rebuilt {
+        eprintln!("note: index tables not used ({why}); read the log instead");
+    }
     for d in &l.recovery().damage {
         eprintln!(
             "warning: damaged bytes in segment {} at byte {} ({} bytes: {}) were skipped; \
