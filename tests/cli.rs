@@ -315,3 +315,45 @@ fn reindex_refuses_damage_and_repair_keeps_every_intact_record() {
     // The ledger takes writes again.
     ok(&l, &["snapshot", l.join("segments").to_str().unwrap()]);
 }
+
+#[test]
+fn a_log_cut_short_is_reported_by_every_kind_of_open() {
+    // Before: cutting the last batch at a record boundary (or deleting the
+    // last segment) left `verify` saying ok, and re-snapshotting the lost
+    // tree printed its id and wrote nothing.
+    let (d, l) = fresh();
+    ok(&l, &["init"]);
+    let ws = d.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("a.txt"), "first version").unwrap();
+    ok(&l, &["snapshot", ws.to_str().unwrap()]);
+    let seg = l.join("segments/00000001.seg");
+    let before = std::fs::metadata(&seg).unwrap().len();
+    std::fs::write(ws.join("a.txt"), "second version, lost later").unwrap();
+    let tree = ok(&l, &["snapshot", ws.to_str().unwrap()]);
+    // Cut the second snapshot's batch off at its first record.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .unwrap()
+        .set_len(before)
+        .unwrap();
+    for args in [
+        &["verify"][..],
+        &["verify", "--log-only"],
+        &["snapshot", ws.to_str().unwrap()],
+    ] {
+        let o = mass(&l, args);
+        assert_eq!(o.status.code(), Some(3), "mass {args:?}");
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            all.contains("shorter than the index"),
+            "mass {args:?}: {all}"
+        );
+    }
+    assert!(!tree.is_empty());
+}

@@ -154,6 +154,10 @@ pub struct RecoveryReport {
     pub damage: Vec<Damage>,
     /// Damaged ranges skipped because an earlier `repair` set them aside.
     pub known_damage: u64,
+    /// Read-only opens: the index covers more than the log holds (a segment
+    /// was cut or deleted: acknowledged data is missing). A writer refuses to
+    /// open instead ([`LedgerError::LogBehindIndex`]).
+    pub log_behind_index: Option<String>,
     /// Read-only opens: bytes at the end of the log past the last commit
     /// marker (a commit in progress, or a torn tail the next writer will set
     /// aside); not read.
@@ -227,12 +231,13 @@ impl Ledger {
         let set_aside = read_damaged(dir)?;
         let start = log_start(&segs);
         let mut index_note = None;
+        let mut log_behind = None;
         let idx = match Index::open(&dir.join(INDEX_DIR), start, false) {
             Ok((idx, _)) => match log_shorter_than(&seg_dir, &segs, idx.end())? {
                 // Tables that claim more than the log holds are not used:
-                // the log itself is read (the writer reports the loss).
+                // the log itself is read, and the loss is reported.
                 Some(why) => {
-                    index_note = Some(why);
+                    log_behind = Some(why);
                     Index::in_memory(start)
                 }
                 None => idx,
@@ -256,6 +261,7 @@ impl Ledger {
             known_damage: out.skipped_set_aside,
             unread_tail: out.tail.as_ref().map_or(0, |t| t.len),
             index_rebuilt: index_note,
+            log_behind_index: log_behind,
             ..Default::default()
         };
         let end = idx.end();

@@ -19,7 +19,13 @@ pub fn verify(
     let check = |ev: &ledger::Event| {
         schemas::check(&ev.kind, ev.version, &ev.payload).map_err(|e| e.to_string())
     };
-    let r = l.verify_with(&check, ledger::VerifyOptions { index })?;
+    let mut r = l.verify_with(&check, ledger::VerifyOptions { index })?;
+    if let Some(why) = &opened.log_behind_index {
+        r.problems.push(ledger::Problem {
+            id: None,
+            what: format!("the log is shorter than the index: {why}"),
+        });
+    }
     let mut out = std::io::stdout().lock();
     if json {
         let v = json!({

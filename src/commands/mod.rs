@@ -127,6 +127,12 @@ pub fn open(dir: &std::path::Path) -> Result<Ledger> {
 pub fn open_read(dir: &std::path::Path) -> Result<Ledger> {
     let l = Ledger::open_read_only(dir)
         .with_context(|| format!("cannot open ledger {}", dir.display()))?;
+    if let Some(why) = &l.recovery().log_behind_index {
+        eprintln!(
+            "warning: the log is shorter than the index: {why}; showing what the log holds \
+             (`mass verify` reports it; restore the segment files from a backup)"
+        );
+    }
     if let Some(why) = &l.recovery().index_rebuilt {
         eprintln!("note: index tables not used ({why}); read the log instead");
     }
