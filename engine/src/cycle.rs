@@ -734,13 +734,21 @@ pub fn json_effect(
     st: &mut Stream,
     kind: &str,
     request: serde_json::Value,
-    perform: impl FnOnce() -> std::result::Result<serde_json::Value, String>,
+    perform: impl FnOnce() -> std::result::Result<serde_json::Value, replay::EffectError>,
 ) -> Result<serde_json::Value> {
     let rec = st.effect_blocking(EffectRequest::json(kind, &request).journaled(), || {
         perform().map(|v| EffectOutput::json(&v))
     })?;
-    let bytes = rec
-        .output
-        .map_err(|e| EngineError::Invalid(format!("{kind} failed: {e}")))?;
+    let transient = rec.failure == Some(replay::FailureClass::Transient);
+    let bytes = rec.output.map_err(|e| {
+        if transient {
+            EngineError::Infrastructure {
+                what: kind.to_string(),
+                detail: e,
+            }
+        } else {
+            EngineError::Invalid(format!("{kind} failed: {e}"))
+        }
+    })?;
     serde_json::from_slice(&bytes).map_err(|e| EngineError::recording(kind, e))
 }

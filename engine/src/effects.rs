@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use ledger::{Id, ObjectKind};
-use replay::{EffectOutput, EffectRequest, Stream};
+use replay::{EffectError, EffectOutput, EffectRequest, Stream};
 use serde_json::{json, Value};
 
 use crate::backend::{Backend, ChatRequest, ChatResponse};
@@ -97,18 +97,31 @@ pub fn call_model(
     };
     let backend = backend.clone();
     let rec = st.effect_blocking(req, move || {
-        let resp = backend.complete(&chat).map_err(|e| e.to_string())?;
+        // A server that failed may work on the next attempt; a model the
+        // backend does not know will not.
+        let resp = backend.complete(&chat).map_err(|e| match e {
+            crate::backend::BackendError::Failed { .. } => EffectError::transient(e.to_string()),
+            crate::backend::BackendError::UnknownModel { .. } => EffectError::final_(e.to_string()),
+        })?;
         let v = serde_json::to_value(&resp).map_err(|e| e.to_string())?;
         let msg_blob = resp.message.canonical();
         let mut out = EffectOutput::json(&v);
         out.blobs.push(msg_blob);
         Ok(out)
     })?;
+    let transient = rec.failure == Some(replay::FailureClass::Transient);
     let bytes = rec.output.map_err(|e| {
-        EngineError::Backend(crate::backend::BackendError::Failed {
-            backend: model.to_string(),
-            detail: e,
-        })
+        if transient {
+            EngineError::Infrastructure {
+                what: format!("model call to {model}"),
+                detail: e,
+            }
+        } else {
+            EngineError::Backend(crate::backend::BackendError::Failed {
+                backend: model.to_string(),
+                detail: e,
+            })
+        }
     })?;
     let resp: ChatResponse =
         serde_json::from_slice(&bytes).map_err(|e| EngineError::recording("model response", e))?;

@@ -2,6 +2,7 @@
 //! trained model to the roles its backend plays.
 
 use ledger::Id;
+use replay::EffectError;
 use schemas::{Hash32, Training};
 use serde_json::json;
 
@@ -46,10 +47,11 @@ pub fn train(
         ));
         let _ = std::fs::remove_dir_all(&tmp);
         let out_dir = tmp.join("output");
-        std::fs::create_dir_all(&out_dir).map_err(|e| e.to_string())?;
+        let io = |e: std::io::Error| EffectError::transient(format!("{}: {e}", tmp.display()));
+        std::fs::create_dir_all(&out_dir).map_err(io)?;
         let (train_path, val_path) = (tmp.join("train.jsonl"), tmp.join("validation.jsonl"));
-        std::fs::write(&train_path, train_jsonl).map_err(|e| e.to_string())?;
-        std::fs::write(&val_path, val_jsonl).map_err(|e| e.to_string())?;
+        std::fs::write(&train_path, train_jsonl).map_err(io)?;
+        std::fs::write(&val_path, val_jsonl).map_err(io)?;
         let result = match kind {
             "sim" => {
                 let base: SimParams = backend
@@ -72,24 +74,49 @@ pub fn train(
                 };
                 let line = match trainer_cfg.expand_command(&args) {
                     Some(Ok(l)) => l,
-                    Some(Err(e)) => return Err(e),
-                    None => return Err("trainer.command is missing".into()),
+                    Some(Err(e)) => return Err(EffectError::final_(e)),
+                    None => return Err(EffectError::final_("trainer.command is missing")),
                 };
+                // A trainer that cannot start, crashes or leaves no usable
+                // metrics is an infrastructure failure: the attempt is
+                // recorded and a resume runs the trainer again.
                 let o = std::process::Command::new("bash")
                     .arg("-c")
                     .arg(&line)
                     .current_dir(&tmp)
                     .output()
-                    .map_err(|e| format!("cannot run trainer: {e}"))?;
+                    .map_err(|e| EffectError::transient(format!("cannot run trainer: {e}")))?;
                 let mut log = String::from_utf8_lossy(&o.stdout).into_owned();
                 log.push_str(&String::from_utf8_lossy(&o.stderr));
-                let metrics =
-                    std::fs::read_to_string(out_dir.join(&metrics_file)).unwrap_or_default();
-                let (checkpoint, loss) =
-                    best_checkpoint(&metrics).unwrap_or_else(|| ("final".into(), f64::NAN));
+                let tail = |log: &str| {
+                    let t: Vec<&str> = log.lines().rev().take(5).collect();
+                    t.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                };
+                if !o.status.success() {
+                    return Err(EffectError::transient(format!(
+                        "trainer exited with {}: {}",
+                        o.status,
+                        tail(&log)
+                    )));
+                }
+                let metrics_path = out_dir.join(&metrics_file);
+                let metrics = std::fs::read_to_string(&metrics_path).map_err(|e| {
+                    EffectError::transient(format!(
+                        "the trainer wrote no {metrics_file} ({e}); it must write one JSON line per checkpoint with \"checkpoint\" and a finite \"validation_loss\""
+                    ))
+                })?;
+                let (checkpoint, loss) = best_checkpoint(&metrics)
+                    .filter(|(_, l)| l.is_finite())
+                    .ok_or_else(|| {
+                        EffectError::transient(format!(
+                            "{metrics_file} has no line with a \"checkpoint\" and a finite \"validation_loss\""
+                        ))
+                    })?;
                 let adapter = std::fs::read(out_dir.join(&checkpoint).join("adapter.json")).ok();
+                // The recorded command is the template: the expanded line
+                // names a temporary directory, which must not enter an id.
                 (
-                    line,
+                    command.clone(),
                     o.status.code().unwrap_or(-1),
                     checkpoint,
                     loss,
@@ -115,7 +142,7 @@ pub fn train(
             log: log_id.to_hex(),
             adapter: adapter_id,
         };
-        serde_json::to_value(&o).map_err(|e| e.to_string())
+        serde_json::to_value(&o).map_err(|e| EffectError::final_(e.to_string()))
     })?;
     let o: TrainOutput =
         serde_json::from_value(out).map_err(|e| EngineError::recording("trainer output", e))?;

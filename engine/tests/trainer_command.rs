@@ -68,12 +68,14 @@ fn an_external_trainer_is_recorded_and_its_best_checkpoint_used() {
         .expect("a training step");
     let t: schemas::Training = schemas::decode_event(&tr).unwrap();
     assert_eq!(t.exit_status, 0);
+    // The recorded command is the template: the expanded line names a
+    // temporary directory (with a pid), which must not enter an id.
     assert!(
-        t.command.starts_with("python3 ") && !t.command.contains('{'),
-        "placeholders filled: {}",
+        t.command.starts_with("python3 ") && t.command.contains("{train}"),
+        "{}",
         t.command
     );
-    assert!(t.command.contains("train.jsonl") && t.command.contains("validation.jsonl"));
+    assert!(!t.command.contains("mass-train-"), "{}", t.command);
     assert_eq!(t.checkpoint, "ckpt-2", "lowest validation loss");
     assert!((t.validation_loss - 0.62).abs() < 1e-12);
     let log = String::from_utf8(l.get_blob(&Id(t.log.0)).unwrap()).unwrap();
@@ -83,4 +85,85 @@ fn an_external_trainer_is_recorded_and_its_best_checkpoint_used() {
     // The trained model was served to the held-out evaluation.
     assert_eq!(s.cycles[0].next_model, t.new_model);
     assert!(s.cycles[0].heldout.is_some());
+}
+
+/// A trainer that leaves no metrics unless `ok` exists beside it.
+const FLAKY: &str = r#"
+import argparse, json, os, sys
+p = argparse.ArgumentParser()
+p.add_argument("--train"); p.add_argument("--val"); p.add_argument("--base"); p.add_argument("--out")
+a = p.parse_args()
+if not os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), "ok")):
+    print("out of memory, no metrics written")
+    sys.exit(0)
+d = os.path.join(a.out, "ckpt-1"); os.makedirs(d)
+json.dump({"skill": 0.6, "delegation": 0.3, "verification": 0.4, "judge_noise": 0.3, "position_bias": 0.1, "blind_spot": 0.3}, open(os.path.join(d, "adapter.json"), "w"))
+open(os.path.join(a.out, "metrics.jsonl"), "w").write(json.dumps({"checkpoint": "ckpt-1", "validation_loss": 0.5}) + "\n")
+"#;
+
+#[test]
+fn a_trainer_that_wrote_no_metrics_is_retried_after_the_cause_is_fixed() {
+    // Before: the missing metrics were recorded as NaN (stored as null) and
+    // every later read failed "recorded trainer output is unreadable", also
+    // after the cause was fixed.
+    let d = tempfile::tempdir().unwrap();
+    let script = d.path().join("train.py");
+    std::fs::write(&script, FLAKY).unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let smoke = std::fs::read_to_string(root.join("examples/smoke.toml")).unwrap();
+    let tasks = std::fs::canonicalize(root.join("examples/tasks")).unwrap();
+    let text = smoke
+        .replace("tasks_dir = \"tasks\"", &format!("tasks_dir = {:?}", tasks.to_string_lossy()))
+        .replace("[trainer]\nkind = \"sim\"", &format!("[trainer]\nkind = \"command\"\ncommand = \"python3 {} --train {{train}} --val {{validation}} --base {{base_model}} --out {{output_dir}}\"", script.display()));
+    assert!(text.contains("kind = \"command\""));
+    let l = Arc::new(Ledger::init(&d.path().join("l")).unwrap());
+    let run = |mode: Mode, experiment: Option<(String, String)>| {
+        drive(
+            l.clone(),
+            RunRequest {
+                run: "flaky".into(),
+                experiment,
+                mode,
+                source: None,
+                progress: &NoProgress,
+            },
+        )
+    };
+    let err = run(Mode::Live, Some((text.clone(), "exp.toml".into())))
+        .err()
+        .expect("a trainer without metrics stops the run");
+    let msg = err.to_string();
+    assert!(
+        matches!(err, engine::error::EngineError::Infrastructure { .. }),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("metrics.jsonl") && msg.contains("mass resume"),
+        "{msg}"
+    );
+    // Resuming without fixing the cause fails the same way (another attempt).
+    assert!(run(Mode::Live, None).is_err());
+    // Fixed: the resume runs the trainer again and the run completes.
+    std::fs::write(d.path().join("ok"), b"").unwrap();
+    let s = run(Mode::Live, None).expect("resume after the fix");
+    let head = s.head.unwrap();
+    let attempts = l
+        .chain(l.head("flaky/c1/train").unwrap().unwrap())
+        .filter(|e| e.as_ref().unwrap().kind == "effect")
+        .count();
+    assert_eq!(
+        attempts, 6,
+        "three journaled attempts (started + result each)"
+    );
+    let t: schemas::Training = schemas::decode_event(
+        &l.chain(head)
+            .map(|e| e.unwrap())
+            .find(|e| e.kind == "mass.training")
+            .unwrap(),
+    )
+    .unwrap();
+    assert!((t.validation_loss - 0.5).abs() < 1e-12);
+    // The recording replays without running anything.
+    let c = run(Mode::Check, None).expect("replay check");
+    assert_eq!(c.head, Some(head));
 }

@@ -87,6 +87,61 @@ impl EffectOutput {
     }
 }
 
+/// Why an effect failed, which decides what a resume does with the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureClass {
+    /// Outside the run's control and worth another attempt: I/O, a timeout,
+    /// HTTP 429/5xx, a killed process, a trainer crash. A run stops on it;
+    /// a resume retries it if it is the last record of its stream (each
+    /// attempt stays recorded), and replays serve attempts as recorded.
+    Transient,
+    /// Part of the run's course: a tool's error the model saw, a model's own
+    /// halting, an invalid answer after re-asks. Always served as recorded.
+    Final,
+}
+
+/// A failed attempt: what went wrong and whether it may be retried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EffectError {
+    pub class: FailureClass,
+    pub message: String,
+}
+
+impl EffectError {
+    pub fn transient(message: impl Into<String>) -> Self {
+        EffectError {
+            class: FailureClass::Transient,
+            message: message.into(),
+        }
+    }
+
+    pub fn final_(message: impl Into<String>) -> Self {
+        EffectError {
+            class: FailureClass::Final,
+            message: message.into(),
+        }
+    }
+}
+
+/// A plain message is a final failure: retrying must be asked for explicitly.
+impl From<String> for EffectError {
+    fn from(message: String) -> Self {
+        EffectError::final_(message)
+    }
+}
+
+impl From<&str> for EffectError {
+    fn from(message: &str) -> Self {
+        EffectError::final_(message)
+    }
+}
+
+impl std::fmt::Display for EffectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// An effect as recorded: served from the ledger or just performed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recorded {
@@ -94,6 +149,8 @@ pub struct Recorded {
     pub event: Id,
     /// Output bytes, or the recorded failure.
     pub output: Result<Vec<u8>, String>,
+    /// For a failure: its class (`None` on success).
+    pub failure: Option<FailureClass>,
     /// How this call was satisfied.
     pub source: Served,
 }

@@ -46,7 +46,9 @@ pub mod seed;
 mod session;
 mod stream;
 
-pub use effect::{canonical_json, EffectOutput, EffectRequest, Recorded, Served};
+pub use effect::{
+    canonical_json, EffectError, EffectOutput, EffectRequest, FailureClass, Recorded, Served,
+};
 pub use error::{Divergence, ReplayError, Result};
 pub use fork::fork_run;
 pub use session::{ref_name, Clock, Mode, Session, SourceRun, MAIN};

@@ -16,7 +16,7 @@ use std::future::Future;
 use ledger::{Event, EventEnvelope, Id, NewEvent, ObjectKind};
 use schemas::{Effect, EffectStatus, Hash32};
 
-use crate::effect::{EffectOutput, EffectRequest, Recorded, Served};
+use crate::effect::{EffectError, EffectOutput, EffectRequest, FailureClass, Recorded, Served};
 use crate::error::{Divergence, ReplayError, Result};
 use crate::session::{Mode, Session};
 
@@ -166,40 +166,59 @@ impl Stream {
 
     /// Decides how an effect is satisfied: from history, from a source run, or
     /// live (in which case a journaled request is recorded as started first).
+    ///
+    /// Attempts that failed transiently are stepped over when a later attempt
+    /// of the same request follows them; one that ends the stream is retried
+    /// live (each attempt stays recorded), except in check mode, which serves
+    /// it as the run saw it.
     pub fn begin(&mut self, req: EffectRequest) -> Result<Begin> {
         let request_id = req.id();
-        if let Some(rec) = self.history.get(self.pos).cloned() {
+        while let Some(rec) = self.history.get(self.pos).cloned() {
             let e = self.effect_at(&rec, &req)?;
             if e.request.0 != request_id.0 || e.effect != req.kind {
                 return Err(self.diverged_effect(&rec, &e, &req));
             }
             match e.status {
                 EffectStatus::Started => {
-                    self.pos += 1;
-                    self.head = Some(rec.id);
-                    if let Some(done) = self.history.get(self.pos).cloned() {
-                        let d = self.effect_at(&done, &req)?;
-                        if d.request.0 != request_id.0 || d.status == EffectStatus::Started {
-                            return Err(self.diverged_effect(&done, &d, &req));
-                        }
-                        self.pos += 1;
-                        self.head = Some(done.id);
-                        self.session.count(&req.kind, Served::History);
-                        return Ok(Begin::Served(self.recorded(&done, &d, Served::History)?));
+                    let Some(done) = self.history.get(self.pos + 1).cloned() else {
+                        // Started but never finished (a crash): run it again.
+                        self.advance(rec.id);
+                        self.ensure_live()?;
+                        return Ok(Begin::Perform(Pending {
+                            req,
+                            started: Some(rec.id),
+                        }));
+                    };
+                    let d = self.effect_at(&done, &req)?;
+                    if d.request.0 != request_id.0 || d.status == EffectStatus::Started {
+                        return Err(self.diverged_effect(&done, &d, &req));
                     }
-                    // Started but never finished (a crash): run it again.
-                    self.ensure_live()?;
-                    return Ok(Begin::Perform(Pending {
-                        req,
-                        started: Some(rec.id),
-                    }));
+                    self.advance(rec.id);
+                    match self.after_retriable(&d, &req) {
+                        Retry::Skip => self.advance(done.id),
+                        Retry::Live => {
+                            self.advance(done.id);
+                            break;
+                        }
+                        Retry::Serve => {
+                            self.advance(done.id);
+                            self.session.count(&req.kind, Served::History);
+                            return Ok(Begin::Served(self.recorded(&done, &d, Served::History)?));
+                        }
+                    }
                 }
-                EffectStatus::Ok | EffectStatus::Failed => {
-                    self.pos += 1;
-                    self.head = Some(rec.id);
-                    self.session.count(&req.kind, Served::History);
-                    return Ok(Begin::Served(self.recorded(&rec, &e, Served::History)?));
-                }
+                _ => match self.after_retriable(&e, &req) {
+                    Retry::Skip => self.advance(rec.id),
+                    Retry::Live => {
+                        self.advance(rec.id);
+                        break;
+                    }
+                    Retry::Serve => {
+                        self.advance(rec.id);
+                        self.session.count(&req.kind, Served::History);
+                        return Ok(Begin::Served(self.recorded(&rec, &e, Served::History)?));
+                    }
+                },
             }
         }
         self.ensure_live()?;
@@ -250,7 +269,7 @@ impl Stream {
     pub fn finish(
         &mut self,
         p: Pending,
-        result: std::result::Result<EffectOutput, String>,
+        result: std::result::Result<EffectOutput, EffectError>,
     ) -> Result<Recorded> {
         let request_id = p.req.id();
         let mut b = self.session.ledger().batch();
@@ -270,7 +289,14 @@ impl Stream {
                 links.extend(out.links.iter().map(|l| Hash32(l.0)));
                 (EffectStatus::Ok, Some(Hash32(oid.0)), String::new())
             }
-            Err(e) => (EffectStatus::Failed, None, e.clone()),
+            Err(e) => (
+                match e.class {
+                    FailureClass::Transient => EffectStatus::Retriable,
+                    FailureClass::Final => EffectStatus::Failed,
+                },
+                None,
+                e.message.clone(),
+            ),
         };
         links.sort();
         links.dedup();
@@ -289,7 +315,8 @@ impl Stream {
         self.session.count(&p.req.kind, Served::Live);
         Ok(Recorded {
             event: id,
-            output: result.map(|o| o.bytes),
+            failure: result.as_ref().err().map(|e| e.class),
+            output: result.map(|o| o.bytes).map_err(|e| e.message),
             source: Served::Live,
         })
     }
@@ -298,7 +325,7 @@ impl Stream {
     pub async fn effect<F, Fut>(&mut self, req: EffectRequest, perform: F) -> Result<Recorded>
     where
         F: FnOnce() -> Fut,
-        Fut: Future<Output = std::result::Result<EffectOutput, String>>,
+        Fut: Future<Output = std::result::Result<EffectOutput, EffectError>>,
     {
         match self.begin(req)? {
             Begin::Served(r) => Ok(r),
@@ -312,7 +339,7 @@ impl Stream {
     /// The blocking twin of [`Stream::effect`].
     pub fn effect_blocking<F>(&mut self, req: EffectRequest, perform: F) -> Result<Recorded>
     where
-        F: FnOnce() -> std::result::Result<EffectOutput, String>,
+        F: FnOnce() -> std::result::Result<EffectOutput, EffectError>,
     {
         match self.begin(req)? {
             Begin::Served(r) => Ok(r),
@@ -344,6 +371,32 @@ impl Stream {
     /// A seed for `purpose` in this stream, derived from the run's root seed.
     pub fn derive_seed(&self, purpose: &str) -> u64 {
         self.session.derive_seed(&self.rel, purpose)
+    }
+
+    /// Moves the cursor past a history record.
+    fn advance(&mut self, id: Id) {
+        self.pos += 1;
+        self.head = Some(id);
+    }
+
+    /// What to do with a recorded result `e` at the cursor (whose own record
+    /// has not been consumed yet): step over a transient failure that a later
+    /// attempt of the same request follows, retry one that ends the stream
+    /// (live modes), serve anything else.
+    fn after_retriable(&self, e: &Effect, req: &EffectRequest) -> Retry {
+        if e.status != EffectStatus::Retriable {
+            return Retry::Serve;
+        }
+        // The record after this result (pos + 1 is the result itself when
+        // it was not journaled; the caller has consumed `started` already).
+        match self.history.get(self.pos + 1) {
+            None if *self.session.mode() != Mode::Check => Retry::Live,
+            None => Retry::Serve,
+            Some(next) => match schemas::decode_event::<Effect>(next) {
+                Ok(n) if n.request == e.request && n.effect == req.kind => Retry::Skip,
+                _ => Retry::Serve,
+            },
+        }
     }
 
     fn ensure_live(&self) -> Result<()> {
@@ -384,14 +437,16 @@ impl Stream {
     }
 
     fn recorded_with_id(&self, id: Id, e: &Effect, how: Served) -> Result<Recorded> {
-        let output = match (e.status, e.output) {
-            (EffectStatus::Ok, Some(o)) => Ok(self.session.ledger().get_blob(&Id(o.0))?),
-            (EffectStatus::Failed, _) => Err(e.error.clone()),
+        let (output, failure) = match (e.status, e.output) {
+            (EffectStatus::Ok, Some(o)) => (Ok(self.session.ledger().get_blob(&Id(o.0))?), None),
+            (EffectStatus::Failed, _) => (Err(e.error.clone()), Some(FailureClass::Final)),
+            (EffectStatus::Retriable, _) => (Err(e.error.clone()), Some(FailureClass::Transient)),
             _ => return Err(self.bad(id, "effect result without output".into())),
         };
         Ok(Recorded {
             event: id,
             output,
+            failure,
             source: how,
         })
     }
@@ -479,6 +534,13 @@ impl Stream {
             diff: crate::diff::json_diff(&recorded, &mine, &expand, 20),
         }))
     }
+}
+
+/// See [`Stream::after_retriable`].
+enum Retry {
+    Skip,
+    Live,
+    Serve,
 }
 
 fn describe_event(ev: &Event) -> Option<serde_json::Value> {

@@ -119,8 +119,15 @@ pub enum EffectStatus {
     /// The request was journaled before a long or non-idempotent effect began.
     Started,
     Ok,
-    /// The effect ran and failed; `error` says how. Replay returns the same error.
+    /// The effect ran and failed as part of the run's course (a final
+    /// failure); `error` says how. Replay and resume return the same error.
     Failed,
+    /// The attempt failed for a reason outside the run (I/O, timeout, HTTP
+    /// 429/5xx, a killed process, a trainer crash); `error` says how. A
+    /// resume retries it when it ends its stream; a later attempt of the same
+    /// request follows it otherwise. Appended last: earlier variants keep
+    /// their on-disk values.
+    Retriable,
 }
 
 /// `effect` v1: one non-deterministic step (model call, tool run, snapshot,

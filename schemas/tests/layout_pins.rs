@@ -214,10 +214,14 @@ fn effect_statuses() -> Vec<(&'static str, EffectStatus)> {
         ("Started", EffectStatus::Started),
         ("Ok", EffectStatus::Ok),
         ("Failed", EffectStatus::Failed),
+        ("Retriable", EffectStatus::Retriable),
     ];
     for (_, v) in &all {
         match v {
-            EffectStatus::Started | EffectStatus::Ok | EffectStatus::Failed => {}
+            EffectStatus::Started
+            | EffectStatus::Ok
+            | EffectStatus::Failed
+            | EffectStatus::Retriable => {}
         }
     }
     all.to_vec()
@@ -243,6 +247,12 @@ const VARIANT_PINS: &[(&str, &str, &str, &str)] = &[
         "Failed",
         "02",
         "336c6b14d997805cd0e5827a1ba40a650703ffebebf419d1c709169e6deb4c93",
+    ),
+    (
+        "EffectStatus",
+        "Retriable",
+        "03",
+        "d8dbf409347d6e10d6fa4ad8247efaebe68bc7040172b6e69785682bb9375fae",
     ),
     (
         "Option<Hash32>",
