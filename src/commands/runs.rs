@@ -274,6 +274,19 @@ fn print_summary(s: &RunSummary, secs: f64) {
     for c in &s.cycles {
         let _ = writeln!(out, "{}", cycle_row(c));
     }
+    // A cycle without training data is a normal outcome; say why.
+    for c in s.cycles.iter().filter(|c| c.selected_runs == 0) {
+        let why = if c.inner_wins == 0 {
+            "no workflow beat the bare-task reference in the inner loop, so no runs were collected"
+        } else {
+            "no collected run was eligible for selection"
+        };
+        let _ = writeln!(
+            out,
+            "cycle {}: no training data ({why}); the model stays {}",
+            c.cycle, c.model
+        );
+    }
     let mut counts: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
     for ((kind, how), n) in &s.counts {
         let e = counts.entry(kind.as_str()).or_default();
