@@ -127,6 +127,10 @@ pub fn apply_forks(main: &mut Stream, exp: &mut Experiment) -> Result<()> {
         for o in rf.overrides {
             check_fork_override(&o.key)?;
             exp.apply_override(&o.key, &o.value)?;
+            // Seeds derive from the root seed: from here on, the new one.
+            if o.key.trim() == "seed" {
+                main.session().set_seed(exp.seed);
+            }
         }
     }
     Ok(())

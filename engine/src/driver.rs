@@ -185,29 +185,41 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
         };
         base_models(&ctx)?
     };
-    let cycles = exp.cycles;
-    for cycle in 1..=cycles {
+    // `cycles` is read again after every fork point, so a fork can extend a
+    // run (`--set cycles=N+1`), also one taken at a finished run's head: the
+    // fork's overrides are applied after the "finished" step and the cycles
+    // go on from there.
+    let mut cycle = 1;
+    loop {
         apply_forks(&mut main, &mut exp)?;
-        let snapshot = exp.clone();
-        let ctx = Ctx {
-            session: &session,
-            exp: &snapshot,
-            backends: &backends,
-            train: &sel.train,
-            heldout: &sel.heldout,
-            progress: req.progress,
-        };
-        let (result, next) = run_cycle(&ctx, &mut main, &mut exp, cycle, &models)?;
-        summary.cycles.push(result);
-        models = next;
+        if cycle <= exp.cycles {
+            let snapshot = exp.clone();
+            let ctx = Ctx {
+                session: &session,
+                exp: &snapshot,
+                backends: &backends,
+                train: &sel.train,
+                heldout: &sel.heldout,
+                progress: req.progress,
+            };
+            let (result, next) = run_cycle(&ctx, &mut main, &mut exp, cycle, &models)?;
+            summary.cycles.push(result);
+            models = next;
+            cycle += 1;
+            continue;
+        }
+        step(
+            &mut main,
+            &mut exp,
+            schemas::to_event(&schemas::Note {
+                text: format!("run finished after {} cycle(s)", cycle - 1),
+            })?,
+        )?;
+        apply_forks(&mut main, &mut exp)?;
+        if cycle > exp.cycles {
+            break;
+        }
     }
-    step(
-        &mut main,
-        &mut exp,
-        schemas::to_event(&schemas::Note {
-            text: format!("run finished after {cycles} cycle(s)"),
-        })?,
-    )?;
     summary.head = main.head();
     summary.counts = session.counts();
     Ok(summary)

@@ -497,3 +497,74 @@ fn runs_from_an_older_driver_are_refused_clearly() {
     let json = schemas::describe("run.started", 1, &first.payload).unwrap();
     assert_eq!(json["seed"], 3);
 }
+
+/// Before: `fork --set cycles=3` and `--set seed=7` did nothing, and a fork
+/// at a finished head failed its own replay check.
+#[test]
+fn fork_at_a_finished_head_with_more_cycles_continues_and_replays() {
+    for s in seeded().iter().take(3) {
+        let l = &s.l;
+        let head = s.summary.head.unwrap();
+        let name = format!("more-{}", s.seed);
+        replay::fork_run(l, "smoke", head, &name, &[("cycles".into(), "2".into())]).unwrap();
+        let f = run(l, &name, Mode::Live, None, None);
+        assert_eq!(
+            f.cycles.len(),
+            2,
+            "seed {}: the fork ran a second cycle",
+            s.seed
+        );
+        assert_eq!(f.cycles[0], s.summary.cycles[0], "cycle 1 is the source's");
+        let mut ids: Vec<Id> = l.chain(f.head.unwrap()).map(|e| e.unwrap().id).collect();
+        ids.reverse();
+        assert!(
+            ids.contains(&head),
+            "the fork continues from the source's head"
+        );
+        let c = run(l, &name, Mode::Check, None, None);
+        assert_eq!(c.head, f.head, "seed {}: the fork replays exactly", s.seed);
+        assert!(c.counts.keys().all(|(_, how)| *how == Served::History));
+    }
+}
+
+#[test]
+fn a_seed_override_changes_what_follows_the_fork() {
+    let s = &seeded()[0];
+    let l = &s.l;
+    let mut main: Vec<ledger::Event> = l
+        .chain(s.summary.head.unwrap())
+        .map(|e| e.unwrap())
+        .collect();
+    main.reverse();
+    for (name, seed) in [("same-seed", s.seed), ("other-seed", s.seed + 100)] {
+        replay::fork_run(
+            l,
+            "smoke",
+            main[0].id,
+            name,
+            &[("seed".into(), seed.to_string())],
+        )
+        .unwrap();
+        run(l, name, Mode::Live, None, None);
+    }
+    // Rollout, judging and search streams (the training stream's request
+    // names main-stream events, which a fork's `run.forked` changes).
+    let streams = |run: &str| -> BTreeSet<(String, Id)> {
+        l.refs()
+            .unwrap()
+            .into_iter()
+            .filter(|(n, _)| n.starts_with(&format!("{run}/")) && !n.ends_with("/train"))
+            .map(|(n, h)| (n[run.len() + 1..].to_string(), h))
+            .collect()
+    };
+    assert_eq!(
+        streams("same-seed"),
+        streams("smoke"),
+        "overriding the seed with itself changes no rollout"
+    );
+    assert_ne!(
+        streams("other-seed"),
+        streams("smoke"),
+        "another seed gives other rollouts after the fork point"
+    );
+}
