@@ -4,7 +4,8 @@
 //! Exit codes (also in `mass --help` and README.md):
 //! 0 success · 1 other error · 2 usage error · 3 integrity problem (verify found
 //! problems, or a read hit corrupt data) · 4 not found or ambiguous id/ref ·
-//! 5 conflict (a ref moved) · 6 ledger locked by another process.
+//! 5 conflict (a ref moved) · 6 ledger locked by another process · 7 a run
+//! stopped on an infrastructure failure (`mass resume` retries it).
 
 mod cli;
 mod commands;
@@ -45,6 +46,11 @@ fn exit_code_for(e: &anyhow::Error) -> u8 {
         }
         if let Some(c) = cause.downcast_ref::<commands::CliError>() {
             return c.exit_code();
+        }
+        if let Some(engine::error::EngineError::Infrastructure { .. }) =
+            cause.downcast_ref::<engine::error::EngineError>()
+        {
+            return 7;
         }
     }
     1

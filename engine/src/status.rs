@@ -60,7 +60,9 @@ pub fn fold(events: &[Event]) -> Result<RunStatus> {
     Ok(s)
 }
 
-/// Effects of the run whose stream ends in `started` (interrupted work).
+/// Effects of the run whose stream ends in `started` (interrupted work) or in
+/// a transient failure (an infrastructure failure that stopped the run), each
+/// described with what `mass resume` will do about it.
 pub fn unfinished_effects(ledger: &Ledger, run: &str) -> Result<Vec<String>> {
     let mut out = Vec::new();
     let prefix = format!("{run}/");
@@ -72,8 +74,16 @@ pub fn unfinished_effects(ledger: &Ledger, run: &str) -> Result<Vec<String>> {
         if ev.kind == "effect" {
             let e: Effect =
                 schemas::decode_event(&ev).map_err(|x| EngineError::recording("effect", x))?;
-            if e.status == EffectStatus::Started {
-                out.push(format!("{} effect in {name}", e.effect));
+            match e.status {
+                EffectStatus::Started => out.push(format!(
+                    "{} effect in {name} was started and never finished (a resume re-issues it)",
+                    e.effect
+                )),
+                EffectStatus::Retriable => out.push(format!(
+                    "{} effect in {name} failed for a reason outside the run ({}); a resume retries it",
+                    e.effect, e.error
+                )),
+                EffectStatus::Ok | EffectStatus::Failed => {}
             }
         }
     }

@@ -248,9 +248,19 @@ fn run_containing(l: &Ledger, id: Id) -> Result<Option<String>> {
     Ok(None)
 }
 
+/// An engine error for the CLI: flattened to its message (its sources are
+/// already in it), except an infrastructure failure, kept typed so `main`
+/// exits with its own code.
+fn engine_error(e: engine::error::EngineError) -> anyhow::Error {
+    match e {
+        engine::error::EngineError::Infrastructure { .. } => anyhow::Error::new(e),
+        other => anyhow::anyhow!("{other}"),
+    }
+}
+
 fn go(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<ExitCode> {
     let start = Instant::now();
-    let s = drive(ledger.clone(), req).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let s = drive(ledger.clone(), req).map_err(engine_error)?;
     print_summary(&s, start.elapsed().as_secs_f64());
     Ok(ExitCode::SUCCESS)
 }
@@ -402,10 +412,7 @@ pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
             h.short(12)
         )?;
         for e in p {
-            writeln!(
-                out,
-                "  started but unfinished: {e} (re-issued on `mass resume {n}`)"
-            )?;
+            writeln!(out, "  unfinished: {e} (`mass resume {n}`)")?;
         }
     }
     Ok(ExitCode::SUCCESS)
