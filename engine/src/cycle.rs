@@ -158,6 +158,9 @@ struct InnerTask<'t> {
     feedback: Vec<String>,
     wins: u32,
     beat_reference: bool,
+    /// An optimizer stream this iteration left without a promotion (no valid
+    /// proposal): linked from the iteration's step so forks keep it.
+    unlinked: Option<Id>,
 }
 
 fn run_ref(o: crate::harness::RunOutcome) -> RunRef {
@@ -257,6 +260,7 @@ fn inner_loop<'t>(
             feedback: Vec::new(),
             wins: 0,
             beat_reference: false,
+            unlinked: None,
         });
     }
     step(
@@ -278,7 +282,7 @@ fn inner_loop<'t>(
             let mut guard = cell.lock().unwrap_or_else(|p| p.into_inner());
             let t: &mut InnerTask<'_> = &mut guard;
             let base = format!("c{cycle}/{}/inner/{k:02}", t.task.id);
-            let (proposal, _) = propose(
+            let (proposal, optimizer_head) = propose(
                 ctx.session,
                 &format!("{base}/optimizer"),
                 t.task,
@@ -289,6 +293,7 @@ fn inner_loop<'t>(
             )?;
             let Some(candidate) = proposal else {
                 t.feedback.push(format!("iteration {k}: no valid proposal"));
+                t.unlinked = Some(optimizer_head);
                 ctx.progress.tick(&stage);
                 return Ok::<_, EngineError>(());
             };
@@ -367,8 +372,12 @@ fn inner_loop<'t>(
                 reason: reason.clone(),
                 judgments: judgments.iter().map(|j| Hash32(j.0)).collect(),
             };
+            // The optimizer's stream is a causal parent of the decision, so a
+            // fork after this point keeps (and serves) its calls.
+            let mut parents = judgments.clone();
+            parents.push(optimizer_head);
             t.decisions
-                .emit(schemas::to_event(&rec)?.with_parents(judgments.clone()))?;
+                .emit(schemas::to_event(&rec)?.with_parents(parents))?;
             t.feedback.push(format!(
                 "iteration {k}: candidate {} — {reason}",
                 if accepted { "accepted" } else { "rejected" }
@@ -382,7 +391,8 @@ fn inner_loop<'t>(
             ctx.progress.tick(&stage);
             Ok(())
         })?;
-        let heads: Vec<Id> = tasks.iter().filter_map(|t| t.decisions.head()).collect();
+        let mut heads: Vec<Id> = tasks.iter().filter_map(|t| t.decisions.head()).collect();
+        heads.extend(tasks.iter_mut().filter_map(|t| t.unlinked.take()));
         step(
             main,
             exp,
@@ -513,6 +523,17 @@ pub fn run_cycle(
         Ok::<_, EngineError>((task_id, a, b, id, j.winner))
     })?;
     ctx.progress.done(&stage);
+    // A barrier: every comparison of every task is a causal parent of the
+    // steps that follow, so a fork at any of them keeps all the judging.
+    step(
+        main,
+        exp,
+        note(format!(
+            "cycle {cycle}: {} comparison(s) judged",
+            verdicts.len()
+        ))?
+        .with_parents(verdicts.iter().map(|v| v.3).collect()),
+    )?;
 
     // Bradley-Terry per task, selection, stripping, dataset.
     let mut conversations = Vec::new();

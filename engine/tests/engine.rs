@@ -133,7 +133,7 @@ fn deterministic_and_replays(s: &Seeded) {
             .map(|(n, h)| (n[run.len() + 1..].to_string(), h))
             .collect()
     };
-    assert_eq!(streams(&l1, "smoke"), streams(&l2, "again"));
+    assert_eq!(streams(l1, "smoke"), streams(&l2, "again"));
     // Replay check: nothing runs, every id reproduced.
     let c = run(l1, "smoke", Mode::Check, None, None);
     assert_eq!(c.head, a.head);
@@ -240,7 +240,7 @@ fn held_out_and_stripped(s: &Seeded) -> bool {
         schemas::decode_event(&l.get_event(&Id(sel.train[0].0)).unwrap()).unwrap();
     let wf: engine::workflow::Workflow =
         serde_json::from_slice(&l.get_blob(&Id(run.workflow.0)).unwrap()).unwrap();
-    let t = engine::transcript::stream_conversation(&l, Id(run.orchestrator.0))
+    let t = engine::transcript::stream_conversation(l, Id(run.orchestrator.0))
         .unwrap()
         .unwrap();
     let recorded_prompt = t.messages[1].content_str();
@@ -567,4 +567,70 @@ fn a_seed_override_changes_what_follows_the_fork() {
         streams("smoke"),
         "another seed gives other rollouts after the fork point"
     );
+}
+
+/// Before: forks dropped the inner loop's optimizer streams (their calls were
+/// not causal parents of any step), so resuming a fork re-ran every optimizer
+/// call made before the fork point. A fork without overrides must serve
+/// exactly the calls recorded before its fork point and run only the rest.
+#[test]
+fn forks_rerun_nothing_recorded_before_the_fork_point() {
+    use std::collections::BTreeMap;
+    for s in seeded().iter().take(2) {
+        let l = &s.l;
+        let mut main: Vec<ledger::Event> = l
+            .chain(s.summary.head.unwrap())
+            .map(|e| e.unwrap())
+            .collect();
+        main.reverse();
+        // Every effect call of the source run (results, not `started`), with
+        // its position in the log.
+        let mut calls: Vec<(String, u64)> = Vec::new();
+        for (name, head) in l.refs().unwrap() {
+            if name != "smoke" && !name.starts_with("smoke/") {
+                continue;
+            }
+            for ev in l.chain(head).map(|e| e.unwrap()) {
+                if ev.kind != "effect" {
+                    continue;
+                }
+                let e: schemas::Effect = schemas::decode_event(&ev).unwrap();
+                if e.status != schemas::EffectStatus::Started {
+                    let ord = l.locate(&ev.id).unwrap().unwrap().ordinal;
+                    calls.push((e.effect, ord));
+                }
+            }
+        }
+        let mut total: BTreeMap<String, u64> = BTreeMap::new();
+        for (k, _) in &calls {
+            *total.entry(k.clone()).or_default() += 1;
+        }
+        assert!(total.get("optimizer").copied().unwrap_or(0) > 0);
+        let n = main.len();
+        for (i, frac) in [0.1, 0.3, 0.5, 0.7, 0.9].iter().enumerate() {
+            let at = &main[((n - 1) as f64 * frac) as usize];
+            let ord = l.locate(&at.id).unwrap().unwrap().ordinal;
+            let mut before: BTreeMap<String, u64> = BTreeMap::new();
+            for (k, o) in &calls {
+                if *o < ord {
+                    *before.entry(k.clone()).or_default() += 1;
+                }
+            }
+            let name = format!("fork{i}-{}", s.seed);
+            replay::fork_run(l, "smoke", at.id, &name, &[]).unwrap();
+            let r = run(l, &name, Mode::Live, None, None);
+            for (kind, all) in &total {
+                let get = |how: Served| r.counts.get(&(kind.clone(), how)).copied().unwrap_or(0);
+                let b = before.get(kind).copied().unwrap_or(0);
+                assert_eq!(
+                    (get(Served::History), get(Served::Live)),
+                    (b, all - b),
+                    "seed {}, fork at step {} ({}): {kind} calls served/live",
+                    s.seed,
+                    at.seq,
+                    at.kind
+                );
+            }
+        }
+    }
 }

@@ -130,8 +130,7 @@ fn a_trainer_that_wrote_no_metrics_is_retried_after_the_cause_is_fixed() {
         )
     };
     let err = run(Mode::Live, Some((text.clone(), "exp.toml".into())))
-        .err()
-        .expect("a trainer without metrics stops the run");
+        .expect_err("a trainer without metrics stops the run");
     let msg = err.to_string();
     assert!(
         matches!(err, engine::error::EngineError::Infrastructure { .. }),

@@ -85,6 +85,9 @@ impl Default for Options {
     }
 }
 
+/// A position in the log: (segment, byte offset).
+pub(crate) type LogEnd = (u32, u64);
+
 /// What the ledger knows about a ref's head without reading the event again.
 #[derive(Debug, Clone)]
 struct HeadInfo {
@@ -800,11 +803,15 @@ impl Ledger {
         &self.seg_dir
     }
 
-    /// The end of the committed log now: (segment, offset). Readers that scan
-    /// segments stop there, so a commit in progress is never read half-written.
-    pub(crate) fn committed_end(&self) -> Result<(u32, u64)> {
+    /// The end of the committed log (scans stop there, so a commit in
+    /// progress is never read half-written) and every ref's head at that moment,
+    /// taken together (under the writer lock), so a scan up to that end can
+    /// be compared with refs that no later commit has moved.
+    pub(crate) fn committed_end_and_refs(&self) -> Result<(LogEnd, Vec<(String, Id)>)> {
         let w = self.lock_writer()?;
-        Ok((w.seg_no, w.offset))
+        let mut refs: Vec<(String, Id)> = w.heads.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        refs.sort();
+        Ok(((w.seg_no, w.offset), refs))
     }
 
     fn head_info(&self, ref_name: &str, expected: Id) -> Result<HeadInfo> {

@@ -89,7 +89,10 @@ impl Ledger {
     ) -> Result<VerifyReport> {
         let mut r = VerifyReport::default();
         let mut refs_from_log: HashMap<String, Id> = HashMap::new();
-        let (end_seg, end_off) = self.committed_end()?;
+        // The end of the scan and the refs it is compared with are taken
+        // together: a commit racing the scan (another thread of this
+        // process) moves neither.
+        let ((end_seg, end_off), refs) = self.committed_end_and_refs()?;
         // With the index check: every indexed object, read in one ordered pass
         // (a random lookup per object was the scan's bottleneck), keyed by a
         // 16-byte id prefix to keep 1M objects well under 100 MB. Read after
@@ -232,7 +235,6 @@ impl Ledger {
             }
         }
         // Refs in the index must be what the operation log says.
-        let refs = self.refs()?;
         r.refs = refs.len() as u64;
         for (name, id) in &refs {
             match refs_from_log.get(name) {

@@ -209,7 +209,7 @@ fn a_segment_with_a_foreign_header_is_refused_clearly() {
     let fx = fixture();
     let seg = fx.path.join("segments/00000001.seg");
     flip(&seg, 0);
-    let err = Ledger::open(&fx.path).err().expect("open must fail");
+    let err = Ledger::open(&fx.path).expect_err("open must fail");
     assert!(err.to_string().contains("bad magic"), "{err}");
 }
 

@@ -362,9 +362,7 @@ fn diff_lists_added_removed_modified() {
 #[test]
 fn second_opener_gets_the_lock_error() {
     let (d, l) = new_ledger();
-    let err = Ledger::open(&d.path().join("l"))
-        .err()
-        .expect("second open must fail");
+    let err = Ledger::open(&d.path().join("l")).expect_err("second open must fail");
     let msg = err.to_string();
     assert!(matches!(err, LedgerError::Locked { .. }), "{msg}");
     assert!(
