@@ -32,7 +32,7 @@ use crate::error::{LedgerError, Result};
 use crate::files::{self, AppendFile, FileLayer, OsFiles};
 use crate::id::{Id, IdPrefix, ObjectKind};
 use crate::index::{self, EventIndex, Index, IndexItem, ObjLoc, Pos};
-use crate::object::{check_ref_name, Event, EventEnvelope, Meta, NewEvent, RefUpdate};
+use crate::object::{check_ref_name, Event, EventEnvelope, Meta, NewEvent, RefUpdate, DELETED};
 use crate::recovery::{self, Damage, ScanMode};
 use crate::segment::{
     self, encode_record, RecordHeader, RecordType, FLAG_ZSTD, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN,
@@ -435,6 +435,14 @@ impl Ledger {
     pub fn set_ref(&self, name: &str, expected: Option<Id>, new: Id) -> Result<()> {
         let mut b = self.batch();
         b.set_ref(name, expected, new)?;
+        b.commit()
+    }
+
+    /// Deletes ref `name` if its head is `expected` (compare-and-swap),
+    /// durably. Only the name goes: every object stays stored and readable.
+    pub fn delete_ref(&self, name: &str, expected: Id) -> Result<()> {
+        let mut b = self.batch();
+        b.delete_ref(name, expected)?;
         b.commit()
     }
 
@@ -841,7 +849,7 @@ impl Ledger {
                     actual: current,
                 });
             }
-            heads_after.insert(&u.name, Some(u.new));
+            heads_after.insert(&u.name, u.new);
         }
         // Step 2: links must resolve to stored objects or earlier batch members.
         let mut fresh: Vec<&Pending> = Vec::with_capacity(b.objects.len());
@@ -862,12 +870,13 @@ impl Ledger {
             fresh.push(p);
         }
         for u in &b.ref_updates {
-            if !seen.contains(&u.new) {
-                match self.kind_of(&u.new)? {
+            let Some(new) = u.new else { continue };
+            if !seen.contains(&new) {
+                match self.kind_of(&new)? {
                     Some(ObjectKind::Event) => {}
                     Some(k) => {
                         return Err(LedgerError::WrongKind {
-                            id: u.new,
+                            id: new,
                             expected: ObjectKind::Event,
                             actual: k,
                         })
@@ -875,7 +884,7 @@ impl Ledger {
                     None => {
                         return Err(LedgerError::Dangling {
                             referrer: format!("ref {}", u.name),
-                            missing: u.new,
+                            missing: new,
                         })
                     }
                 }
@@ -961,7 +970,7 @@ impl Ledger {
             let body = RefUpdate {
                 name: u.name.clone(),
                 old: u.expected.map(|i| i.0),
-                new: u.new.0,
+                new: u.new.map_or(DELETED, |i| i.0),
             }
             .to_bytes()?;
             let header = RecordHeader {
@@ -1030,7 +1039,15 @@ impl Ledger {
             }
         }
         for u in &b.ref_updates {
-            w.heads.insert(u.name.clone(), u.new);
+            match u.new {
+                Some(new) => {
+                    w.heads.insert(u.name.clone(), new);
+                }
+                None => {
+                    w.heads.remove(&u.name);
+                    w.head_info.remove(&u.name);
+                }
+            }
         }
         for (name, info) in b.heads {
             if w.heads.get(&name) == Some(&info.id) {
@@ -1175,7 +1192,8 @@ struct Pending {
 struct PendingRef {
     name: String,
     expected: Option<Id>,
-    new: Id,
+    /// `None` deletes the ref.
+    new: Option<Id>,
 }
 
 /// A set of objects and ref updates committed atomically by [`Batch::commit`].
@@ -1334,7 +1352,7 @@ impl Batch<'_> {
         self.ref_updates.push(PendingRef {
             name: ref_name.to_string(),
             expected,
-            new: id,
+            new: Some(id),
         });
         self.heads
             .insert(ref_name.to_string(), HeadInfo { id, stream, seq });
@@ -1346,8 +1364,22 @@ impl Batch<'_> {
         self.ref_updates.push(PendingRef {
             name: name.to_string(),
             expected,
-            new,
+            new: Some(new),
         });
+        Ok(())
+    }
+
+    /// Deletes ref `name`, whose head must be `expected` when the batch
+    /// commits. Objects are never deleted: the ref's events stay readable
+    /// by id. Recorded as a ref update whose `new` is all zeros.
+    pub fn delete_ref(&mut self, name: &str, expected: Id) -> Result<()> {
+        check_ref_name(name)?;
+        self.ref_updates.push(PendingRef {
+            name: name.to_string(),
+            expected: Some(expected),
+            new: None,
+        });
+        self.heads.remove(name);
         Ok(())
     }
 
