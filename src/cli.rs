@@ -72,6 +72,11 @@ pub enum Command {
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
     },
+    /// Manage runs as a whole.
+    Runs {
+        #[command(subcommand)]
+        what: RunsWhat,
+    },
     /// Run a MASS experiment (all cycles), or continue the run if it exists.
     Run {
         experiment: PathBuf,
@@ -175,6 +180,14 @@ pub enum Command {
 pub enum DatasetFormat {
     Openai,
     Trl,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RunsWhat {
+    /// Remove a run's refs (NAME and every ref under NAME/), recorded as a
+    /// `run.removed` event in the stream `mass/runs`. No object is deleted:
+    /// the run's events stay readable by id (`mass show`, `mass log ID`).
+    Rm { run: String },
 }
 
 #[derive(Debug, Subcommand)]

@@ -16,7 +16,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ledger::{Id, Ledger};
 use replay::{Mode, SourceRun, MAIN};
 
-use super::{open, resolve};
+use super::{open, resolve, CliError};
 use crate::cli::DatasetFormat;
 
 /// Progress bars: one per stage, under an overall spinner.
@@ -84,9 +84,23 @@ pub fn run(dir: &Path, experiment: &Path, name: Option<&str>, quiet: bool) -> Re
         if first.as_deref() != Some("run.started") {
             bail!("ref {run} exists and is not a run; choose another name with --ref");
         }
-        eprintln!(
-            "run {run} exists: resuming it (the recorded experiment definition and tasks are used)"
-        );
+        if let Some(old) = engine::driver::start_failed(&ledger, &run)? {
+            // Nothing but the recorded definition: the start failed (or was
+            // cut short) before any work. Replace it with this file.
+            let r = replay::remove_run(&ledger, &run, "replaced: start failed")
+                .map_err(ledger_cause)
+                .with_context(|| format!("cannot replace run {run}"))?;
+            eprintln!(
+                "run {run} never started (its only event is run.started {old}, nothing after it): replaced it with {}; the old start stays readable by id, and the replacement is recorded as {} in `mass log {}`",
+                experiment.display(),
+                r.event.short(12),
+                replay::REMOVALS
+            );
+        } else {
+            eprintln!(
+                "run {run} exists: resuming it (the recorded experiment definition and tasks are used)"
+            );
+        }
     }
     go(
         ledger,
@@ -246,6 +260,43 @@ fn run_containing(l: &Ledger, id: Id) -> Result<Option<String>> {
         }
     }
     Ok(None)
+}
+
+/// Keeps a ledger error typed (so it maps to its exit code: 5 for a ref
+/// that moved, 6 for a locked ledger).
+fn ledger_cause(e: replay::ReplayError) -> anyhow::Error {
+    match e {
+        replay::ReplayError::Ledger(l) => l.into(),
+        other => other.into(),
+    }
+}
+
+/// `mass runs rm RUN`: deletes the run's refs, records the removal.
+pub fn remove(l: &Ledger, run: &str) -> Result<ExitCode> {
+    if run == replay::REMOVALS {
+        return Err(CliError::Usage(format!(
+            "{run} is the record of removed runs, not a run; it is never removed"
+        ))
+        .into());
+    }
+    if l.head(run)?.is_none() {
+        return Err(
+            CliError::NotFound(format!("no run named {run:?} (`mass status` lists runs)")).into(),
+        );
+    }
+    let r = replay::remove_run(l, run, "removed")
+        .map_err(ledger_cause)
+        .with_context(|| format!("cannot remove run {run}"))?;
+    writeln!(
+        std::io::stdout().lock(),
+        "removed run {run}: {} ref(s) deleted (main head {}); no object was deleted, every id stays readable; recorded as {} in `mass log {}` (`mass show {}` lists each ref's old head)",
+        r.refs.len(),
+        r.main_head.map(|h| h.to_hex()).unwrap_or_default(),
+        r.event.short(12),
+        replay::REMOVALS,
+        r.event.short(12),
+    )?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn go(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<ExitCode> {
