@@ -71,6 +71,10 @@ pub enum Command {
         /// Configuration override for the forked run, e.g. `inner.iterations=6`.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
+        /// The run to fork (recorded as the fork's parent). Needed when the
+        /// event is on the main stream of several runs (a run and its forks).
+        #[arg(long = "from", value_name = "RUN")]
+        from: Option<String>,
     },
     /// Manage runs as a whole.
     Runs {

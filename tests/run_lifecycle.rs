@@ -1,7 +1,9 @@
-//! Run names. The bugs (issue 8): a run whose start failed after recording
-//! its definition (an unsupported backend) stayed "0/N in progress" forever
-//! and `mass run` with the corrected file resumed the broken recorded
-//! definition; and no command removed a run's refs. The experiments are examples/smoke.toml with an absolute
+//! Run names and lineage. The bugs (issue 8): a run whose start failed after
+//! recording its definition (an unsupported backend) stayed "0/N in progress"
+//! forever and `mass run` with the corrected file resumed the broken recorded
+//! definition; no command removed a run's refs; and forking at an event shared
+//! by several runs (a run and its fork) recorded the alphabetically first run
+//! as the parent. The experiments are examples/smoke.toml with an absolute
 //! `tasks_dir`, written into temporary directories.
 
 use std::path::{Path, PathBuf};
@@ -203,4 +205,75 @@ fn runs_rm_removes_refs_but_keeps_objects() {
     ok(&ledger, &["run", &exp, "--quiet"]);
     assert_eq!(head(&ledger, "smoke"), main);
     ok(&ledger, &["verify"]);
+}
+
+#[test]
+fn fork_lineage_records_the_run_asked_from() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let ledger = d.path().join("ledger");
+    let exp = experiment(d.path(), "smoke.toml", |s| s);
+    ok(&ledger, &["run", &exp, "--quiet", "--ref", "a"]);
+    // Main-stream steps of run a, oldest first.
+    let log = ok(&ledger, &["log", "a", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&log.stdout).expect("log json");
+    let mut steps: Vec<String> = v
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|e| e["id"].as_str().unwrap_or_default().to_string())
+        .collect();
+    steps.reverse();
+    assert!(steps.len() > 5, "{steps:?}");
+
+    // b forks a at step 4: steps 0-4 are now on both runs' main streams.
+    ok(&ledger, &["fork", &steps[4], "--name", "b"]);
+    let shared = &steps[2];
+    // Without saying which run, the fork is refused, naming both.
+    let o = mass(&ledger, &["fork", shared, "--name", "c"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(err.contains("a, b") && err.contains("--from"), "{err}");
+    assert!(!refs(&ledger).iter().any(|(n, _)| n == "c"));
+    // A run whose main stream does not hold the event is refused.
+    let o = mass(&ledger, &["fork", &steps[5], "--name", "c", "--from", "b"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    let o = mass(&ledger, &["fork", shared, "--name", "c", "--from", "nope"]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o.stderr));
+
+    // Asked from b: b is the parent, although a sorts first.
+    let o = ok(&ledger, &["fork", shared, "--name", "c", "--from", "b"]);
+    assert!(
+        text(&o.stdout).contains("forked run b"),
+        "{}",
+        text(&o.stdout)
+    );
+    let st = status_json(&ledger);
+    let c = st
+        .as_array()
+        .expect("array")
+        .iter()
+        .find(|r| r["run"] == "c")
+        .expect("run c");
+    let want = format!("b at {}", &shared[..12]);
+    assert_eq!(c["forked_from"], want.as_str(), "{st}");
+    let fork_ev = ok(&ledger, &["show", "c", "--json"]);
+    let f: serde_json::Value = serde_json::from_slice(&fork_ev.stdout).expect("show json");
+    assert_eq!(f["kind"], "run.forked", "{f}");
+    assert_eq!(f["payload"]["source_run"], "b", "{f}");
+
+    // Asked from a: a. And an event only one run holds needs no --from.
+    ok(&ledger, &["fork", shared, "--name", "d", "--from", "a"]);
+    ok(&ledger, &["fork", &steps[5], "--name", "e"]);
+    let st = status_json(&ledger);
+    for (run, parent, at) in [("d", "a", shared), ("e", "a", &steps[5])] {
+        let r = st
+            .as_array()
+            .expect("array")
+            .iter()
+            .find(|r| r["run"] == run)
+            .expect("run");
+        assert_eq!(r["forked_from"], format!("{parent} at {}", &at[..12]));
+    }
+    // The fork taken from b continues like any fork.
+    ok(&ledger, &["resume", "c", "--quiet"]);
 }

@@ -57,7 +57,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Show { id, json } => inspect::show(&open_read(&dir)?, &id, json),
         Command::Cat { id } => inspect::cat(&open_read(&dir)?, &id),
         Command::Refs { json } => inspect::refs(&open_read(&dir)?, json),
-        Command::Fork { id, name, set } => runs::fork(&open(&dir)?, &id, &name, &set),
+        Command::Fork {
+            id,
+            name,
+            set,
+            from,
+        } => runs::fork(&open(&dir)?, &id, &name, &set, from.as_deref()),
         Command::Runs {
             what: RunsWhat::Rm { run },
         } => runs::remove(&open(&dir)?, &run),

@@ -214,13 +214,59 @@ fn parse_sets(set: &[String]) -> Result<Vec<(String, String)>> {
 }
 
 /// Forks a run at a main-stream step (with overrides), or any ref at an event.
-pub fn fork(l: &Ledger, at: &str, name: &str, set: &[String]) -> Result<ExitCode> {
+/// The run forked (recorded as the fork's parent) is `from`, or the only run
+/// whose main stream holds the event; when several do (a run and its forks)
+/// and `from` is not given, the fork is refused (exit 2) naming them.
+pub fn fork(
+    l: &Ledger,
+    at: &str,
+    name: &str,
+    set: &[String],
+    from: Option<&str>,
+) -> Result<ExitCode> {
     let id = resolve(l, at)?;
     let ev = l
         .get_event(&id)
         .with_context(|| format!("{at} is not an event"))?;
+    let candidates = if ev.stream == MAIN {
+        runs_containing(l, id)?
+    } else {
+        Vec::new()
+    };
+    let source = match from {
+        Some(run) => {
+            if l.head(run)?.is_none() {
+                return Err(CliError::NotFound(format!(
+                    "no run named {run:?} (`mass status` lists runs)"
+                ))
+                .into());
+            }
+            if !candidates.iter().any(|c| c == run) {
+                return Err(CliError::Usage(format!(
+                    "{} is not a step of run {run}'s main stream{}",
+                    id.short(12),
+                    if candidates.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (it is a step of {})", candidates.join(", "))
+                    }
+                ))
+                .into());
+            }
+            Some(run.to_string())
+        }
+        None if candidates.len() > 1 => {
+            return Err(CliError::Usage(format!(
+                "{} is a step of several runs ({}); say which one the fork is taken from with --from RUN",
+                id.short(12),
+                candidates.join(", ")
+            ))
+            .into());
+        }
+        None => candidates.into_iter().next(),
+    };
     if ev.stream == MAIN {
-        if let Some(run) = run_containing(l, id)? {
+        if let Some(run) = source {
             let first = l.chain(id).last().transpose()?.context("empty run")?;
             engine::driver::check_run_start(&run, &first).map_err(|e| anyhow::anyhow!("{e}"))?;
             let overrides = parse_sets(set)?;
@@ -251,15 +297,18 @@ fn runs(l: &Ledger) -> Result<Vec<(String, Id)>> {
     Ok(out)
 }
 
-fn run_containing(l: &Ledger, id: Id) -> Result<Option<String>> {
+/// Every run whose main stream holds event `id`, sorted by name.
+fn runs_containing(l: &Ledger, id: Id) -> Result<Vec<String>> {
+    let mut out = Vec::new();
     for (name, head) in runs(l)? {
         for ev in l.chain(head) {
             if ev?.id == id {
-                return Ok(Some(name));
+                out.push(name);
+                break;
             }
         }
     }
-    Ok(None)
+    Ok(out)
 }
 
 /// Keeps a ledger error typed (so it maps to its exit code: 5 for a ref
