@@ -112,7 +112,10 @@ fn a_run_whose_start_failed_can_be_rerun_with_a_fixed_file() {
     let old = head(&ledger, "smoke");
     let st = status_json(&ledger);
     assert_eq!(st[0]["finished"], false);
+    assert_eq!(st[0]["never_started"], true);
     assert_eq!(st[0]["last_step"], "started");
+    let text_status = text(&ok(&ledger, &["status"]).stdout);
+    assert!(text_status.contains("never started"), "{text_status}");
 
     // The corrected file replaces it, saying so with the old head.
     let fixed = experiment(d.path(), "fixed.toml", |s| s);
@@ -127,6 +130,7 @@ fn a_run_whose_start_failed_can_be_rerun_with_a_fixed_file() {
     let st = status_json(&ledger);
     assert_eq!(st.as_array().map(Vec::len), Some(1), "{st}");
     assert_eq!(st[0]["finished"], true, "{st}");
+    assert_eq!(st[0]["never_started"], false, "{st}");
     // The old start is still readable, the replacement is on record.
     ok(&ledger, &["show", &old]);
     let log = text(&ok(&ledger, &["log", "mass/runs", "--json"]).stdout);

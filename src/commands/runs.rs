@@ -451,13 +451,14 @@ pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
             }
         }
         let pending = engine::status::unfinished_effects(l, &name)?;
-        rows.push((name, head, st, pending));
+        let never = engine::driver::start_failed(l, &name)?.is_some();
+        rows.push((name, head, st, pending, never));
     }
     let mut out = std::io::stdout().lock();
     if json {
         let v: Vec<_> = rows
             .iter()
-            .map(|(n, h, st, p)| serde_json::json!({"run": n, "head": h.to_hex(), "experiment": st.experiment, "cycles_planned": st.cycles_planned, "cycles_done": st.cycles_done, "last_step": st.last_step, "finished": st.finished, "forked_from": st.forked_from, "unfinished_effects": p}))
+            .map(|(n, h, st, p, never)| serde_json::json!({"run": n, "head": h.to_hex(), "experiment": st.experiment, "cycles_planned": st.cycles_planned, "cycles_done": st.cycles_done, "last_step": st.last_step, "finished": st.finished, "never_started": never, "forked_from": st.forked_from, "unfinished_effects": p}))
             .collect();
         serde_json::to_writer_pretty(&mut out, &v)?;
         writeln!(out)?;
@@ -469,18 +470,20 @@ pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
             "no runs yet; start one with `mass run examples/smoke.toml`"
         )?;
     }
-    for (n, h, st, p) in rows {
+    for (n, h, st, p, never) in rows {
+        let state = if st.finished {
+            "finished".to_string()
+        } else if never {
+            format!("never started (nothing after run.started; `mass run FILE --ref {n}` with a corrected file replaces it, `mass runs rm {n}` removes it)")
+        } else {
+            "in progress".to_string()
+        };
         writeln!(
             out,
-            "{n}: {} — {}/{} cycles, {}{}; last step: {} (head {})",
+            "{n}: {} — {}/{} cycles, {state}{}; last step: {} (head {})",
             st.experiment,
             st.cycles_done,
             st.cycles_planned,
-            if st.finished {
-                "finished"
-            } else {
-                "in progress"
-            },
             st.forked_from
                 .as_ref()
                 .map(|f| format!(", forked from {f}"))
