@@ -265,6 +265,10 @@ fn fork_lineage_records_the_run_asked_from() {
     assert_eq!(f["kind"], "run.forked", "{f}");
     assert_eq!(f["payload"]["source_run"], "b", "{f}");
 
+    // A taken name is a conflict (exit 5), nothing written.
+    let o = mass(&ledger, &["fork", shared, "--name", "b", "--from", "a"]);
+    assert_eq!(o.status.code(), Some(5), "{}", text(&o.stderr));
+
     // Asked from a: a. And an event only one run holds needs no --from.
     ok(&ledger, &["fork", shared, "--name", "d", "--from", "a"]);
     ok(&ledger, &["fork", &steps[5], "--name", "e"]);

@@ -182,7 +182,7 @@ pub fn rejudge(
         .context("empty run")?;
     engine::driver::check_run_start(source, &start).map_err(|e| anyhow::anyhow!("{e}"))?;
     let overrides = parse_sets(set)?;
-    replay::fork_run(&ledger, source, start.id, name, &overrides)?;
+    replay::fork_run(&ledger, source, start.id, name, &overrides).map_err(ledger_cause)?;
     let src = SourceRun {
         run: source.to_string(),
         live_kinds: ["judge".to_string()].into_iter().collect(),
@@ -270,7 +270,7 @@ pub fn fork(
             let first = l.chain(id).last().transpose()?.context("empty run")?;
             engine::driver::check_run_start(&run, &first).map_err(|e| anyhow::anyhow!("{e}"))?;
             let overrides = parse_sets(set)?;
-            let f = replay::fork_run(l, &run, id, name, &overrides)?;
+            let f = replay::fork_run(l, &run, id, name, &overrides).map_err(ledger_cause)?;
             println!("forked run {run} at {} as {name} (fork event {}); continue it with `mass resume {name}`", id.short(12), f.short(12));
             return Ok(ExitCode::SUCCESS);
         }
