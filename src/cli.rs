@@ -71,6 +71,15 @@ pub enum Command {
         /// Configuration override for the forked run, e.g. `inner.iterations=6`.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
+        /// The run to fork (recorded as the fork's parent). Needed when the
+        /// event is on the main stream of several runs (a run and its forks).
+        #[arg(long = "from", value_name = "RUN")]
+        from: Option<String>,
+    },
+    /// Manage runs as a whole.
+    Runs {
+        #[command(subcommand)]
+        what: RunsWhat,
     },
     /// Run a MASS experiment (all cycles), or continue the run if it exists.
     Run {
@@ -175,6 +184,14 @@ pub enum Command {
 pub enum DatasetFormat {
     Openai,
     Trl,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RunsWhat {
+    /// Remove a run's refs (NAME and every ref under NAME/), recorded as a
+    /// `run.removed` event in the stream `mass/runs`. No object is deleted:
+    /// the run's events stay readable by id (`mass show`, `mass log ID`).
+    Rm { run: String },
 }
 
 #[derive(Debug, Subcommand)]

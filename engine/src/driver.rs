@@ -85,6 +85,25 @@ pub fn check_run_start(run: &str, first: &Event) -> Result<()> {
     Ok(())
 }
 
+/// The head of run `run` if the run never got past its start: its main
+/// stream is a lone `run.started` (nothing after it) and it has no other
+/// stream. That is what a start that failed after recording the definition
+/// leaves (an unsupported backend, say); such a run holds no work, so
+/// `mass run` may replace it with a corrected file. `None` for a run that did
+/// start (it resumes), a fork, or a name that is not a run.
+pub fn start_failed(ledger: &Ledger, run: &str) -> Result<Option<Id>> {
+    let refs = replay::run_refs(ledger, run)?;
+    let [(name, head)] = refs.as_slice() else {
+        return Ok(None);
+    };
+    if name != run {
+        return Ok(None);
+    }
+    let ev = ledger.get_event(head)?;
+    let lone_start = ev.kind == RunStarted::KIND && ev.stream == MAIN && ev.prev.is_none();
+    Ok(lone_start.then_some(*head))
+}
+
 /// Reads a run's recorded start (see [`check_run_start`]).
 fn recorded_start(ledger: &Ledger, run: &str, first: &Event) -> Result<Start> {
     check_run_start(run, first)?;

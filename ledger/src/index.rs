@@ -122,10 +122,8 @@ pub(crate) enum IndexItem {
         loc: ObjLoc,
         event: Option<EventIndex>,
     },
-    Ref {
-        name: String,
-        new: Id,
-    },
+    /// A ref moved to `new`, or deleted (`None`).
+    Ref { name: String, new: Option<Id> },
 }
 
 /// What the index keeps about an event besides its location.
@@ -197,9 +195,14 @@ impl MemTable {
                     }
                 }
             }
-            IndexItem::Ref { name, new } => {
-                self.refs.insert(name.clone(), *new);
-            }
+            IndexItem::Ref { name, new } => match new {
+                Some(id) => {
+                    self.refs.insert(name.clone(), *id);
+                }
+                None => {
+                    self.refs.remove(name);
+                }
+            },
         }
     }
 
@@ -951,7 +954,7 @@ mod tests {
                 item(6, 5, Some("b"), vec![Id([3; 32])]),
                 IndexItem::Ref {
                     name: "r".into(),
-                    new: Id([6; 32]),
+                    new: Some(Id([6; 32])),
                 },
             ],
         ];

@@ -2,8 +2,8 @@
 //! events, with refs (named heads) and forks.
 //!
 //! Objects are immutable and addressed by the BLAKE3 hash of their canonical
-//! encoding. Events form per-stream hash chains; refs name heads and move only by
-//! compare-and-swap. The source of truth is a set of append-only segment files;
+//! encoding. Events form per-stream hash chains; refs name heads and move (or
+//! are deleted, leaving every object in place) only by compare-and-swap. The source of truth is a set of append-only segment files;
 //! a sled database indexes them and can be rebuilt from them at any time. An
 //! append returns only once it is on disk (fsync), and every read re-checks the
 //! hash of what it returns.

@@ -212,7 +212,8 @@ fn hostname() -> String {
     .clone()
 }
 
-/// A ref update record: the operation log from which refs are rebuilt.
+/// A ref update record: the operation log from which refs are rebuilt. A
+/// `new` of all zeros ([`DELETED`]) removes the ref (see FORMAT.md).
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct RefUpdate {
     pub name: String,
@@ -220,7 +221,16 @@ pub struct RefUpdate {
     pub new: [u8; 32],
 }
 
+/// The `new` of a ref update that deletes the ref. No object has this id
+/// (it would need a BLAKE3 output of all zeros).
+pub const DELETED: [u8; 32] = [0; 32];
+
 impl RefUpdate {
+    /// The ref's head after this update; `None` when the update deletes it.
+    pub(crate) fn new_head(&self) -> Option<Id> {
+        (self.new != DELETED).then_some(Id(self.new))
+    }
+
     pub(crate) fn to_bytes(&self) -> Result<Vec<u8>> {
         rkyv::to_bytes::<rancor::Error>(self)
             .map(|v| v.to_vec())

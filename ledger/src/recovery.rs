@@ -23,7 +23,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{LedgerError, Result};
-use crate::id::{Id, ObjectKind};
+use crate::id::ObjectKind;
 use crate::index::{self, Index, IndexItem, Pos};
 use crate::object::{Event, EventEnvelope, RefUpdate};
 use crate::segment::{self, decode_body, RecordType, Scanner, SEGMENT_HEADER_LEN};
@@ -375,8 +375,8 @@ pub(crate) fn index_item(
                 detail: format!("ref update: {r}"),
             })?;
             Ok(Some(IndexItem::Ref {
+                new: u.new_head(),
                 name: u.name,
-                new: Id(u.new),
             }))
         }
         RecordType::Object(kind) => {

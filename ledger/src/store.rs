@@ -32,7 +32,7 @@ use crate::error::{LedgerError, Result};
 use crate::files::{self, AppendFile, FileLayer, OsFiles};
 use crate::id::{Id, IdPrefix, ObjectKind};
 use crate::index::{self, EventIndex, Index, IndexItem, ObjLoc, Pos};
-use crate::object::{check_ref_name, Event, EventEnvelope, Meta, NewEvent, RefUpdate};
+use crate::object::{check_ref_name, Event, EventEnvelope, Meta, NewEvent, RefUpdate, DELETED};
 use crate::recovery::{self, Damage, ScanMode};
 use crate::segment::{
     self, encode_record, RecordHeader, RecordType, FLAG_ZSTD, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN,
@@ -447,6 +447,14 @@ impl Ledger {
         b.commit()
     }
 
+    /// Deletes ref `name` if its head is `expected` (compare-and-swap),
+    /// durably. Only the name goes: every object stays stored and readable.
+    pub fn delete_ref(&self, name: &str, expected: Id) -> Result<()> {
+        let mut b = self.batch();
+        b.delete_ref(name, expected)?;
+        b.commit()
+    }
+
     /// The current head of a ref.
     pub fn head(&self, name: &str) -> Result<Option<Id>> {
         Ok(self.lock_writer()?.heads.get(name).copied())
@@ -854,7 +862,7 @@ impl Ledger {
                     actual: current,
                 });
             }
-            heads_after.insert(&u.name, Some(u.new));
+            heads_after.insert(&u.name, u.new);
         }
         // Step 2: links must resolve to stored objects or earlier batch members.
         let mut fresh: Vec<&Pending> = Vec::with_capacity(b.objects.len());
@@ -875,12 +883,13 @@ impl Ledger {
             fresh.push(p);
         }
         for u in &b.ref_updates {
-            if !seen.contains(&u.new) {
-                match self.kind_of(&u.new)? {
+            let Some(new) = u.new else { continue };
+            if !seen.contains(&new) {
+                match self.kind_of(&new)? {
                     Some(ObjectKind::Event) => {}
                     Some(k) => {
                         return Err(LedgerError::WrongKind {
-                            id: u.new,
+                            id: new,
                             expected: ObjectKind::Event,
                             actual: k,
                         })
@@ -888,7 +897,7 @@ impl Ledger {
                     None => {
                         return Err(LedgerError::Dangling {
                             referrer: format!("ref {}", u.name),
-                            missing: u.new,
+                            missing: new,
                         })
                     }
                 }
@@ -974,7 +983,7 @@ impl Ledger {
             let body = RefUpdate {
                 name: u.name.clone(),
                 old: u.expected.map(|i| i.0),
-                new: u.new.0,
+                new: u.new.map_or(DELETED, |i| i.0),
             }
             .to_bytes()?;
             let header = RecordHeader {
@@ -1043,7 +1052,15 @@ impl Ledger {
             }
         }
         for u in &b.ref_updates {
-            w.heads.insert(u.name.clone(), u.new);
+            match u.new {
+                Some(new) => {
+                    w.heads.insert(u.name.clone(), new);
+                }
+                None => {
+                    w.heads.remove(&u.name);
+                    w.head_info.remove(&u.name);
+                }
+            }
         }
         for (name, info) in b.heads {
             if w.heads.get(&name) == Some(&info.id) {
@@ -1188,7 +1205,8 @@ struct Pending {
 struct PendingRef {
     name: String,
     expected: Option<Id>,
-    new: Id,
+    /// `None` deletes the ref.
+    new: Option<Id>,
 }
 
 /// A set of objects and ref updates committed atomically by [`Batch::commit`].
@@ -1347,7 +1365,7 @@ impl Batch<'_> {
         self.ref_updates.push(PendingRef {
             name: ref_name.to_string(),
             expected,
-            new: id,
+            new: Some(id),
         });
         self.heads
             .insert(ref_name.to_string(), HeadInfo { id, stream, seq });
@@ -1359,8 +1377,22 @@ impl Batch<'_> {
         self.ref_updates.push(PendingRef {
             name: name.to_string(),
             expected,
-            new,
+            new: Some(new),
         });
+        Ok(())
+    }
+
+    /// Deletes ref `name`, whose head must be `expected` when the batch
+    /// commits. Objects are never deleted: the ref's events stay readable
+    /// by id. Recorded as a ref update whose `new` is all zeros.
+    pub fn delete_ref(&mut self, name: &str, expected: Id) -> Result<()> {
+        check_ref_name(name)?;
+        self.ref_updates.push(PendingRef {
+            name: name.to_string(),
+            expected: Some(expected),
+            new: None,
+        });
+        self.heads.remove(name);
         Ok(())
     }
 

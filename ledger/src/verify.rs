@@ -167,20 +167,30 @@ impl Ledger {
                 match rec.header.rtype {
                     RecordType::Commit => {
                         for p in pending.drain(..) {
-                            refs_from_log.insert(p.name, p.new);
+                            match p.new {
+                                Some(new) => {
+                                    refs_from_log.insert(p.name, new);
+                                }
+                                // A deletion (FORMAT.md): the ref is gone.
+                                None => {
+                                    refs_from_log.remove(&p.name);
+                                }
+                            }
                         }
                     }
                     RecordType::RefUpdate => match RefUpdate::from_bytes(&rec.body) {
                         Ok(u) => {
-                            let new = Id(u.new);
-                            if seen.kind_seen(&new) != Some(ObjectKind::Event) {
-                                r.problems.push(Problem {
-                                    id: Some(new),
-                                    what: format!(
-                                        "ref {:?} points to an event not written before it",
-                                        u.name
-                                    ),
-                                });
+                            let new = u.new_head();
+                            if let Some(id) = new {
+                                if seen.kind_seen(&id) != Some(ObjectKind::Event) {
+                                    r.problems.push(Problem {
+                                        id: Some(id),
+                                        what: format!(
+                                            "ref {:?} points to an event not written before it",
+                                            u.name
+                                        ),
+                                    });
+                                }
                             }
                             pending.push(PendingRef { name: u.name, new });
                         }
@@ -419,7 +429,8 @@ impl Ledger {
 
 struct PendingRef {
     name: String,
-    new: Id,
+    /// `None`: the update deletes the ref.
+    new: Option<Id>,
 }
 
 /// Where the index says each object is, and whether the log scan has reached it.

@@ -13,6 +13,7 @@ enum Op {
     StaleAppend { stream: u8 },
     Fork { from: u8, back: u8, name: u8 },
     BatchTwo { a: u8, b: u8 },
+    Delete { name: u8, stale: bool },
     Reopen,
 }
 
@@ -22,6 +23,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..4).prop_map(|stream| Op::StaleAppend { stream }),
         2 => (0u8..8, 0u8..5, 0u8..8).prop_map(|(from, back, name)| Op::Fork { from, back, name }),
         2 => (0u8..8, 0u8..8).prop_map(|(a, b)| Op::BatchTwo { a, b }),
+        1 => (0u8..8, any::<bool>()).prop_map(|(name, stale)| Op::Delete { name, stale }),
         1 => Just(Op::Reopen),
     ]
 }
@@ -65,6 +67,8 @@ proptest! {
         let mut l = Some(Ledger::init(&path).unwrap());
         let mut model: BTreeMap<String, Vec<Id>> = BTreeMap::new();
         let mut counter = 0u64;
+        // Events of deleted refs: no longer named, still stored.
+        let mut unnamed: Vec<Id> = Vec::new();
         for op in ops {
             let led = l.as_ref().unwrap();
             counter += 1;
@@ -114,16 +118,39 @@ proptest! {
                     model.entry(na).or_default().push(ia);
                     model.entry(nb).or_default().push(ib);
                 }
+                Op::Delete { name: nm, stale } => {
+                    let n = name(nm);
+                    let chain = model.get(&n).cloned().unwrap_or_default();
+                    let expected = match (chain.last(), stale) {
+                        (Some(&h), false) => h,
+                        (Some(_), true) if chain.len() >= 2 => chain[chain.len() - 2],
+                        _ => Id([9; 32]),
+                    };
+                    let r = led.delete_ref(&n, expected);
+                    if chain.last() == Some(&expected) {
+                        r.unwrap();
+                        model.remove(&n);
+                        unnamed.extend(chain);
+                    } else {
+                        prop_assert!(matches!(r, Err(LedgerError::Conflict { .. })), "{:?}", r);
+                    }
+                }
                 Op::Reopen => {
                     drop(l.take());
                     l = Some(Ledger::open(&path).unwrap());
                 }
             }
             check(l.as_ref().unwrap(), &model)?;
+            for id in &unnamed {
+                l.as_ref().unwrap().get_event(id).unwrap();
+            }
         }
         drop(l.take());
         let (l2, _) = Ledger::reindex(&path).unwrap();
         check(&l2, &model)?;
+        for id in &unnamed {
+            l2.get_event(id).unwrap();
+        }
         prop_assert!(l2.verify(&|_| Ok(())).unwrap().is_clean());
     }
 

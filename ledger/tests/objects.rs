@@ -541,3 +541,57 @@ fn preloaded_locations_serve_old_and_new_objects() {
     assert_eq!(l.locate(&Id([3; 32])).unwrap(), None);
     assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
 }
+
+#[test]
+fn deleted_ref_is_gone_everywhere_but_its_events_stay() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("l");
+    let l = Ledger::init(&p).unwrap();
+    let e0 = l.append("r", None, NewEvent::new("k", 1, vec![0])).unwrap();
+    let e1 = l
+        .append("r", Some(e0), NewEvent::new("k", 1, vec![1]))
+        .unwrap();
+    l.fork("r/sub", e0).unwrap();
+    // Compare-and-swap: a stale or absent head is a conflict, nothing changes.
+    assert!(matches!(
+        l.delete_ref("r", e0),
+        Err(LedgerError::Conflict { .. })
+    ));
+    assert!(matches!(
+        l.delete_ref("nope", e0),
+        Err(LedgerError::Conflict { .. })
+    ));
+    assert_eq!(l.head("r").unwrap(), Some(e1));
+    // Deleting a ref and appending elsewhere commit together.
+    let mut b = l.batch();
+    b.delete_ref("r", e1).unwrap();
+    b.delete_ref("r/sub", e0).unwrap();
+    let note = b
+        .append(
+            "log",
+            None,
+            NewEvent::new("removed", 1, vec![]).with_refs(vec![e1]),
+        )
+        .unwrap();
+    b.commit().unwrap();
+    let want = vec![("log".to_string(), note)];
+    assert_eq!(l.head("r").unwrap(), None);
+    assert_eq!(l.refs().unwrap(), want);
+    assert_eq!(l.get_event(&e1).unwrap().prev, Some(e0));
+    assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
+    drop(l);
+    // Rebuilt from the log (recovery scan, a reader, a full reindex).
+    let l = Ledger::open(&p).unwrap();
+    assert_eq!(l.refs().unwrap(), want);
+    drop(l);
+    let ro = Ledger::open_read_only(&p).unwrap();
+    assert_eq!(ro.refs().unwrap(), want);
+    drop(ro);
+    let (l, _) = Ledger::reindex(&p).unwrap();
+    assert_eq!(l.refs().unwrap(), want);
+    assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
+    // The name can be used again.
+    let f = l.append("r", None, NewEvent::new("k", 1, vec![7])).unwrap();
+    assert_eq!(l.head("r").unwrap(), Some(f));
+    assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
+}

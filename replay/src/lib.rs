@@ -42,6 +42,7 @@ mod effect;
 mod error;
 mod fork;
 pub mod projection;
+mod remove;
 pub mod seed;
 mod session;
 mod stream;
@@ -51,5 +52,6 @@ pub use effect::{
 };
 pub use error::{Divergence, ReplayError, Result};
 pub use fork::fork_run;
+pub use remove::{remove_run, run_refs, Removed, REMOVALS};
 pub use session::{ref_name, Clock, Mode, Session, SourceRun, MAIN};
 pub use stream::{Begin, Pending, Stream};

@@ -273,3 +273,49 @@ impl Record for RunForked {
         }
     }
 }
+
+/// One ref of a removed run and the head it had.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq, Eq,
+)]
+pub struct RemovedRef {
+    pub name: String,
+    pub head: Hash32,
+}
+
+/// `run.removed` v1: a run's refs were deleted (its objects were not). Appended
+/// to the ledger-level stream `mass/runs`, with the old heads also among the
+/// event's `refs` links, so everything the run wrote stays reachable from it.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq, Eq,
+)]
+pub struct RunRemoved {
+    /// The run's name (its main ref).
+    pub run: String,
+    /// Why: `removed` (`mass runs rm`) or `replaced: start failed` (`mass run`
+    /// over a run whose start failed).
+    pub reason: String,
+    /// Every ref removed (the main ref and those under `run/`) and its head.
+    pub refs: Vec<RemovedRef>,
+}
+
+impl Record for RunRemoved {
+    const KIND: &'static str = "run.removed";
+    const VERSION: u32 = 1;
+    fn links(&self) -> Vec<Hash32> {
+        let mut v: Vec<Hash32> = self.refs.iter().map(|r| r.head).collect();
+        v.sort_by_key(|h| h.0);
+        v.dedup();
+        v
+    }
+    fn sample() -> Self {
+        RunRemoved {
+            run: "exp".into(),
+            reason: "removed".into(),
+            refs: vec![RemovedRef {
+                name: "exp".into(),
+                head: Hash32([12; 32]),
+            }],
+        }
+    }
+}

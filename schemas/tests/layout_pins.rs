@@ -99,6 +99,11 @@ const PINS: &[(&str, u32, &str)] = &[
         "d5dfbeaaa4c3965704fa40ff032000709ce4840d540b3d5dfe89080aabe584e7",
     ),
     (
+        "run.removed",
+        1,
+        "55097c92dfcef3518867e4c9908e30787ff11c967f971a597c8d07870da2c733",
+    ),
+    (
         "workspace.snapshot",
         1,
         "b119bf211a219395b735df14121a61932cf9c0b590c1c299d735d1eaee077e52",
@@ -115,6 +120,7 @@ fn sample_hash(kind: &str, version: u32) -> String {
         ("workspace.snapshot", _) => encode(&WorkspaceSnapshot::sample()),
         ("effect", _) => encode(&Effect::sample()),
         ("run.forked", _) => encode(&RunForked::sample()),
+        ("run.removed", _) => encode(&schemas::RunRemoved::sample()),
         ("mass.rollout", _) => encode(&schemas::Rollout::sample()),
         ("mass.judgment", _) => encode(&schemas::Judgment::sample()),
         ("mass.proposal", _) => encode(&schemas::ProposalRecord::sample()),

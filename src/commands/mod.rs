@@ -13,19 +13,22 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use ledger::{Id, Ledger, LedgerError};
 
-use crate::cli::{Cli, Command, ExportWhat};
+use crate::cli::{Cli, Command, ExportWhat, RunsWhat};
 
 /// CLI-level failures that carry their own exit code.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     #[error("{0}")]
     NotFound(String),
+    #[error("{0}")]
+    Usage(String),
 }
 
 impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::NotFound(_) => 4,
+            CliError::Usage(_) => 2,
         }
     }
 }
@@ -54,7 +57,15 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Show { id, json } => inspect::show(&open_read(&dir)?, &id, json),
         Command::Cat { id } => inspect::cat(&open_read(&dir)?, &id),
         Command::Refs { json } => inspect::refs(&open_read(&dir)?, json),
-        Command::Fork { id, name, set } => runs::fork(&open(&dir)?, &id, &name, &set),
+        Command::Fork {
+            id,
+            name,
+            set,
+            from,
+        } => runs::fork(&open(&dir)?, &id, &name, &set, from.as_deref()),
+        Command::Runs {
+            what: RunsWhat::Rm { run },
+        } => runs::remove(&open(&dir)?, &run),
         Command::Run {
             experiment,
             name,

@@ -16,7 +16,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ledger::{Id, Ledger};
 use replay::{Mode, SourceRun, MAIN};
 
-use super::{open, resolve};
+use super::{open, resolve, CliError};
 use crate::cli::DatasetFormat;
 
 /// Progress bars: one per stage, under an overall spinner.
@@ -84,9 +84,23 @@ pub fn run(dir: &Path, experiment: &Path, name: Option<&str>, quiet: bool) -> Re
         if first.as_deref() != Some("run.started") {
             bail!("ref {run} exists and is not a run; choose another name with --ref");
         }
-        eprintln!(
-            "run {run} exists: resuming it (the recorded experiment definition and tasks are used)"
-        );
+        if let Some(old) = engine::driver::start_failed(&ledger, &run)? {
+            // Nothing but the recorded definition: the start failed (or was
+            // cut short) before any work. Replace it with this file.
+            let r = replay::remove_run(&ledger, &run, "replaced: start failed")
+                .map_err(ledger_cause)
+                .with_context(|| format!("cannot replace run {run}"))?;
+            eprintln!(
+                "run {run} never started (its only event is run.started {old}, nothing after it): replaced it with {}; the old start stays readable by id, and the replacement is recorded as {} in `mass log {}`",
+                experiment.display(),
+                r.event.short(12),
+                replay::REMOVALS
+            );
+        } else {
+            eprintln!(
+                "run {run} exists: resuming it (the recorded experiment definition and tasks are used)"
+            );
+        }
     }
     go(
         ledger,
@@ -168,7 +182,7 @@ pub fn rejudge(
         .context("empty run")?;
     engine::driver::check_run_start(source, &start).map_err(|e| anyhow::anyhow!("{e}"))?;
     let overrides = parse_sets(set)?;
-    replay::fork_run(&ledger, source, start.id, name, &overrides)?;
+    replay::fork_run(&ledger, source, start.id, name, &overrides).map_err(ledger_cause)?;
     let src = SourceRun {
         run: source.to_string(),
         live_kinds: ["judge".to_string()].into_iter().collect(),
@@ -200,17 +214,63 @@ fn parse_sets(set: &[String]) -> Result<Vec<(String, String)>> {
 }
 
 /// Forks a run at a main-stream step (with overrides), or any ref at an event.
-pub fn fork(l: &Ledger, at: &str, name: &str, set: &[String]) -> Result<ExitCode> {
+/// The run forked (recorded as the fork's parent) is `from`, or the only run
+/// whose main stream holds the event; when several do (a run and its forks)
+/// and `from` is not given, the fork is refused (exit 2) naming them.
+pub fn fork(
+    l: &Ledger,
+    at: &str,
+    name: &str,
+    set: &[String],
+    from: Option<&str>,
+) -> Result<ExitCode> {
     let id = resolve(l, at)?;
     let ev = l
         .get_event(&id)
         .with_context(|| format!("{at} is not an event"))?;
+    let candidates = if ev.stream == MAIN {
+        runs_containing(l, id)?
+    } else {
+        Vec::new()
+    };
+    let source = match from {
+        Some(run) => {
+            if l.head(run)?.is_none() {
+                return Err(CliError::NotFound(format!(
+                    "no run named {run:?} (`mass status` lists runs)"
+                ))
+                .into());
+            }
+            if !candidates.iter().any(|c| c == run) {
+                return Err(CliError::Usage(format!(
+                    "{} is not a step of run {run}'s main stream{}",
+                    id.short(12),
+                    if candidates.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (it is a step of {})", candidates.join(", "))
+                    }
+                ))
+                .into());
+            }
+            Some(run.to_string())
+        }
+        None if candidates.len() > 1 => {
+            return Err(CliError::Usage(format!(
+                "{} is a step of several runs ({}); say which one the fork is taken from with --from RUN",
+                id.short(12),
+                candidates.join(", ")
+            ))
+            .into());
+        }
+        None => candidates.into_iter().next(),
+    };
     if ev.stream == MAIN {
-        if let Some(run) = run_containing(l, id)? {
+        if let Some(run) = source {
             let first = l.chain(id).last().transpose()?.context("empty run")?;
             engine::driver::check_run_start(&run, &first).map_err(|e| anyhow::anyhow!("{e}"))?;
             let overrides = parse_sets(set)?;
-            let f = replay::fork_run(l, &run, id, name, &overrides)?;
+            let f = replay::fork_run(l, &run, id, name, &overrides).map_err(ledger_cause)?;
             println!("forked run {run} at {} as {name} (fork event {}); continue it with `mass resume {name}`", id.short(12), f.short(12));
             return Ok(ExitCode::SUCCESS);
         }
@@ -237,15 +297,55 @@ fn runs(l: &Ledger) -> Result<Vec<(String, Id)>> {
     Ok(out)
 }
 
-fn run_containing(l: &Ledger, id: Id) -> Result<Option<String>> {
+/// Every run whose main stream holds event `id`, sorted by name.
+fn runs_containing(l: &Ledger, id: Id) -> Result<Vec<String>> {
+    let mut out = Vec::new();
     for (name, head) in runs(l)? {
         for ev in l.chain(head) {
             if ev?.id == id {
-                return Ok(Some(name));
+                out.push(name);
+                break;
             }
         }
     }
-    Ok(None)
+    Ok(out)
+}
+
+/// Keeps a ledger error typed (so it maps to its exit code: 5 for a ref
+/// that moved, 6 for a locked ledger).
+fn ledger_cause(e: replay::ReplayError) -> anyhow::Error {
+    match e {
+        replay::ReplayError::Ledger(l) => l.into(),
+        other => other.into(),
+    }
+}
+
+/// `mass runs rm RUN`: deletes the run's refs, records the removal.
+pub fn remove(l: &Ledger, run: &str) -> Result<ExitCode> {
+    if run == replay::REMOVALS {
+        return Err(CliError::Usage(format!(
+            "{run} is the record of removed runs, not a run; it is never removed"
+        ))
+        .into());
+    }
+    if l.head(run)?.is_none() {
+        return Err(
+            CliError::NotFound(format!("no run named {run:?} (`mass status` lists runs)")).into(),
+        );
+    }
+    let r = replay::remove_run(l, run, "removed")
+        .map_err(ledger_cause)
+        .with_context(|| format!("cannot remove run {run}"))?;
+    writeln!(
+        std::io::stdout().lock(),
+        "removed run {run}: {} ref(s) deleted (main head {}); no object was deleted, every id stays readable; recorded as {} in `mass log {}` (`mass show {}` lists each ref's old head)",
+        r.refs.len(),
+        r.main_head.map(|h| h.to_hex()).unwrap_or_default(),
+        r.event.short(12),
+        replay::REMOVALS,
+        r.event.short(12),
+    )?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// An engine error for the CLI: flattened to its message (its sources are
@@ -374,13 +474,14 @@ pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
             }
         }
         let pending = engine::status::unfinished_effects(l, &name)?;
-        rows.push((name, head, st, pending));
+        let never = engine::driver::start_failed(l, &name)?.is_some();
+        rows.push((name, head, st, pending, never));
     }
     let mut out = std::io::stdout().lock();
     if json {
         let v: Vec<_> = rows
             .iter()
-            .map(|(n, h, st, p)| serde_json::json!({"run": n, "head": h.to_hex(), "experiment": st.experiment, "cycles_planned": st.cycles_planned, "cycles_done": st.cycles_done, "last_step": st.last_step, "finished": st.finished, "forked_from": st.forked_from, "unfinished_effects": p}))
+            .map(|(n, h, st, p, never)| serde_json::json!({"run": n, "head": h.to_hex(), "experiment": st.experiment, "cycles_planned": st.cycles_planned, "cycles_done": st.cycles_done, "last_step": st.last_step, "finished": st.finished, "never_started": never, "forked_from": st.forked_from, "unfinished_effects": p}))
             .collect();
         serde_json::to_writer_pretty(&mut out, &v)?;
         writeln!(out)?;
@@ -392,18 +493,20 @@ pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
             "no runs yet; start one with `mass run examples/smoke.toml`"
         )?;
     }
-    for (n, h, st, p) in rows {
+    for (n, h, st, p, never) in rows {
+        let state = if st.finished {
+            "finished".to_string()
+        } else if never {
+            format!("never started (nothing after run.started; `mass run FILE --ref {n}` with a corrected file replaces it, `mass runs rm {n}` removes it)")
+        } else {
+            "in progress".to_string()
+        };
         writeln!(
             out,
-            "{n}: {} — {}/{} cycles, {}{}; last step: {} (head {})",
+            "{n}: {} — {}/{} cycles, {state}{}; last step: {} (head {})",
             st.experiment,
             st.cycles_done,
             st.cycles_planned,
-            if st.finished {
-                "finished"
-            } else {
-                "in progress"
-            },
             st.forked_from
                 .as_ref()
                 .map(|f| format!(", forked from {f}"))
