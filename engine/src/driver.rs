@@ -59,6 +59,26 @@ struct Start {
 /// can drive; runs recorded by another driver are refused (they may mean
 /// other things). Callers that fork a run check this first, so no fork of a
 /// run that cannot continue is created.
+/// Checks fork overrides against the run's recorded experiment exactly as
+/// the driver will apply them (same keys, types, ranges and messages as the
+/// TOML), so a bad override is refused before anything is written instead of
+/// failing at resume. `first` is the run's `run.started` event.
+pub fn check_overrides(
+    ledger: &ledger::Ledger,
+    first: &Event,
+    overrides: &[(String, String)],
+) -> Result<()> {
+    let rs: RunStarted = schemas::decode_event(first)?;
+    let text = String::from_utf8(ledger.get_blob(&ledger::Id(rs.config.0))?)
+        .map_err(|e| EngineError::recording("experiment definition", e))?;
+    let mut exp = Experiment::parse(&text, "the recorded experiment")?;
+    for (k, v) in overrides {
+        crate::cycle::check_fork_override(k)?;
+        exp.apply_override(k, v)?;
+    }
+    Ok(())
+}
+
 pub fn check_run_start(run: &str, first: &Event) -> Result<()> {
     if first.kind != RunStarted::KIND {
         return Err(EngineError::Invalid(format!(

@@ -182,6 +182,8 @@ pub fn rejudge(
         .context("empty run")?;
     engine::driver::check_run_start(source, &start).map_err(|e| anyhow::anyhow!("{e}"))?;
     let overrides = parse_sets(set)?;
+    engine::driver::check_overrides(&ledger, &start, &overrides)
+        .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
     replay::fork_run(&ledger, source, start.id, name, &overrides).map_err(ledger_cause)?;
     let src = SourceRun {
         run: source.to_string(),
@@ -205,10 +207,11 @@ fn parse_sets(set: &[String]) -> Result<Vec<(String, String)>> {
     set.iter()
         .map(|s| match s.split_once('=') {
             Some((k, v)) if !k.trim().is_empty() => {
-                engine::cycle::check_fork_override(k).map_err(|e| anyhow::anyhow!("{e}"))?;
+                engine::cycle::check_fork_override(k)
+                    .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
                 Ok((k.trim().to_string(), v.trim().to_string()))
             }
-            _ => bail!("--set takes KEY=VALUE, got {s:?}"),
+            _ => Err(CliError::Usage(format!("--set takes KEY=VALUE, got {s:?}")).into()),
         })
         .collect()
 }
@@ -270,6 +273,8 @@ pub fn fork(
             let first = l.chain(id).last().transpose()?.context("empty run")?;
             engine::driver::check_run_start(&run, &first).map_err(|e| anyhow::anyhow!("{e}"))?;
             let overrides = parse_sets(set)?;
+            engine::driver::check_overrides(l, &first, &overrides)
+                .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
             let f = replay::fork_run(l, &run, id, name, &overrides).map_err(ledger_cause)?;
             println!("forked run {run} at {} as {name} (fork event {}); continue it with `mass resume {name}`", id.short(12), f.short(12));
             return Ok(ExitCode::SUCCESS);
