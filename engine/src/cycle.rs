@@ -122,6 +122,9 @@ pub fn step(main: &mut Stream, exp: &mut Experiment, ev: ledger::NewEvent) -> Re
 
 /// Consumes `run.forked` events at the cursor and applies their overrides.
 pub fn apply_forks(main: &mut Stream, exp: &mut Experiment) -> Result<()> {
+    // A re-judge's mixed-mode record follows its fork event; the session was
+    // set up from it before the run began (see `driver::recorded_source`).
+    while main.take_recorded("run.mixed").is_some() {}
     while let Some(f) = main.take_recorded("run.forked") {
         let rf: schemas::RunForked = schemas::decode_event(&f)?;
         for o in rf.overrides {
@@ -132,6 +135,7 @@ pub fn apply_forks(main: &mut Stream, exp: &mut Experiment) -> Result<()> {
                 main.session().set_seed(exp.seed);
             }
         }
+        while main.take_recorded("run.mixed").is_some() {}
     }
     Ok(())
 }

@@ -59,6 +59,24 @@ struct Start {
 /// can drive; runs recorded by another driver are refused (they may mean
 /// other things). Callers that fork a run check this first, so no fork of a
 /// run that cannot continue is created.
+/// The mixed-mode source a re-judge recorded on its main stream (`run.mixed`).
+pub fn recorded_source(ledger: &ledger::Ledger, run: &str) -> Result<Option<replay::SourceRun>> {
+    let Some(head) = ledger.head(run)? else {
+        return Ok(None);
+    };
+    for ev in ledger.chain(head) {
+        let ev = ev?;
+        if ev.kind == schemas::RunMixed::KIND {
+            let m: schemas::RunMixed = schemas::decode_event(&ev)?;
+            return Ok(Some(replay::SourceRun {
+                run: m.source_run,
+                live_kinds: m.live_kinds.into_iter().collect(),
+            }));
+        }
+    }
+    Ok(None)
+}
+
 /// Checks fork overrides against the run's recorded experiment exactly as
 /// the driver will apply them (same keys, types, ranges and messages as the
 /// TOML), so a bad override is refused before anything is written instead of
@@ -141,7 +159,13 @@ fn recorded_start(ledger: &Ledger, run: &str, first: &Event) -> Result<Start> {
 /// Records, resumes, continues a fork of, or checks a run.
 pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
     let mut session = Session::new(ledger.clone(), req.run.clone(), req.mode.clone())?;
-    if let Some(src) = req.source.clone() {
+    // A re-judge records its mixed mode, so resuming it (or checking it)
+    // takes results from the same source as the uninterrupted run did.
+    let source = match req.source.clone() {
+        Some(s) => Some(s),
+        None => recorded_source(&ledger, &req.run)?,
+    };
+    if let Some(src) = source {
         session = session.with_source(src);
     }
     let mut main = session.stream(MAIN)?;

@@ -274,6 +274,31 @@ impl Record for RunForked {
     }
 }
 
+/// `run.mixed` v1: appended by `mass rejudge` right after `run.forked`: this
+/// run takes effect results from `source_run` where its requests match,
+/// except for `live_kinds`, which run live. Recorded so a resume of an
+/// interrupted re-judge runs in the same mixed mode (and ends at the same
+/// head) as an uninterrupted one.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq, Eq,
+)]
+pub struct RunMixed {
+    pub source_run: String,
+    /// Effect kinds that run live (sorted), e.g. `judge`.
+    pub live_kinds: Vec<String>,
+}
+
+impl Record for RunMixed {
+    const KIND: &'static str = "run.mixed";
+    const VERSION: u32 = 1;
+    fn sample() -> Self {
+        RunMixed {
+            source_run: "exp".into(),
+            live_kinds: vec!["judge".into()],
+        }
+    }
+}
+
 /// One ref of a removed run and the head it had.
 #[derive(
     rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq, Eq,

@@ -5,8 +5,8 @@
 
 use crate::{
     decode, Cycle, Dataset, Effect, Evaluation, Judgment, ModelCall, Note, Promotion,
-    ProposalRecord, Ranking, Record, Rollout, RunForked, RunRemoved, RunStarted, RunStartedV1,
-    SchemaError, Selection, Training, WorkspaceSnapshot,
+    ProposalRecord, Ranking, Record, Rollout, RunForked, RunMixed, RunRemoved, RunStarted,
+    RunStartedV1, SchemaError, Selection, Training, WorkspaceSnapshot,
 };
 
 /// A known kind and its current version.
@@ -78,6 +78,7 @@ registry!(
         Effect,
         RunStarted,
         RunForked,
+        RunMixed,
         RunRemoved,
         Rollout,
         Judgment,

@@ -99,6 +99,11 @@ const PINS: &[(&str, u32, &str)] = &[
         "d5dfbeaaa4c3965704fa40ff032000709ce4840d540b3d5dfe89080aabe584e7",
     ),
     (
+        "run.mixed",
+        1,
+        "72a75fff1cf937750cab3f9c24b6a2573d72dd2bf09333b3cf85e98ce071458f",
+    ),
+    (
         "run.removed",
         1,
         "55097c92dfcef3518867e4c9908e30787ff11c967f971a597c8d07870da2c733",
@@ -121,6 +126,7 @@ fn sample_hash(kind: &str, version: u32) -> String {
         ("effect", _) => encode(&Effect::sample()),
         ("run.forked", _) => encode(&RunForked::sample()),
         ("run.removed", _) => encode(&schemas::RunRemoved::sample()),
+        ("run.mixed", _) => encode(&schemas::RunMixed::sample()),
         ("mass.rollout", _) => encode(&schemas::Rollout::sample()),
         ("mass.judgment", _) => encode(&schemas::Judgment::sample()),
         ("mass.proposal", _) => encode(&schemas::ProposalRecord::sample()),

@@ -184,11 +184,19 @@ pub fn rejudge(
     let overrides = parse_sets(set)?;
     engine::driver::check_overrides(&ledger, &start, &overrides)
         .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
-    replay::fork_run(&ledger, source, start.id, name, &overrides).map_err(ledger_cause)?;
+    let forked =
+        replay::fork_run(&ledger, source, start.id, name, &overrides).map_err(ledger_cause)?;
     let src = SourceRun {
         run: source.to_string(),
         live_kinds: ["judge".to_string()].into_iter().collect(),
     };
+    // Recorded, so `mass resume NAME` after an interruption re-judges in the
+    // same mixed mode instead of running everything live.
+    let mixed = schemas::RunMixed {
+        source_run: src.run.clone(),
+        live_kinds: src.live_kinds.iter().cloned().collect(),
+    };
+    ledger.append(name, Some(forked), schemas::to_event(&mixed)?)?;
     go(
         ledger,
         RunRequest {

@@ -1,0 +1,86 @@
+//! Before: `mass resume` of a killed `mass rejudge` served nothing from the
+//! source run (a different experiment: cycle 2 came out 61.3% instead of
+//! 56.7%). A re-judge records its mixed mode (`run.mixed`), so killed at
+//! random moments and resumed it ends at the uninterrupted re-judge's head.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn mass(ledger: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mass"));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .arg("--ledger")
+        .arg(ledger)
+        .env_remove("MASS_LEDGER");
+    c
+}
+
+fn head(ledger: &Path, run: &str) -> Option<String> {
+    let o = mass(ledger).args(["refs", "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == run)
+        .map(|r| r["head"].as_str().unwrap().to_string())
+}
+
+const SET: &str = "backends.sim.sim.judge_noise=0.0";
+
+#[test]
+fn an_interrupted_rejudge_resumes_to_the_same_head() {
+    let d = tempfile::tempdir().unwrap();
+    let l = d.path().join("l");
+    let ok = |args: &[&str]| {
+        let o = mass(&l).args(args).output().unwrap();
+        assert!(
+            o.status.success(),
+            "mass {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        o
+    };
+    ok(&["run", "examples/smoke.toml", "--quiet"]);
+    ok(&[
+        "rejudge", "smoke", "--name", "whole", "--set", SET, "--quiet",
+    ]);
+    let want = head(&l, "whole").unwrap();
+
+    let mut rng: u64 = 0x2545_f491;
+    let mut kills = 0;
+    for _ in 0..6 {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let delay = Duration::from_millis(100 + (rng >> 33) % 700);
+        let mut cmd = mass(&l);
+        if head(&l, "cut").is_none() {
+            cmd.args(["rejudge", "smoke", "--name", "cut", "--set", SET, "--quiet"]);
+        } else {
+            cmd.args(["resume", "cut", "--quiet"]);
+        }
+        let mut child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(delay);
+        if child.try_wait().unwrap().is_none() {
+            child.kill().unwrap();
+            kills += 1;
+        }
+        child.wait().unwrap();
+    }
+    assert!(kills >= 2, "only {kills} kills landed");
+    if head(&l, "cut").is_none() {
+        ok(&["rejudge", "smoke", "--name", "cut", "--set", SET, "--quiet"]);
+    }
+    ok(&["resume", "cut", "--quiet"]);
+    assert_eq!(
+        head(&l, "cut").unwrap(),
+        want,
+        "same head as the uninterrupted re-judge"
+    );
+    ok(&["replay", "cut", "--check"]);
+}
