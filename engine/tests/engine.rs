@@ -7,7 +7,7 @@
 //! training data is a normal outcome, checked as such.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use engine::cycle::NoProgress;
@@ -52,7 +52,20 @@ struct Seeded {
 fn seeded() -> &'static [Seeded] {
     static RUNS: OnceLock<Vec<Seeded>> = OnceLock::new();
     RUNS.get_or_init(|| {
-        let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("engine-seeded");
+        // One directory per test process (two runs of this suite may overlap);
+        // those of processes that are gone are removed.
+        let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        if let Ok(rd) = std::fs::read_dir(&tmp) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if let Some(pid) = n.strip_prefix("engine-seeded-") {
+                    if !Path::new("/proc").join(pid).exists() {
+                        let _ = std::fs::remove_dir_all(e.path());
+                    }
+                }
+            }
+        }
+        let root = tmp.join(format!("engine-seeded-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         SEEDS
             .iter()
@@ -632,5 +645,57 @@ fn forks_rerun_nothing_recorded_before_the_fork_point() {
                 );
             }
         }
+    }
+}
+
+/// Before: `mass fork` at a worker event (a tool call inside a rollout) made
+/// a bare ref that `mass resume` rejected ("not a run"). A fork at any event
+/// replays everything causally before it and goes live from there: without
+/// overrides, the rollout it was taken in continues to the same end.
+#[test]
+fn a_fork_in_the_middle_of_a_rollout_continues_it() {
+    for s in seeded().iter().take(3) {
+        let l = &s.l;
+        // A collection rollout's orchestrator stream, forked at its middle.
+        let (stream_ref, head) = l
+            .refs()
+            .unwrap()
+            .into_iter()
+            .find(|(n, _)| {
+                n.starts_with("smoke/c1/") && n.contains("/collect/") && n.ends_with("/orch")
+            })
+            .or_else(|| {
+                l.refs().unwrap().into_iter().find(|(n, _)| {
+                    n.starts_with("smoke/c1/") && n.contains("/inner/") && n.ends_with("/run/orch")
+                })
+            })
+            .expect("a rollout stream");
+        let mut chain: Vec<ledger::Event> = l.chain(head).map(|e| e.unwrap()).collect();
+        chain.reverse();
+        let at = &chain[chain.len() / 2];
+        let name = format!("mid-{}", s.seed);
+        replay::fork_run(l, "smoke", at.id, &name, &[]).unwrap();
+        let rel = &stream_ref["smoke/".len()..];
+        assert_eq!(
+            l.head(&format!("{name}/{rel}")).unwrap(),
+            Some(at.id),
+            "the rollout's stream is kept up to the fork point"
+        );
+        let f = run(l, &name, Mode::Live, None, None);
+        assert!(
+            f.counts
+                .iter()
+                .any(|((_, how), n)| *how == Served::History && *n > 0),
+            "{:?}",
+            f.counts
+        );
+        assert_eq!(
+            l.head(&format!("{name}/{rel}")).unwrap(),
+            Some(head),
+            "seed {}: the rollout went on from the fork point to the same end",
+            s.seed
+        );
+        let c = run(l, &name, Mode::Check, None, None);
+        assert_eq!(c.head, f.head, "the fork replays exactly");
     }
 }

@@ -1,11 +1,14 @@
-//! Forking a run at a step boundary of its main stream.
+//! Forking a run at any of its events.
 //!
 //! `fork_run` creates run `new` whose streams are refs to the source run's
 //! events as they stood at the fork point: every stream with an event among the
 //! fork point's causal ancestors (prev and parent links) gets a ref at its
 //! latest such event. The new main stream continues from the fork point with a
-//! `run.forked` event carrying the overrides. Nothing is copied: the fork
-//! shares every id before the fork point, and the source run's refs are untouched.
+//! `run.forked` event carrying the overrides. A fork point inside a unit of
+//! work (a tool call in a rollout) continues from the last main-stream step
+//! before that unit began, with the unit's stream kept up to the fork point.
+//! Nothing is copied: the fork shares every id before the fork point, and the
+//! source run's refs are untouched.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
@@ -15,8 +18,11 @@ use schemas::{Hash32, Override, RunForked};
 use crate::error::{ReplayError, Result};
 use crate::session::{ref_name, MAIN};
 
-/// Creates run `new` from run `source` at main-stream event `at`; returns the
-/// id of the `run.forked` event.
+/// Creates run `new` from run `source` at event `at`: a step of its main
+/// stream, or any event of one of its streams (the fork then continues from
+/// the last step before that stream began, keeping the stream up to `at`, so
+/// resuming the fork replays everything causally before `at` and goes live
+/// from there). Returns the id of the `run.forked` event.
 pub fn fork_run(
     ledger: &Ledger,
     source: &str,
@@ -31,24 +37,52 @@ pub fn fork_run(
         None => return Err(bad("no such object".into())),
     }
     let ev = ledger.get_event(&at)?;
-    if ev.stream != MAIN {
-        return Err(bad(format!(
-            "it belongs to stream {:?}; runs fork at events of their main stream (step boundaries) — `mass log {source}` lists them",
-            ev.stream
-        )));
-    }
-    // The fork point must be on the source run's main stream.
     let main_head = ledger
         .head(source)?
         .ok_or_else(|| bad(format!("no run named {source:?}")))?;
-    if !ledger
-        .chain(main_head)
-        .any(|e| e.map(|e| e.id == at).unwrap_or(false))
-    {
-        return Err(bad(format!(
-            "it is not on the main stream of run {source:?}"
-        )));
-    }
+    // The main-stream step the fork continues from: `at` itself, or, for an
+    // event inside a unit of work (a tool call in a rollout), the last step
+    // before that unit's stream began; the unit's stream is kept up to `at`
+    // and goes live from there.
+    let step = if ev.stream == MAIN {
+        if !ledger
+            .chain(main_head)
+            .any(|e| e.map(|e| e.id == at).unwrap_or(false))
+        {
+            return Err(bad(format!(
+                "it is not on the main stream of run {source:?}"
+            )));
+        }
+        at
+    } else {
+        let stream_head = ledger
+            .head(&ref_name(source, &ev.stream))?
+            .ok_or_else(|| bad(format!("run {source:?} has no stream {:?}", ev.stream)))?;
+        let mut first = None;
+        let mut on_stream = false;
+        for e in ledger.chain(stream_head) {
+            let e = e?;
+            on_stream |= e.id == at;
+            first = Some(e.id);
+        }
+        if !on_stream {
+            return Err(bad(format!(
+                "it is not on stream {:?} of run {source:?}",
+                ev.stream
+            )));
+        }
+        let first = first.ok_or_else(|| bad("empty stream".into()))?;
+        let began = ordinal(ledger, &first)?;
+        let mut before = None;
+        for e in ledger.chain(main_head) {
+            let e = e?;
+            if ordinal(ledger, &e.id)? < began {
+                before = Some(e.id);
+                break;
+            }
+        }
+        before.ok_or_else(|| bad("its stream began before the run's first step".into()))?
+    };
     if ledger.head(new)?.is_some() {
         return Err(ReplayError::Ledger(ledger::LedgerError::Conflict {
             name: new.to_string(),
@@ -56,10 +90,11 @@ pub fn fork_run(
             actual: ledger.head(new)?,
         }));
     }
-    // Latest event of every stream among the causal ancestors of `at`.
+    // Latest event of every stream among the causal ancestors of the step
+    // (and of `at`, when it is inside a unit of work).
     let mut latest: BTreeMap<String, (u64, Id)> = BTreeMap::new();
     let mut seen = HashSet::new();
-    let mut queue = VecDeque::from([at]);
+    let mut queue = VecDeque::from([step, at]);
     while let Some(id) = queue.pop_front() {
         if !seen.insert(id) {
             continue;
@@ -90,7 +125,11 @@ pub fn fork_run(
             })
             .collect(),
     };
-    let id = b.append(new, Some(at), schemas::to_event(&rec)?.in_stream(MAIN))?;
+    let id = b.append(new, Some(step), schemas::to_event(&rec)?.in_stream(MAIN))?;
     b.commit()?;
     Ok(id)
+}
+
+fn ordinal(ledger: &Ledger, id: &Id) -> Result<u64> {
+    Ok(ledger.locate(id)?.map(|l| l.ordinal).unwrap_or(u64::MAX))
 }

@@ -242,7 +242,7 @@ pub fn fork(
     let candidates = if ev.stream == MAIN {
         runs_containing(l, id)?
     } else {
-        Vec::new()
+        runs_with_stream_event(l, &ev.stream, id)?
     };
     let source = match from {
         Some(run) => {
@@ -276,20 +276,19 @@ pub fn fork(
         }
         None => candidates.into_iter().next(),
     };
-    if ev.stream == MAIN {
-        if let Some(run) = source {
-            let first = l.chain(id).last().transpose()?.context("empty run")?;
-            engine::driver::check_run_start(&run, &first).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let overrides = parse_sets(set)?;
-            engine::driver::check_overrides(l, &first, &overrides)
-                .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
-            let f = replay::fork_run(l, &run, id, name, &overrides).map_err(ledger_cause)?;
-            println!("forked run {run} at {} as {name} (fork event {}); continue it with `mass resume {name}`", id.short(12), f.short(12));
-            return Ok(ExitCode::SUCCESS);
-        }
+    if let Some(run) = source {
+        let run_head = l.head(&run)?.context("the run vanished")?;
+        let first = l.chain(run_head).last().transpose()?.context("empty run")?;
+        engine::driver::check_run_start(&run, &first).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let overrides = parse_sets(set)?;
+        engine::driver::check_overrides(l, &first, &overrides)
+            .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
+        let f = replay::fork_run(l, &run, id, name, &overrides).map_err(ledger_cause)?;
+        println!("forked run {run} at {} as {name} (fork event {}); continue it with `mass resume {name}`", id.short(12), f.short(12));
+        return Ok(ExitCode::SUCCESS);
     }
     if !set.is_empty() {
-        bail!("--set needs a fork point on a run's main stream (a step listed by `mass log RUN`); {} is in stream {:?}", id.short(12), ev.stream);
+        bail!("--set needs a fork point on a run (a step listed by `mass log RUN`, or an event of one of its streams); {} is in stream {:?} of no run", id.short(12), ev.stream);
     }
     l.fork(name, id)
         .with_context(|| format!("cannot create ref {name:?} at {}", id.short(12)))?;
@@ -311,6 +310,23 @@ fn runs(l: &Ledger) -> Result<Vec<(String, Id)>> {
 }
 
 /// Every run whose main stream holds event `id`, sorted by name.
+/// Runs whose stream `stream` holds event `id` (a fork point inside a unit
+/// of work).
+fn runs_with_stream_event(l: &Ledger, stream: &str, id: Id) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for (name, _) in runs(l)? {
+        if let Some(h) = l.head(&format!("{name}/{stream}"))? {
+            for ev in l.chain(h) {
+                if ev?.id == id {
+                    out.push(name);
+                    break;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn runs_containing(l: &Ledger, id: Id) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for (name, head) in runs(l)? {
