@@ -291,10 +291,28 @@ fn fork_shares_ids_before_the_fork_point_and_differs_after() {
         .unwrap(),
         h
     );
-    // Forking at a worker event is refused with a hint.
-    let w = l.head("base/step/1/a").unwrap().unwrap();
-    let e = fork_run(&l, "base", w, "bad", &[]).unwrap_err().to_string();
-    assert!(e.contains("main stream"), "{e}");
+    // A fork at a worker event keeps that stream up to the event and goes
+    // live after it: without overrides it ends where the source ended.
+    let w_head = l.head("base/step/1/a").unwrap().unwrap();
+    let mut w_chain: Vec<ledger::Id> = l.chain(w_head).map(|e| e.unwrap().id).collect();
+    w_chain.reverse();
+    let w = w_chain[w_chain.len() / 2];
+    fork_run(&l, "base", w, "mid", &[]).unwrap();
+    assert_eq!(l.head("mid/step/1/a").unwrap(), Some(w));
+    drive(
+        &session(&l, "mid", Mode::Live, 5),
+        6,
+        &Variant::default(),
+        &Effects::default(),
+    )
+    .unwrap();
+    assert_eq!(l.head("mid/step/1/a").unwrap(), Some(w_head));
+    // An event that is on none of the run's streams is refused.
+    let other = l.put_blob(b"not an event").unwrap();
+    let e = fork_run(&l, "base", other, "bad", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not an event"), "{e}");
 }
 
 #[test]
