@@ -46,6 +46,14 @@ fn an_interrupted_rejudge_resumes_to_the_same_head() {
         "rejudge", "smoke", "--name", "whole", "--set", SET, "--quiet",
     ]);
     let want = head(&l, "whole").unwrap();
+    // Issuing it again says how to continue it instead of "ref moved".
+    let o = mass(&l)
+        .args(["rejudge", "smoke", "--name", "whole", "--set", SET])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(5), "{err}");
+    assert!(err.contains("mass resume whole"), "{err}");
 
     let mut rng: u64 = 0x2545_f491;
     let mut kills = 0;

@@ -22,6 +22,8 @@ pub enum CliError {
     NotFound(String),
     #[error("{0}")]
     Usage(String),
+    #[error("{0}")]
+    Conflict(String),
 }
 
 impl CliError {
@@ -29,6 +31,7 @@ impl CliError {
         match self {
             CliError::NotFound(_) => 4,
             CliError::Usage(_) => 2,
+            CliError::Conflict(_) => 5,
         }
     }
 }

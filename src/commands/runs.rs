@@ -175,6 +175,12 @@ pub fn rejudge(
     let head = ledger
         .head(source)?
         .with_context(|| format!("no run named {source:?}"))?;
+    if ledger.head(name)?.is_some() {
+        return Err(CliError::Conflict(format!(
+            "run {name} exists already (a re-judge that was interrupted or failed?): continue it with `mass resume {name}`, or remove it with `mass runs rm {name}` and re-judge again"
+        ))
+        .into());
+    }
     let start = ledger
         .chain(head)
         .last()
