@@ -154,6 +154,7 @@ struct Acked {
 fn every_acknowledged_batch_survives_a_power_cut() {
     let mut modes: HashMap<&str, u32> = HashMap::new();
     let mut rollovers = 0;
+    let mut torn_tails = 0;
     for seed in 1..=60u64 {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("l");
@@ -251,6 +252,9 @@ fn every_acknowledged_batch_survives_a_power_cut() {
             "seed {seed} ({mode}): {:?} {report:?}",
             v.problems
         );
+        if !report.set_aside.is_empty() {
+            torn_tails += 1;
+        }
         // Whatever was cut off is in quarantine, not gone.
         for s in &report.set_aside {
             assert_eq!(
@@ -267,6 +271,7 @@ fn every_acknowledged_batch_survives_a_power_cut() {
         rollovers > 10,
         "segment rollovers under the cut: {rollovers}"
     );
+    assert!(torn_tails > 5, "torn tails set aside: {torn_tails}");
     for m in ["none", "all", "prefix", "sectors"] {
         assert!(modes.get(m).copied().unwrap_or(0) > 3, "{modes:?}");
     }
