@@ -110,7 +110,20 @@ pub enum Command {
         run: String,
         #[arg(long)]
         name: String,
-        /// Overrides, e.g. `roles.judge=external`.
+        /// Re-judge one cycle: its inner loop and collected runs are kept
+        /// as recorded; judging, ranking and selection (and what follows in
+        /// that cycle) run again. By default the re-judge stops at the end
+        /// of this cycle.
+        #[arg(long)]
+        cycle: Option<u32>,
+        /// The judge: a backend the run's experiment defines (`roles.judge`).
+        #[arg(long)]
+        judge: Option<String>,
+        /// With --cycle: go on through the run's remaining cycles (training on
+        /// the re-judged data and everything after it).
+        #[arg(long)]
+        through_training: bool,
+        /// Overrides, e.g. `backends.sim.sim.judge_noise=0`.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
         #[arg(long)]

@@ -92,3 +92,61 @@ fn an_interrupted_rejudge_resumes_to_the_same_head() {
     );
     ok(&["replay", "cut", "--check"]);
 }
+
+#[test]
+fn rejudging_a_cycle_reports_what_moved() {
+    let d = tempfile::tempdir().unwrap();
+    let l = d.path().join("l");
+    let run = |args: &[&str]| mass(&l).args(args).output().unwrap();
+    let o = run(&["run", "examples/smoke.toml", "--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // A judge the experiment does not define, or a cycle the run cannot be
+    // re-judged from, is refused before anything is written.
+    // Backend parameters are set when a run starts: a later fork point
+    // cannot change them (before: silently ignored).
+    for bad in [
+        &["rejudge", "smoke", "--name", "x", "--judge", "nope"][..],
+        &["rejudge", "smoke", "--name", "x", "--cycle", "3"],
+        &[
+            "rejudge", "smoke", "--name", "x", "--cycle", "1", "--set", SET,
+        ],
+    ] {
+        let o = run(bad);
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{bad:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(head(&l, "x").is_none());
+    }
+    let o = run(&[
+        "rejudge", "smoke", "--name", "r1", "--cycle", "1", "--judge", "sim", "--quiet",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The collected runs are kept, so every task's comparison is reported;
+    // the same judge agrees with itself on every pair.
+    assert!(out.contains("cycle 1 "), "{out}");
+    assert!(
+        out.contains("training set 0 [] entering, 0 [] leaving"),
+        "{out}"
+    );
+    assert!(out.contains("rank changes: none"), "{out}");
+    let agree = out
+        .lines()
+        .filter(|l| l.contains("verdict agreement"))
+        .all(|l| {
+            let n: Vec<&str> = l
+                .split(": ")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+                .split('/')
+                .collect();
+            n[0] == n[1] && n[0] != "0"
+        });
+    assert!(agree, "{out}");
+}

@@ -113,11 +113,15 @@ fn note(text: String) -> Result<ledger::NewEvent> {
     Ok(schemas::to_event(&Note { text })?)
 }
 
-/// Emits a step on the main stream, first applying any fork overrides
-/// recorded at this point.
+/// Emits a step on the main stream, applying the fork overrides recorded
+/// before and right after it.
 pub fn step(main: &mut Stream, exp: &mut Experiment, ev: ledger::NewEvent) -> Result<Id> {
     apply_forks(main, exp)?;
-    Ok(main.emit(ev)?)
+    let id = main.emit(ev)?;
+    // A fork taken at this step applies from right after it, before the
+    // work that follows (e.g. the judging after a collection step).
+    apply_forks(main, exp)?;
+    Ok(id)
 }
 
 /// Consumes `run.forked` events at the cursor and applies their overrides.
@@ -480,10 +484,18 @@ pub fn run_cycle(
         .with_parents(by_task.values().flatten().map(|r| r.event).collect()),
     )?;
 
-    // Pairwise judging on a seeded connected schedule.
+    // Pairwise judging on a seeded connected schedule. The judge is read
+    // from the experiment as it stands now: a fork taken at the collection
+    // step (`mass rejudge --cycle C --judge NAME`) hands judging to another
+    // backend from here on, which plays it with its base model.
+    let judge_model = if exp.roles.judge == ctx.exp.roles.judge {
+        m.judge.clone()
+    } else {
+        ctx.backends.get(&exp.roles.judge)?.base_model()
+    };
     let judge = ctx.judge(
-        &ctx.exp.roles.judge,
-        &m.judge,
+        &exp.roles.judge,
+        &judge_model,
         exp.outer.max_verdict_retries,
     )?;
     let mut pair_jobs = Vec::new();

@@ -59,6 +59,28 @@ struct Start {
 /// can drive; runs recorded by another driver are refused (they may mean
 /// other things). Callers that fork a run check this first, so no fork of a
 /// run that cannot continue is created.
+/// Gives each role whose backend changed the new backend's base model.
+fn reassign_roles(
+    backends: &Backends,
+    old: &crate::config::Roles,
+    new: &crate::config::Roles,
+    models: &mut crate::cycle::Models,
+) -> Result<()> {
+    if old.orchestrator != new.orchestrator {
+        models.orchestrator = backends.get(&new.orchestrator)?.base_model();
+    }
+    if old.subagent_backend() != new.subagent_backend() {
+        models.subagent = backends.get(new.subagent_backend())?.base_model();
+    }
+    if old.judge != new.judge {
+        models.judge = backends.get(&new.judge)?.base_model();
+    }
+    if old.optimizer != new.optimizer {
+        models.optimizer = backends.get(&new.optimizer)?.base_model();
+    }
+    Ok(())
+}
+
 /// The mixed-mode source a re-judge recorded on its main stream (`run.mixed`).
 pub fn recorded_source(ledger: &ledger::Ledger, run: &str) -> Result<Option<replay::SourceRun>> {
     let Some(head) = ledger.head(run)? else {
@@ -85,14 +107,23 @@ pub fn check_overrides(
     ledger: &ledger::Ledger,
     first: &Event,
     overrides: &[(String, String)],
+    at_start: bool,
 ) -> Result<()> {
     let rs: RunStarted = schemas::decode_event(first)?;
     let text = String::from_utf8(ledger.get_blob(&ledger::Id(rs.config.0))?)
         .map_err(|e| EngineError::recording("experiment definition", e))?;
     let mut exp = Experiment::parse(&text, "the recorded experiment")?;
+    let built = exp.backends.clone();
     for (k, v) in overrides {
         crate::cycle::check_fork_override(k)?;
         exp.apply_override(k, v)?;
+    }
+    if !at_start && exp.backends != built {
+        return Err(EngineError::Invalid(
+            "backend parameters (backends.*) can only be overridden from the run's start: backends are built when a run starts. \
+             Fork at the run's first event, or use `mass rejudge` without --cycle; to change who judges from a later cycle, use --judge with another backend of the experiment"
+                .into(),
+        ));
     }
     Ok(())
 }
@@ -252,9 +283,27 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
     // run (`--set cycles=N+1`), also one taken at a finished run's head: the
     // fork's overrides are applied after the "finished" step and the cycles
     // go on from there.
+    let mut roles = exp.roles.clone();
+    let built = exp.backends.clone();
     let mut cycle = 1;
     loop {
         apply_forks(&mut main, &mut exp)?;
+        // Backends are built once, at the run's start; changing their
+        // parameters later would be silently ignored, so it is refused
+        // (`check_overrides` refuses it when the fork is made).
+        if exp.backends != built {
+            return Err(EngineError::Invalid(format!(
+                "run {}: backend parameters were overridden at a fork point after the run's start; \
+                 they can only be set from the start (fork at run.started, or `mass rejudge` without --cycle)",
+                req.run
+            )));
+        }
+        // A fork that hands a role to another backend (`roles.judge=external`)
+        // gives that role the new backend's base model from here on.
+        if exp.roles != roles {
+            reassign_roles(&backends, &roles, &exp.roles, &mut models)?;
+            roles = exp.roles.clone();
+        }
         if cycle <= exp.cycles {
             let snapshot = exp.clone();
             let ctx = Ctx {

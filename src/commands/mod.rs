@@ -79,9 +79,23 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Rejudge {
             run,
             name,
+            cycle,
+            judge,
+            through_training,
             set,
             quiet,
-        } => runs::rejudge(&dir, &run, &name, &set, quiet),
+        } => runs::rejudge(
+            &dir,
+            &run,
+            &name,
+            &runs::RejudgeOptions {
+                cycle,
+                judge,
+                through_training,
+                set,
+            },
+            quiet,
+        ),
         Command::Status { run, json } => {
             let l = open_read(&dir)?;
             note_quarantine(&dir);

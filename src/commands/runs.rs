@@ -164,11 +164,19 @@ pub fn replay_check(dir: &Path, run: &str, check: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What to re-judge (`mass rejudge`).
+pub struct RejudgeOptions {
+    pub cycle: Option<u32>,
+    pub judge: Option<String>,
+    pub through_training: bool,
+    pub set: Vec<String>,
+}
+
 pub fn rejudge(
     dir: &Path,
     source: &str,
     name: &str,
-    set: &[String],
+    opts: &RejudgeOptions,
     quiet: bool,
 ) -> Result<ExitCode> {
     let ledger = Arc::new(open(dir)?);
@@ -181,17 +189,46 @@ pub fn rejudge(
         ))
         .into());
     }
-    let start = ledger
-        .chain(head)
-        .last()
-        .transpose()?
-        .context("empty run")?;
+    let main: Vec<ledger::Event> = {
+        let mut v = ledger.chain(head).collect::<ledger::Result<Vec<_>>>()?;
+        v.reverse();
+        v
+    };
+    let start = main.first().context("empty run")?.clone();
     engine::driver::check_run_start(source, &start).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let overrides = parse_sets(set)?;
-    engine::driver::check_overrides(&ledger, &start, &overrides)
+    let mut overrides = parse_sets(&opts.set)?;
+    if let Some(j) = &opts.judge {
+        overrides.push(("roles.judge".into(), j.clone()));
+    }
+    // The fork point: the run's start, or, for one cycle, the step that
+    // closes its collection: the inner loop and the collected runs are kept
+    // as recorded, and judging, ranking and selection run again.
+    let at = match opts.cycle {
+        None => start.id,
+        Some(0) => return Err(CliError::Usage("cycles are numbered from 1".into()).into()),
+        Some(c) => {
+            let prefix = format!("cycle {c}: collection done");
+            main.iter()
+                .find(|e| {
+                    e.kind == "note"
+                        && schemas::decode_event::<schemas::Note>(e)
+                            .map(|n| n.text.starts_with(&prefix))
+                            .unwrap_or(false)
+                })
+                .map(|e| e.id)
+                .ok_or_else(|| {
+                    CliError::Usage(format!(
+                        "run {source} has not collected runs in cycle {c}: nothing to re-judge there"
+                    ))
+                })?
+        }
+    };
+    if let (Some(c), false) = (opts.cycle, opts.through_training) {
+        overrides.push(("cycles".into(), c.to_string()));
+    }
+    engine::driver::check_overrides(&ledger, &start, &overrides, at == start.id)
         .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
-    let forked =
-        replay::fork_run(&ledger, source, start.id, name, &overrides).map_err(ledger_cause)?;
+    let forked = replay::fork_run(&ledger, source, at, name, &overrides).map_err(ledger_cause)?;
     let src = SourceRun {
         run: source.to_string(),
         live_kinds: ["judge".to_string()].into_iter().collect(),
@@ -203,8 +240,8 @@ pub fn rejudge(
         live_kinds: src.live_kinds.iter().cloned().collect(),
     };
     ledger.append(name, Some(forked), schemas::to_event(&mixed)?)?;
-    go(
-        ledger,
+    let code = go(
+        ledger.clone(),
         RunRequest {
             run: name.to_string(),
             experiment: None,
@@ -212,7 +249,126 @@ pub fn rejudge(
             source: Some(src),
             progress: &Bars::new(quiet),
         },
-    )
+    )?;
+    let from = opts.cycle.unwrap_or(1);
+    let mut out = std::io::stdout().lock();
+    for line in what_moved(&ledger, source, name, from)? {
+        writeln!(out, "{line}")?;
+    }
+    Ok(code)
+}
+
+/// Per re-judged cycle: runs entering and leaving the training set, rank
+/// changes, and how often the two judges agreed on the pairs both judged.
+fn what_moved(l: &Ledger, source: &str, rejudged: &str, from: u32) -> Result<Vec<String>> {
+    type Sel = BTreeMap<(u32, String), schemas::Selection>;
+    type Rk = BTreeMap<(u32, String), schemas::Ranking>;
+    let load = |run: &str| -> Result<(Sel, Rk)> {
+        let (mut sel, mut rk) = (Sel::new(), Rk::new());
+        if let Some(h) = l.head(run)? {
+            for e in l.chain(h) {
+                let e = e?;
+                match e.kind.as_str() {
+                    "mass.selection" => {
+                        let x: schemas::Selection = schemas::decode_event(&e)?;
+                        sel.insert((x.cycle, x.task.clone()), x);
+                    }
+                    "mass.ranking" => {
+                        let x: schemas::Ranking = schemas::decode_event(&e)?;
+                        rk.insert((x.cycle, x.task.clone()), x);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok((sel, rk))
+    };
+    let (src_sel, src_rk) = load(source)?;
+    let (new_sel, new_rk) = load(rejudged)?;
+    let verdicts =
+        |r: &schemas::Ranking| -> Result<BTreeMap<(ledger::Id, ledger::Id, bool), String>> {
+            let mut m = BTreeMap::new();
+            for j in &r.judgments {
+                let j: schemas::Judgment = schemas::decode_event(&l.get_event(&ledger::Id(j.0))?)?;
+                m.insert((ledger::Id(j.a.0), ledger::Id(j.b.0), j.swapped), j.winner);
+            }
+            Ok(m)
+        };
+    let mut out = Vec::new();
+    for ((cycle, task), new) in new_sel.iter().filter(|((c, _), _)| *c >= from) {
+        let Some(old) = src_sel.get(&(*cycle, task.clone())) else {
+            out.push(format!(
+                "cycle {cycle} {task}: not in {source} (nothing to compare)"
+            ));
+            continue;
+        };
+        let short = |v: Vec<&schemas::Hash32>| -> String {
+            let mut s: Vec<String> = v
+                .iter()
+                .take(6)
+                .map(|x| x.to_string()[..12].to_string())
+                .collect();
+            if v.len() > 6 {
+                s.push(format!("and {} more", v.len() - 6));
+            }
+            format!("{} [{}]", v.len(), s.join(" "))
+        };
+        let entering: Vec<&schemas::Hash32> = new
+            .train
+            .iter()
+            .filter(|x| !old.train.contains(x))
+            .collect();
+        let leaving: Vec<&schemas::Hash32> = old
+            .train
+            .iter()
+            .filter(|x| !new.train.contains(x))
+            .collect();
+        out.push(format!(
+            "cycle {cycle} {task}: training set {} entering, {} leaving",
+            short(entering),
+            short(leaving)
+        ));
+        if let (Some(a), Some(b)) = (
+            src_rk.get(&(*cycle, task.clone())),
+            new_rk.get(&(*cycle, task.clone())),
+        ) {
+            let moved: Vec<String> = b
+                .runs
+                .iter()
+                .filter_map(|r| {
+                    let was = a.runs.iter().find(|x| x.rollout == r.rollout)?;
+                    (was.rank != r.rank).then(|| {
+                        format!("{} {}->{}", &r.rollout.to_string()[..12], was.rank, r.rank)
+                    })
+                })
+                .collect();
+            let shared = b
+                .runs
+                .iter()
+                .filter(|r| a.runs.iter().any(|x| x.rollout == r.rollout))
+                .count();
+            if shared == 0 {
+                out.push("  no run in common: the new judging picked another champion in the inner loop, so other runs were collected and ranked".into());
+                continue;
+            }
+            let listed = if moved.len() > 8 {
+                format!("{}, and {} more", moved[..8].join(", "), moved.len() - 8)
+            } else if moved.is_empty() {
+                "none".into()
+            } else {
+                moved.join(", ")
+            };
+            out.push(format!("  rank changes: {listed}"));
+            let (va, vb) = (verdicts(a)?, verdicts(b)?);
+            let both: Vec<_> = vb.keys().filter(|k| va.contains_key(k)).collect();
+            let agree = both.iter().filter(|k| va[**k] == vb[**k]).count();
+            out.push(format!(
+                "  verdict agreement with {source}'s judge: {agree}/{} pairs judged by both",
+                both.len()
+            ));
+        }
+    }
+    Ok(out)
 }
 
 /// Parses `--set KEY=VALUE` items for a fork of a run, refusing keys a fork
@@ -287,7 +443,7 @@ pub fn fork(
         let first = l.chain(run_head).last().transpose()?.context("empty run")?;
         engine::driver::check_run_start(&run, &first).map_err(|e| anyhow::anyhow!("{e}"))?;
         let overrides = parse_sets(set)?;
-        engine::driver::check_overrides(l, &first, &overrides)
+        engine::driver::check_overrides(l, &first, &overrides, id == first.id)
             .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
         let f = replay::fork_run(l, &run, id, name, &overrides).map_err(ledger_cause)?;
         println!("forked run {run} at {} as {name} (fork event {}); continue it with `mass resume {name}`", id.short(12), f.short(12));
