@@ -111,16 +111,16 @@ pub enum Command {
         #[arg(long)]
         name: String,
         /// Re-judge one cycle: its inner loop and collected runs are kept
-        /// as recorded; judging, ranking and selection (and what follows in
-        /// that cycle) run again. By default the re-judge stops at the end
-        /// of this cycle.
+        /// as recorded; judging, ranking, selection and the dataset run
+        /// again, and the re-judge stops there (no training) unless
+        /// --through-training is given.
         #[arg(long)]
         cycle: Option<u32>,
         /// The judge: a backend the run's experiment defines (`roles.judge`).
         #[arg(long)]
         judge: Option<String>,
-        /// With --cycle: go on through the run's remaining cycles (training on
-        /// the re-judged data and everything after it).
+        /// With --cycle: train on the re-judged data, evaluate, and go on
+        /// through the run's remaining cycles.
         #[arg(long)]
         through_training: bool,
         /// Overrides, e.g. `backends.sim.sim.judge_noise=0`.

@@ -125,6 +125,18 @@ fn rejudging_a_cycle_reports_what_moved() {
     ]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Without --through-training the re-judge stops at the dataset: no
+    // training, so no new model to evaluate.
+    assert!(out.contains("not evaluated"), "{out}");
+    let o = run(&["status", "r1", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v[0]["forked_from"]
+            .as_str()
+            .unwrap()
+            .contains("outer.train=false"),
+        "{v}"
+    );
     // The collected runs are kept, so every task's comparison is reported;
     // the same judge agrees with itself on every pair.
     assert!(out.contains("cycle 1 "), "{out}");

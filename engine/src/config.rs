@@ -444,6 +444,10 @@ pub struct OuterConfig {
     pub eval_runs: u32,
     /// Judgments per evaluated pair by each external judge, alternating A/B.
     pub external_judgments: u32,
+    /// Train on the selected runs (and evaluate the trained model). `false`
+    /// records the dataset and stops there: the model is unchanged (what
+    /// `mass rejudge --cycle C` does unless given `--through-training`).
+    pub train: bool,
 }
 
 impl Default for OuterConfig {
@@ -458,6 +462,7 @@ impl Default for OuterConfig {
             max_verdict_retries: 3,
             eval_runs: 6,
             external_judgments: 2,
+            train: true,
         }
     }
 }

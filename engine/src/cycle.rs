@@ -678,6 +678,15 @@ pub fn run_cycle(
     let next = if summary.train_examples == 0 {
         step(main, exp, note(format!("cycle {cycle}: no training data (no task's champion beat the reference); the model is unchanged"))?)?;
         m.clone()
+    } else if !exp.outer.train {
+        step(
+            main,
+            exp,
+            note(format!(
+                "cycle {cycle}: dataset recorded, not trained (outer.train = false); the model is unchanged"
+            ))?,
+        )?;
+        m.clone()
     } else {
         crate::training::train(
             ctx,

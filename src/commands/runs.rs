@@ -223,8 +223,12 @@ pub fn rejudge(
                 })?
         }
     };
+    // By default a one-cycle re-judge stops at that cycle's dataset: the
+    // selections and data are what moved; training on them is the user's
+    // choice (--through-training trains and goes on through later cycles).
     if let (Some(c), false) = (opts.cycle, opts.through_training) {
         overrides.push(("cycles".into(), c.to_string()));
+        overrides.push(("outer.train".into(), "false".into()));
     }
     engine::driver::check_overrides(&ledger, &start, &overrides, at == start.id)
         .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
