@@ -402,3 +402,133 @@ fn verify_is_clean_while_another_thread_commits() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     assert!(writer.join().unwrap() > 0);
 }
+
+/// A file layer whose Nth append writes half its bytes and fails (a full
+/// disk), or whose Nth sync fails after a whole append: the ledger then cuts
+/// the file back. That cut must remove only the failed batch's own bytes.
+#[derive(Debug)]
+struct Flaky {
+    fail_at: u64,
+    on_sync: bool,
+    ops: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// The length passed to every truncate.
+    cuts: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
+}
+
+struct FlakyFile {
+    f: std::fs::File,
+    fail_at: u64,
+    on_sync: bool,
+    ops: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    cuts: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
+}
+
+impl ledger::AppendFile for FlakyFile {
+    fn append(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        let n = self.ops.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if n == self.fail_at && !self.on_sync {
+            std::io::Write::write_all(&mut self.f, &buf[..buf.len() / 2])?;
+            return Err(std::io::Error::other("no space left on device"));
+        }
+        std::io::Write::write_all(&mut self.f, buf)
+    }
+    fn sync_data(&mut self) -> std::io::Result<()> {
+        let n = self.ops.load(std::sync::atomic::Ordering::SeqCst);
+        if n == self.fail_at && self.on_sync {
+            return Err(std::io::Error::other("fsync failed"));
+        }
+        self.f.sync_data()
+    }
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        self.cuts.lock().unwrap().push(len);
+        self.f.set_len(len)
+    }
+}
+
+impl ledger::FileLayer for Flaky {
+    fn open_append(&self, path: &Path) -> std::io::Result<Box<dyn ledger::AppendFile>> {
+        Ok(Box::new(FlakyFile {
+            f: OpenOptions::new().append(true).open(path)?,
+            fail_at: self.fail_at,
+            on_sync: self.on_sync,
+            ops: self.ops.clone(),
+            cuts: self.cuts.clone(),
+        }))
+    }
+    fn create_durably(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        ledger::OsFiles.create_durably(path, bytes)
+    }
+}
+
+#[test]
+fn a_failed_write_cuts_only_its_own_unacknowledged_bytes() {
+    for on_sync in [false, true] {
+        for fail_at in [1u64, 2, 7, 19] {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("l");
+            let cuts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+            let opts = Options {
+                segment_max: 2048,
+                files: std::sync::Arc::new(Flaky {
+                    fail_at,
+                    on_sync,
+                    ops: Default::default(),
+                    cuts: cuts.clone(),
+                }),
+                ..Options::default()
+            };
+            let l = Ledger::init_with(&dir, opts).unwrap();
+            let mut acked: Vec<Id> = Vec::new();
+            let mut head = None;
+            let mut acked_len = 0;
+            for i in 0u32..40 {
+                let blob = format!("payload {i} ").repeat(20);
+                let mut b = l.batch();
+                let bl = b.put_blob(blob.as_bytes()).unwrap();
+                let ev = b
+                    .append(
+                        "s",
+                        head,
+                        NewEvent::new("k", 1, i.to_le_bytes().to_vec()).with_refs(vec![bl]),
+                    )
+                    .unwrap();
+                match b.commit() {
+                    Ok(()) => {
+                        acked.extend([bl, ev]);
+                        head = Some(ev);
+                        let last = std::fs::read_dir(dir.join("segments")).unwrap().count() as u32;
+                        acked_len = std::fs::metadata(seg(&dir, last)).unwrap().len();
+                    }
+                    Err(_) => break,
+                }
+            }
+            // The cut went exactly to the end of the last acknowledged batch
+            // (of the segment being written) and the writer stopped.
+            let cuts = cuts.lock().unwrap().clone();
+            assert_eq!(
+                cuts.len(),
+                1,
+                "fail_at {fail_at} on_sync {on_sync}: {cuts:?}"
+            );
+            let last = std::fs::read_dir(dir.join("segments")).unwrap().count() as u32;
+            let len_now = std::fs::metadata(seg(&dir, last)).unwrap().len();
+            assert_eq!(len_now, cuts[0]);
+            if len_now > 16 {
+                assert_eq!(len_now, acked_len, "fail_at {fail_at} on_sync {on_sync}");
+            }
+            assert!(
+                l.put_blob(b"after the failure").is_err(),
+                "a poisoned writer refuses"
+            );
+            drop(l);
+            let (l, report) = Ledger::open_reporting(&dir).unwrap();
+            assert!(report.set_aside.is_empty(), "{report:?}");
+            for id in &acked {
+                l.raw_object(id)
+                    .unwrap_or_else(|e| panic!("{id} lost: {e}"));
+            }
+            assert_eq!(l.head("s").unwrap(), head);
+            assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
+        }
+    }
+}
