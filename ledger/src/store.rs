@@ -308,15 +308,11 @@ impl Ledger {
         let new_dir = dir.join(INDEX_NEW_DIR);
         // A rebuild that was killed leaves a partial new index: derived data
         // that nothing points to. So is an index in the earlier sled format.
-        for stale in [new_dir.clone(), index_dir.join("db")] {
-            if stale.exists() {
-                let target = if stale == new_dir {
-                    &new_dir
-                } else {
-                    &index_dir
-                };
-                fs::remove_dir_all(target).map_err(|e| LedgerError::io(target, e))?;
-            }
+        if new_dir.exists() {
+            fs::remove_dir_all(&new_dir).map_err(|e| LedgerError::io(&new_dir, e))?;
+        }
+        if index_dir.join("db").exists() {
+            fs::remove_dir_all(&index_dir).map_err(|e| LedgerError::io(&index_dir, e))?;
         }
         let mut report = RecoveryReport::default();
         if let Open::Rebuild(mode) = how {
