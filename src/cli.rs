@@ -116,7 +116,9 @@ pub enum Command {
         /// --through-training is given.
         #[arg(long)]
         cycle: Option<u32>,
-        /// The judge: a backend the run's experiment defines (`roles.judge`).
+        /// The judge: a backend the run's experiment defines (`roles.judge`),
+        /// or a TOML file defining one as `[backends.NAME]` (recorded in the
+        /// re-judge by value).
         #[arg(long)]
         judge: Option<String>,
         /// With --cycle: train on the re-judged data, evaluate, and go on

@@ -60,3 +60,141 @@ fn fork_overrides_are_validated_before_anything_is_written() {
     let o = mass(&l, &["replay", "longer", "--check"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// Before: a backend override at a fork point after the run's start was
+/// refused ("backends are built when a run starts"), so a fork could not go
+/// on with a changed or added model. Now a changed backend is built again at
+/// the fork point (adapters trained on it registered again: cycle 2 plays the
+/// cycle-1 model) and an added one plays the role handed to it: the fork's
+/// cycle-2 optimizer requests name the new backend's model. `status` shows
+/// the plan the fork set.
+#[test]
+fn backend_override_after_the_start_is_honoured_from_the_fork_point() {
+    let d = tempfile::tempdir().unwrap();
+    let l = d.path().join("ledger");
+    let o = mass(&l, &["run", "examples/smoke.toml", "--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let sets = [
+        "cycles=2",
+        "backends.sim.sim.skill=0.3",
+        "backends.other.kind=sim",
+        "roles.optimizer=other",
+    ];
+    let mut args = vec!["fork", "smoke", "--name", "f"];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let o = mass(&l, &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = mass(&l, &["resume", "f", "--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = mass(&l, &["replay", "f", "--check"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let st: serde_json::Value =
+        serde_json::from_slice(&mass(&l, &["status", "f", "--json"]).stdout).unwrap();
+    assert_eq!(st[0]["cycles_done"], 2, "{st}");
+    assert_eq!(st[0]["cycles_planned"], 2, "{st}");
+
+    let out = d.path().join("f.jsonl");
+    let o = mass(&l, &["export", "events", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut asked_other = 0;
+    for line in std::fs::read_to_string(&out).unwrap().lines() {
+        let e: serde_json::Value = serde_json::from_str(line).unwrap();
+        if e["kind"] != "effect" || e["payload"]["effect"] != "optimizer" {
+            continue;
+        }
+        let req = e["payload"]["request"].as_str().unwrap();
+        let body = mass(&l, &["cat", req]).stdout;
+        if String::from_utf8_lossy(&body).contains("other/base") {
+            asked_other += 1;
+        }
+    }
+    assert!(
+        asked_other > 0,
+        "no optimizer request went to the added backend"
+    );
+}
+
+/// `mass rejudge --judge FILE.toml`: a judge defined in a file of its own is
+/// added to the re-judge by value (no path is recorded), judges the cycle
+/// live, and the re-judge replays; a file that redefines a backend the run
+/// already has (which other roles play) is refused with nothing written.
+#[test]
+fn rejudge_with_a_judge_defined_in_a_file() {
+    let d = tempfile::tempdir().unwrap();
+    let l = d.path().join("ledger");
+    let o = mass(&l, &["run", "examples/smoke.toml", "--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let before = refs(&l);
+    let clash = d.path().join("clash.toml");
+    std::fs::write(
+        &clash,
+        "[backends.sim]\nkind = \"sim\"\n[backends.sim.sim]\nskill = 0.9\n",
+    )
+    .unwrap();
+    let two = d.path().join("two.toml");
+    std::fs::write(
+        &two,
+        "[backends.a]\nkind = \"sim\"\n[backends.b]\nkind = \"sim\"\n",
+    )
+    .unwrap();
+    for bad in [&clash, &two, &d.path().join("missing.toml")] {
+        let o = mass(
+            &l,
+            &[
+                "rejudge",
+                "smoke",
+                "--name",
+                "r",
+                "--cycle",
+                "1",
+                "--judge",
+                bad.to_str().unwrap(),
+            ],
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {err}");
+        assert!(err.contains("nothing was written"), "{err}");
+        assert_eq!(refs(&l), before, "{bad:?} wrote a ref");
+    }
+    let file = d.path().join("strong.toml");
+    std::fs::write(
+        &file,
+        "[backends.strong]\nkind = \"sim\"\n[backends.strong.sim]\nskill = 0.95\njudge_noise = 0.0\n",
+    )
+    .unwrap();
+    let o = mass(
+        &l,
+        &[
+            "rejudge",
+            "smoke",
+            "--name",
+            "strong",
+            "--cycle",
+            "1",
+            "--judge",
+            file.to_str().unwrap(),
+            "--quiet",
+        ],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        out.contains("verdict agreement with smoke's judge"),
+        "{out}"
+    );
+    // The definition travels with the run: the file may go away.
+    std::fs::remove_file(&file).unwrap();
+    let o = mass(&l, &["replay", "strong", "--check"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = d.path().join("events.jsonl");
+    let o = mass(&l, &["export", "events", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let all = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        all.contains("backends.strong"),
+        "the fork record lacks the judge's definition"
+    );
+    assert!(!all.contains("strong.toml"), "a path entered the ledger");
+}

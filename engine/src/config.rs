@@ -1191,6 +1191,64 @@ fn resolve_tasks_dir(origin: &str, tasks_dir: &str) -> PathBuf {
 }
 
 /// A TOML value if `value` parses as one, else the raw text as a string.
+/// A backend defined on its own in a TOML file (`mass rejudge --judge
+/// FILE.toml`): the file holds one `[backends.NAME]` table and nothing else,
+/// written as in an experiment file. Returns NAME and the override that adds
+/// it (`backends.NAME = { ... }` as an inline table), so the definition is
+/// recorded in the fork by value, never as a path.
+pub fn backend_override(
+    text: &str,
+    origin: &str,
+) -> Result<(String, (String, String)), ConfigError> {
+    let syntax = |line: usize, column: usize, message: String| ConfigError::Syntax {
+        origin: origin.to_string(),
+        line,
+        column,
+        message,
+    };
+    let mut doc: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        let (line, column, message) = locate_toml_error(text, &e);
+        syntax(line, column, message)
+    })?;
+    let shape = || {
+        syntax(
+            1,
+            1,
+            "a judge file defines exactly one backend, as a [backends.NAME] table, and nothing else".into(),
+        )
+    };
+    let Some(toml::Value::Table(backends)) = doc.remove("backends") else {
+        return Err(shape());
+    };
+    if !doc.is_empty() || backends.len() != 1 {
+        return Err(shape());
+    }
+    let Some((name, def)) = backends.into_iter().next() else {
+        return Err(shape());
+    };
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(syntax(
+            1,
+            1,
+            format!("backend name {name:?}: use letters, digits, '_' and '-' only"),
+        ));
+    }
+    // Checked as a backend now, so a mistake is reported against this file.
+    let _: Backend = def.clone().try_into().map_err(|e: toml::de::Error| {
+        syntax(
+            1,
+            1,
+            format!("[backends.{name}]: {}", clean_serde_message(e.message())),
+        )
+    })?;
+    let value = def.to_string();
+    Ok((name.clone(), (format!("backends.{name}"), value)))
+}
+
 fn parse_override_value(value: &str) -> toml::Value {
     // Parsing `v = <value>` as a document, and insisting on exactly one key,
     // stops a value like "1\nother = 2" from injecting extra keys.

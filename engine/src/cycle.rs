@@ -488,8 +488,11 @@ pub fn run_cycle(
     // from the experiment as it stands now: a fork taken at the collection
     // step (`mass rejudge --cycle C --judge NAME`) hands judging to another
     // backend from here on, which plays it with its base model.
+    // A backend the fork changed or added (`--judge FILE.toml`) is built now.
+    let mut now = m.clone();
+    crate::driver::sync_backends(ctx.backends, exp, &mut now)?;
     let judge_model = if exp.roles.judge == ctx.exp.roles.judge {
-        m.judge.clone()
+        now.judge.clone()
     } else {
         ctx.backends.get(&exp.roles.judge)?.base_model()
     };

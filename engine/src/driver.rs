@@ -12,10 +12,9 @@ use ledger::{Event, Id, Ledger};
 use replay::{Mode, Session, SourceRun, MAIN};
 use schemas::{Record, RunStarted};
 
-use crate::backend::sim::{SimBackend, SimParams};
 use crate::backend::Backends;
-use crate::config::{Backend as BackendCfg, Experiment};
-use crate::cycle::{apply_forks, base_models, run_cycle, step, Ctx, CycleResult, Progress};
+use crate::config::Experiment;
+use crate::cycle::{apply_forks, base_models, run_cycle, step, Ctx, CycleResult, Models, Progress};
 use crate::error::{EngineError, Result};
 use crate::suite;
 use crate::task::load_suite;
@@ -107,25 +106,60 @@ pub fn check_overrides(
     ledger: &ledger::Ledger,
     first: &Event,
     overrides: &[(String, String)],
-    at_start: bool,
 ) -> Result<()> {
-    let rs: RunStarted = schemas::decode_event(first)?;
-    let text = String::from_utf8(ledger.get_blob(&ledger::Id(rs.config.0))?)
-        .map_err(|e| EngineError::recording("experiment definition", e))?;
-    let mut exp = Experiment::parse(&text, "the recorded experiment")?;
-    let built = exp.backends.clone();
+    let mut exp = recorded_experiment(ledger, first)?;
     for (k, v) in overrides {
         crate::cycle::check_fork_override(k)?;
         exp.apply_override(k, v)?;
     }
-    if !at_start && exp.backends != built {
-        return Err(EngineError::Invalid(
-            "backend parameters (backends.*) can only be overridden from the run's start: backends are built when a run starts. \
-             Fork at the run's first event, or use `mass rejudge` without --cycle; to change who judges from a later cycle, use --judge with another backend of the experiment"
-                .into(),
-        ));
+    // A backend the fork defines or changes must be one this build can
+    // drive; building it here refuses it before anything is written.
+    for (name, cfg) in &exp.backends {
+        crate::backend::check_supported(name, cfg)
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
     }
     Ok(())
+}
+
+/// The experiment a run recorded when it started (`first`: its
+/// `run.started`), as parsed then, before any fork's overrides.
+pub fn recorded_experiment(ledger: &Ledger, first: &Event) -> Result<Experiment> {
+    let rs: RunStarted = schemas::decode_event(first)?;
+    let text = String::from_utf8(ledger.get_blob(&ledger::Id(rs.config.0))?)
+        .map_err(|e| EngineError::recording("experiment definition", e))?;
+    Ok(Experiment::parse(&text, "the recorded experiment")?)
+}
+
+/// The overrides that hand judging to `judge`: the name of a backend the
+/// experiment defines, or a TOML file defining one (`[backends.NAME]`), which
+/// is added to the run by value. A file may not redefine a backend the
+/// experiment already has under that name (other roles may play it).
+pub fn judge_overrides(
+    ledger: &Ledger,
+    first: &Event,
+    judge: &str,
+) -> Result<Vec<(String, String)>> {
+    let path = Path::new(judge);
+    if !(judge.ends_with(".toml") || path.is_file()) {
+        return Ok(vec![("roles.judge".into(), judge.to_string())]);
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| EngineError::Io {
+        context: format!("cannot read judge file {judge}"),
+        source: e,
+    })?;
+    let (name, add) = crate::config::backend_override(&text, judge)?;
+    let exp = recorded_experiment(ledger, first)?;
+    if let Some(existing) = exp.backends.get(&name) {
+        let mut with = exp.clone();
+        with.apply_override(&add.0, &add.1)?;
+        if with.backends.get(&name) != Some(existing) {
+            return Err(EngineError::Invalid(format!(
+                "{judge} defines backend {name}, which the run's experiment already defines differently \
+                 (other roles may play it); give the judge's backend another name"
+            )));
+        }
+    }
+    Ok(vec![add, ("roles.judge".into(), name)])
 }
 
 pub fn check_run_start(run: &str, first: &Event) -> Result<()> {
@@ -284,20 +318,11 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
     // fork's overrides are applied after the "finished" step and the cycles
     // go on from there.
     let mut roles = exp.roles.clone();
-    let built = exp.backends.clone();
     let mut cycle = 1;
     loop {
         apply_forks(&mut main, &mut exp)?;
-        // Backends are built once, at the run's start; changing their
-        // parameters later would be silently ignored, so it is refused
-        // (`check_overrides` refuses it when the fork is made).
-        if exp.backends != built {
-            return Err(EngineError::Invalid(format!(
-                "run {}: backend parameters were overridden at a fork point after the run's start; \
-                 they can only be set from the start (fork at run.started, or `mass rejudge` without --cycle)",
-                req.run
-            )));
-        }
+        // A fork that changed or added a backend takes effect from here.
+        sync_backends(&backends, &exp, &mut models)?;
         // A fork that hands a role to another backend (`roles.judge=external`)
         // gives that role the new backend's base model from here on.
         if exp.roles != roles {
@@ -338,21 +363,31 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
 }
 
 /// Builds every backend the experiment defines; simulated models know the
-/// tasks under `tasks` (the run's checkout of its recorded suite).
+/// tasks under `tasks` (the run's checkout of its recorded suite). A backend
+/// this build cannot drive is a problem with the experiment file.
 pub fn build_backends(exp: &Experiment, tasks: &Path) -> Result<Backends> {
-    let mut b = Backends::default();
-    for (name, cfg) in &exp.backends {
-        match cfg {
-            BackendCfg::Sim(p) => {
-                let params = SimParams::new(p.skill, p.delegation, p.judge_noise, p.position_bias, p.blind_spot);
-                b.by_name.insert(name.clone(), Arc::new(SimBackend::new(name, params, tasks)?));
-            }
-            BackendCfg::OpenAi(_) => {
-                return Err(EngineError::Invalid(format!(
-                    "backend {name}: the OpenAI-compatible HTTP backend is not built into this version yet; use kind = \"sim\""
-                )))
-            }
-        }
+    Backends::build(&exp.backends, tasks).map_err(|e| EngineError::Invalid(e.to_string()))
+}
+
+/// Rebuilds the backends a fork changed or added (see `Backends::sync`); a
+/// role that played a rebuilt backend's base model plays its new base model.
+/// Idempotent: the judging phase calls it mid-cycle, the driver between cycles.
+pub(crate) fn sync_backends(
+    backends: &Backends,
+    exp: &Experiment,
+    models: &mut Models,
+) -> Result<()> {
+    backends
+        .sync(&exp.backends)
+        .map_err(|e| EngineError::Invalid(e.to_string()))?;
+    let r = &exp.roles;
+    for (backend, model) in [
+        (r.orchestrator.as_str(), &mut models.orchestrator),
+        (r.subagent_backend(), &mut models.subagent),
+        (r.judge.as_str(), &mut models.judge),
+        (r.optimizer.as_str(), &mut models.optimizer),
+    ] {
+        *model = backends.current_model(backend, model);
     }
-    Ok(b)
+    Ok(())
 }

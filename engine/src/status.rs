@@ -15,6 +15,9 @@ pub struct RunStatus {
     pub last_step: String,
     pub finished: bool,
     pub forked_from: Option<String>,
+    /// The last `cycles` a fork on this stream set (it overrides the plan in
+    /// the recorded definition).
+    pub cycles_override: Option<u32>,
 }
 
 /// Folds a main stream, oldest event first.
@@ -27,6 +30,9 @@ pub fn fold(events: &[Event]) -> Result<RunStatus> {
             "run.started" => s.last_step = "started".into(),
             "run.forked" => {
                 let f: schemas::RunForked = schemas::decode_event(ev)?;
+                for o in f.overrides.iter().filter(|o| o.key.trim() == "cycles") {
+                    s.cycles_override = o.value.trim().parse().ok().or(s.cycles_override);
+                }
                 let sets: Vec<String> = f
                     .overrides
                     .iter()

@@ -160,7 +160,8 @@ pub fn train(
         Some(a) => {
             let id = parse(a)?;
             let name = format!("{backend_name}/c{cycle}-{}", id.short(8));
-            backend.register_adapter(&name, &ledger.get_blob(&id)?)?;
+            ctx.backends
+                .register_adapter(&backend_name, &name, &ledger.get_blob(&id)?)?;
             name
         }
         None => format!("{base_model}+c{cycle}"),

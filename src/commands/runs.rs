@@ -198,7 +198,9 @@ pub fn rejudge(
     engine::driver::check_run_start(source, &start).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut overrides = parse_sets(&opts.set)?;
     if let Some(j) = &opts.judge {
-        overrides.push(("roles.judge".into(), j.clone()));
+        let judge = engine::driver::judge_overrides(&ledger, &start, j)
+            .map_err(|e| CliError::Usage(format!("--judge {j}: {e}; nothing was written")))?;
+        overrides.extend(judge);
     }
     // The fork point: the run's start, or, for one cycle, the step that
     // closes its collection: the inner loop and the collected runs are kept
@@ -230,7 +232,7 @@ pub fn rejudge(
         overrides.push(("cycles".into(), c.to_string()));
         overrides.push(("outer.train".into(), "false".into()));
     }
-    engine::driver::check_overrides(&ledger, &start, &overrides, at == start.id)
+    engine::driver::check_overrides(&ledger, &start, &overrides)
         .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
     let forked = replay::fork_run(&ledger, source, at, name, &overrides).map_err(ledger_cause)?;
     let src = SourceRun {
@@ -392,8 +394,9 @@ fn parse_sets(set: &[String]) -> Result<Vec<(String, String)>> {
 
 /// Forks a run at a main-stream step (with overrides), or any ref at an event.
 /// The run forked (recorded as the fork's parent) is `from`, or the only run
-/// whose main stream holds the event; when several do (a run and its forks)
-/// and `from` is not given, the fork is refused (exit 2) naming them.
+/// whose main stream holds the event, or the run `at` names; when several
+/// runs hold it (a run and its forks) and neither says which, the fork is
+/// refused (exit 2) naming them.
 pub fn fork(
     l: &Ledger,
     at: &str,
@@ -432,6 +435,9 @@ pub fn fork(
             }
             Some(run.to_string())
         }
+        // `mass fork RUN`: the run named is the one forked, also when its
+        // head is a step of its forks too.
+        None if candidates.iter().any(|c| c == at) => Some(at.to_string()),
         None if candidates.len() > 1 => {
             return Err(CliError::Usage(format!(
                 "{} is a step of several runs ({}); say which one the fork is taken from with --from RUN",
@@ -447,7 +453,7 @@ pub fn fork(
         let first = l.chain(run_head).last().transpose()?.context("empty run")?;
         engine::driver::check_run_start(&run, &first).map_err(|e| anyhow::anyhow!("{e}"))?;
         let overrides = parse_sets(set)?;
-        engine::driver::check_overrides(l, &first, &overrides, id == first.id)
+        engine::driver::check_overrides(l, &first, &overrides)
             .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
         let f = replay::fork_run(l, &run, id, name, &overrides).map_err(ledger_cause)?;
         println!("forked run {run} at {} as {name} (fork event {}); continue it with `mass resume {name}`", id.short(12), f.short(12));
@@ -667,6 +673,10 @@ pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
                 st.experiment = name;
                 st.cycles_planned = cycles;
             }
+        }
+        // A fork that set `cycles` changed the plan.
+        if let Some(c) = st.cycles_override {
+            st.cycles_planned = c;
         }
         let pending = engine::status::unfinished_effects(l, &name)?;
         let never = engine::driver::start_failed(l, &name)?.is_some();

@@ -6,11 +6,13 @@
 pub mod sim;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
 
 use crate::chat::{Message, ToolDef, Usage};
+use crate::config::Backend as BackendCfg;
 
 /// What is sent to a model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -60,19 +62,161 @@ pub trait Backend: Send + Sync {
     }
 }
 
-/// The backends of an experiment, by name.
-#[derive(Clone, Default)]
+/// The backends of an experiment, by name, built from its `[backends.*]`
+/// tables, and the adapters trained so far.
+///
+/// A fork may change a backend's parameters or add a backend after a run has
+/// started (`--set backends.policy.skill=0.5`, `mass rejudge --judge
+/// FILE.toml`); `sync` rebuilds exactly the backends whose definition changed
+/// and registers on them again every adapter trained on them, so the change is
+/// honoured from the fork point and trained models stay available.
+#[derive(Clone)]
 pub struct Backends {
-    pub by_name: BTreeMap<String, Arc<dyn Backend>>,
+    inner: Arc<RwLock<Built>>,
+}
+
+struct Built {
+    config: BTreeMap<String, BackendCfg>,
+    by_name: BTreeMap<String, Arc<dyn Backend>>,
+    /// (backend, model name, adapter bytes), in the order trained.
+    adapters: Vec<(String, String, Arc<[u8]>)>,
+    /// Per backend, the base models it had before a rebuild changed them.
+    former_bases: BTreeMap<String, Vec<String>>,
+    tasks: PathBuf,
 }
 
 impl Backends {
-    pub fn get(&self, name: &str) -> Result<&Arc<dyn Backend>, BackendError> {
-        self.by_name.get(name).ok_or_else(|| BackendError::Failed {
-            backend: name.to_string(),
-            detail: "not configured".into(),
+    /// Builds every backend `config` defines; simulated models know the tasks
+    /// under `tasks` (a run's checkout of its recorded suite).
+    pub fn build(
+        config: &BTreeMap<String, BackendCfg>,
+        tasks: &Path,
+    ) -> Result<Backends, BackendError> {
+        let mut by_name = BTreeMap::new();
+        for (name, cfg) in config {
+            by_name.insert(name.clone(), build_at(name, cfg, tasks)?);
+        }
+        Ok(Backends {
+            inner: Arc::new(RwLock::new(Built {
+                config: config.clone(),
+                by_name,
+                adapters: Vec::new(),
+                former_bases: BTreeMap::new(),
+                tasks: tasks.to_path_buf(),
+            })),
         })
     }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Built> {
+        // A panic while holding the lock leaves plain data behind; the map
+        // itself is always whole, so a poisoned lock is still readable.
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Built> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn get(&self, name: &str) -> Result<Arc<dyn Backend>, BackendError> {
+        self.read()
+            .by_name
+            .get(name)
+            .cloned()
+            .ok_or_else(|| BackendError::Failed {
+                backend: name.to_string(),
+                detail: "not configured".into(),
+            })
+    }
+
+    /// Registers a trained adapter on backend `backend` and remembers it, so
+    /// a rebuilt backend gets it again.
+    pub fn register_adapter(
+        &self,
+        backend: &str,
+        model: &str,
+        adapter: &[u8],
+    ) -> Result<(), BackendError> {
+        self.get(backend)?.register_adapter(model, adapter)?;
+        self.write()
+            .adapters
+            .push((backend.to_string(), model.to_string(), Arc::from(adapter)));
+        Ok(())
+    }
+
+    /// Brings the built backends in line with `config`: every backend whose
+    /// definition is new or changed is built again, with the adapters trained
+    /// on it registered again. Returns whether anything was rebuilt.
+    pub fn sync(&self, config: &BTreeMap<String, BackendCfg>) -> Result<bool, BackendError> {
+        if self.read().config == *config {
+            return Ok(false);
+        }
+        let mut b = self.write();
+        for (name, cfg) in config {
+            if b.config.get(name) == Some(cfg) {
+                continue;
+            }
+            let fresh = build_at(name, cfg, &b.tasks)?;
+            for (_, model, bytes) in b.adapters.iter().filter(|(on, _, _)| on == name) {
+                fresh.register_adapter(model, bytes)?;
+            }
+            if let Some(old) = b.by_name.insert(name.clone(), fresh) {
+                let old_base = old.base_model();
+                b.former_bases
+                    .entry(name.clone())
+                    .or_default()
+                    .push(old_base);
+            }
+        }
+        b.config = config.clone();
+        Ok(true)
+    }
+
+    /// The model a role on `backend` plays now, given the one it played: a
+    /// former base model of a rebuilt backend becomes its current base model
+    /// (a trained adapter's name stays as it is).
+    pub fn current_model(&self, backend: &str, model: &str) -> String {
+        let b = self.read();
+        let former = b
+            .former_bases
+            .get(backend)
+            .is_some_and(|f| f.iter().any(|m| m == model));
+        match (former, b.by_name.get(backend)) {
+            (true, Some(now)) => now.base_model(),
+            _ => model.to_string(),
+        }
+    }
+}
+
+/// Whether this build can drive a backend so defined.
+pub fn check_supported(name: &str, cfg: &BackendCfg) -> Result<(), BackendError> {
+    build_one(name, cfg, None).map(|_| ())
+}
+
+/// Builds one backend; with no task folder, only checks that it can be built.
+fn build_one(
+    name: &str,
+    cfg: &BackendCfg,
+    tasks: Option<&Path>,
+) -> Result<Option<Arc<dyn Backend>>, BackendError> {
+    match cfg {
+        BackendCfg::Sim(p) => {
+            let Some(tasks) = tasks else { return Ok(None) };
+            let params = sim::SimParams::new(p.skill, p.delegation, p.judge_noise, p.position_bias, p.blind_spot);
+            Ok(Some(Arc::new(sim::SimBackend::new(name, params, tasks)?)))
+        }
+        BackendCfg::OpenAi(_) => Err(BackendError::Failed {
+            backend: name.to_string(),
+            detail: "the OpenAI-compatible HTTP backend is not built into this version yet; use kind = \"sim\"".into(),
+        }),
+    }
+}
+
+/// Builds one backend from a task folder.
+fn build_at(name: &str, cfg: &BackendCfg, tasks: &Path) -> Result<Arc<dyn Backend>, BackendError> {
+    build_one(name, cfg, Some(tasks))?.ok_or_else(|| BackendError::Failed {
+        backend: name.to_string(),
+        detail: "was not built".into(),
+    })
 }
 
 /// A rough token count for the simulated backend's usage figures (4 bytes a token).
