@@ -71,14 +71,14 @@ fn copy_dir(from: &Path, to: &Path) {
 fn experiment(root: &Path, seed: u64) {
     let text = std::fs::read_to_string(repo().join("examples/smoke.toml")).expect("smoke.toml");
     assert!(
-        text.contains("\nseed = 3\n"),
+        text.contains("\nseed = 8\n"),
         "smoke.toml's seed line moved"
     );
     let exp = root.join("exp");
     copy_dir(&repo().join("examples/tasks"), &exp.join("tasks"));
     std::fs::write(
         exp.join("smoke.toml"),
-        text.replace("\nseed = 3\n", &format!("\nseed = {seed}\n")),
+        text.replace("\nseed = 8\n", &format!("\nseed = {seed}\n")),
     )
     .expect("write toml");
 }
@@ -222,7 +222,7 @@ fn the_path_spelling_of_the_experiment_does_not_change_the_head() {
             heads.windows(2).all(|w| w[0].1 == w[1].1),
             "seed {seed}: {heads:?}"
         );
-        if seed == 3 {
+        if seed == 8 {
             // The shipped file (same text, same tasks, another place) too.
             let ledger = d.path().join("ledger-shipped");
             ok(&repo(), &ledger, &["run", "examples/smoke.toml", "--quiet"]);

@@ -146,6 +146,8 @@ pub struct Experiment {
     #[serde(default)]
     pub limits: Limits,
     #[serde(default)]
+    pub guards: GuardsConfig,
+    #[serde(default)]
     pub trainer: TrainerConfig,
     /// Where the experiment came from (file path or label), for error messages.
     #[serde(skip)]
@@ -488,6 +490,54 @@ impl Default for Limits {
             tool_timeout_secs: 60,
             tool_output_bytes: 16_384,
             max_delegations: 8,
+        }
+    }
+}
+
+/// `[guards]`: what is checked on every run's final workspace against
+/// tampering (see `guards.rs`), and what happens to a flagged run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GuardsConfig {
+    pub action: GuardAction,
+    /// Most files a run may add, modify or remove outside the deliverables.
+    pub max_changed_files: u32,
+    /// Most bytes of added or modified files outside the deliverables.
+    pub max_changed_bytes: u64,
+}
+
+impl Default for GuardsConfig {
+    fn default() -> Self {
+        GuardsConfig {
+            action: GuardAction::Exclude,
+            max_changed_files: 200,
+            max_changed_bytes: 16 << 20,
+        }
+    }
+}
+
+/// What happens to a run a guard flagged. Nothing is dropped silently:
+/// every flag is a `mass.guard` event and every exclusion a reason in the
+/// task's `mass.selection`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GuardAction {
+    /// Kept out of judging, ranking and training.
+    #[serde(rename = "exclude")]
+    Exclude,
+    /// Judged and ranked, never selected for training or validation.
+    #[serde(rename = "no-train")]
+    NoTrain,
+    /// Flagged only.
+    #[serde(rename = "record")]
+    Record,
+}
+
+impl GuardAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GuardAction::Exclude => "exclude",
+            GuardAction::NoTrain => "no-train",
+            GuardAction::Record => "record",
         }
     }
 }

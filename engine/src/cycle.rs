@@ -14,7 +14,7 @@ use replay::{EffectOutput, EffectRequest, Session, Stream};
 use schemas::{Hash32, Note, Promotion, RankedRun, Ranking, Selection};
 
 use crate::backend::Backends;
-use crate::config::{Acceptance, Experiment};
+use crate::config::{Acceptance, Experiment, GuardAction};
 use crate::dataset::{self, AgentKind, Conversation, Format, Split as DataSplit};
 use crate::error::{EngineError, Result};
 use crate::harness::{run_team, RunSpec, Team};
@@ -171,10 +171,17 @@ struct InnerTask<'t> {
     unlinked: Option<Id>,
 }
 
+/// The reason an exclusion by the guards carries in `mass.selection`:
+/// `guard: ` and the violations (what `mass status` counts).
+fn guard_reason(violations: &[String]) -> String {
+    format!("guard: {}", violations.join("; "))
+}
+
 fn run_ref(o: crate::harness::RunOutcome) -> RunRef {
     RunRef {
         event: o.event,
         record: o.record,
+        violations: o.guard.violations,
     }
 }
 
@@ -252,6 +259,7 @@ fn inner_loop<'t>(
             },
             &team,
             &ctx.exp.limits,
+            &ctx.exp.guards,
         )?;
         ctx.progress.tick(&format!("cycle {cycle}: reference runs"));
         Ok::<_, EngineError>(run_ref(r))
@@ -317,6 +325,7 @@ fn inner_loop<'t>(
                 },
                 &team,
                 &ctx.exp.limits,
+                &ctx.exp.guards,
             )?);
             let (mut judgments, accepted, beat_ref, reason);
             match acceptance {
@@ -369,6 +378,18 @@ fn inner_loop<'t>(
                         );
                     }
                 }
+            }
+            // A workflow whose run the guards flagged never becomes champion
+            // (unless the policy only records flags): it would carry the
+            // tampering into collection.
+            let (mut accepted, mut beat_ref, mut reason) = (accepted, beat_ref, reason);
+            if !run.violations.is_empty() && exp.guards.action != GuardAction::Record {
+                accepted = false;
+                beat_ref = false;
+                reason = format!(
+                    "{reason}; rejected by the {}",
+                    guard_reason(&run.violations)
+                );
             }
             let rec = Promotion {
                 task: t.task.id.clone(),
@@ -455,21 +476,34 @@ pub fn run_cycle(
             },
             &team,
             &ctx.exp.limits,
+            &ctx.exp.guards,
         )?;
         ctx.progress.tick(&stage);
         Ok::<_, EngineError>(run_ref(r))
     })?;
     ctx.progress.done(&stage);
     let mut by_task: BTreeMap<String, Vec<RunRef>> = BTreeMap::new();
+    // Runs the guards flagged, kept out of judging and ranking when the
+    // policy says `exclude`; each one is named, with its reasons, in its
+    // task's selection (nothing is dropped silently).
+    let mut guard_excluded: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // Collection figures count every collected run, flagged or not.
+    let delegating = runs.iter().filter(|r| r.record.delegations > 0).count();
+    let total_runs = runs.len();
     for r in runs {
-        by_task.entry(r.record.task.clone()).or_default().push(r);
+        let task = r.record.task.clone();
+        by_task.entry(task.clone()).or_default();
+        if !r.violations.is_empty() && exp.guards.action == GuardAction::Exclude {
+            guard_excluded.entry(task).or_default().push(format!(
+                "run {}: {} (not ranked)",
+                r.event.short(12),
+                guard_reason(&r.violations)
+            ));
+            continue;
+        }
+        by_task.entry(task).or_default().push(r);
     }
-    let delegating = by_task
-        .values()
-        .flatten()
-        .filter(|r| r.record.delegations > 0)
-        .count();
-    let total_runs = by_task.values().map(Vec::len).sum::<usize>();
+
     result.delegation_rate = if total_runs == 0 {
         0.0
     } else {
@@ -504,10 +538,18 @@ pub fn run_cycle(
     let mut pair_jobs = Vec::new();
     for (task_id, runs) in &by_task {
         let seed = main.derive_seed(&format!("pairing/{cycle}/{task_id}"));
-        let k = exp
+        if runs.is_empty() {
+            continue;
+        }
+        let mut k = exp
             .outer
             .opponents_per_run
             .min(runs.len().saturating_sub(1) as u32);
+        // Guards may leave an odd number of runs; a regular schedule needs
+        // an even number of slots.
+        if (runs.len() as u32 * k) % 2 == 1 {
+            k -= 1;
+        }
         let schedule = rank::schedule::pairing_schedule(runs.len(), k as usize, seed)
             .map_err(|e| EngineError::Invalid(format!("pairing schedule for {task_id}: {e}")))?;
         for (p, pair) in schedule.iter().enumerate() {
@@ -617,12 +659,20 @@ pub fn run_cycle(
         )?;
         let mut train = Vec::new();
         let mut validation = Vec::new();
-        let mut excluded = Vec::new();
+        let mut excluded = guard_excluded.remove(task_id).unwrap_or_default();
         for r in &ranked {
             let run = runs
                 .iter()
                 .find(|x| Hash32::from(x.event) == r.rollout)
                 .ok_or_else(|| EngineError::Invalid("ranked run vanished".into()))?;
+            if !run.violations.is_empty() && exp.guards.action == GuardAction::NoTrain {
+                excluded.push(format!(
+                    "rank {}: {} (ranked, not trained on)",
+                    r.rank,
+                    guard_reason(&run.violations)
+                ));
+                continue;
+            }
             if run.record.status != "finished" {
                 excluded.push(format!(
                     "rank {}: {} ({})",

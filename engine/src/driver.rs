@@ -20,8 +20,11 @@ use crate::suite;
 use crate::task::load_suite;
 
 /// The driver's name and version, recorded in `run.started`. Version 2 reads a
-/// run's tasks from the ledger (version 1 read them from disk).
-pub const DRIVER: &str = "mass-engine/2";
+/// run's tasks from the ledger (version 1 read them from disk); version 3
+/// runs the checks outside the workspace (the `run_checks` tool) and records
+/// the tamper guards' findings (`mass.guard`) before every rollout, so a
+/// version-2 run would not replay under it.
+pub const DRIVER: &str = "mass-engine/3";
 
 /// What to run.
 pub struct RunRequest<'a> {

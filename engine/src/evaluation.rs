@@ -47,6 +47,7 @@ pub fn evaluate(
             },
             &team,
             &ctx.exp.limits,
+            &ctx.exp.guards,
         )?;
         ctx.progress.tick(&stage);
         Ok::<_, EngineError>((
@@ -56,6 +57,7 @@ pub fn evaluate(
             RunRef {
                 event: r.event,
                 record: r.record,
+                violations: r.guard.violations,
             },
         ))
     })?;

@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use ledger::{Id, Ledger};
 use replay::Stream;
-use schemas::{Hash32, Rollout};
+use schemas::{GuardCheck, Hash32, Rollout};
 use serde_json::json;
 
 use crate::backend::Backend;
 use crate::chat::Message;
-use crate::config::Limits;
+use crate::checks;
+use crate::config::{GuardsConfig, Limits};
 use crate::effects::{call_model, tool_effect, Conversation, Sampling, ToolOutcome};
 use crate::error::{EngineError, Result};
 use crate::prompts;
@@ -52,6 +53,8 @@ pub struct RunOutcome {
     /// The `mass.rollout` event.
     pub event: Id,
     pub record: Rollout,
+    /// What the tamper guards found (`violations` empty: not flagged).
+    pub guard: GuardCheck,
 }
 
 /// The workspace of a run, created on first live use.
@@ -91,6 +94,14 @@ impl LiveWorkspace<'_> {
         self.dir = Some(d.clone());
         self.dir_tree = self.last_tree;
         Ok(d)
+    }
+
+    /// Where the checks get their copy of a tree: beside the workspace, never
+    /// inside it.
+    fn checks_scratch(&self) -> PathBuf {
+        let mut name = self.scratch.as_os_str().to_owned();
+        name.push(".checks");
+        PathBuf::from(name)
     }
 
     fn snapshot(&mut self) -> std::result::Result<Id, String> {
@@ -155,6 +166,7 @@ pub fn run_team(
     spec: &RunSpec<'_>,
     team: &Team,
     limits: &Limits,
+    guards: &GuardsConfig,
 ) -> Result<RunOutcome> {
     let ledger = session.ledger().clone();
     let mut orch = session.stream(&format!("{}/orch", spec.stream))?;
@@ -211,6 +223,7 @@ pub fn run_team(
     let bash_opts = BashOptions {
         timeout: Duration::from_secs(limits.tool_timeout_secs),
         max_output_bytes: limits.tool_output_bytes as usize,
+        env: Vec::new(),
     };
     let mut subagents: Vec<Id> = Vec::new();
     let mut report = String::new();
@@ -286,6 +299,11 @@ pub fn run_team(
         .last_tree
         .ok_or_else(|| EngineError::Invalid("run has no workspace snapshot".into()))?;
     let validation = run_checks(&mut orch, &mut ws, spec.task, final_tree, &bash_opts)?;
+    let initial = init
+        .tree
+        .ok_or_else(|| EngineError::Invalid("run has no initial workspace snapshot".into()))?;
+    let guard = crate::guards::inspect(&ledger, spec.task, initial, final_tree, guards)?;
+    let guard_event = orch.emit(schemas::to_event(&guard)?)?;
     let (passed, total) = parse_score(&validation);
     let validation_blob = ledger.put_blob(validation.as_bytes())?;
     let workflow_blob = ledger.put_blob(
@@ -324,8 +342,14 @@ pub fn run_team(
         completion_tokens: budget.completion_tokens,
         report,
     };
-    let event = orch.emit(schemas::to_event(&record)?.with_parents(subagents.clone()))?;
-    Ok(RunOutcome { event, record })
+    let mut parents = subagents.clone();
+    parents.push(guard_event);
+    let event = orch.emit(schemas::to_event(&record)?.with_parents(parents))?;
+    Ok(RunOutcome {
+        event,
+        record,
+        guard,
+    })
 }
 
 fn spend(b: &mut Budget, u: crate::chat::Usage) {
@@ -429,6 +453,7 @@ fn workspace_tool(
             true,
         ),
         Invocation::ListFiles { path } => ("list_files", json!({"path": path}), false),
+        Invocation::RunChecks => return team_checks(st, ws, bash_opts),
         Invocation::Delegate { .. } | Invocation::Finish { .. } => {
             return Ok("error: handled by the harness".into())
         }
@@ -459,7 +484,35 @@ fn workspace_tool(
     Ok(out.text)
 }
 
-/// Runs the task's checks (pristine copies from the task folder) on `tree`.
+/// The team's `run_checks` tool: the task's checks on the workspace as it
+/// stands, answered with what a team may see of them (`checks::feedback`).
+fn team_checks(
+    st: &mut Stream,
+    ws: &mut LiveWorkspace<'_>,
+    bash_opts: &BashOptions,
+) -> Result<String> {
+    let task = ws.task;
+    let out = tool_effect(
+        st,
+        "tool",
+        json!({"tool": "run_checks", "args": {}}),
+        true,
+        || {
+            ws.ensure()?;
+            let tree = ws.last_tree.ok_or("no workspace snapshot yet")?;
+            let full =
+                checks::run_on_tree(&ws.ledger, task, tree, &ws.checks_scratch(), bash_opts)?;
+            Ok(ToolOutcome {
+                text: checks::feedback(&full),
+                tree: None,
+            })
+        },
+    )?;
+    Ok(out.text)
+}
+
+/// The final validation: the task's checks on `tree`, full output (recorded
+/// as the rollout's validation, read by the judge, never shown to the team).
 fn run_checks(
     st: &mut Stream,
     ws: &mut LiveWorkspace<'_>,
@@ -474,27 +527,8 @@ fn run_checks(
         json!({"task": task.id, "tree": tree.to_hex(), "checks": names}),
         true,
         || {
-            ws.last_tree = Some(tree);
-            let dir = ws.ensure()?;
-            task.copy_checks_into(&dir)
-                .map_err(|e| format!("cannot install checks: {e}"))?;
-            let w = tools::Workspace::new(&dir).map_err(|e| e.to_string())?;
-            let mut text = String::new();
-            for c in &task.checks {
-                let mut o = bash_opts.clone();
-                o.timeout = Duration::from_secs(c.timeout_secs.max(1));
-                let r = w.bash(&c.command, &o).map_err(|e| e.to_string())?;
-                text.push_str(&r.stdout);
-                if !r.stderr.is_empty() {
-                    text.push_str(&r.stderr);
-                }
-                if r.timed_out {
-                    text.push_str(&format!("check {} timed out\n", c.name));
-                }
-            }
-            // The checks are not part of the run's work: the directory no longer
-            // matches the recorded tree.
-            ws.dir_tree = None;
+            let text =
+                checks::run_on_tree(&ws.ledger, task, tree, &ws.checks_scratch(), bash_opts)?;
             Ok(ToolOutcome { text, tree: None })
         },
     )?;

@@ -30,6 +30,8 @@ pub struct Judge {
 pub struct RunRef {
     pub event: Id,
     pub record: Rollout,
+    /// What the tamper guards flagged (empty: nothing).
+    pub violations: Vec<String>,
 }
 
 /// Judges `a` against `b` in stream `rel`; `swapped` shows `b` as Workspace A.

@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod chat;
+pub mod checks;
 pub mod config;
 pub mod cycle;
 pub mod dataset;
@@ -15,6 +16,7 @@ pub mod driver;
 pub mod effects;
 pub mod error;
 pub mod evaluation;
+pub mod guards;
 pub mod harness;
 pub mod judge;
 pub mod optimizer;

@@ -19,7 +19,7 @@ Use the tools to do the work, then reply with your final answer as plain text."
 /// The directive appended to every task prompt (after the workflow, if any).
 pub fn directive(task_id: &str, deliverables: &[String]) -> String {
     format!(
-        "\n\n---\nTask id: {task_id}. Work only inside the workspace. Deliverables: {}. Run the checks in checks/ before finishing. When done, call `finish` with a short report.",
+        "\n\n---\nTask id: {task_id}. Work only inside the workspace. Deliverables: {}. Run the checks (the `run_checks` tool) before finishing. When done, call `finish` with a short report.",
         deliverables.join(", ")
     )
 }

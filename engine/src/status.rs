@@ -18,6 +18,10 @@ pub struct RunStatus {
     /// The last `cycles` a fork on this stream set (it overrides the plan in
     /// the recorded definition).
     pub cycles_override: Option<u32>,
+    /// Runs left out of ranking or training data, by reason (from the
+    /// `mass.selection` records): a run flagged by several guards counts
+    /// once under each.
+    pub exclusions: std::collections::BTreeMap<String, u32>,
 }
 
 /// Folds a main stream, oldest event first.
@@ -55,6 +59,15 @@ pub fn fold(events: &[Event]) -> Result<RunStatus> {
                 s.finished = n.text.starts_with("run finished");
                 s.last_step = n.text;
             }
+            "mass.selection" => {
+                let sel: schemas::Selection = schemas::decode_event(ev)?;
+                for line in &sel.excluded {
+                    for reason in exclusion_reasons(line) {
+                        *s.exclusions.entry(reason).or_default() += 1;
+                    }
+                }
+                s.last_step = ev.kind.clone();
+            }
             "mass.cycle" => {
                 let c: schemas::Cycle = schemas::decode_event(ev)?;
                 s.cycles_done = c.cycle;
@@ -64,6 +77,39 @@ pub fn fold(events: &[Event]) -> Result<RunStatus> {
         }
     }
     Ok(s)
+}
+
+/// The reasons in one `mass.selection` exclusion line: `guard: ...` lines
+/// (see `cycle.rs`) give one reason per violation, named without its figures;
+/// `rank N: halted (...)` lines give the run's status.
+pub fn exclusion_reasons(line: &str) -> Vec<String> {
+    if let Some((_, rest)) = line.split_once("guard: ") {
+        let rest = rest
+            .trim_end_matches(" (not ranked)")
+            .trim_end_matches(" (ranked, not trained on)");
+        return rest
+            .split("; ")
+            .map(|v| {
+                let what = if v.starts_with("protected files changed") {
+                    "protected files changed"
+                } else if v.contains("files changed outside the deliverables") {
+                    "too many files changed"
+                } else if v.contains("bytes changed outside the deliverables") {
+                    "too many bytes changed"
+                } else {
+                    v.split(':').next().unwrap_or(v)
+                };
+                format!("guard: {what}")
+            })
+            .collect();
+    }
+    let status = line
+        .split_once(": ")
+        .map_or(line, |(_, r)| r)
+        .split_whitespace()
+        .next()
+        .unwrap_or("other");
+    vec![status.to_string()]
 }
 
 /// Effects of the run whose stream ends in `started` (interrupted work) or in

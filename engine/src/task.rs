@@ -2,8 +2,9 @@
 //!
 //! A task is a directory `<tasks_dir>/<id>/` holding `task.toml` (metadata,
 //! machine checks, known flaws), `prompt.md` (the bare task prompt), `files/`
-//! (copied into every run's workspace) and `checks/` (the validator, copied in
-//! before validation). See `examples/tasks/README.md` for the contract.
+//! (copied into every run's workspace) and `checks/` (the validator, which
+//! never enters a workspace: it runs from here, see `checks.rs`). See
+//! `examples/tasks/README.md` for the contract.
 //!
 //! Loading is strict for the same reason as the experiment file: a typo in
 //! `task.toml` must not silently change what a run means. Errors name the file
@@ -315,31 +316,14 @@ impl Task {
         self.dir.join("checks")
     }
 
-    /// Copies `files/` and `checks/` into `workspace` (created if missing), preserving
+    /// Copies `files/` into `workspace` (created if missing), preserving
     /// permission bits. Refuses to write through a symlink in the workspace,
-    /// so a workspace cannot redirect the copy outside itself.
+    /// so a workspace cannot redirect the copy outside itself. The checks are
+    /// not copied: they run from the task folder (see `checks.rs`).
     pub fn copy_files_into(&self, workspace: &Path) -> io::Result<()> {
         let src_root = self.dir.join("files");
         for rel in &self.files {
             copy_one(&src_root.join(rel), &workspace.join(rel))?;
-        }
-        // The team self-checks with the validator the harness runs (the
-        // harness installs a pristine copy again before validating).
-        self.copy_checks_into(workspace)
-    }
-
-    /// Copies `checks/` into `workspace/checks/` (what the harness does before
-    /// validating, so a team cannot weaken the validator it was given).
-    pub fn copy_checks_into(&self, workspace: &Path) -> io::Result<()> {
-        let src = self.checks_dir();
-        if !src.exists() {
-            return Ok(());
-        }
-        let mut files = Vec::new();
-        list_files(&src, "", &mut files).map_err(|e| io::Error::other(e.to_string()))?;
-        files.sort();
-        for rel in files {
-            copy_one(&src.join(&rel), &workspace.join("checks").join(&rel))?;
         }
         Ok(())
     }
@@ -457,7 +441,7 @@ protected = ["data/x.csv"]
 
 [[checks]]
 name = "validate"
-command = "python3 checks/validate.py"
+command = "python3 -I \"$MASS_CHECKS/validate.py\""
 timeout_secs = 30
 
 [[flaws]]
@@ -644,11 +628,11 @@ caught_by_checks = false
         let t = Task::load(&dir).unwrap_or_else(|e| panic!("{e}"));
         let ws = tmp.path().join("ws");
         t.copy_files_into(&ws).unwrap_or_else(|e| panic!("{e}"));
-        t.copy_checks_into(&ws).unwrap_or_else(|e| panic!("{e}"));
         let read = |p: &str| fs::read_to_string(ws.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
         assert_eq!(read("data/x.csv"), "a,b\n1,2\n");
         assert_eq!(read("README.md"), "readme\n");
-        assert_eq!(read("checks/validate.py"), "print('SCORE 1/1')\n");
+        // The validator stays in the task folder.
+        assert!(!ws.join("checks").exists());
         let mode = fs::metadata(ws.join("run.sh"))
             .unwrap_or_else(|e| panic!("{e}"))
             .permissions()

@@ -37,12 +37,13 @@ use thiserror::Error;
 
 use crate::chat::ToolDef;
 
-/// The six tools of the harness, in the order they are offered and listed.
-pub const TOOL_NAMES: [&str; 6] = [
+/// The seven tools of the harness, in the order they are offered and listed.
+pub const TOOL_NAMES: [&str; 7] = [
     "bash",
     "read_file",
     "write_file",
     "list_files",
+    "run_checks",
     "delegate",
     "finish",
 ];
@@ -150,6 +151,9 @@ pub enum Invocation {
     ListFiles {
         path: Option<String>,
     },
+    /// Runs the task's checks on the workspace (carried out by the harness:
+    /// the checks live outside the workspace).
+    RunChecks,
     Delegate {
         role: String,
         instructions: String,
@@ -168,6 +172,7 @@ impl Invocation {
             Invocation::ReadFile { .. } => "read_file",
             Invocation::WriteFile { .. } => "write_file",
             Invocation::ListFiles { .. } => "list_files",
+            Invocation::RunChecks => "run_checks",
             Invocation::Delegate { .. } => "delegate",
             Invocation::Finish { .. } => "finish",
         }
@@ -182,6 +187,7 @@ fn signature(tool: &str) -> Option<(&'static str, &'static str)> {
         "read_file" => ("read_file", r#"{"path": string}"#),
         "write_file" => ("write_file", r#"{"path": string, "content": string}"#),
         "list_files" => ("list_files", r#"{"path"?: string}"#),
+        "run_checks" => ("run_checks", "{}"),
         "delegate" => (
             "delegate",
             r#"{"role": string, "instructions": string, "contract": string}"#,
@@ -244,6 +250,7 @@ pub fn parse_invocation(name: &str, arguments: &str) -> Result<Invocation, ToolE
         "list_files" => Invocation::ListFiles {
             path: args.optional_str("path")?,
         },
+        "run_checks" => Invocation::RunChecks,
         "delegate" => Invocation::Delegate {
             role: args.required_str("role")?,
             instructions: args.required_str("instructions")?,
@@ -405,6 +412,13 @@ pub fn tool_defs(include_delegate: bool) -> Vec<ToolDef> {
             }),
         ),
         ToolDef::new(
+            "run_checks",
+            "Run the task's checks on the workspace as it is now. Returns PASS or FAIL per check and \
+             the SCORE line, without the checks' expected values. The checks are not in the workspace \
+             and cannot be read or changed.",
+            json!({"type": "object", "properties": {}}),
+        ),
+        ToolDef::new(
             "delegate",
             "Hand a piece of work to a subagent and wait for its report. The subagent works in the \
              same workspace with bash, read_file, write_file and list_files, but sees only what you \
@@ -461,6 +475,9 @@ pub struct BashOptions {
     pub timeout: Duration,
     /// Cap on the bytes kept of stdout, and separately of stderr.
     pub max_output_bytes: usize,
+    /// Variables added to the allow-listed environment (e.g. `MASS_CHECKS`
+    /// for a validator). Never taken from the harness's own environment.
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for BashOptions {
@@ -468,6 +485,7 @@ impl Default for BashOptions {
         BashOptions {
             timeout: Duration::from_secs(300),
             max_output_bytes: 32 * 1024,
+            env: Vec::new(),
         }
     }
 }
@@ -1031,6 +1049,7 @@ impl Workspace {
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env("PYTHONHASHSEED", "0")
             .env("TMPDIR", &tmp)
+            .envs(opts.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -1181,7 +1200,7 @@ impl Workspace {
                     entries.join("\n")
                 }
             }),
-            Invocation::Delegate { .. } | Invocation::Finish { .. } => {
+            Invocation::RunChecks | Invocation::Delegate { .. } | Invocation::Finish { .. } => {
                 return format!(
                     "error: {} is handled by the harness, not by the workspace",
                     inv.tool_name()
@@ -1230,6 +1249,7 @@ mod tests {
         BashOptions {
             timeout: Duration::from_secs(timeout_secs),
             max_output_bytes: cap,
+            env: Vec::new(),
         }
     }
 
@@ -1698,7 +1718,7 @@ mod tests {
         );
         assert_eq!(
             parse_call("rm", "{}").unwrap_err(),
-            r#"unknown tool "rm"; available tools: bash, read_file, write_file, list_files, delegate, finish"#
+            r#"unknown tool "rm"; available tools: bash, read_file, write_file, list_files, run_checks, delegate, finish"#
         );
         let bad_json = parse_call("bash", "{\"a\": }").unwrap_err();
         assert!(
@@ -1742,7 +1762,7 @@ mod tests {
         assert_eq!(names, TOOL_NAMES);
         let sub = tool_defs(false);
         assert!(!sub.iter().any(|d| d.function.name == "delegate"));
-        assert_eq!(sub.len(), 5);
+        assert_eq!(sub.len(), 6);
         for def in &all {
             let params = &def.function.parameters;
             assert_eq!(params["type"], "object");

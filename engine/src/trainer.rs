@@ -86,16 +86,15 @@ pub fn dataset_stats(jsonl: &str) -> Result<DatasetStats, String> {
                         s.delegations += 1;
                         if args["contract"]
                             .as_str()
-                            .is_some_and(|c| c.contains("checks/validate.py"))
+                            .is_some_and(|c| c.contains("run_checks"))
                         {
                             s.delegations_with_checks += 1;
                         }
                     }
+                    "run_checks" => validated = true,
                     "bash" => {
                         let cmd = args["command"].as_str().unwrap_or("");
-                        if cmd.starts_with("python3 checks/validate.py") {
-                            validated = true;
-                        } else if cmd.starts_with("python3 solve.py") {
+                        if cmd.starts_with("python3 solve.py") {
                             s.solver_runs += 1;
                             last_solve = Some(cmd.matches("--flaw").count() as u32);
                         }
@@ -238,7 +237,7 @@ mod tests {
                         "bash",
                         "{\"command\":\"python3 solve.py --flaw a --flaw b\"}"
                     ),
-                    call("bash", "{\"command\":\"python3 checks/validate.py\"}")
+                    call("run_checks", "{}")
                 ),
             ),
         ]

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use engine::backend::{Backend, BackendError, ChatRequest, ChatResponse};
 use engine::chat::{Message, Role, ToolCall, Usage};
-use engine::config::Limits;
+use engine::config::{GuardsConfig, Limits};
 use engine::harness::{run_team, RunSpec, Team};
 use engine::task::Task;
 use engine::workflow::Workflow;
@@ -119,6 +119,7 @@ fn malformed_tool_calls_get_readable_errors_and_the_run_goes_on() {
         },
         &team(b.clone()),
         &Limits::default(),
+        &GuardsConfig::default(),
     )
     .unwrap();
     assert_eq!(out.record.status, "finished");
@@ -185,6 +186,7 @@ fn a_run_that_never_finishes_is_halted_not_failed() {
         },
         &team(b),
         &limits,
+        &GuardsConfig::default(),
     )
     .unwrap();
     assert_eq!(out.record.status, "halted");
@@ -221,6 +223,7 @@ fn delegation_runs_a_subagent_in_its_own_stream() {
         },
         &team(b.clone()),
         &Limits::default(),
+        &GuardsConfig::default(),
     )
     .unwrap();
     assert_eq!(out.record.delegations, 1);
@@ -265,11 +268,13 @@ fn invalid_verdicts_are_re_asked_and_counted() {
             },
             &team(worker.clone()),
             &Limits::default(),
+            &GuardsConfig::default(),
         )
         .unwrap();
         RunRef {
             event: o.event,
             record: o.record,
+            violations: o.guard.violations,
         }
     };
     let (a, bb) = (mk(0), mk(1));
@@ -334,4 +339,104 @@ fn malformed_proposals_are_recorded_and_retried() {
     assert_eq!(recs.len(), 2);
     assert!(recs.iter().any(|r| !r.valid && !r.error.is_empty()));
     assert!(recs.iter().any(|r| r.valid));
+}
+
+fn run_scripted(
+    b: &Arc<Scripted>,
+    t: &Task,
+) -> (tempfile::TempDir, Session, engine::harness::RunOutcome) {
+    let (d, s) = session();
+    let out = run_team(
+        &s,
+        &RunSpec {
+            task: t,
+            workflow: &Workflow::bare(),
+            stream: "r".into(),
+            purpose: "test",
+            cycle: 1,
+            index: 0,
+        },
+        &team(b.clone()),
+        &Limits::default(),
+        &GuardsConfig::default(),
+    )
+    .unwrap();
+    (d, s, out)
+}
+
+/// Before: `checks/` (with the reference validator) was copied into every
+/// workspace and the "pristine" reinstall only overwrote existing files, so a
+/// planted `checks/hashlib.py` made the validator print SCORE 24/24 with no
+/// work done. The checks now run from the task folder with `python3 -I`; a
+/// team that plants a fake validator, a shadowing module and a fake
+/// `MASS_CHECKS` folder gets the real verdict on its (empty) work.
+#[test]
+fn regression_planted_checks_module_cannot_fake_the_score() {
+    let fake_module = "def sha256(*a, **k):\n    raise SystemExit('SCORE 24/24')\n";
+    let fake_validator = "print('PASS everything: ok')\\nprint('SCORE 24/24')";
+    let b = Scripted::new(vec![
+        call(
+            "write_file",
+            &serde_json::json!({"path": "checks/hashlib.py", "content": fake_module}).to_string(),
+        ),
+        call(
+            "write_file",
+            &serde_json::json!({"path": "hashlib.py", "content": fake_module}).to_string(),
+        ),
+        call(
+            "write_file",
+            &serde_json::json!({"path": "checks/validate.py", "content": fake_validator})
+                .to_string(),
+        ),
+        call(
+            "bash",
+            r#"{"command": "mkdir -p MASS_CHECKS && cp checks/validate.py MASS_CHECKS/ && export MASS_CHECKS=$PWD/MASS_CHECKS"}"#,
+        ),
+        call("finish", r#"{"report": "all checks pass"}"#),
+    ]);
+    let t = task();
+    let (_d, _s, out) = run_scripted(&b, &t);
+    let (passed, total) = (out.record.score_passed, out.record.score_total);
+    assert!(total > 0, "the real validator did not run");
+    assert!(passed < total, "a planted validator faked {passed}/{total}");
+    assert_ne!((passed, total), (24, 24));
+}
+
+/// A team's `run_checks` shows PASS/FAIL per check and the score, never the
+/// validator's expected values; the recorded validation keeps them.
+#[test]
+fn run_checks_shows_the_team_no_expected_values() {
+    let b = Scripted::new(vec![
+        call(
+            "write_file",
+            r#"{"path": "results.json", "content": "{\"strategy\": {\"total_return\": 0.5}}"}"#,
+        ),
+        call("run_checks", "{}"),
+        call("finish", r#"{"report": "done"}"#),
+    ]);
+    let t = task();
+    let (_d, s, out) = run_scripted(&b, &t);
+    let last = b.seen.lock().unwrap().last().cloned().unwrap();
+    let feedback = last
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .map(|m| m.content_str().to_string())
+        .find(|c| c.contains("SCORE"))
+        .expect("run_checks answered with a score");
+    assert!(feedback.contains("FAIL "), "{feedback}");
+    assert!(!feedback.contains("expected"), "{feedback}");
+    assert!(feedback.lines().all(|l| !l.contains(": ")), "{feedback}");
+    assert!(out.record.score_total > 0);
+    // The recorded validation has the details; no checks folder ever
+    // entered the workspace.
+    let l = s.ledger();
+    let full = l.get_blob(&ledger::Id(out.record.validation.0)).unwrap();
+    assert!(String::from_utf8_lossy(&full).contains("expected"));
+    let tree = l.get_tree(&ledger::Id(out.record.tree.0)).unwrap();
+    assert!(
+        tree.entries.iter().all(|e| !e.path.starts_with("checks")),
+        "{:?}",
+        tree.entries
+    );
 }

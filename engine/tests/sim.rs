@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use engine::backend::sim::{SimBackend, SimParams};
 use engine::backend::Backend;
-use engine::config::Limits;
+use engine::config::{GuardsConfig, Limits};
 use engine::harness::{run_team, RunSpec, Team};
 use engine::judge::{judge_pair, Judge, RunRef};
 use engine::task::Task;
@@ -54,11 +54,13 @@ fn runs(s: &Session, task: &Task, skill: f64, n: u32) -> Vec<RunRef> {
                 },
                 &team,
                 &limits,
+                &GuardsConfig::default(),
             )
             .unwrap();
             RunRef {
                 event: o.event,
                 record: o.record,
+                violations: o.guard.violations,
             }
         })
         .collect()

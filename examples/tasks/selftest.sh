@@ -3,7 +3,8 @@
 #
 # For every task folder it checks the folder contract (task.toml fields, flaw
 # list, protected files present, size < 150 KB), then, each time in a fresh temporary
-# workspace made from files/ (with checks/ copied in, as the harness does):
+# workspace made from files/ (the checks stay in the task folder and run
+# isolated, `python3 -I "$MASS_CHECKS/validate.py"`, as the harness runs them):
 #   - reference solver without flaws        -> validate exits 0
 #   - solver with each flaw                 -> exit 1 if caught_by_checks, else 0
 #   - no deliverables at all                -> exit 2
@@ -28,19 +29,18 @@ fail=0
 ok()  { pass=$((pass + 1)); printf '  ok    %s\n' "$1"; }
 bad() { fail=$((fail + 1)); printf '  FAIL  %s\n' "$1"; [ -n "${2:-}" ] && printf '        %s\n' "$2"; return 0; }
 
-# fresh_ws TASKDIR -> path of a new workspace holding files/ plus checks/
+# fresh_ws TASKDIR -> path of a new workspace holding files/ (no checks/)
 fresh_ws() {
     local ws
     ws="$(mktemp -d "$TMP/ws.XXXXXX")"
     cp -R "$1/files/." "$ws/"
-    mkdir -p "$ws/checks"
-    cp -R "$1/checks/." "$ws/checks/"
     printf '%s' "$ws"
 }
 
-# validate WS TIMEOUT -> sets VRC (exit code) and VOUT (combined output)
+# validate WS TIMEOUT -> sets VRC (exit code) and VOUT (combined output);
+# MASS_CHECKS names the current task's checks folder (set per task below)
 validate() {
-    VOUT="$(cd "$1" && timeout "$2" "$PY" checks/validate.py 2>&1)"
+    VOUT="$(cd "$1" && timeout "$2" "$PY" -I "$MASS_CHECKS/validate.py" 2>&1)"
     VRC=$?
 }
 
@@ -95,8 +95,8 @@ for fl in flaws:
     if not fl.get("name") or not fl.get("description") or not isinstance(fl.get("caught_by_checks"), bool):
         errs.append(f"incomplete flaw {fl}")
 checks = task.get("checks", [])
-if not checks or checks[0].get("command") != "python3 checks/validate.py":
-    errs.append("checks[0].command must be 'python3 checks/validate.py'")
+if not checks or checks[0].get("command") != 'python3 -I "$MASS_CHECKS/validate.py"':
+    errs.append("checks[0].command must be 'python3 -I \"$MASS_CHECKS/validate.py\"'")
 for rel in ("prompt.md", "solution/solve.py", "checks/validate.py"):
     if not os.path.isfile(os.path.join(t, rel)):
         errs.append(f"{rel} missing")
@@ -165,6 +165,7 @@ fi
 # run_task TID: all tests of one task; prints "  ok"/"  FAIL" lines (run in the background)
 run_task() {
     local tid="$1" tdir="$HERE/$1" info tmo domain split size ws refws first v mws prot fname caught
+    export MASS_CHECKS="$tdir/checks"
     echo "== $tid"
     info="$(contract "$tdir")"
     if ! printf '%s\n' "$info" | head -n 1 | grep -q '^OK '; then

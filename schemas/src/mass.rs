@@ -294,6 +294,47 @@ record!(
     }
 );
 
+/// `mass.guard` v1: the tamper guards' findings on one run's final
+/// workspace, recorded before its rollout (which links it as a parent).
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct GuardCheck {
+    pub task: String,
+    /// The run's initial and final workspace trees.
+    pub initial: Hash32,
+    pub final_tree: Hash32,
+    /// Protected paths whose content differs from the task's (changed,
+    /// removed or replaced), in path order.
+    pub protected_changed: Vec<String>,
+    /// Files added, modified or removed outside the deliverables, and the
+    /// bytes of the added and modified ones.
+    pub changed_files: u32,
+    pub changed_bytes: u64,
+    /// One line per guard that flagged the run (empty: not flagged).
+    pub violations: Vec<String>,
+    /// What the experiment's policy does with a flagged run: `exclude`
+    /// (kept out of ranking and training), `no-train` or `record`.
+    pub action: String,
+}
+
+record!(
+    GuardCheck,
+    "mass.guard",
+    1,
+    |g| vec![g.initial, g.final_tree],
+    GuardCheck {
+        task: "t".into(),
+        initial: Hash32([1; 32]),
+        final_tree: Hash32([2; 32]),
+        protected_changed: vec!["sim/push.py".into()],
+        changed_files: 3,
+        changed_bytes: 1024,
+        violations: vec!["protected file changed: sim/push.py".into()],
+        action: "exclude".into(),
+    }
+);
+
 /// `mass.dataset` v1: the exported training data of a cycle.
 #[derive(
     rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,

@@ -4,7 +4,7 @@
 //! so a ledger written by an older build must still verify and display.
 
 use crate::{
-    decode, Cycle, Dataset, Effect, Evaluation, Judgment, ModelCall, Note, Promotion,
+    decode, Cycle, Dataset, Effect, Evaluation, GuardCheck, Judgment, ModelCall, Note, Promotion,
     ProposalRecord, Ranking, Record, Rollout, RunForked, RunMixed, RunRemoved, RunStarted,
     RunStartedV1, SchemaError, Selection, Training, WorkspaceSnapshot,
 };
@@ -86,6 +86,7 @@ registry!(
         Promotion,
         Ranking,
         Selection,
+        GuardCheck,
         Dataset,
         Training,
         Evaluation,

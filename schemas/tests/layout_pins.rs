@@ -19,6 +19,11 @@ use schemas::{
 /// (kind, version, blake3 of the sample encoding)
 const PINS: &[(&str, u32, &str)] = &[
     (
+        "mass.guard",
+        1,
+        "6cd8eb5b53a0ed9ee7f664c53511c4d19d1de397269803a8bd337a88c60e7ba9",
+    ),
+    (
         "mass.rollout",
         1,
         "ecf8a30c87c77567b66c8fa0de10633caa7eb6630547f18f270dc459ee9b7878",
@@ -133,6 +138,7 @@ fn sample_hash(kind: &str, version: u32) -> String {
         ("mass.promotion", _) => encode(&schemas::Promotion::sample()),
         ("mass.ranking", _) => encode(&schemas::Ranking::sample()),
         ("mass.selection", _) => encode(&schemas::Selection::sample()),
+        ("mass.guard", _) => encode(&schemas::GuardCheck::sample()),
         ("mass.dataset", _) => encode(&schemas::Dataset::sample()),
         ("mass.training", _) => encode(&schemas::Training::sample()),
         ("mass.evaluation", _) => encode(&schemas::Evaluation::sample()),

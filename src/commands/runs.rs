@@ -686,7 +686,7 @@ pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
     if json {
         let v: Vec<_> = rows
             .iter()
-            .map(|(n, h, st, p, never)| serde_json::json!({"run": n, "head": h.to_hex(), "experiment": st.experiment, "cycles_planned": st.cycles_planned, "cycles_done": st.cycles_done, "last_step": st.last_step, "finished": st.finished, "never_started": never, "forked_from": st.forked_from, "unfinished_effects": p}))
+            .map(|(n, h, st, p, never)| serde_json::json!({"run": n, "head": h.to_hex(), "experiment": st.experiment, "cycles_planned": st.cycles_planned, "cycles_done": st.cycles_done, "last_step": st.last_step, "finished": st.finished, "never_started": never, "forked_from": st.forked_from, "exclusions": st.exclusions, "unfinished_effects": p}))
             .collect();
         serde_json::to_writer_pretty(&mut out, &v)?;
         writeln!(out)?;
@@ -719,6 +719,18 @@ pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
             st.last_step,
             h.short(12)
         )?;
+        if !st.exclusions.is_empty() {
+            let by: Vec<String> = st
+                .exclusions
+                .iter()
+                .map(|(r, k)| format!("{r} {k}"))
+                .collect();
+            writeln!(
+                out,
+                "  excluded from ranking or training data: {}",
+                by.join(", ")
+            )?;
+        }
         for e in p {
             writeln!(out, "  unfinished: {e} (`mass resume {n}`)")?;
         }

@@ -388,7 +388,7 @@ impl Worker {
         Worker {
             task: task_id_in(system).or_else(|| task_id_in(instructions)),
             is_orchestrator: false,
-            contract_checks: system.contains("checks/validate.py")
+            contract_checks: system.contains("run_checks")
                 || system.to_lowercase().contains("run the checks"),
             revise: instructions.starts_with("Revise"),
             verifier: !instructions.starts_with("Revise")
@@ -439,11 +439,12 @@ fn progress(msgs: &[Message]) -> Progress {
                                 .filter(|s| !s.is_empty())
                                 .collect(),
                         );
-                    } else if cmd.starts_with("python3 checks/validate.py") {
-                        let fails = result.lines().filter(|l| l.starts_with("FAIL")).count();
-                        let passes = result.lines().filter(|l| l.starts_with("PASS")).count();
-                        p.validations.push((fails, passes));
                     }
+                }
+                "run_checks" => {
+                    let fails = result.lines().filter(|l| l.starts_with("FAIL")).count();
+                    let passes = result.lines().filter(|l| l.starts_with("PASS")).count();
+                    p.validations.push((fails, passes));
                 }
                 _ => {}
             }
@@ -493,11 +494,7 @@ impl SimBackend {
         if w.verifier {
             // A verifier checks the shared workspace and reports; it fixes nothing.
             if prog.validations.is_empty() {
-                return call(
-                    cid,
-                    "bash",
-                    json!({"command": "python3 checks/validate.py"}),
-                );
+                return call(cid, "run_checks", json!({}));
             }
             let (f, ps) = prog.validations[prog.validations.len() - 1];
             return Message::assistant(format!(
@@ -516,11 +513,7 @@ impl SimBackend {
             return call(cid, "bash", json!({"command": solve_command(&flaws)}));
         };
         if verify && prog.validations.len() < prog.solve_runs.len() {
-            return call(
-                cid,
-                "bash",
-                json!({"command": "python3 checks/validate.py"}),
-            );
+            return call(cid, "run_checks", json!({}));
         }
         let last_fails = prog.validations.last().map(|v| v.0).unwrap_or(0);
         if verify && last_fails > 0 && prog.solve_runs.len() < 3 {
@@ -598,7 +591,7 @@ impl SimBackend {
                 "analyst".into(),
                 "Solve the task end to end and write all deliverables.".into(),
                 if checks {
-                    "Return what you computed and where the deliverables are. Checks: python3 checks/validate.py passes".into()
+                    "Return what you computed and where the deliverables are. Checks: run_checks passes".into()
                 } else {
                     "Return what you computed and where the deliverables are.".into()
                 },
@@ -782,9 +775,9 @@ fn optimize(p: &SimParams, req: &ChatRequest) -> Message {
                 }
                 0 | 1 => {
                     if let Some(c) = w.contracts.iter_mut().find(|c| c.checks.is_empty()) {
-                        c.checks.push("python3 checks/validate.py passes".into());
+                        c.checks.push("run_checks passes".into());
                         changes.push(format!(
-                            "contract of {} now requires running checks/validate.py",
+                            "contract of {} now requires run_checks to pass",
                             c.agent_id
                         ));
                     } else if w.agents.is_empty() {
@@ -797,7 +790,7 @@ fn optimize(p: &SimParams, req: &ChatRequest) -> Message {
                         w.contracts.push(Contract {
                             agent_id: "solver".into(),
                             returns: "The key numbers.".into(),
-                            checks: vec!["python3 checks/validate.py passes".into()],
+                            checks: vec!["run_checks passes".into()],
                         });
                         changes.push(
                             "added a solver agent whose contract requires the checks".to_string(),
@@ -864,7 +857,7 @@ fn optimize(p: &SimParams, req: &ChatRequest) -> Message {
         "why_it_should_improve": "The judge's feedback points at unverified results; putting verification into contracts and hops addresses that.",
         "evidence_used": ["judge rationales of the last comparisons"],
         "expected_impact": "fewer failing checks and fewer unsupported claims",
-        "verification_checks": ["python3 checks/validate.py"],
+        "verification_checks": ["run_checks"],
     });
     Message::assistant(format!(
         "```json\n{}\n```",

@@ -1,0 +1,127 @@
+//! A task's checks (its validators): where they run and what each reader of
+//! their output sees.
+//!
+//! Validators never live in a workspace. A team's workspace holds the task's
+//! `files/` only; the checks run from the task's recorded folder, named to the
+//! command as `$MASS_CHECKS`, with a fresh checkout of a recorded workspace
+//! tree as the working directory, never the team's live directory, so nothing
+//! a team planted (a `checks/hashlib.py`, an edited validator) is what runs,
+//! and nothing a validator writes reaches the team's work. Task commands run
+//! Python isolated (`python3 -I`: no working directory or user site on
+//! `sys.path`). The full output, expected values included, is the rollout's
+//! recorded validation (what the judge reads); a team sees [`feedback`]:
+//! PASS/FAIL per check name, `HINT` lines a validator chooses to show, and
+//! the score.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ledger::{Id, Ledger};
+
+use crate::task::Task;
+use crate::tools::{self, BashOptions};
+
+/// The variable that names the task's checks folder to a check command.
+pub const CHECKS_VAR: &str = "MASS_CHECKS";
+
+/// Runs every check of `task` on a fresh checkout of `tree` under `scratch`
+/// (removed afterwards) and returns their combined output. The error is a
+/// sentence for the record (the checkout or a process could not be made).
+pub fn run_on_tree(
+    ledger: &Ledger,
+    task: &Task,
+    tree: Id,
+    scratch: &Path,
+    opts: &BashOptions,
+) -> Result<String, String> {
+    let copy = Copy::new(scratch);
+    ledger
+        .checkout(&tree, &copy.0)
+        .map_err(|e| format!("cannot materialise {} for the checks: {e}", tree.short(12)))?;
+    let ws = tools::Workspace::new(&copy.0).map_err(|e| e.to_string())?;
+    let checks_dir = task.checks_dir();
+    let mut text = String::new();
+    for c in &task.checks {
+        let mut o = opts.clone();
+        o.timeout = Duration::from_secs(c.timeout_secs.max(1));
+        o.env
+            .push((CHECKS_VAR.into(), checks_dir.to_string_lossy().into_owned()));
+        let r = ws.bash(&c.command, &o).map_err(|e| e.to_string())?;
+        text.push_str(&r.stdout);
+        if !r.stderr.is_empty() {
+            text.push_str(&r.stderr);
+        }
+        if r.timed_out {
+            text.push_str(&format!("check {} timed out\n", c.name));
+        }
+    }
+    Ok(text)
+}
+
+/// A directory removed when dropped (also on an early return).
+struct Copy(PathBuf);
+
+impl Copy {
+    fn new(path: &Path) -> Copy {
+        let _ = std::fs::remove_dir_all(path);
+        Copy(path.to_path_buf())
+    }
+}
+
+impl Drop for Copy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What a team sees of the checks' output: `PASS name` / `FAIL name` without
+/// the detail after the name (which states expected values), `HINT ...`
+/// lines, timeouts and the `SCORE k/n` line. Everything else is dropped.
+pub fn feedback(output: &str) -> String {
+    let mut out = String::new();
+    for line in output.lines().map(str::trim) {
+        let kept = if let Some(rest) = line
+            .strip_prefix("PASS ")
+            .or_else(|| line.strip_prefix("FAIL "))
+        {
+            // Check names never contain spaces; the detail follows ": ".
+            let name = rest.split_once(": ").map_or(rest, |(n, _)| n);
+            let name = name.split_whitespace().next().unwrap_or("");
+            format!("{} {name}", &line[..4])
+        } else if line.starts_with("SCORE ")
+            || line.starts_with("HINT ")
+            || line.ends_with(" timed out")
+        {
+            line.to_string()
+        } else {
+            continue;
+        };
+        out.push_str(&kept);
+        out.push('\n');
+    }
+    if out.is_empty() {
+        out.push_str("(the checks printed no result)\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn feedback_never_shows_expected_values() {
+        let full = "PASS deliverable:report.md: present\n\
+                    FAIL total_return: reported 0.1234, expected 0.0871 (tol 1e-4)\n\
+                    Traceback: something mentioning 0.0871\n\
+                    HINT the cost model is per unit of turnover\n\
+                    SCORE 1/2\n";
+        let f = feedback(full);
+        assert_eq!(
+            f,
+            "PASS deliverable:report.md\nFAIL total_return\nHINT the cost model is per unit of turnover\nSCORE 1/2\n"
+        );
+        assert!(!f.contains("0.0871"));
+        assert_eq!(feedback("garbage"), "(the checks printed no result)\n");
+    }
+}
