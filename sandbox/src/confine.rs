@@ -1,0 +1,282 @@
+//! Installs the confinement on a `std::process::Command` as a pre_exec hook.
+//! Everything that allocates or resolves paths (Landlock ruleset and its
+//! PathFds, seccomp BPF, id-map bytes, rlimit values) is prepared here in the
+//! parent; the hook, running between fork and exec, only makes syscalls.
+//!
+//! Order inside the child for `Level::Full` (as bubblewrap and Codex do it):
+//! drop root -> unshare namespaces + id maps -> fork (the command becomes
+//! PID 1 of the new PID namespace; the first child stays as a relay that
+//! waits and mirrors its exit) -> PDEATHSIG -> private mounts + fresh /proc
+//! -> rlimits -> Landlock (sets no_new_privs) -> seccomp -> exec.
+//! Landlock comes after the mounts because a Landlock domain cannot mount;
+//! seccomp comes last because it denies mount and needs no_new_privs.
+
+use crate::error::SandboxError;
+use crate::policy::{Level, Limits, Policy};
+use crate::probe::probe;
+use crate::rules;
+use crate::sys::{self, cvt, note, SANDBOX_ID};
+use landlock::{RulesetCreated, RulesetStatus};
+use seccompiler::BpfProgram;
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+type RlimitTable = [(libc::__rlimit_resource_t, libc::rlim_t); 6];
+
+fn rlimit_table(l: &Limits) -> RlimitTable {
+    const MIB: u64 = 1024 * 1024;
+    [
+        (libc::RLIMIT_CPU, l.cpu_secs as libc::rlim_t),
+        (
+            libc::RLIMIT_AS,
+            l.address_space_mb.saturating_mul(MIB) as libc::rlim_t,
+        ),
+        (libc::RLIMIT_NPROC, l.processes as libc::rlim_t),
+        (
+            libc::RLIMIT_FSIZE,
+            l.file_size_mb.saturating_mul(MIB) as libc::rlim_t,
+        ),
+        (libc::RLIMIT_NOFILE, l.open_files as libc::rlim_t),
+        (libc::RLIMIT_CORE, 0),
+    ]
+}
+
+fn set_rlimits(table: &RlimitTable) -> io::Result<()> {
+    for &(res, v) in table {
+        // soft = hard: the command cannot raise them back.
+        let lim = libc::rlimit {
+            rlim_cur: v,
+            rlim_max: v,
+        };
+        // SAFETY: valid pointer to a local rlimit.
+        if let Err(e) = cvt(unsafe { libc::setrlimit(res, &lim) }) {
+            note(b"sandbox: setrlimit failed\n");
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+fn restrict(rs: Option<RulesetCreated>) -> io::Result<()> {
+    let Some(rs) = rs else {
+        // The hook runs once per spawn in a fresh copy of the parent's
+        // memory, so this only happens if the ruleset was already consumed.
+        note(b"sandbox: Landlock ruleset missing\n");
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    match rs.restrict_self() {
+        Ok(st) if st.ruleset == RulesetStatus::FullyEnforced => Ok(()),
+        Ok(_) => {
+            note(b"sandbox: Landlock not fully enforced\n");
+            Err(io::Error::from_raw_os_error(libc::EPERM))
+        }
+        Err(_) => {
+            note(b"sandbox: landlock_restrict_self failed\n");
+            Err(io::Error::from_raw_os_error(libc::EPERM))
+        }
+    }
+}
+
+fn apply_seccomp(progs: &[BpfProgram]) -> io::Result<()> {
+    for p in progs {
+        if seccompiler::apply_filter(p).is_err() {
+            note(b"sandbox: installing the seccomp filter failed\n");
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
+    }
+    Ok(())
+}
+
+fn drop_root_step(drop: bool) -> io::Result<()> {
+    if drop {
+        sys::drop_root().inspect_err(|_| note(b"sandbox: dropping root to uid 65534 failed\n"))?;
+    }
+    Ok(())
+}
+
+/// Installs the confinement `policy` describes on `cmd`. The caller keeps
+/// managing env, stdio, process_group, the timeout and killing the group.
+/// Fails (rather than running with less) if a layer the level needs is missing.
+pub fn confine(cmd: &mut Command, policy: &Policy) -> Result<(), SandboxError> {
+    for p in policy.writable.iter().chain(&policy.readable) {
+        if !p.is_absolute() {
+            return Err(SandboxError::RelativePath(p.clone()));
+        }
+    }
+    let avail = probe();
+    avail.check(policy.level)?;
+    let limits = rlimit_table(&policy.limits);
+    let abi = avail.landlock_abi.unwrap_or(0);
+    let drop = avail.root;
+    match policy.level {
+        Level::None => {
+            // SAFETY: the hook only calls setrlimit.
+            unsafe {
+                cmd.pre_exec(move || set_rlimits(&limits));
+            }
+        }
+        Level::Landlock => {
+            let mut ruleset = Some(rules::landlock_ruleset(policy, abi, true)?);
+            let progs = rules::seccomp_programs(policy.network)?;
+            // SAFETY: the hook only makes syscalls on data prepared above.
+            unsafe {
+                cmd.pre_exec(move || {
+                    set_core_zero();
+                    drop_root_step(drop)?;
+                    set_rlimits(&limits)?;
+                    restrict(ruleset.take())?;
+                    apply_seccomp(&progs)
+                });
+            }
+        }
+        Level::Full => {
+            let mut ruleset = Some(rules::landlock_ruleset(policy, abi, false)?);
+            let progs = rules::seccomp_programs(policy.network)?;
+            // Identity map of the (possibly dropped) uid: the command is not
+            // root inside the namespace either, so it loses the namespace's
+            // capabilities at exec instead of holding CAP_SYS_ADMIN there.
+            // SAFETY: getuid/getgid cannot fail.
+            let (uid, gid) = if drop {
+                (SANDBOX_ID, SANDBOX_ID)
+            } else {
+                unsafe { (libc::getuid(), libc::getgid()) }
+            };
+            let uid_map = format!("{uid} {uid} 1\n").into_bytes();
+            let gid_map = format!("{gid} {gid} 1\n").into_bytes();
+            let mut flags = libc::CLONE_NEWUSER
+                | libc::CLONE_NEWNS
+                | libc::CLONE_NEWPID
+                | libc::CLONE_NEWIPC
+                | libc::CLONE_NEWUTS;
+            if !policy.network {
+                flags |= libc::CLONE_NEWNET;
+            }
+            // SAFETY: the hook only makes syscalls on data prepared above;
+            // the relay branch never returns into std's child code.
+            unsafe {
+                cmd.pre_exec(move || {
+                    set_core_zero();
+                    drop_root_step(drop)?;
+                    enter_namespaces(flags, &uid_map, &gid_map)?;
+                    become_pid1()?;
+                    mount_proc()?;
+                    set_rlimits(&limits)?;
+                    let rs = match ruleset.take() {
+                        Some(rs) => Some(add_new_proc(rs, abi)?),
+                        None => None,
+                    };
+                    restrict(rs)?;
+                    apply_seccomp(&progs)
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn set_core_zero() {
+    let lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid pointer; lowering RLIMIT_CORE cannot fail for valid args.
+    unsafe { libc::setrlimit(libc::RLIMIT_CORE, &lim) };
+}
+
+fn enter_namespaces(flags: libc::c_int, uid_map: &[u8], gid_map: &[u8]) -> io::Result<()> {
+    // SAFETY: plain syscall.
+    cvt(unsafe { libc::unshare(flags) }).inspect_err(|_| note(b"sandbox: unshare failed\n"))?;
+    // setgroups must be denied before an unprivileged gid_map write.
+    sys::write_file(c"/proc/self/setgroups", b"deny")
+        .and_then(|_| sys::write_file(c"/proc/self/uid_map", uid_map))
+        .and_then(|_| sys::write_file(c"/proc/self/gid_map", gid_map))
+        .inspect_err(|_| note(b"sandbox: writing the user namespace id maps failed\n"))
+}
+
+/// Forks so the command becomes PID 1 of the new PID namespace. Returns in
+/// the grandchild only; the first child becomes a relay that waits for it
+/// and exits the same way, and never returns.
+fn become_pid1() -> io::Result<()> {
+    let mut fds = [0 as libc::c_int; 2];
+    // The pipe lets the grandchild detect that the relay already died before
+    // PDEATHSIG was armed (getppid() is 0 across a PID namespace boundary).
+    // SAFETY: valid out-array.
+    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    let [r, w] = fds;
+    // SAFETY: fork in a single-threaded child; both branches only make syscalls.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        note(b"sandbox: fork into the PID namespace failed\n");
+        return Err(io::Error::last_os_error());
+    }
+    if pid > 0 {
+        // Relay. Close everything (std's exec-status pipe, the caller's
+        // stdout/stderr pipes) so the caller's spawn() returns once the
+        // grandchild execs and its output EOF does not wait for us.
+        sys::close_all_but(w);
+        match sys::wait_pid(pid) {
+            Ok(status) => sys::exit_like(status),
+            // SAFETY: _exit is always safe.
+            Err(_) => unsafe { libc::_exit(127) },
+        }
+    }
+    // Grandchild: PID 1 of the namespace.
+    // SAFETY: plain syscalls on our own fds.
+    unsafe {
+        libc::close(w);
+        cvt(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0))?;
+        let mut pfd = libc::pollfd {
+            fd: r,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let n = libc::poll(&mut pfd, 1, 0);
+        libc::close(r);
+        if n != 0 {
+            // EOF (or error): the relay is gone, nobody would kill us on timeout.
+            libc::_exit(1);
+        }
+    }
+    Ok(())
+}
+
+fn mount_proc() -> io::Result<()> {
+    // SAFETY: static C strings, null data pointers as documented for these flags.
+    unsafe {
+        cvt(libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ))
+        .inspect_err(|_| note(b"sandbox: making mounts private failed\n"))?;
+        cvt(libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        ))
+        .inspect_err(|_| note(b"sandbox: mounting a fresh /proc failed\n"))?;
+    }
+    Ok(())
+}
+
+fn add_new_proc(rs: RulesetCreated, abi: i32) -> io::Result<RulesetCreated> {
+    // SAFETY: static path; the fd is owned and closed after the rule is added.
+    let fd = cvt(unsafe {
+        libc::open(
+            c"/proc".as_ptr(),
+            libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY,
+        )
+    })?;
+    // SAFETY: fd was just opened and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    rules::add_proc_rule(rs, fd, abi).map_err(|_| {
+        note(b"sandbox: adding /proc to the Landlock ruleset failed\n");
+        io::Error::from_raw_os_error(libc::EINVAL)
+    })
+}
