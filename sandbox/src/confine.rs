@@ -4,12 +4,17 @@
 //! parent; the hook, running between fork and exec, only makes syscalls.
 //!
 //! Order inside the child for `Level::Full` (as bubblewrap and Codex do it):
-//! drop root -> unshare namespaces + id maps -> fork (the command becomes
-//! PID 1 of the new PID namespace; the first child stays as a relay that
-//! waits and mirrors its exit) -> PDEATHSIG -> private mounts + fresh /proc
-//! -> rlimits -> Landlock (sets no_new_privs) -> seccomp -> exec.
-//! Landlock comes after the mounts because a Landlock domain cannot mount;
-//! seccomp comes last because it denies mount and needs no_new_privs.
+//! 1. drop root to uid/gid 65534 (so RLIMIT_NPROC applies and the command is not root);
+//! 2. unshare user/mount/PID/net/IPC/UTS namespaces and write the id maps;
+//! 3. fork: the command becomes PID 1 of the new PID namespace, the first
+//!    child stays as a relay that waits and mirrors its exit; PID 1 gets
+//!    PDEATHSIG(SIGKILL) so killing the relay kills the whole namespace;
+//! 4. private mounts, a fresh /proc and a private /dev/shm;
+//! 5. rlimits;
+//! 6. Landlock (sets no_new_privs); after the mounts, since a Landlock
+//!    domain cannot mount;
+//! 7. inherited fds marked close-on-exec;
+//! 8. seccomp last, because it denies mount/unshare and needs no_new_privs.
 
 use crate::error::SandboxError;
 use crate::policy::{Level, Limits, Policy};
@@ -127,6 +132,7 @@ pub fn confine(cmd: &mut Command, policy: &Policy) -> Result<(), SandboxError> {
                     drop_root_step(drop)?;
                     set_rlimits(&limits)?;
                     restrict(ruleset.take())?;
+                    cloexec_inherited_fds();
                     apply_seccomp(&progs)
                 });
             }
@@ -145,6 +151,7 @@ pub fn confine(cmd: &mut Command, policy: &Policy) -> Result<(), SandboxError> {
             };
             let uid_map = format!("{uid} {uid} 1\n").into_bytes();
             let gid_map = format!("{gid} {gid} 1\n").into_bytes();
+            let have_shm = std::path::Path::new("/dev/shm").is_dir();
             let mut flags = libc::CLONE_NEWUSER
                 | libc::CLONE_NEWNS
                 | libc::CLONE_NEWPID
@@ -162,12 +169,14 @@ pub fn confine(cmd: &mut Command, policy: &Policy) -> Result<(), SandboxError> {
                     enter_namespaces(flags, &uid_map, &gid_map)?;
                     become_pid1()?;
                     mount_proc()?;
+                    let shm = mount_shm(have_shm)?;
                     set_rlimits(&limits)?;
                     let rs = match ruleset.take() {
-                        Some(rs) => Some(add_new_proc(rs, abi)?),
+                        Some(rs) => Some(add_mounted(rs, abi, shm)?),
                         None => None,
                     };
                     restrict(rs)?;
+                    cloexec_inherited_fds();
                     apply_seccomp(&progs)
                 });
             }
@@ -265,18 +274,66 @@ fn mount_proc() -> io::Result<()> {
     Ok(())
 }
 
-fn add_new_proc(rs: RulesetCreated, abi: i32) -> io::Result<RulesetCreated> {
-    // SAFETY: static path; the fd is owned and closed after the rule is added.
+/// A private tmpfs on /dev/shm (POSIX semaphores and shared memory, e.g.
+/// python's multiprocessing), so commands neither share it with the host
+/// nor with each other. Returns whether it was mounted.
+fn mount_shm(have_shm: bool) -> io::Result<bool> {
+    if !have_shm {
+        return Ok(false);
+    }
+    // SAFETY: static C strings.
+    cvt(unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            c"/dev/shm".as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            c"mode=1777,size=64m".as_ptr().cast(),
+        )
+    })
+    .inspect_err(|_| note(b"sandbox: mounting a private /dev/shm failed\n"))?;
+    Ok(true)
+}
+
+/// Opens a directory mounted in the child as O_PATH, for a Landlock rule.
+fn open_path(path: &std::ffi::CStr) -> io::Result<OwnedFd> {
+    // SAFETY: valid C string; the fd is wrapped in an OwnedFd immediately.
     let fd = cvt(unsafe {
         libc::open(
-            c"/proc".as_ptr(),
+            path.as_ptr(),
             libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY,
         )
     })?;
     // SAFETY: fd was just opened and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    rules::add_proc_rule(rs, fd, abi).map_err(|_| {
-        note(b"sandbox: adding /proc to the Landlock ruleset failed\n");
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds the fresh /proc (read) and private /dev/shm (read-write): their
+/// roots are new inodes, so rules built in the parent cannot name them.
+fn add_mounted(rs: RulesetCreated, abi: i32, shm: bool) -> io::Result<RulesetCreated> {
+    let failed = |_| {
+        note(b"sandbox: adding mounted directories to the Landlock ruleset failed\n");
         io::Error::from_raw_os_error(libc::EINVAL)
-    })
+    };
+    let mut rs = rules::add_mounted_dir(rs, open_path(c"/proc")?, abi, false).map_err(failed)?;
+    if shm {
+        rs = rules::add_mounted_dir(rs, open_path(c"/dev/shm")?, abi, true).map_err(failed)?;
+    }
+    Ok(rs)
+}
+
+/// Marks every fd above stderr close-on-exec: fds the harness leaked
+/// without O_CLOEXEC would otherwise reach the command, and an fd opened
+/// before Landlock is not checked by it. Only stdin/stdout/stderr pass.
+fn cloexec_inherited_fds() {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags; on old
+    // kernels it fails harmlessly (std's own fds are CLOEXEC anyway).
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC as libc::c_uint,
+        );
+    }
 }

@@ -19,8 +19,9 @@ use std::path::{Path, PathBuf};
 
 /// Directories and files every command may read and execute: what bash,
 /// coreutils and python3 need to start (binaries, shared libraries, the
-/// dynamic linker's cache, time zone, Debian's python site config).
-/// /etc/passwd and /etc/group are deliberately absent.
+/// dynamic linker's cache, time zone) plus /proc. /etc/passwd and
+/// /etc/group are deliberately absent (tools only lose the user name).
+/// Debian's python site config (/etc/python3*) is added at run time.
 const SYSTEM_READ: &[&str] = &[
     "/usr",
     "/bin",
@@ -33,25 +34,54 @@ const SYSTEM_READ: &[&str] = &[
     "/etc/ld.so.conf.d",
     "/etc/alternatives",
     "/etc/localtime",
-    "/etc/python3",
-    "/etc/python3.11",
-    "/etc/python3.12",
-    "/etc/python3.13",
     "/proc",
+];
+
+/// Read-only additions when the policy allows network: name resolution and
+/// TLS trust stores, useless (and a needless disclosure) without network.
+const NETWORK_READ: &[&str] = &[
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/host.conf",
+    "/etc/gai.conf",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/ca-certificates.conf",
 ];
 
 /// Character devices the command may read and write.
 const DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/random", "/dev/urandom"];
 
-/// The read-only system allow-list in force: the entries of the built-in
-/// list that exist on this machine, plus the devices (read+write).
+/// The read-only entries in force for `network`, existing on this machine.
+fn system_entries(network: bool) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = SYSTEM_READ.iter().map(PathBuf::from).collect();
+    // Debian's sitecustomize lives in /etc/python3.X; python warns on stderr without it.
+    if let Ok(dir) = std::fs::read_dir("/etc") {
+        let mut py: Vec<PathBuf> = dir
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+            .map(|e| e.path())
+            .collect();
+        py.sort();
+        out.extend(py);
+    }
+    if network {
+        out.extend(NETWORK_READ.iter().map(PathBuf::from));
+    }
+    out.retain(|p| p.exists());
+    out
+}
+
+/// The read-only system allow-list in force (without network): the
+/// read+execute entries that exist on this machine, then the devices
+/// (read+write). Policies with `network = true` also get resolver and TLS
+/// configuration under /etc. Level::Full additionally gives each command a
+/// private, writable tmpfs on /dev/shm.
 pub fn system_read_paths() -> Vec<PathBuf> {
-    SYSTEM_READ
-        .iter()
-        .chain(DEVICES)
-        .map(PathBuf::from)
-        .filter(|p| p.exists())
-        .collect()
+    let mut out = system_entries(false);
+    out.extend(DEVICES.iter().map(PathBuf::from).filter(|p| p.exists()));
+    out
 }
 
 fn abi_of(abi: i32) -> ABI {
@@ -125,12 +155,11 @@ pub(crate) fn landlock_ruleset(
     for p in &policy.readable {
         rs = add_path(rs, p, "readable", |d| read_rights(v, d))?;
     }
-    for p in SYSTEM_READ {
-        let p = Path::new(p);
-        if (*p == *"/proc" && !with_proc) || !p.exists() {
+    for p in system_entries(policy.network) {
+        if p == Path::new("/proc") && !with_proc {
             continue;
         }
-        rs = add_path(rs, p, "system", |d| read_rights(v, d))?;
+        rs = add_path(rs, &p, "system", |d| read_rights(v, d))?;
     }
     let dev =
         (AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev) & AccessFs::from_file(v);
@@ -143,20 +172,28 @@ pub(crate) fn landlock_ruleset(
     Ok(rs)
 }
 
-/// Adds the freshly mounted /proc (read-only) to the ruleset in the child.
-pub(crate) fn add_proc_rule(
+/// Adds a directory mounted in the child (fresh /proc read-only, private
+/// /dev/shm read-write) to the ruleset; no allocation.
+pub(crate) fn add_mounted_dir(
     rs: RulesetCreated,
-    proc_fd: impl AsFd,
+    fd: impl AsFd,
     abi: i32,
+    writable: bool,
 ) -> Result<RulesetCreated, landlock::RulesetError> {
-    rs.add_rule(PathBeneath::new(proc_fd, read_rights(abi_of(abi), true)))
+    let v = abi_of(abi);
+    let rights = if writable {
+        all_rights(v, true)
+    } else {
+        read_rights(v, true)
+    };
+    rs.add_rule(PathBeneath::new(fd, rights))
 }
 
 /// Seccomp programs, applied in this order in the child:
 /// 1. EPERM for syscalls a command never needs and that widen the attack
 ///    surface or could undo the confinement (ptrace, process_vm_*, bpf,
 ///    keyrings, perf, mounts, unshare/setns, io_uring, namespace-creating
-///    clone flags) and, without network, socket() for anything but AF_UNIX
+///    clone flags, changing the parent-death signal) and, without network, socket() for anything but AF_UNIX
 ///    (Landlock has no UDP rule, so this is what stops UDP/raw sockets).
 /// 2. ENOSYS for clone3, whose flags live in memory where seccomp cannot
 ///    look; libc falls back to clone(2), which program 1 checks.
@@ -213,6 +250,30 @@ pub(crate) fn seccomp_programs(network: bool) -> Result<Vec<BpfProgram>, Sandbox
         clone_rules.push(SeccompRule::new(vec![cond]).map_err(err)?);
     }
     deny.insert(libc::SYS_clone, clone_rules);
+    // Under Level::Full the command is PID 1 of its namespace and dies with
+    // the relay only through PR_SET_PDEATHSIG(SIGKILL). Clearing it (or
+    // setting a signal PID 1 ignores) and calling setsid() would let it
+    // outlive the caller's killpg; setting SIGKILL stays allowed.
+    let pdeath = vec![
+        SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            libc::PR_SET_PDEATHSIG as u64,
+        )
+        .map_err(err)?,
+        SeccompCondition::new(
+            1,
+            SeccompCmpArgLen::Qword,
+            SeccompCmpOp::Ne,
+            libc::SIGKILL as u64,
+        )
+        .map_err(err)?,
+    ];
+    deny.insert(
+        libc::SYS_prctl,
+        vec![SeccompRule::new(pdeath).map_err(err)?],
+    );
     if !network {
         let cond = SeccompCondition::new(
             0,

@@ -767,3 +767,112 @@ fn system_read_paths_lists_existing_allow_list() {
         .iter()
         .any(|p| p.starts_with("/etc/passwd") || p.starts_with("/root") || p == Path::new("/etc")));
 }
+
+#[test]
+fn clearing_parent_death_signal_does_not_save_a_daemon() {
+    // PID 1 of the namespace tries to unhook itself from the relay
+    // (prctl(PR_SET_PDEATHSIG, 0) or a harmless signal) and leave the process
+    // group, so that killing the group would leave it running.
+    let ws = Ws::new();
+    let o = run(
+        &ws.policy(Level::Full),
+        &ws.dir,
+        "exec python3 -c \"
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+print('KILL', libc.prctl(1, 9, 0, 0, 0), flush=True)
+print('CLEAR', libc.prctl(1, 0, 0, 0, 0), flush=True)
+print('USR1', libc.prctl(1, 10, 0, 0, 0), flush=True)
+os.setsid()
+while True:
+    with open('d.log', 'a') as f: f.write('x')
+    time.sleep(0.1)
+\"",
+        secs(1),
+    );
+    assert!(o.timed_out, "{o:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    let a = std::fs::metadata(ws.path("d.log")).unwrap().len();
+    std::thread::sleep(secs(1));
+    let b = std::fs::metadata(ws.path("d.log")).unwrap().len();
+    assert_eq!(a, b, "PID 1 outlived the relay: {o:?}");
+    // Control: setting SIGKILL itself stays allowed.
+    assert!(
+        o.has("CLEAR -1") && o.has("USR1 -1") && o.has("KILL 0"),
+        "{o:?}"
+    );
+}
+
+#[test]
+fn network_policy_true_is_the_control_for_network_tests() {
+    // Same connection as tcp_to_host_loopback_is_blocked, with network allowed: it works.
+    let ws = Ws::new();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let mut p = ws.policy(Level::Full);
+    p.network = true;
+    let o = run(
+        &p,
+        &ws.dir,
+        &format!("(exec 3<>/dev/tcp/127.0.0.1/{port}) && echo CONNECTED"),
+        secs(10),
+    );
+    assert!(o.has("CONNECTED"), "{o:?}");
+    l.set_nonblocking(true).unwrap();
+    assert!(l.accept().is_ok());
+}
+
+#[test]
+fn leaked_harness_fd_does_not_reach_the_command() {
+    let ws = Ws::new();
+    let outside = ws.base().join("leaked.txt");
+    std::fs::write(&outside, "original").unwrap();
+    let f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&outside)
+        .unwrap();
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&f);
+    let p = ws.policy(Level::Full);
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c")
+        .arg("echo pwn >&50 && echo WROTE; echo CONTROL_OK")
+        .env_clear()
+        .current_dir(&ws.dir)
+        .stdin(Stdio::null());
+    // Simulate a harness that leaked a non-CLOEXEC fd: dup it to 50 before the sandbox hook.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(raw, 50) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    prepare(&p).unwrap();
+    confine(&mut cmd, &p).unwrap();
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        std::fs::read_to_string(&outside).unwrap(),
+        "original",
+        "{out:?}"
+    );
+    assert!(
+        !stdout.contains("WROTE") && stdout.contains("CONTROL_OK"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn private_dev_shm_works_for_multiprocessing() {
+    let ws = Ws::new();
+    let o = run_full(
+        &ws,
+        "python3 -c 'import multiprocessing as m; print(\"POOL\", sum(m.Pool(2).map(abs, [-1, -2])))'; echo x > /dev/shm/sbx-test && echo SHM_OK",
+    );
+    assert!(o.has("POOL 3") && o.has("SHM_OK"), "{o:?}");
+    assert!(
+        !Path::new("/dev/shm/sbx-test").exists(),
+        "the command's /dev/shm is the host's"
+    );
+}
