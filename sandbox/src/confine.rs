@@ -96,6 +96,7 @@ fn apply_seccomp(progs: &[BpfProgram]) -> io::Result<()> {
 
 fn drop_root_step(drop: bool) -> io::Result<()> {
     if drop {
+        give_std_pipes();
         sys::drop_root().inspect_err(|_| note(b"sandbox: dropping root to uid 65534 failed\n"))?;
     }
     Ok(())
@@ -183,6 +184,30 @@ pub fn confine(cmd: &mut Command, policy: &Policy) -> Result<(), SandboxError> {
         }
     }
     Ok(())
+}
+
+/// The caller's stdio pipes were created by root with mode 0600, so after
+/// dropping root the command could use fds 0-2 but not reopen them
+/// (`echo x > /dev/stderr` fails with EACCES). Anonymous pipes (pipefs)
+/// are handed to the sandbox uid; files and named FIFOs are left alone.
+fn give_std_pipes() {
+    const PIPEFS_MAGIC: libc::c_long = 0x5049_5045;
+    for fd in 0..=2 {
+        // SAFETY: fstat/fstatfs/fchown on fds 0-2 with valid out-pointers;
+        // failures only mean the fd stays as it was.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            let mut fs: libc::statfs = std::mem::zeroed();
+            if libc::fstat(fd, &mut st) == 0
+                && st.st_mode & libc::S_IFMT == libc::S_IFIFO
+                && st.st_uid != SANDBOX_ID
+                && libc::fstatfs(fd, &mut fs) == 0
+                && fs.f_type as libc::c_long == PIPEFS_MAGIC
+            {
+                libc::fchown(fd, SANDBOX_ID, SANDBOX_ID);
+            }
+        }
+    }
 }
 
 fn set_core_zero() {

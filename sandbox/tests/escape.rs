@@ -609,7 +609,7 @@ fn controls_workspace_usr_python_and_readable_dir_work() {
         &format!(
             "echo data > w.txt && mkdir -p sub && mv w.txt sub/ && rm sub/w.txt && echo WRITE_OK; \
              ls /usr/bin >/dev/null && echo USR_OK; python3 -c 'print(1)'; python3 -I {} ; \
-             echo tmp > \"$TMPDIR/t\" && echo TMP_OK; echo x 2>/dev/null > {}/evil.py || echo READONLY_OK",
+             echo tmp > \"$TMPDIR/t\" && echo TMP_OK; echo STDOUT_OK > /dev/stdout; echo STDERR_OK > /dev/stderr; cat <(echo PROCSUB_OK); echo x 2>/dev/null > {}/evil.py || echo READONLY_OK",
             script.display(),
             validator.display()
         ),
@@ -626,7 +626,7 @@ fn controls_workspace_usr_python_and_readable_dir_work() {
         assert!(o.has(m), "missing {m}: {o:?}");
     }
     assert!(!validator.join("evil.py").exists());
-    assert!(o.stderr.is_empty(), "python/bash complained: {o:?}");
+    assert_eq!(o.stderr, "STDERR_OK\n", "python/bash complained: {o:?}");
 }
 
 #[test]
