@@ -40,6 +40,14 @@ pub enum SandboxError {
         /// The unprivileged uid the command runs as.
         uid: u32,
     },
+    /// A readable policy path cannot be read by the sandbox uid.
+    #[error("{path} is not readable by the sandbox user (uid {uid}): make it world-readable (chmod o+rX {path}) or copy it somewhere that is")]
+    NotReadable {
+        /// The readable policy path.
+        path: PathBuf,
+        /// The unprivileged uid the command runs as.
+        uid: u32,
+    },
     /// A workspace file shares its inode with a file outside the workspace and is writable by anyone.
     #[error("{0} is a hard link to a file outside the workspace and is world-writable, so the sandboxed command could modify that outside file: remove the link (or copy the file) before running commands")]
     OutsideHardLink(PathBuf),

@@ -25,6 +25,9 @@ pub fn prepare(policy: &Policy) -> Result<(), SandboxError> {
     for p in policy.writable.iter().chain(&policy.readable) {
         check_traversable(p)?;
     }
+    for p in &policy.readable {
+        check_readable(p)?;
+    }
     for dir in &policy.writable {
         let entries = walk(dir)?;
         let outside: HashSet<PathBuf> = outside_from(&entries).into_iter().collect();
@@ -66,6 +69,23 @@ fn check_traversable(target: &Path) -> Result<(), SandboxError> {
             }
         }
         cur = dir.parent();
+    }
+    Ok(())
+}
+
+/// A readable path must be readable (and, for a directory, searchable) by "others".
+fn check_readable(path: &Path) -> Result<(), SandboxError> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        // A missing path is reported by confine, with the Landlock context.
+        return Ok(());
+    };
+    let mode = meta.permissions().mode();
+    let need = if meta.is_dir() { 0o005 } else { 0o004 };
+    if mode & need != need && meta.uid() != SANDBOX_ID {
+        return Err(SandboxError::NotReadable {
+            path: path.to_path_buf(),
+            uid: SANDBOX_ID,
+        });
     }
     Ok(())
 }

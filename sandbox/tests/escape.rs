@@ -876,3 +876,37 @@ fn private_dev_shm_works_for_multiprocessing() {
         "the command's /dev/shm is the host's"
     );
 }
+
+#[test]
+fn prepare_reports_unreachable_paths() {
+    let ws = Ws::new();
+    let hidden = ws.base().join("hidden");
+    std::fs::create_dir(&hidden).unwrap();
+    std::fs::set_permissions(&hidden, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let mut p = ws.policy(Level::Full);
+    p.readable.push(hidden.clone());
+    let err = prepare(&p).unwrap_err().to_string();
+    assert!(
+        err.contains("not readable by the sandbox user") && err.contains("chmod o+rX"),
+        "{err}"
+    );
+    p.readable = vec![hidden.join("inner")];
+    std::fs::create_dir(hidden.join("inner")).unwrap();
+    let err = prepare(&p).unwrap_err().to_string();
+    assert!(
+        err.contains("not searchable by the sandbox user") && err.contains("chmod o+x"),
+        "{err}"
+    );
+    // Control: once readable, prepare accepts it.
+    std::fs::set_permissions(&hidden, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(hidden.join("inner"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    prepare(&p).unwrap();
+}
+
+#[test]
+fn public_types_are_thread_safe() {
+    fn assert_send_sync<T: Send + Sync + 'static>() {}
+    assert_send_sync::<sandbox::SandboxError>();
+    assert_send_sync::<Policy>();
+    assert_send_sync::<sandbox::Availability>();
+}
