@@ -130,6 +130,7 @@ pub fn confine(cmd: &mut Command, policy: &Policy) -> Result<(), SandboxError> {
             unsafe {
                 cmd.pre_exec(move || {
                     set_core_zero();
+                    prefer_for_oom();
                     drop_root_step(drop)?;
                     set_rlimits(&limits)?;
                     restrict(ruleset.take())?;
@@ -166,6 +167,7 @@ pub fn confine(cmd: &mut Command, policy: &Policy) -> Result<(), SandboxError> {
             unsafe {
                 cmd.pre_exec(move || {
                     set_core_zero();
+                    prefer_for_oom();
                     drop_root_step(drop)?;
                     enter_namespaces(flags, &uid_map, &gid_map)?;
                     become_pid1()?;
@@ -208,6 +210,13 @@ fn give_std_pipes() {
             }
         }
     }
+}
+
+/// Without cgroups nothing caps the sandbox's total memory (RLIMIT_AS is
+/// per process), so make its processes the OOM killer's first choice rather
+/// than the harness. Raising the score needs no privilege; best effort.
+fn prefer_for_oom() {
+    let _ = sys::write_file(c"/proc/self/oom_score_adj", b"1000");
 }
 
 fn set_core_zero() {

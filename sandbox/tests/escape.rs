@@ -583,13 +583,20 @@ fn mount_and_unshare_fail_inside() {
 #[test]
 fn command_runs_without_root() {
     let ws = Ws::new();
-    let o = run_full(&ws, "echo hi > owned.txt; grep -E '^(CapEff|CapPrm|NoNewPrivs|Seccomp):' /proc/self/status; id -u");
+    let o = run_full(
+        &ws,
+        "echo hi > owned.txt; grep -E '^(CapEff|CapPrm|NoNewPrivs|Seccomp):' /proc/self/status; echo oom=$(cat /proc/self/oom_score_adj)",
+    );
     let m = std::fs::metadata(ws.path("owned.txt")).unwrap();
     assert_ne!(m.uid(), 0, "{o:?}");
     assert_eq!(m.uid(), 65534, "{o:?}");
     assert!(o.stdout.contains("CapEff:\t0000000000000000"), "{o:?}");
     assert!(o.stdout.contains("NoNewPrivs:\t1"), "{o:?}");
     assert!(o.stdout.contains("Seccomp:\t2"), "{o:?}");
+    assert!(
+        o.has("oom=1000"),
+        "the OOM killer should pick the sandbox first: {o:?}"
+    );
 }
 
 #[test]
