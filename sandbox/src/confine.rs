@@ -248,6 +248,10 @@ fn become_pid1() -> io::Result<()> {
     // SAFETY: valid out-array.
     cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
     let [r, w] = fds;
+    // A harness that ignores SIGCHLD would make the kernel reap the
+    // command itself and leave the relay's waitpid with ECHILD.
+    // SAFETY: resetting a disposition in the single-threaded child.
+    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
     // SAFETY: fork in a single-threaded child; both branches only make syscalls.
     let pid = unsafe { libc::fork() };
     if pid < 0 {

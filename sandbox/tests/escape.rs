@@ -53,6 +53,36 @@ struct Out {
     stderr: String,
     timed_out: bool,
     elapsed: Duration,
+    /// The PID namespace the command ran in (Level::Full), read right after spawn.
+    pid_ns: Option<PathBuf>,
+}
+
+/// Asserts that no live process is left in the command's PID namespace.
+fn assert_namespace_empty(o: &Out) {
+    let ns = o.pid_ns.clone().expect("pid namespace recorded");
+    let deadline = Instant::now() + secs(3);
+    loop {
+        let left: Vec<String> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+            })
+            .filter(|e| std::fs::read_link(e.path().join("ns/pid")).ok().as_ref() == Some(&ns))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "processes left in the sandbox namespace: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 impl Out {
@@ -86,6 +116,8 @@ fn run(policy: &Policy, ws: &Path, script: &str, timeout: Duration) -> Out {
     let start = Instant::now();
     let mut child = cmd.spawn().unwrap();
     let pid = child.id() as i32;
+    // The relay's children (the command) live in this namespace.
+    let pid_ns = std::fs::read_link(format!("/proc/{pid}/ns/pid_for_children")).ok();
     let (tx, rx) = mpsc::channel();
     for (i, mut r) in [
         Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
@@ -134,6 +166,7 @@ fn run(policy: &Policy, ws: &Path, script: &str, timeout: Duration) -> Out {
         stderr,
         timed_out,
         elapsed,
+        pid_ns,
     }
 }
 
@@ -389,6 +422,7 @@ fn assert_daemon_dies(script: &str) {
     let ws = Ws::new();
     let o = run_full(&ws, script);
     assert!(o.has("STARTED") && !o.timed_out, "{o:?}");
+    assert_namespace_empty(&o);
     let log = ws.path("d.log");
     assert!(log.exists(), "control: the daemon did run: {o:?}");
     std::thread::sleep(Duration::from_millis(300));
@@ -423,6 +457,7 @@ fn killing_the_relay_kills_the_namespace() {
         secs(1),
     );
     assert!(o.timed_out, "{o:?}");
+    assert_namespace_empty(&o);
     std::thread::sleep(Duration::from_millis(300));
     let a = std::fs::metadata(ws.path("d.log")).unwrap().len();
     std::thread::sleep(secs(1));
@@ -438,8 +473,12 @@ fn fork_bomb_ends_and_host_can_still_spawn() {
     let ws = Ws::new();
     let o = run(&ws.policy(Level::Full), &ws.dir, ":(){ :|:& };:", secs(4));
     assert!(o.elapsed < secs(10), "{o:?}");
-    // No sandbox process is left: uid 65534 owns no process in the sandbox's namespace any more.
-    std::thread::sleep(Duration::from_millis(300));
+    assert_ne!(
+        o.pid_ns,
+        std::fs::read_link("/proc/self/ns/pid").ok(),
+        "control: it ran in its own namespace"
+    );
+    assert_namespace_empty(&o);
     assert!(Command::new("true").status().unwrap().success());
 }
 
@@ -798,6 +837,7 @@ while True:
         secs(1),
     );
     assert!(o.timed_out, "{o:?}");
+    assert_namespace_empty(&o);
     std::thread::sleep(Duration::from_millis(300));
     let a = std::fs::metadata(ws.path("d.log")).unwrap().len();
     std::thread::sleep(secs(1));
