@@ -263,6 +263,11 @@ fn become_pid1() -> io::Result<()> {
         // stdout/stderr pipes) so the caller's spawn() returns once the
         // grandchild execs and its output EOF does not wait for us.
         sys::close_all_but(w);
+        // The relay is a copy of the harness's memory running as uid 65534:
+        // keep other processes of that uid from reading it via ptrace or
+        // /proc/PID/mem (drop_root made it dumpable for the uid_map write).
+        // SAFETY: plain prctl.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
         match sys::wait_pid(pid) {
             Ok(status) => sys::exit_like(status),
             // SAFETY: _exit is always safe.
