@@ -1,0 +1,382 @@
+//! Installs the confinement on a `std::process::Command` as a pre_exec hook.
+//! Everything that allocates or resolves paths (Landlock ruleset and its
+//! PathFds, seccomp BPF, id-map bytes, rlimit values) is prepared here in the
+//! parent; the hook, running between fork and exec, only makes syscalls.
+//!
+//! Order inside the child for `Level::Full` (as bubblewrap and Codex do it):
+//! 1. drop root to uid/gid 65534 (so RLIMIT_NPROC applies and the command is not root);
+//! 2. unshare user/mount/PID/net/IPC/UTS namespaces and write the id maps;
+//! 3. fork: the command becomes PID 1 of the new PID namespace, the first
+//!    child stays as a relay that waits and mirrors its exit; PID 1 gets
+//!    PDEATHSIG(SIGKILL) so killing the relay kills the whole namespace;
+//! 4. private mounts, a fresh /proc and a private /dev/shm;
+//! 5. rlimits;
+//! 6. Landlock (sets no_new_privs); after the mounts, since a Landlock
+//!    domain cannot mount;
+//! 7. inherited fds marked close-on-exec;
+//! 8. seccomp last, because it denies mount/unshare and needs no_new_privs.
+
+use crate::error::SandboxError;
+use crate::policy::{Level, Limits, Policy};
+use crate::probe::probe;
+use crate::rules;
+use crate::sys::{self, cvt, note, SANDBOX_ID};
+use landlock::{RulesetCreated, RulesetStatus};
+use seccompiler::BpfProgram;
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+type RlimitTable = [(libc::__rlimit_resource_t, libc::rlim_t); 6];
+
+fn rlimit_table(l: &Limits) -> RlimitTable {
+    const MIB: u64 = 1024 * 1024;
+    [
+        (libc::RLIMIT_CPU, l.cpu_secs as libc::rlim_t),
+        (
+            libc::RLIMIT_AS,
+            l.address_space_mb.saturating_mul(MIB) as libc::rlim_t,
+        ),
+        (libc::RLIMIT_NPROC, l.processes as libc::rlim_t),
+        (
+            libc::RLIMIT_FSIZE,
+            l.file_size_mb.saturating_mul(MIB) as libc::rlim_t,
+        ),
+        (libc::RLIMIT_NOFILE, l.open_files as libc::rlim_t),
+        (libc::RLIMIT_CORE, 0),
+    ]
+}
+
+fn set_rlimits(table: &RlimitTable) -> io::Result<()> {
+    for &(res, v) in table {
+        // soft = hard: the command cannot raise them back.
+        let lim = libc::rlimit {
+            rlim_cur: v,
+            rlim_max: v,
+        };
+        // SAFETY: valid pointer to a local rlimit.
+        if let Err(e) = cvt(unsafe { libc::setrlimit(res, &lim) }) {
+            note(b"sandbox: setrlimit failed\n");
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+fn restrict(rs: Option<RulesetCreated>) -> io::Result<()> {
+    let Some(rs) = rs else {
+        // The hook runs once per spawn in a fresh copy of the parent's
+        // memory, so this only happens if the ruleset was already consumed.
+        note(b"sandbox: Landlock ruleset missing\n");
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    match rs.restrict_self() {
+        Ok(st) if st.ruleset == RulesetStatus::FullyEnforced => Ok(()),
+        Ok(_) => {
+            note(b"sandbox: Landlock not fully enforced\n");
+            Err(io::Error::from_raw_os_error(libc::EPERM))
+        }
+        Err(_) => {
+            note(b"sandbox: landlock_restrict_self failed\n");
+            Err(io::Error::from_raw_os_error(libc::EPERM))
+        }
+    }
+}
+
+fn apply_seccomp(progs: &[BpfProgram]) -> io::Result<()> {
+    for p in progs {
+        if seccompiler::apply_filter(p).is_err() {
+            note(b"sandbox: installing the seccomp filter failed\n");
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
+    }
+    Ok(())
+}
+
+fn drop_root_step(drop: bool) -> io::Result<()> {
+    if drop {
+        give_std_pipes();
+        sys::drop_root().inspect_err(|_| note(b"sandbox: dropping root to uid 65534 failed\n"))?;
+    }
+    Ok(())
+}
+
+/// Installs the confinement `policy` describes on `cmd`. The caller keeps
+/// managing env, stdio, process_group, the timeout and killing the group.
+/// Fails (rather than running with less) if a layer the level needs is missing.
+pub fn confine(cmd: &mut Command, policy: &Policy) -> Result<(), SandboxError> {
+    for p in policy.writable.iter().chain(&policy.readable) {
+        if !p.is_absolute() {
+            return Err(SandboxError::RelativePath(p.clone()));
+        }
+    }
+    let avail = probe();
+    avail.check(policy.level)?;
+    let limits = rlimit_table(&policy.limits);
+    let abi = avail.landlock_abi.unwrap_or(0);
+    let drop = avail.root;
+    match policy.level {
+        Level::None => {
+            // SAFETY: the hook only calls setrlimit.
+            unsafe {
+                cmd.pre_exec(move || set_rlimits(&limits));
+            }
+        }
+        Level::Landlock => {
+            let mut ruleset = Some(rules::landlock_ruleset(policy, abi, true)?);
+            let progs = rules::seccomp_programs(policy.network)?;
+            // SAFETY: the hook only makes syscalls on data prepared above.
+            unsafe {
+                cmd.pre_exec(move || {
+                    set_core_zero();
+                    prefer_for_oom();
+                    drop_root_step(drop)?;
+                    set_rlimits(&limits)?;
+                    restrict(ruleset.take())?;
+                    cloexec_inherited_fds();
+                    apply_seccomp(&progs)
+                });
+            }
+        }
+        Level::Full => {
+            let mut ruleset = Some(rules::landlock_ruleset(policy, abi, false)?);
+            let progs = rules::seccomp_programs(policy.network)?;
+            // Identity map of the (possibly dropped) uid: the command is not
+            // root inside the namespace either, so it loses the namespace's
+            // capabilities at exec instead of holding CAP_SYS_ADMIN there.
+            // SAFETY: getuid/getgid cannot fail.
+            let (uid, gid) = if drop {
+                (SANDBOX_ID, SANDBOX_ID)
+            } else {
+                unsafe { (libc::getuid(), libc::getgid()) }
+            };
+            let uid_map = format!("{uid} {uid} 1\n").into_bytes();
+            let gid_map = format!("{gid} {gid} 1\n").into_bytes();
+            let have_shm = std::path::Path::new("/dev/shm").is_dir();
+            let mut flags = libc::CLONE_NEWUSER
+                | libc::CLONE_NEWNS
+                | libc::CLONE_NEWPID
+                | libc::CLONE_NEWIPC
+                | libc::CLONE_NEWUTS;
+            if !policy.network {
+                flags |= libc::CLONE_NEWNET;
+            }
+            // SAFETY: the hook only makes syscalls on data prepared above;
+            // the relay branch never returns into std's child code.
+            unsafe {
+                cmd.pre_exec(move || {
+                    set_core_zero();
+                    prefer_for_oom();
+                    drop_root_step(drop)?;
+                    enter_namespaces(flags, &uid_map, &gid_map)?;
+                    become_pid1()?;
+                    mount_proc()?;
+                    let shm = mount_shm(have_shm)?;
+                    set_rlimits(&limits)?;
+                    let rs = match ruleset.take() {
+                        Some(rs) => Some(add_mounted(rs, abi, shm)?),
+                        None => None,
+                    };
+                    restrict(rs)?;
+                    cloexec_inherited_fds();
+                    apply_seccomp(&progs)
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The caller's stdio pipes were created by root with mode 0600, so after
+/// dropping root the command could use fds 0-2 but not reopen them
+/// (`echo x > /dev/stderr` fails with EACCES). Anonymous pipes (pipefs)
+/// are handed to the sandbox uid; files and named FIFOs are left alone.
+fn give_std_pipes() {
+    const PIPEFS_MAGIC: libc::c_long = 0x5049_5045;
+    for fd in 0..=2 {
+        // SAFETY: fstat/fstatfs/fchown on fds 0-2 with valid out-pointers;
+        // failures only mean the fd stays as it was.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            let mut fs: libc::statfs = std::mem::zeroed();
+            if libc::fstat(fd, &mut st) == 0
+                && st.st_mode & libc::S_IFMT == libc::S_IFIFO
+                && st.st_uid != SANDBOX_ID
+                && libc::fstatfs(fd, &mut fs) == 0
+                && fs.f_type as libc::c_long == PIPEFS_MAGIC
+            {
+                libc::fchown(fd, SANDBOX_ID, SANDBOX_ID);
+            }
+        }
+    }
+}
+
+/// Without cgroups nothing caps the sandbox's total memory (RLIMIT_AS is
+/// per process), so make its processes the OOM killer's first choice rather
+/// than the harness. Raising the score needs no privilege; best effort.
+fn prefer_for_oom() {
+    let _ = sys::write_file(c"/proc/self/oom_score_adj", b"1000");
+}
+
+fn set_core_zero() {
+    let lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid pointer; lowering RLIMIT_CORE cannot fail for valid args.
+    unsafe { libc::setrlimit(libc::RLIMIT_CORE, &lim) };
+}
+
+fn enter_namespaces(flags: libc::c_int, uid_map: &[u8], gid_map: &[u8]) -> io::Result<()> {
+    // SAFETY: plain syscall.
+    cvt(unsafe { libc::unshare(flags) }).inspect_err(|_| note(b"sandbox: unshare failed\n"))?;
+    // setgroups must be denied before an unprivileged gid_map write.
+    sys::write_file(c"/proc/self/setgroups", b"deny")
+        .and_then(|_| sys::write_file(c"/proc/self/uid_map", uid_map))
+        .and_then(|_| sys::write_file(c"/proc/self/gid_map", gid_map))
+        .inspect_err(|_| note(b"sandbox: writing the user namespace id maps failed\n"))
+}
+
+/// Forks so the command becomes PID 1 of the new PID namespace. Returns in
+/// the grandchild only; the first child becomes a relay that waits for it
+/// and exits the same way, and never returns.
+fn become_pid1() -> io::Result<()> {
+    let mut fds = [0 as libc::c_int; 2];
+    // The pipe lets the grandchild detect that the relay already died before
+    // PDEATHSIG was armed (getppid() is 0 across a PID namespace boundary).
+    // SAFETY: valid out-array.
+    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    let [r, w] = fds;
+    // A harness that ignores SIGCHLD would make the kernel reap the
+    // command itself and leave the relay's waitpid with ECHILD.
+    // SAFETY: resetting a disposition in the single-threaded child.
+    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
+    // SAFETY: fork in a single-threaded child; both branches only make syscalls.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        note(b"sandbox: fork into the PID namespace failed\n");
+        return Err(io::Error::last_os_error());
+    }
+    if pid > 0 {
+        // Relay. Close everything (std's exec-status pipe, the caller's
+        // stdout/stderr pipes) so the caller's spawn() returns once the
+        // grandchild execs and its output EOF does not wait for us.
+        sys::close_all_but(w);
+        // The relay is a copy of the harness's memory running as uid 65534:
+        // keep other processes of that uid from reading it via ptrace or
+        // /proc/PID/mem (drop_root made it dumpable for the uid_map write).
+        // SAFETY: plain prctl.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+        match sys::wait_pid(pid) {
+            Ok(status) => sys::exit_like(status),
+            // SAFETY: _exit is always safe.
+            Err(_) => unsafe { libc::_exit(127) },
+        }
+    }
+    // Grandchild: PID 1 of the namespace.
+    // SAFETY: plain syscalls on our own fds.
+    unsafe {
+        libc::close(w);
+        cvt(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0))?;
+        let mut pfd = libc::pollfd {
+            fd: r,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let n = libc::poll(&mut pfd, 1, 0);
+        libc::close(r);
+        if n != 0 {
+            // EOF (or error): the relay is gone, nobody would kill us on timeout.
+            libc::_exit(1);
+        }
+    }
+    Ok(())
+}
+
+fn mount_proc() -> io::Result<()> {
+    // SAFETY: static C strings, null data pointers as documented for these flags.
+    unsafe {
+        cvt(libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ))
+        .inspect_err(|_| note(b"sandbox: making mounts private failed\n"))?;
+        cvt(libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        ))
+        .inspect_err(|_| note(b"sandbox: mounting a fresh /proc failed\n"))?;
+    }
+    Ok(())
+}
+
+/// A private tmpfs on /dev/shm (POSIX semaphores and shared memory, e.g.
+/// python's multiprocessing), so commands neither share it with the host
+/// nor with each other. Returns whether it was mounted.
+fn mount_shm(have_shm: bool) -> io::Result<bool> {
+    if !have_shm {
+        return Ok(false);
+    }
+    // SAFETY: static C strings.
+    cvt(unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            c"/dev/shm".as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            c"mode=1777,size=64m".as_ptr().cast(),
+        )
+    })
+    .inspect_err(|_| note(b"sandbox: mounting a private /dev/shm failed\n"))?;
+    Ok(true)
+}
+
+/// Opens a directory mounted in the child as O_PATH, for a Landlock rule.
+fn open_path(path: &std::ffi::CStr) -> io::Result<OwnedFd> {
+    // SAFETY: valid C string; the fd is wrapped in an OwnedFd immediately.
+    let fd = cvt(unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY,
+        )
+    })?;
+    // SAFETY: fd was just opened and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds the fresh /proc (read) and private /dev/shm (read-write): their
+/// roots are new inodes, so rules built in the parent cannot name them.
+fn add_mounted(rs: RulesetCreated, abi: i32, shm: bool) -> io::Result<RulesetCreated> {
+    let failed = |_| {
+        note(b"sandbox: adding mounted directories to the Landlock ruleset failed\n");
+        io::Error::from_raw_os_error(libc::EINVAL)
+    };
+    let mut rs = rules::add_mounted_dir(rs, open_path(c"/proc")?, abi, false).map_err(failed)?;
+    if shm {
+        rs = rules::add_mounted_dir(rs, open_path(c"/dev/shm")?, abi, true).map_err(failed)?;
+    }
+    Ok(rs)
+}
+
+/// Marks every fd above stderr close-on-exec: fds the harness leaked
+/// without O_CLOEXEC would otherwise reach the command, and an fd opened
+/// before Landlock is not checked by it. Only stdin/stdout/stderr pass.
+fn cloexec_inherited_fds() {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags; on old
+    // kernels it fails harmlessly (std's own fds are CLOEXEC anyway).
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC as libc::c_uint,
+        );
+    }
+}

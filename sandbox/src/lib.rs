@@ -1,0 +1,25 @@
+//! Confines model-written shell commands with kernel features: it drops
+//! root, puts the command in fresh user/mount/PID/network/IPC/UTS
+//! namespaces, applies rlimits, a Landlock ruleset (file system, TCP,
+//! signal and abstract-socket scopes), no_new_privs and a seccomp filter.
+//! It knows processes and paths only; the caller keeps spawning, env,
+//! stdio, timeouts and killing the process group.
+//!
+//! Typical use, before each spawn:
+//! `prepare(&policy)?; confine(&mut cmd, &policy)?; cmd.spawn()`.
+
+mod confine;
+mod error;
+mod policy;
+mod prepare;
+mod probe;
+mod rules;
+mod sys;
+
+pub use confine::confine;
+pub use error::SandboxError;
+pub use policy::{Level, Limits, Policy};
+pub use prepare::{outside_links, prepare};
+pub use probe::{probe, Availability, FULL_LEVEL_MIN_ABI, LANDLOCK_LEVEL_MIN_ABI};
+pub use rules::system_read_paths;
+pub use sys::SANDBOX_ID;
