@@ -11,7 +11,9 @@ const EXIT_CODES: &str = "Exit codes:
   3  integrity problem (verify found problems, or a read hit corrupt data)
   4  not found, or an abbreviated id is ambiguous
   5  conflict: a ref moved since it was read
-  6  the ledger is in use by another process";
+  6  the ledger is in use by another process
+  7  a run stopped on an infrastructure failure (`mass resume` retries it)
+  8  the sandbox the experiment asks for is unavailable on this machine (see `mass sandbox`)";
 
 #[derive(Debug, Parser)]
 #[command(name = "mass", version, about = "MASS self-training cycles on an event-sourced, content-addressed ledger", after_help = EXIT_CODES)]
@@ -131,6 +133,32 @@ pub enum Command {
         #[arg(long)]
         quiet: bool,
     },
+    /// Run one command exactly as a rollout's `bash` tool would (same
+    /// confinement, environment, timeout and output caps), to check a setup;
+    /// `--probe` lists the confinement layers this machine offers.
+    Sandbox {
+        /// The directory the command works in (it may write only here).
+        #[arg(long)]
+        workspace: Option<PathBuf>,
+        /// An experiment file (its `[sandbox]` table) or a file with the
+        /// table's keys: `level` and `[limits]`.
+        #[arg(long)]
+        limits: Option<PathBuf>,
+        /// The level to use: full, landlock or none (default: the file's, or full).
+        #[arg(long, value_parser = parse_level)]
+        level: Option<sandbox::Level>,
+        /// Allow the network, as for a task that declares it.
+        #[arg(long)]
+        network: bool,
+        #[arg(long = "timeout", default_value_t = 60, value_name = "SECS")]
+        timeout_secs: u64,
+        /// Report which layers and levels are available, and run nothing.
+        #[arg(long)]
+        probe: bool,
+        /// The command, after `--`.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
     /// Where runs stand.
     Status {
         run: Option<String>,
@@ -229,4 +257,15 @@ pub enum ExportWhat {
         #[arg(long)]
         out: PathBuf,
     },
+}
+
+fn parse_level(s: &str) -> Result<sandbox::Level, String> {
+    match s {
+        "full" => Ok(sandbox::Level::Full),
+        "landlock" => Ok(sandbox::Level::Landlock),
+        "none" => Ok(sandbox::Level::None),
+        other => Err(format!(
+            "unknown sandbox level {other:?}: use full, landlock or none"
+        )),
+    }
 }

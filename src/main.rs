@@ -5,7 +5,8 @@
 //! 0 success · 1 other error · 2 usage error · 3 integrity problem (verify found
 //! problems, or a read hit corrupt data) · 4 not found or ambiguous id/ref ·
 //! 5 conflict (a ref moved) · 6 ledger locked by another process · 7 a run
-//! stopped on an infrastructure failure (`mass resume` retries it).
+//! stopped on an infrastructure failure (`mass resume` retries it) · 8 the
+//! sandbox level the experiment asks for is unavailable on this machine.
 
 mod cli;
 mod commands;
@@ -47,10 +48,10 @@ fn exit_code_for(e: &anyhow::Error) -> u8 {
         if let Some(c) = cause.downcast_ref::<commands::CliError>() {
             return c.exit_code();
         }
-        if let Some(engine::error::EngineError::Infrastructure { .. }) =
-            cause.downcast_ref::<engine::error::EngineError>()
-        {
-            return 7;
+        match cause.downcast_ref::<engine::error::EngineError>() {
+            Some(engine::error::EngineError::Infrastructure { .. }) => return 7,
+            Some(engine::error::EngineError::Sandbox(_)) => return 8,
+            _ => {}
         }
     }
     1

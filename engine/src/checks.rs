@@ -46,6 +46,11 @@ pub fn run_on_tree(
         o.timeout = Duration::from_secs(c.timeout_secs.max(1));
         o.env
             .push((CHECKS_VAR.into(), checks_dir.to_string_lossy().into_owned()));
+        // Confined like a team's command, but the copy is read-only, the
+        // checks folder readable, and there is never a network.
+        o.confinement.read_only = true;
+        o.confinement.network = false;
+        o.confinement.readable.push(checks_dir.clone());
         let r = ws.bash(&c.command, &o).map_err(|e| e.to_string())?;
         text.push_str(&r.stdout);
         if !r.stderr.is_empty() {

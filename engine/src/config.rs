@@ -148,6 +148,8 @@ pub struct Experiment {
     #[serde(default)]
     pub guards: GuardsConfig,
     #[serde(default)]
+    pub sandbox: SandboxConfig,
+    #[serde(default)]
     pub trainer: TrainerConfig,
     /// Where the experiment came from (file path or label), for error messages.
     #[serde(skip)]
@@ -492,6 +494,17 @@ impl Default for Limits {
             max_delegations: 8,
         }
     }
+}
+
+/// `[sandbox]`: how every tool command and check of a run is confined (the
+/// `sandbox` crate). A level this machine cannot provide refuses the run's
+/// start; lowering it is an explicit, recorded choice of the experiment.
+/// Network access is the task's to declare (`network` in `task.toml`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxConfig {
+    pub level: sandbox::Level,
+    pub limits: sandbox::Limits,
 }
 
 /// `[guards]`: what is checked on every run's final workspace against

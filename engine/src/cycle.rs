@@ -17,7 +17,7 @@ use crate::backend::Backends;
 use crate::config::{Acceptance, Experiment, GuardAction};
 use crate::dataset::{self, AgentKind, Conversation, Format, Split as DataSplit};
 use crate::error::{EngineError, Result};
-use crate::harness::{run_team, RunSpec, Team};
+use crate::harness::{run_team, RunRules, RunSpec, Team};
 use crate::judge::{judge_pair, Judge, RunRef};
 use crate::optimizer::{propose, Optimizer};
 use crate::parallel;
@@ -258,8 +258,7 @@ fn inner_loop<'t>(
                 index: 0,
             },
             &team,
-            &ctx.exp.limits,
-            &ctx.exp.guards,
+            &RunRules::of(ctx.exp),
         )?;
         ctx.progress.tick(&format!("cycle {cycle}: reference runs"));
         Ok::<_, EngineError>(run_ref(r))
@@ -324,8 +323,7 @@ fn inner_loop<'t>(
                     index: k,
                 },
                 &team,
-                &ctx.exp.limits,
-                &ctx.exp.guards,
+                &RunRules::of(ctx.exp),
             )?);
             let (mut judgments, accepted, beat_ref, reason);
             match acceptance {
@@ -475,8 +473,7 @@ pub fn run_cycle(
                 index: i,
             },
             &team,
-            &ctx.exp.limits,
-            &ctx.exp.guards,
+            &RunRules::of(ctx.exp),
         )?;
         ctx.progress.tick(&stage);
         Ok::<_, EngineError>(run_ref(r))

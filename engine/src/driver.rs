@@ -263,6 +263,9 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
             // a misspelt task id is reported against the files the user gave.
             let on_disk = load_suite(&exp.tasks_path)?;
             exp.select_tasks(&on_disk)?;
+            // A sandbox level this machine cannot provide refuses the run
+            // before anything is written.
+            sandbox::probe().check(exp.sandbox.level)?;
             let start = Start {
                 tasks: suite::record(&ledger, &on_disk)?,
                 config: ledger.put_blob(text.as_bytes())?,
@@ -286,6 +289,11 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
     let checkout = suite::checkout(&ledger, start.tasks, &req.run)?;
     exp.tasks_path = checkout.path().to_path_buf();
     apply_forks(&mut main, &mut exp)?;
+    // Live work runs commands: the confinement the experiment asks for must
+    // be available here, or nothing runs (a replay check runs no command).
+    if req.mode == Mode::Live {
+        sandbox::probe().check(exp.sandbox.level)?;
+    }
 
     let mut summary = RunSummary {
         run: req.run.clone(),
@@ -305,6 +313,13 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
             )));
         }
     }
+    // The level in force (after a fork at the start changed it), on the
+    // record, so an audit shows it. Recorded once the run could start: a
+    // start that failed before this leaves a lone `run.started`, which a
+    // corrected `mass run` may replace.
+    main.emit(schemas::to_event(&schemas::Note {
+        text: sandbox_note(&exp.sandbox),
+    })?)?;
     let mut models = {
         let ctx = Ctx {
             session: &session,
@@ -370,6 +385,20 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
 /// this build cannot drive is a problem with the experiment file.
 pub fn build_backends(exp: &Experiment, tasks: &Path) -> Result<Backends> {
     Backends::build(&exp.backends, tasks).map_err(|e| EngineError::Invalid(e.to_string()))
+}
+
+/// The main-stream note that records how the run's commands are confined.
+fn sandbox_note(s: &crate::config::SandboxConfig) -> String {
+    let l = &s.limits;
+    format!(
+        "sandbox: level {}; per command: {} s CPU, {} MiB address space, {} processes, {} MiB per file, {} open files; network only for tasks that declare it",
+        s.level.as_str(),
+        l.cpu_secs,
+        l.address_space_mb,
+        l.processes,
+        l.file_size_mb,
+        l.open_files
+    )
 }
 
 /// Rebuilds the backends a fork changed or added (see `Backends::sync`); a

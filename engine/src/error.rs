@@ -14,6 +14,9 @@ pub enum EngineError {
     Task(#[from] crate::task::TaskError),
     #[error("backend: {0}")]
     Backend(#[from] crate::backend::BackendError),
+    /// The sandbox level the experiment asks for cannot be provided here.
+    #[error("sandbox: {0}")]
+    Sandbox(#[from] sandbox::SandboxError),
     #[error("{context}: {source}")]
     Io {
         context: String,

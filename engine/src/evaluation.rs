@@ -8,7 +8,7 @@ use schemas::{Evaluation, Hash32};
 use crate::config::Experiment;
 use crate::cycle::{step, Ctx, Models};
 use crate::error::{EngineError, Result};
-use crate::harness::{run_team, RunSpec};
+use crate::harness::{run_team, RunRules, RunSpec};
 use crate::judge::{judge_pair, RunRef};
 use crate::parallel;
 use crate::workflow::Workflow;
@@ -46,8 +46,7 @@ pub fn evaluate(
                 index: i,
             },
             &team,
-            &ctx.exp.limits,
-            &ctx.exp.guards,
+            &RunRules::of(ctx.exp),
         )?;
         ctx.progress.tick(&stage);
         Ok::<_, EngineError>((

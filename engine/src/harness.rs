@@ -17,7 +17,7 @@ use serde_json::json;
 use crate::backend::Backend;
 use crate::chat::Message;
 use crate::checks;
-use crate::config::{GuardsConfig, Limits};
+use crate::config::{GuardsConfig, Limits, SandboxConfig};
 use crate::effects::{call_model, tool_effect, Conversation, Sampling, ToolOutcome};
 use crate::error::{EngineError, Result};
 use crate::prompts;
@@ -34,6 +34,25 @@ pub struct Team {
     pub subagent_model: String,
     pub temperature: f64,
     pub max_tokens_per_call: u64,
+}
+
+/// The experiment's rules for every run: budgets, tamper guards and how
+/// commands are confined.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunRules {
+    pub limits: Limits,
+    pub guards: GuardsConfig,
+    pub sandbox: SandboxConfig,
+}
+
+impl RunRules {
+    pub fn of(exp: &crate::config::Experiment) -> RunRules {
+        RunRules {
+            limits: exp.limits.clone(),
+            guards: exp.guards.clone(),
+            sandbox: exp.sandbox,
+        }
+    }
 }
 
 /// One run to perform.
@@ -165,9 +184,9 @@ pub fn run_team(
     session: &replay::Session,
     spec: &RunSpec<'_>,
     team: &Team,
-    limits: &Limits,
-    guards: &GuardsConfig,
+    rules: &RunRules,
 ) -> Result<RunOutcome> {
+    let (limits, guards) = (&rules.limits, &rules.guards);
     let ledger = session.ledger().clone();
     let mut orch = session.stream(&format!("{}/orch", spec.stream))?;
     let mut ws = LiveWorkspace {
@@ -224,6 +243,12 @@ pub fn run_team(
         timeout: Duration::from_secs(limits.tool_timeout_secs),
         max_output_bytes: limits.tool_output_bytes as usize,
         env: Vec::new(),
+        confinement: tools::Confinement {
+            level: rules.sandbox.level,
+            limits: rules.sandbox.limits,
+            network: spec.task.network,
+            ..Default::default()
+        },
     };
     let mut subagents: Vec<Id> = Vec::new();
     let mut report = String::new();

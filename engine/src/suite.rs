@@ -104,6 +104,18 @@ pub fn checkout(ledger: &Ledger, tree: Id, run: &str) -> Result<SuiteCheckout> {
         .prefix("mass-tasks-")
         .tempdir()
         .map_err(|e| EngineError::io("cannot create a directory for the recorded tasks", e))?;
+    // The checks run confined as an unprivileged user that must reach
+    // them: traverse, not list (a temporary directory is 0700).
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )
+    .map_err(|e| {
+        EngineError::io(
+            "cannot open the recorded tasks' directory to the sandbox",
+            e,
+        )
+    })?;
     ledger.checkout(&tree, dir.path()).map_err(|e| {
         EngineError::recording(
             format!("task suite of run {run} (tree {})", tree.short(12)),

@@ -102,6 +102,9 @@ struct TaskToml {
     deliverables: Vec<String>,
     #[serde(default)]
     protected: Vec<String>,
+    /// Whether the team's commands may use the network (default: no).
+    #[serde(default)]
+    network: bool,
     #[serde(default)]
     checks: Vec<Check>,
     #[serde(default)]
@@ -121,6 +124,8 @@ pub struct Task {
     pub deliverables: Vec<String>,
     /// Workspace files the team must not modify (relative to the workspace).
     pub protected: Vec<String>,
+    /// The task declares that its commands need the network.
+    pub network: bool,
     pub checks: Vec<Check>,
     pub flaws: Vec<Flaw>,
     /// `prompt.md`, verbatim.
@@ -304,6 +309,7 @@ impl Task {
             title: meta.title,
             deliverables: meta.deliverables,
             protected: meta.protected,
+            network: meta.network,
             checks: meta.checks,
             flaws: meta.flaws,
             prompt,

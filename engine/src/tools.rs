@@ -6,19 +6,20 @@
 //! (`read_file`, `write_file`, `list_files`) to one directory: every path is
 //! resolved component by component without ever following a symlink out of the
 //! root, and writes never go through a symlink. [`Workspace::bash`] runs a
-//! command in that directory with a scrubbed environment (no API keys or other
-//! host variables reach it), no stdin, a timeout that kills the command's whole
-//! process group, and capped, fully drained output; its rendering for the model
-//! ([`BashOutput::render`]) is a pure function of the outcome so that the
-//! content-addressed ids of a run do not depend on timings or pids.
-//! [`parse_call`] validates the JSON arguments the model produced for the six
-//! harness tools and answers with an error text the model can act on, and
-//! [`tool_defs`] gives the schemas offered to the model.
+//! command in that directory confined by the `sandbox` crate at the
+//! experiment's level ([`Confinement`]: Landlock, namespaces, seccomp and
+//! rlimits; see ARCHITECTURE.md for what each level blocks), with an
+//! allow-listed environment (no API keys or other host variables), no stdin,
+//! a timeout that kills the command's whole process group (and with it the
+//! sandbox's PID namespace), and capped, fully drained output; its rendering
+//! for the model ([`BashOutput::render`]) is a pure function of the outcome so
+//! that the content-addressed ids of a run do not depend on timings or pids.
+//! [`parse_call`] validates the JSON arguments the model produced for the
+//! seven harness tools and answers with an error text the model can act on,
+//! and [`tool_defs`] gives the schemas offered to the model.
 //!
-//! What it does not own: `delegate` and `finish` are parsed here but carried out
-//! by the harness. `bash` is not a sandbox: a command can still read or write
-//! anything the harness's user can; the confinement applies to the file tools,
-//! and the environment scrubbing keeps secrets out of the command's reach.
+//! What it does not own: `run_checks`, `delegate` and `finish` are parsed here
+//! but carried out by the harness (`run_checks` through `checks.rs`).
 
 use std::ffi::OsString;
 use std::fs;
@@ -111,6 +112,9 @@ pub enum ToolError {
     },
     #[error("bash: cannot {op}: {source}")]
     Bash { op: &'static str, source: io::Error },
+    /// The command could not be confined as the experiment asks; it was not run.
+    #[error("bash: the sandbox could not be set up, so the command was not run: {0}")]
+    Sandbox(#[from] sandbox::SandboxError),
     #[error("unknown tool {name:?}; available tools: {}", TOOL_NAMES.join(", "))]
     UnknownTool { name: String },
     #[error("arguments for {tool} are not valid JSON: {message} (expected {expected})")]
@@ -478,6 +482,37 @@ pub struct BashOptions {
     /// Variables added to the allow-listed environment (e.g. `MASS_CHECKS`
     /// for a validator). Never taken from the harness's own environment.
     pub env: Vec<(String, String)>,
+    /// How the command is confined.
+    pub confinement: Confinement,
+}
+
+/// How a `bash` command is confined (see the `sandbox` crate): the level and
+/// limits of the experiment's `[sandbox]`, the task's network declaration,
+/// and what besides the workspace it may read.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Confinement {
+    pub level: sandbox::Level,
+    pub limits: sandbox::Limits,
+    pub network: bool,
+    /// Extra directories the command may read (a validator's folder).
+    pub readable: Vec<PathBuf>,
+    /// The workspace is read-only too (checks): only its `TMPDIR` is writable.
+    pub read_only: bool,
+}
+
+impl Confinement {
+    /// The sandbox policy for a command in `root` with scratch dir `tmp`.
+    fn policy(&self, root: &Path, tmp: &Path) -> sandbox::Policy {
+        let mut p = sandbox::Policy::new(self.level, root);
+        p.limits = self.limits;
+        p.network = self.network;
+        p.readable = self.readable.clone();
+        if self.read_only {
+            p.writable = vec![tmp.to_path_buf()];
+            p.readable.push(root.to_path_buf());
+        }
+        p
+    }
 }
 
 impl Default for BashOptions {
@@ -486,6 +521,7 @@ impl Default for BashOptions {
             timeout: Duration::from_secs(300),
             max_output_bytes: 32 * 1024,
             env: Vec::new(),
+            confinement: Confinement::default(),
         }
     }
 }
@@ -881,7 +917,7 @@ impl Workspace {
             return Err(invalid("contains a NUL byte"));
         }
         let target = dir.join(name);
-        match fs::symlink_metadata(&target) {
+        let mode = match fs::symlink_metadata(&target) {
             Ok(meta) if meta.file_type().is_symlink() => {
                 return Err(ToolError::WriteThroughSymlink {
                     tool: TOOL,
@@ -900,21 +936,27 @@ impl Workspace {
                     path: path.to_owned(),
                 })
             }
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Ok(meta) => std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => 0o644,
             Err(e) => return Err(io_err("stat")(e)),
-        }
+        };
         // `dir` is a real path whose missing tail contains no symlink, so
         // creating it stays inside the root.
         fs::create_dir_all(&dir).map_err(io_err("create the parent directories of"))?;
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&target)
-            .map_err(io_err("open"))?;
-        file.write_all(content.as_bytes())
-            .map_err(io_err("write"))?;
+        // A new file renamed over the name, never a write into the existing
+        // inode: a hard link to a file elsewhere keeps that file unchanged.
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".mass-write-")
+            .tempfile_in(&dir)
+            .map_err(io_err("create a file beside"))?;
+        tmp.write_all(content.as_bytes()).map_err(io_err("write"))?;
+        fs::set_permissions(
+            tmp.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(mode),
+        )
+        .map_err(io_err("set the mode of"))?;
+        tmp.persist(&target)
+            .map_err(|e| io_err("replace")(e.error))?;
         Ok(content.len() as u64)
     }
 
@@ -1037,8 +1079,10 @@ impl Workspace {
     /// `max_output_bytes` of each are kept.
     pub fn bash(&self, command: &str, opts: &BashOptions) -> Result<BashOutput, ToolError> {
         let tmp = self.tmp_dir()?;
-        let mut child = Command::new("bash")
-            .arg("-c")
+        let policy = opts.confinement.policy(&self.root, &tmp);
+        sandbox::prepare(&policy)?;
+        let mut cmd = Command::new("bash");
+        cmd.arg("-c")
             .arg(command)
             .current_dir(&self.root)
             .env_clear()
@@ -1054,12 +1098,12 @@ impl Workspace {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             // setpgid(0, 0) in the child before exec: its pid becomes the pgid.
-            .process_group(0)
-            .spawn()
-            .map_err(|source| ToolError::Bash {
-                op: "start bash",
-                source,
-            })?;
+            .process_group(0);
+        sandbox::confine(&mut cmd, &policy)?;
+        let mut child = cmd.spawn().map_err(|source| ToolError::Bash {
+            op: "start bash",
+            source,
+        })?;
         let pgid = i32::try_from(child.id()).unwrap_or(0);
         // From here on, any early return must kill the group first.
         let fail = |op: &'static str, source: io::Error| {
@@ -1245,11 +1289,20 @@ mod tests {
         (dir, ws)
     }
 
+    /// `opts` without the sandbox: the harness's own process-group kill, and
+    /// host pids in `$!` (inside the sandbox's PID namespace they are not).
+    fn unconfined(timeout_secs: u64, cap: usize) -> BashOptions {
+        let mut o = opts(timeout_secs, cap);
+        o.confinement.level = sandbox::Level::None;
+        o
+    }
+
     fn opts(timeout_secs: u64, cap: usize) -> BashOptions {
         BashOptions {
             timeout: Duration::from_secs(timeout_secs),
             max_output_bytes: cap,
             env: Vec::new(),
+            confinement: Confinement::default(),
         }
     }
 
@@ -1578,7 +1631,7 @@ mod tests {
 
         let start = Instant::now();
         let out = ws
-            .bash("sleep 30 & echo $! > bg.pid; wait", &opts(1, 4096))
+            .bash("sleep 30 & echo $! > bg.pid; wait", &unconfined(1, 4096))
             .unwrap();
         assert!(out.timed_out);
         assert!(
@@ -1603,7 +1656,9 @@ mod tests {
         let start = Instant::now();
         // The leftover holds stdout open; without the group kill, draining
         // would wait for it for 30 s.
-        let out = ws.bash("sleep 30 & echo $!", &opts(20, 4096)).unwrap();
+        let out = ws
+            .bash("sleep 30 & echo $!", &unconfined(20, 4096))
+            .unwrap();
         assert!(!out.timed_out);
         assert_eq!(out.exit_code, Some(0));
         assert!(
@@ -1634,6 +1689,45 @@ mod tests {
         assert_eq!(out.stderr, "done\n");
         let small = ws.bash("echo hi", &opts(10, 1000)).unwrap();
         assert!(!small.truncated);
+    }
+
+    /// Before: `write_file` wrote into the existing inode, so a hard link in
+    /// the workspace to a file elsewhere let it overwrite that file.
+    #[test]
+    fn regression_write_file_never_writes_through_a_hard_link() {
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, ws) = ws();
+        let outside = dir
+            .path()
+            .join("..")
+            .join(format!("outside-{}", std::process::id()));
+        fs::write(&outside, "keep").unwrap();
+        fs::hard_link(&outside, ws.root().join("linked.txt")).unwrap();
+        ws.write_file("linked.txt", "changed").unwrap();
+        assert_eq!(fs::read_to_string(&outside).unwrap(), "keep");
+        assert_eq!(
+            fs::read_to_string(ws.root().join("linked.txt")).unwrap(),
+            "changed"
+        );
+        fs::remove_file(&outside).unwrap();
+        // The mode of a rewritten file is kept.
+        ws.write_file("run.sh", "#!/bin/sh").unwrap();
+        fs::set_permissions(ws.root().join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+        ws.write_file("run.sh", "#!/bin/sh\necho hi").unwrap();
+        let mode = fs::metadata(ws.root().join("run.sh"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755);
+        // No temporary file is left behind.
+        let names: Vec<String> = fs::read_dir(ws.root())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.iter().all(|n| !n.starts_with(".mass-write-")),
+            "{names:?}"
+        );
     }
 
     #[test]

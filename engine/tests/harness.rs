@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use engine::backend::{Backend, BackendError, ChatRequest, ChatResponse};
 use engine::chat::{Message, Role, ToolCall, Usage};
-use engine::config::{GuardsConfig, Limits};
-use engine::harness::{run_team, RunSpec, Team};
+use engine::config::Limits;
+use engine::harness::{run_team, RunRules, RunSpec, Team};
 use engine::task::Task;
 use engine::workflow::Workflow;
 use ledger::Ledger;
@@ -118,8 +118,7 @@ fn malformed_tool_calls_get_readable_errors_and_the_run_goes_on() {
             index: 0,
         },
         &team(b.clone()),
-        &Limits::default(),
-        &GuardsConfig::default(),
+        &RunRules::default(),
     )
     .unwrap();
     assert_eq!(out.record.status, "finished");
@@ -185,8 +184,10 @@ fn a_run_that_never_finishes_is_halted_not_failed() {
             index: 0,
         },
         &team(b),
-        &limits,
-        &GuardsConfig::default(),
+        &RunRules {
+            limits: limits.clone(),
+            ..Default::default()
+        },
     )
     .unwrap();
     assert_eq!(out.record.status, "halted");
@@ -222,8 +223,7 @@ fn delegation_runs_a_subagent_in_its_own_stream() {
             index: 0,
         },
         &team(b.clone()),
-        &Limits::default(),
-        &GuardsConfig::default(),
+        &RunRules::default(),
     )
     .unwrap();
     assert_eq!(out.record.delegations, 1);
@@ -267,8 +267,7 @@ fn invalid_verdicts_are_re_asked_and_counted() {
                 index: i,
             },
             &team(worker.clone()),
-            &Limits::default(),
-            &GuardsConfig::default(),
+            &RunRules::default(),
         )
         .unwrap();
         RunRef {
@@ -357,8 +356,7 @@ fn run_scripted(
             index: 0,
         },
         &team(b.clone()),
-        &Limits::default(),
-        &GuardsConfig::default(),
+        &RunRules::default(),
     )
     .unwrap();
     (d, s, out)

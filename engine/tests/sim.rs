@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use engine::backend::sim::{SimBackend, SimParams};
 use engine::backend::Backend;
-use engine::config::{GuardsConfig, Limits};
-use engine::harness::{run_team, RunSpec, Team};
+use engine::config::Limits;
+use engine::harness::{run_team, RunRules, RunSpec, Team};
 use engine::judge::{judge_pair, Judge, RunRef};
 use engine::task::Task;
 use engine::workflow::Workflow;
@@ -53,8 +53,10 @@ fn runs(s: &Session, task: &Task, skill: f64, n: u32) -> Vec<RunRef> {
                     index: i,
                 },
                 &team,
-                &limits,
-                &GuardsConfig::default(),
+                &RunRules {
+                    limits: limits.clone(),
+                    ..Default::default()
+                },
             )
             .unwrap();
             RunRef {

@@ -6,9 +6,11 @@
 //! Order inside the child for `Level::Full` (as bubblewrap and Codex do it):
 //! 1. drop root to uid/gid 65534 (so RLIMIT_NPROC applies and the command is not root);
 //! 2. unshare user/mount/PID/net/IPC/UTS namespaces and write the id maps;
-//! 3. fork: the command becomes PID 1 of the new PID namespace, the first
-//!    child stays as a relay that waits and mirrors its exit; PID 1 gets
-//!    PDEATHSIG(SIGKILL) so killing the relay kills the whole namespace;
+//! 3. fork into the new PID namespace: the first child stays as a relay that
+//!    waits and mirrors the command's exit; PID 1 gets PDEATHSIG(SIGKILL) so
+//!    killing the relay kills the whole namespace, and stays a minimal init
+//!    (reaps, reports the command's status) while the command runs as PID 2
+//!    with ordinary signal semantics;
 //! 4. private mounts, a fresh /proc and a private /dev/shm;
 //! 5. rlimits;
 //! 6. Landlock (sets no_new_privs); after the mounts, since a Landlock
@@ -238,10 +240,18 @@ fn enter_namespaces(flags: libc::c_int, uid_map: &[u8], gid_map: &[u8]) -> io::R
         .inspect_err(|_| note(b"sandbox: writing the user namespace id maps failed\n"))
 }
 
-/// Forks so the command becomes PID 1 of the new PID namespace. Returns in
-/// the grandchild only; the first child becomes a relay that waits for it
-/// and exits the same way, and never returns.
+/// Forks into the new PID namespace. Returns in the command's process only:
+/// the first child becomes a relay that waits for the namespace's PID 1 and
+/// exits the way the command did; PID 1 is a minimal init that reaps orphans
+/// and reports the command's wait status to the relay; the command runs as
+/// PID 2, so it keeps ordinary signal semantics (a PID 1 ignores signals it
+/// has no handler for: `kill $$`, `alarm`, `abort` would misbehave).
 fn become_pid1() -> io::Result<()> {
+    // The command's raw wait status, from init to the relay.
+    let mut st = [0 as libc::c_int; 2];
+    // SAFETY: valid out-array.
+    cvt(unsafe { libc::pipe2(st.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    let [st_r, st_w] = st;
     let mut fds = [0 as libc::c_int; 2];
     // The pipe lets the grandchild detect that the relay already died before
     // PDEATHSIG was armed (getppid() is 0 across a PID namespace boundary).
@@ -262,17 +272,30 @@ fn become_pid1() -> io::Result<()> {
         // Relay. Close everything (std's exec-status pipe, the caller's
         // stdout/stderr pipes) so the caller's spawn() returns once the
         // grandchild execs and its output EOF does not wait for us.
-        sys::close_all_but(w);
+        let mut keep = [w, st_r];
+        keep.sort_unstable();
+        sys::close_all_except(&keep);
         // The relay is a copy of the harness's memory running as uid 65534:
         // keep other processes of that uid from reading it via ptrace or
         // /proc/PID/mem (drop_root made it dumpable for the uid_map write).
         // SAFETY: plain prctl.
         unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-        match sys::wait_pid(pid) {
-            Ok(status) => sys::exit_like(status),
+        let init = match sys::wait_pid(pid) {
+            Ok(status) => status,
             // SAFETY: _exit is always safe.
             Err(_) => unsafe { libc::_exit(127) },
-        }
+        };
+        // The command's status if init reported it; init's own otherwise
+        // (killed before the command ended, e.g. on timeout).
+        let mut buf = [0u8; 4];
+        // SAFETY: reading into a local buffer; init wrote before exiting.
+        let n = unsafe { libc::read(st_r, buf.as_mut_ptr().cast(), 4) };
+        let status = if n == 4 {
+            libc::c_int::from_ne_bytes(buf)
+        } else {
+            init
+        };
+        sys::exit_like(status);
     }
     // Grandchild: PID 1 of the namespace.
     // SAFETY: plain syscalls on our own fds.
@@ -290,8 +313,45 @@ fn become_pid1() -> io::Result<()> {
             // EOF (or error): the relay is gone, nobody would kill us on timeout.
             libc::_exit(1);
         }
+        libc::close(st_r);
     }
-    Ok(())
+    run_init(st_w)
+}
+
+/// In PID 1: forks the command's process (PID 2) and returns in it; PID 1
+/// itself closes every other fd (the caller's output pipes and the spawn
+/// status pipe must see only the command), reaps every child, and when PID 2
+/// ends writes its wait status to `st_w` and exits, which tears the
+/// namespace down with everything left in it.
+fn run_init(st_w: libc::c_int) -> io::Result<()> {
+    // SAFETY: fork in a single-threaded process; the init branch only makes syscalls.
+    let cmd = unsafe { libc::fork() };
+    if cmd < 0 {
+        note(b"sandbox: fork of the command under the namespace's init failed\n");
+        return Err(io::Error::last_os_error());
+    }
+    if cmd == 0 {
+        // SAFETY: closing our copy of the status pipe.
+        unsafe { libc::close(st_w) };
+        return Ok(());
+    }
+    sys::close_all_except(&[st_w]);
+    // SAFETY: plain syscalls; every path ends in _exit.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        loop {
+            let mut status: libc::c_int = 0;
+            let r = libc::waitpid(-1, &mut status, 0);
+            if r == cmd {
+                let b = status.to_ne_bytes();
+                libc::write(st_w, b.as_ptr().cast(), 4);
+                libc::_exit(0);
+            }
+            if r < 0 && *libc::__errno_location() != libc::EINTR {
+                libc::_exit(127);
+            }
+        }
+    }
 }
 
 fn mount_proc() -> io::Result<()> {

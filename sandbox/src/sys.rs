@@ -64,29 +64,29 @@ pub(crate) fn note(msg: &[u8]) {
     }
 }
 
-/// Closes every fd except `keep` (close_range(2), Linux 5.9+; falls back to a loop).
-pub(crate) fn close_all_but(keep: libc::c_int) {
+/// Closes every fd except those in `keep` (ascending), with close_range(2)
+/// (Linux 5.9+), falling back to a loop.
+pub(crate) fn close_all_except(keep: &[libc::c_int]) {
+    let mut from: libc::c_uint = 0;
     // SAFETY: closing fds we own in a process that is about to only wait and exit.
     unsafe {
-        let k = keep as libc::c_uint;
-        if k > 0 {
-            libc::syscall(
-                libc::SYS_close_range,
-                0 as libc::c_uint,
-                k - 1,
-                0 as libc::c_uint,
-            );
-        }
-        if libc::syscall(
-            libc::SYS_close_range,
-            k + 1,
-            libc::c_uint::MAX,
-            0 as libc::c_uint,
-        ) != 0
-        {
-            for fd in (k as libc::c_int + 1)..1024 {
-                libc::close(fd);
+        for &k in keep {
+            let k = k as libc::c_uint;
+            if k > from {
+                close_range_or_loop(from, k - 1);
             }
+            from = k + 1;
+        }
+        close_range_or_loop(from, libc::c_uint::MAX);
+    }
+}
+
+/// # Safety
+/// Closes fds `first..=last`; the caller must own them.
+unsafe fn close_range_or_loop(first: libc::c_uint, last: libc::c_uint) {
+    if libc::syscall(libc::SYS_close_range, first, last, 0 as libc::c_uint) != 0 {
+        for fd in first..=last.min(1023) {
+            libc::close(fd as libc::c_int);
         }
     }
 }

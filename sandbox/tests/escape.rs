@@ -680,10 +680,31 @@ fn exit_status_is_relayed() {
     let ws = Ws::new();
     let o = run_full(&ws, "exit 7");
     assert_eq!(o.code, Some(7), "{o:?}");
-    // The command is PID 1 of its namespace, so a signal sent from inside
-    // with the default action is ignored by the kernel; a real fault is not.
     let o = run_full(&ws, "python3 -c 'import ctypes; ctypes.string_at(0)'");
     assert_eq!(o.signal, Some(libc::SIGSEGV), "{o:?}");
+}
+
+/// Before: the command was PID 1 of its namespace, which the kernel shields
+/// from signals it has no handler for, so `kill -9 $$`, `kill -TERM $$`,
+/// `alarm` and `abort` did nothing. A minimal init is PID 1 now and the
+/// command runs as PID 2 with ordinary signal semantics.
+#[test]
+fn regression_the_command_is_not_pid1_and_signals_work() {
+    let ws = Ws::new();
+    let o = run_full(&ws, "echo $$");
+    assert_eq!(o.stdout.trim(), "2", "{o:?}");
+    for (script, sig) in [
+        ("kill -9 $$", libc::SIGKILL),
+        ("kill -TERM $$; sleep 5", libc::SIGTERM),
+        (
+            "python3 -c 'import signal, time; signal.alarm(1); time.sleep(5)'",
+            libc::SIGALRM,
+        ),
+        ("python3 -c 'import os; os.abort()'", libc::SIGABRT),
+    ] {
+        let o = run_full(&ws, script);
+        assert_eq!(o.signal, Some(sig), "{script}: {o:?}");
+    }
 }
 
 // ---- Level::Landlock: no namespaces, same file-system and network walls ----

@@ -7,6 +7,7 @@ mod maintain;
 mod objects;
 mod rank;
 mod runs;
+mod sandbox;
 
 use std::process::ExitCode;
 
@@ -135,6 +136,23 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         } => export::events(&open_read(&dir)?, start.as_deref(), &out),
         Command::Rank { file, prior, json } => rank::run(&file, prior, json),
         Command::Demo { workspace } => demo::run(&dir, workspace.as_deref()),
+        Command::Sandbox {
+            workspace,
+            limits,
+            level,
+            network,
+            timeout_secs,
+            probe,
+            command,
+        } => sandbox::run(&sandbox::SandboxOptions {
+            workspace: workspace.as_deref(),
+            limits: limits.as_deref(),
+            level,
+            network,
+            timeout_secs,
+            probe,
+            command: &command,
+        }),
     }
 }
 
