@@ -98,17 +98,21 @@ fn a_run_whose_start_failed_can_be_rerun_with_a_fixed_file() {
     );
     assert!(refs(&ledger).is_empty(), "{:?}", refs(&ledger));
 
-    // An unsupported backend fails after run.started is recorded: that is the
-    // poisoned name.
+    // A backend that cannot be built (its API key variable is not set)
+    // fails after run.started is recorded: that is the poisoned name.
     let broken = experiment(d.path(), "broken.toml", |s| {
         s.replace(
             "[backends.sim]\nkind = \"sim\"",
-            "[backends.sim]\nkind = \"sim\"\n\n[backends.remote]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"",
+            "[backends.sim]\nkind = \"sim\"\n\n[backends.remote]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\napi_key_env = \"MASS_TEST_KEY_NEVER_SET\"",
         )
     });
     let o = mass(&ledger, &["run", &broken, "--quiet"]);
     assert!(!o.status.success());
-    assert!(text(&o.stderr).contains("OpenAI"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("MASS_TEST_KEY_NEVER_SET"),
+        "{}",
+        text(&o.stderr)
+    );
     let old = head(&ledger, "smoke");
     let st = status_json(&ledger);
     assert_eq!(st[0]["finished"], false);

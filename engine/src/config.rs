@@ -227,6 +227,8 @@ pub struct OpenAiParams {
     pub api_key_env: Option<String>,
     pub timeout_secs: u64,
     pub max_retries: u32,
+    /// Requests in flight at once to this server.
+    pub max_concurrency: u32,
     pub temperature: f64,
     pub max_tokens: u32,
     pub lora_adapter: Option<String>,
@@ -250,6 +252,8 @@ struct RawBackend {
     timeout_secs: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_retries: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_concurrency: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -287,6 +291,7 @@ impl TryFrom<RawBackend> for Backend {
                     ("api_key_env", raw.api_key_env.is_some()),
                     ("timeout_secs", raw.timeout_secs.is_some()),
                     ("max_retries", raw.max_retries.is_some()),
+                    ("max_concurrency", raw.max_concurrency.is_some()),
                     ("temperature", raw.temperature.is_some()),
                     ("max_tokens", raw.max_tokens.is_some()),
                     ("lora_adapter", raw.lora_adapter.is_some()),
@@ -323,6 +328,7 @@ impl TryFrom<RawBackend> for Backend {
                         api_key_env: raw.api_key_env,
                         timeout_secs: raw.timeout_secs.unwrap_or(120),
                         max_retries: raw.max_retries.unwrap_or(3),
+                        max_concurrency: raw.max_concurrency.unwrap_or(16),
                         temperature: raw.temperature.unwrap_or(0.7),
                         max_tokens: raw.max_tokens.unwrap_or(4096),
                         lora_adapter: raw.lora_adapter,
@@ -347,6 +353,7 @@ impl From<Backend> for RawBackend {
             api_key_env: None,
             timeout_secs: None,
             max_retries: None,
+            max_concurrency: None,
             temperature: None,
             max_tokens: None,
             lora_adapter: None,
@@ -361,6 +368,7 @@ impl From<Backend> for RawBackend {
                 raw.api_key_env = p.api_key_env;
                 raw.timeout_secs = Some(p.timeout_secs);
                 raw.max_retries = Some(p.max_retries);
+                raw.max_concurrency = Some(p.max_concurrency);
                 raw.temperature = Some(p.temperature);
                 raw.max_tokens = Some(p.max_tokens);
                 raw.lora_adapter = p.lora_adapter;

@@ -95,20 +95,49 @@ pub fn call_model(
         seed: s.seed,
         max_tokens: s.max_tokens,
     };
-    let backend = backend.clone();
-    let rec = st.effect_blocking(req, move || {
-        // A server that failed may work on the next attempt; a model the
-        // backend does not know will not.
-        let resp = backend.complete(&chat).map_err(|e| match e {
-            crate::backend::BackendError::Failed { .. } => EffectError::transient(e.to_string()),
-            crate::backend::BackendError::UnknownModel { .. } => EffectError::final_(e.to_string()),
+    // Each attempt is its own recorded effect: a transient failure (a
+    // server error, a timeout) is retried here, with backoff, up to the
+    // backend's `max_retries`; a replay steps over the failed attempts the
+    // recording holds and serves the one that succeeded, without waiting.
+    let mut attempt = 0u32;
+    let rec = loop {
+        let hint = std::cell::Cell::new(None);
+        let b = backend.clone();
+        let chat = &chat;
+        let rec = st.effect_blocking(req.clone(), || {
+            let resp = b.complete(chat).map_err(|e| {
+                if let crate::backend::BackendError::Failed { retry_after, .. } = &e {
+                    hint.set(*retry_after);
+                }
+                model_error(e)
+            })?;
+            let mut resp = resp;
+            let raw = resp.raw.take();
+            let mut blobs = vec![resp.message.canonical()];
+            let mut raw_id = None;
+            if let Some(raw) = raw {
+                let id = Id::of(ObjectKind::Blob, &raw);
+                resp.raw_body = Some(id.to_hex());
+                raw_id = Some(id);
+                blobs.push(raw);
+            }
+            let v = serde_json::to_value(&resp).map_err(|e| e.to_string())?;
+            let mut out = EffectOutput::json(&v);
+            out.blobs = blobs;
+            if let Some(id) = raw_id {
+                out = out.with_link(id);
+            }
+            Ok(out)
         })?;
-        let v = serde_json::to_value(&resp).map_err(|e| e.to_string())?;
-        let msg_blob = resp.message.canonical();
-        let mut out = EffectOutput::json(&v);
-        out.blobs.push(msg_blob);
-        Ok(out)
-    })?;
+        let retry = rec.failure == Some(replay::FailureClass::Transient)
+            && rec.source == replay::Served::Live
+            && attempt < backend.max_retries();
+        if !retry {
+            break rec;
+        }
+        attempt += 1;
+        std::thread::sleep(backoff(attempt, hint.get()));
+    };
     let transient = rec.failure == Some(replay::FailureClass::Transient);
     let bytes = rec.output.map_err(|e| {
         if transient {
@@ -117,7 +146,7 @@ pub fn call_model(
                 detail: e,
             }
         } else {
-            EngineError::Backend(crate::backend::BackendError::Failed {
+            EngineError::Backend(crate::backend::BackendError::Rejected {
                 backend: model.to_string(),
                 detail: e,
             })
@@ -129,6 +158,37 @@ pub fn call_model(
     conv.prefix = Some(rec.event);
     conv.covered = conv.messages.len();
     Ok(resp)
+}
+
+/// How a backend error is recorded: worth another attempt (transient) or
+/// not (final: the server rejected this request, or cannot serve the model).
+fn model_error(e: crate::backend::BackendError) -> EffectError {
+    use crate::backend::BackendError as B;
+    match e {
+        B::Failed { .. } => EffectError::transient(e.to_string()),
+        B::Rejected { .. } | B::UnknownModel { .. } | B::Config { .. } => {
+            EffectError::final_(e.to_string())
+        }
+    }
+}
+
+/// The wait before retry `attempt` (1, 2, ...): the server's `Retry-After`
+/// if it sent one (capped at a minute), else exponential from 250 ms, capped
+/// at 20 s, with up to 25% jitter so many rollouts do not retry in step.
+pub fn backoff(attempt: u32, retry_after: Option<std::time::Duration>) -> std::time::Duration {
+    use std::time::Duration;
+    if let Some(d) = retry_after {
+        return d.min(Duration::from_secs(60));
+    }
+    let base = Duration::from_millis(250)
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(10))
+        .min(Duration::from_secs(20));
+    // Jitter needs no reproducibility: waiting never enters an id.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    base + base.mul_f64(f64::from(nanos % 1000) / 4000.0)
 }
 
 /// The output of a recorded workspace tool call.

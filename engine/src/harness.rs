@@ -176,6 +176,9 @@ struct Budget {
 enum Halt {
     Turns,
     Tokens,
+    /// The server rejected a request for good (e.g. the conversation outgrew
+    /// its context): this run ends, the experiment goes on.
+    Rejected(String),
 }
 
 /// Runs a team on a task and records the outcome as a `mass.rollout` event at
@@ -260,14 +263,20 @@ pub fn run_team(
         }
         budget.turns_left -= 1;
         budget.turns += 1;
-        let resp = call_model(
+        let resp = match call_model(
             &mut orch,
             "model",
             &team.orchestrator,
             &team.orchestrator_model,
             &mut conv,
             sampling,
-        )?;
+        ) {
+            Err(EngineError::Backend(e)) => {
+                status = Err(Halt::Rejected(e.to_string()));
+                break;
+            }
+            other => other?,
+        };
         spend(&mut budget, resp.usage);
         if resp.message.tool_calls.is_empty() {
             // A plain answer ends the run like `finish`.
@@ -344,6 +353,7 @@ pub fn run_team(
             "halted",
             format!("token limit ({}) reached", limits.max_tokens),
         ),
+        Err(Halt::Rejected(detail)) => ("failed", detail),
     };
     let record = Rollout {
         task: spec.task.id.clone(),
@@ -416,14 +426,20 @@ fn run_subagent(
             break;
         }
         budget.turns += 1;
-        let resp = call_model(
+        let resp = match call_model(
             &mut st,
             "model",
             &team.subagent,
             &team.subagent_model,
             &mut conv,
             sampling,
-        )?;
+        ) {
+            Err(EngineError::Backend(e)) => {
+                answer = Some(format!("error: the {role} subagent stopped: {e}"));
+                break;
+            }
+            other => other?,
+        };
         spend(budget, resp.usage);
         if resp.message.tool_calls.is_empty() {
             answer = Some(resp.message.content_str().to_string());

@@ -55,6 +55,8 @@ impl Backend for Scripted {
                 prompt_tokens: 10,
                 completion_tokens: 5,
             },
+            raw: None,
+            raw_body: None,
         })
     }
 }

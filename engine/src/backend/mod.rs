@@ -3,6 +3,7 @@
 //! calls one directly, only through a `model` effect, so every call is
 //! recorded and replayable.
 
+pub mod openai;
 pub mod sim;
 
 use std::collections::BTreeMap;
@@ -31,12 +32,33 @@ pub struct ChatResponse {
     pub message: Message,
     pub usage: Usage,
     pub finish_reason: String,
+    /// The response body exactly as received from a server (not recorded
+    /// inline: the model effect stores it as a blob and names it in
+    /// `raw_body`).
+    #[serde(skip)]
+    pub raw: Option<Vec<u8>>,
+    /// The blob id of the raw response body, for servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_body: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
+    /// Worth another attempt: a connection error, a timeout, HTTP 429 or
+    /// 5xx, a cut or unparseable body. `retry_after`: the server's hint.
     #[error("backend {backend}: {detail}")]
-    Failed { backend: String, detail: String },
+    Failed {
+        backend: String,
+        detail: String,
+        retry_after: Option<std::time::Duration>,
+    },
+    /// The server refused this request and will refuse it again (HTTP 4xx:
+    /// context length exceeded, a malformed request).
+    #[error("backend {backend} rejected the request: {detail}")]
+    Rejected { backend: String, detail: String },
+    /// The backend cannot be built as configured (a missing API key variable).
+    #[error("backend {backend}: {detail}")]
+    Config { backend: String, detail: String },
     #[error("backend {backend} does not know model {model:?}")]
     UnknownModel { backend: String, model: String },
 }
@@ -47,8 +69,13 @@ pub trait Backend: Send + Sync {
     fn name(&self) -> &str;
     /// The model name to send for the base (untrained) model.
     fn base_model(&self) -> String;
-    /// One chat completion.
+    /// One chat completion: one attempt (the model effect retries).
     fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, BackendError>;
+    /// How often the model effect retries a transient failure in-process
+    /// before the run stops as an infrastructure failure.
+    fn max_retries(&self) -> u32 {
+        0
+    }
     /// Makes a trained adapter available under `model` (its bytes are what the
     /// trainer produced). Backends that load adapters server-side ignore this.
     fn register_adapter(&self, _model: &str, _adapter: &[u8]) -> Result<(), BackendError> {
@@ -122,7 +149,7 @@ impl Backends {
             .by_name
             .get(name)
             .cloned()
-            .ok_or_else(|| BackendError::Failed {
+            .ok_or_else(|| BackendError::Config {
                 backend: name.to_string(),
                 detail: "not configured".into(),
             })
@@ -201,19 +228,26 @@ fn build_one(
     match cfg {
         BackendCfg::Sim(p) => {
             let Some(tasks) = tasks else { return Ok(None) };
-            let params = sim::SimParams::new(p.skill, p.delegation, p.judge_noise, p.position_bias, p.blind_spot);
+            let params = sim::SimParams::new(
+                p.skill,
+                p.delegation,
+                p.judge_noise,
+                p.position_bias,
+                p.blind_spot,
+            );
             Ok(Some(Arc::new(sim::SimBackend::new(name, params, tasks)?)))
         }
-        BackendCfg::OpenAi(_) => Err(BackendError::Failed {
-            backend: name.to_string(),
-            detail: "the OpenAI-compatible HTTP backend is not built into this version yet; use kind = \"sim\"".into(),
-        }),
+        BackendCfg::OpenAi(p) => match tasks {
+            // Checking only: the key variable is read when the run builds it.
+            None => Ok(None),
+            Some(_) => Ok(Some(Arc::new(openai::OpenAiBackend::new(name, p)?))),
+        },
     }
 }
 
 /// Builds one backend from a task folder.
 fn build_at(name: &str, cfg: &BackendCfg, tasks: &Path) -> Result<Arc<dyn Backend>, BackendError> {
-    build_one(name, cfg, Some(tasks))?.ok_or_else(|| BackendError::Failed {
+    build_one(name, cfg, Some(tasks))?.ok_or_else(|| BackendError::Config {
         backend: name.to_string(),
         detail: "was not built".into(),
     })

@@ -95,7 +95,7 @@ impl SimBackend {
     /// A simulated backend whose base model has `base` parameters and which
     /// knows the tasks under `tasks_dir`.
     pub fn new(name: &str, base: SimParams, tasks_dir: &Path) -> Result<SimBackend, BackendError> {
-        let fail = |detail: String| BackendError::Failed {
+        let fail = |detail: String| BackendError::Config {
             backend: name.to_string(),
             detail,
         };
@@ -160,6 +160,7 @@ impl SimBackend {
         BackendError::Failed {
             backend: self.name.clone(),
             detail,
+            retry_after: None,
         }
     }
 
@@ -277,6 +278,8 @@ impl Backend for SimBackend {
             },
             message,
             finish_reason: finish_reason.into(),
+            raw: None,
+            raw_body: None,
         })
     }
 

@@ -1,0 +1,361 @@
+//! The OpenAI-compatible chat-completions backend (vLLM, SGLang, llama.cpp,
+//! Ollama, hosted APIs): one HTTP attempt per [`Backend::complete`] call, on a
+//! tokio runtime the backend owns, under a per-backend concurrency limit.
+//!
+//! One concern per layer: this module sends a request, bounds it with a
+//! timeout, and classifies what came back; the retry policy (how often, how
+//! long to wait, honouring `Retry-After`) lives with the model effect
+//! (`effects::call_model`), so every attempt is recorded in the ledger with
+//! its failure class. Responses are parsed from untyped JSON (servers add
+//! fields), and the raw body is handed back as received so it can be stored
+//! beside the parsed message: fields our types do not know
+//! (`reasoning_content`, vLLM's `reasoning`, logprobs) are never lost.
+//!
+//! The API key is read from the environment variable the experiment names
+//! (`api_key_env`) when the backend is built; it is sent in the
+//! `Authorization` header only and never appears in an error, a log line or a
+//! `Debug` rendering of the backend.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+
+use super::{Backend, BackendError, ChatRequest, ChatResponse};
+use crate::chat::{Message, Role, ToolCall, Usage};
+use crate::config::OpenAiParams;
+
+/// Most bytes of an error body quoted in a message: enough to read an error
+/// page's gist, never a whole HTML document.
+const QUOTE_CAP: usize = 300;
+
+/// An OpenAI-compatible server.
+pub struct OpenAiBackend {
+    name: String,
+    params: OpenAiParams,
+    api_key: Option<String>,
+    url: String,
+    client: reqwest::Client,
+    runtime: Arc<tokio::runtime::Runtime>,
+    /// Requests in flight at once.
+    limit: Arc<tokio::sync::Semaphore>,
+}
+
+impl fmt::Debug for OpenAiBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the key.
+        f.debug_struct("OpenAiBackend")
+            .field("name", &self.name)
+            .field("url", &self.url)
+            .field("model", &self.params.model)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+impl OpenAiBackend {
+    /// Builds the client; reads the API key from the environment variable
+    /// `params.api_key_env` names (a missing variable is an error that names
+    /// the variable, never a value).
+    pub fn new(name: &str, params: &OpenAiParams) -> Result<OpenAiBackend, BackendError> {
+        let fail = |detail: String| BackendError::Failed {
+            backend: name.to_string(),
+            detail,
+            retry_after: None,
+        };
+        let api_key = match &params.api_key_env {
+            Some(var) => match std::env::var(var) {
+                Ok(v) if !v.trim().is_empty() => Some(v.trim().to_string()),
+                _ => {
+                    return Err(BackendError::Config {
+                        backend: name.to_string(),
+                        detail: format!(
+                            "api_key_env names {var}, which is not set in the environment; export it (the key is never written to the ledger)"
+                        ),
+                    })
+                }
+            },
+            None => None,
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(format!("mass-http-{name}"))
+            .enable_all()
+            .build()
+            .map_err(|e| fail(format!("cannot start the HTTP runtime: {e}")))?;
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(params.timeout_secs.max(1)))
+            .connect_timeout(Duration::from_secs(params.timeout_secs.clamp(1, 30)))
+            .build()
+            .map_err(|e| fail(format!("cannot build the HTTP client: {e}")))?;
+        let url = format!("{}/chat/completions", params.base_url.trim_end_matches('/'));
+        Ok(OpenAiBackend {
+            name: name.to_string(),
+            params: params.clone(),
+            api_key,
+            url,
+            client,
+            runtime: Arc::new(runtime),
+            limit: Arc::new(tokio::sync::Semaphore::new(
+                params.max_concurrency.max(1) as usize
+            )),
+        })
+    }
+
+    /// The request body sent for `req`.
+    pub fn body(&self, req: &ChatRequest) -> Value {
+        let mut body = Map::new();
+        body.insert("model".into(), json!(req.model));
+        body.insert(
+            "messages".into(),
+            Value::Array(req.messages.iter().map(wire_message).collect()),
+        );
+        if !req.tools.is_empty() {
+            body.insert("tools".into(), json!(req.tools));
+            body.insert("tool_choice".into(), json!("auto"));
+        }
+        body.insert("temperature".into(), json!(req.temperature));
+        body.insert("seed".into(), json!(req.seed));
+        body.insert("max_tokens".into(), json!(req.max_tokens));
+        Value::Object(body)
+    }
+
+    async fn attempt(
+        &self,
+        body: Value,
+    ) -> Result<(reqwest::StatusCode, Option<Duration>, Vec<u8>), BackendError> {
+        let _permit = self
+            .limit
+            .acquire()
+            .await
+            .map_err(|_| self.failed("the request limiter was closed".into(), None))?;
+        let mut rb = self.client.post(&self.url).json(&body);
+        if let Some(k) = &self.api_key {
+            rb = rb.bearer_auth(k);
+        }
+        let resp = rb
+            .send()
+            .await
+            .map_err(|e| self.failed(describe_reqwest(&e), None))?;
+        let status = resp.status();
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let bytes = resp.bytes().await.map_err(|e| {
+            self.failed(
+                format!("the response body was cut short: {}", describe_reqwest(&e)),
+                None,
+            )
+        })?;
+        Ok((status, retry_after, bytes.to_vec()))
+    }
+
+    fn failed(&self, detail: String, retry_after: Option<Duration>) -> BackendError {
+        BackendError::Failed {
+            backend: self.name.clone(),
+            detail,
+            retry_after,
+        }
+    }
+}
+
+impl Backend for OpenAiBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn base_model(&self) -> String {
+        self.params.model.clone()
+    }
+
+    fn max_retries(&self) -> u32 {
+        self.params.max_retries
+    }
+
+    fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, BackendError> {
+        let body = self.body(req);
+        let (status, retry_after, raw) = self.runtime.block_on(self.attempt(body))?;
+        classify(&self.name, status.as_u16(), retry_after, raw)
+    }
+}
+
+/// What a response means: a parsed message, a failure worth retrying (429,
+/// 5xx, a body that is not the JSON we expect from a 200), or a rejection the
+/// same request will meet again (other 4xx: context length, bad request).
+pub fn classify(
+    backend: &str,
+    status: u16,
+    retry_after: Option<Duration>,
+    raw: Vec<u8>,
+) -> Result<ChatResponse, BackendError> {
+    let quote = || quote_body(&raw);
+    if status == 429 || status == 408 || (500..600).contains(&status) {
+        return Err(BackendError::Failed {
+            backend: backend.into(),
+            detail: format!("HTTP {status}: {}", quote()),
+            retry_after,
+        });
+    }
+    if !(200..300).contains(&status) {
+        return Err(BackendError::Rejected {
+            backend: backend.into(),
+            detail: format!("HTTP {status}: {}", quote()),
+        });
+    }
+    let bad = |what: String| BackendError::Failed {
+        backend: backend.into(),
+        detail: format!("HTTP {status} with an unusable body ({what}): {}", quote()),
+        retry_after: None,
+    };
+    let v: Value = serde_json::from_slice(&raw).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let mut resp = parse_response(&v).map_err(bad)?;
+    resp.raw = Some(raw);
+    Ok(resp)
+}
+
+/// Parses a chat-completions response body.
+pub fn parse_response(v: &Value) -> Result<ChatResponse, String> {
+    if let Some(err) = v.get("error") {
+        return Err(format!("the server reported an error: {}", compact(err)));
+    }
+    let choice = v
+        .get("choices")
+        .and_then(Value::as_array)
+        .and_then(|c| c.first())
+        .ok_or("no choices")?;
+    let m = choice
+        .get("message")
+        .ok_or("the first choice has no message")?;
+    let content = match m.get("content") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        // Some servers send content parts; keep their text.
+        Some(Value::Array(parts)) => Some(
+            parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join(""),
+        ),
+        Some(other) => return Err(format!("message content is {}", kind(other))),
+    };
+    let mut tool_calls = Vec::new();
+    for (i, c) in m
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let f = c
+            .get("function")
+            .ok_or(format!("tool call {i} has no function"))?;
+        let name = f
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or(format!("tool call {i} has no function name"))?;
+        // Arguments are a JSON string by the spec; some servers send an
+        // object. Invalid JSON is kept as written: the harness answers the
+        // model with a readable error.
+        let arguments = match f.get("arguments") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => other.to_string(),
+        };
+        let id = c
+            .get("id")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("call_{i}"));
+        tool_calls.push(ToolCall::new(id, name, arguments));
+    }
+    let usage = v.get("usage").map_or(Usage::default(), |u| Usage {
+        prompt_tokens: u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0),
+        completion_tokens: u
+            .get("completion_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0),
+    });
+    Ok(ChatResponse {
+        message: Message {
+            role: Role::Assistant,
+            content,
+            tool_calls,
+            tool_call_id: None,
+        },
+        usage,
+        finish_reason: choice
+            .get("finish_reason")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        raw: None,
+        raw_body: None,
+    })
+}
+
+/// A message as the wire wants it: an assistant turn that only calls tools
+/// has `content: null`.
+fn wire_message(m: &Message) -> Value {
+    let mut o = Map::new();
+    o.insert("role".into(), json!(m.role));
+    o.insert("content".into(), json!(m.content));
+    if !m.tool_calls.is_empty() {
+        o.insert("tool_calls".into(), json!(m.tool_calls));
+    }
+    if let Some(id) = &m.tool_call_id {
+        o.insert("tool_call_id".into(), json!(id));
+    }
+    Value::Object(o)
+}
+
+fn quote_body(raw: &[u8]) -> String {
+    let text = String::from_utf8_lossy(raw);
+    let one_line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.is_empty() {
+        return "(empty body)".into();
+    }
+    match one_line.char_indices().nth(QUOTE_CAP) {
+        Some((i, _)) => format!("{}... ({} bytes)", &one_line[..i], raw.len()),
+        None => one_line,
+    }
+}
+
+fn compact(v: &Value) -> String {
+    quote_body(v.to_string().as_bytes())
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A transport error in words, without the URL's query or any header.
+fn describe_reqwest(e: &reqwest::Error) -> String {
+    let what = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "could not connect"
+    } else if e.is_body() || e.is_decode() {
+        "the body could not be read"
+    } else {
+        "the request failed"
+    };
+    let mut detail = e.to_string();
+    // reqwest names the URL; keep it (it holds no secret: the key travels in
+    // a header), but drop a query string should a user put one there.
+    if let Some(i) = detail.find('?') {
+        detail.truncate(i);
+    }
+    format!("{what}: {detail}")
+}
