@@ -337,7 +337,6 @@ pub fn run_team(
         .tree
         .ok_or_else(|| EngineError::Invalid("run has no initial workspace snapshot".into()))?;
     let guard = crate::guards::inspect(&ledger, spec.task, initial, final_tree, guards)?;
-    let guard_event = orch.emit(schemas::to_event(&guard)?)?;
     let (passed, total) = parse_score(&validation);
     let validation_blob = ledger.put_blob(validation.as_bytes())?;
     let workflow_blob = ledger.put_blob(
@@ -377,9 +376,14 @@ pub fn run_team(
         completion_tokens: budget.completion_tokens,
         report,
     };
-    let mut parents = subagents.clone();
-    parents.push(guard_event);
-    let event = orch.emit(schemas::to_event(&record)?.with_parents(parents))?;
+    // The guard check and the rollout that names it as a parent are one
+    // commit: no extra fsync per run.
+    let rollout = schemas::to_event(&record)?;
+    let (_, event) = orch.emit_two(schemas::to_event(&guard)?, |guard_event| {
+        let mut parents = subagents.clone();
+        parents.push(guard_event);
+        rollout.with_parents(parents)
+    })?;
     Ok(RunOutcome {
         event,
         record,

@@ -164,6 +164,34 @@ impl Stream {
         Ok(id)
     }
 
+    /// Emits two events in order as one durable commit (one fsync where two
+    /// `emit`s take two); `then` builds the second knowing the first's id,
+    /// e.g. to name it as a parent. Replays check both against the history.
+    pub fn emit_two(
+        &mut self,
+        first: NewEvent,
+        then: impl FnOnce(Id) -> NewEvent,
+    ) -> Result<(Id, Id)> {
+        if self.pos < self.history.len() {
+            let a = self.emit(first)?;
+            let b = self.emit(then(a))?;
+            return Ok((a, b));
+        }
+        self.ensure_live()?;
+        let mut first = first;
+        first.stream = Some(self.rel.clone());
+        let ledger = self.session.ledger().clone();
+        let mut batch = ledger.batch();
+        let a = batch.append(&self.ref_name, self.head, first)?;
+        let mut second = then(a);
+        second.stream = Some(self.rel.clone());
+        let b = batch.append(&self.ref_name, Some(a), second)?;
+        batch.commit()?;
+        self.pos += 2;
+        self.head = Some(b);
+        Ok((a, b))
+    }
+
     /// Decides how an effect is satisfied: from history, from a source run, or
     /// live (in which case a journaled request is recorded as started first).
     ///
