@@ -140,6 +140,8 @@ pub struct Experiment {
     pub backends: BTreeMap<String, Backend>,
     pub roles: Roles,
     #[serde(default)]
+    pub sampling: SamplingRoles,
+    #[serde(default)]
     pub inner: InnerConfig,
     #[serde(default)]
     pub outer: OuterConfig,
@@ -405,6 +407,50 @@ impl Roles {
     /// The backend subagents use.
     pub fn subagent_backend(&self) -> &str {
         self.subagent.as_deref().unwrap_or(&self.orchestrator)
+    }
+}
+
+/// `[sampling.team]`, `[sampling.judge]`, `[sampling.optimizer]`: how each
+/// role samples. The defaults are what earlier versions hard-coded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingRoles {
+    /// The orchestrator and its subagents.
+    pub team: SamplingConfig,
+    pub judge: SamplingConfig,
+    pub optimizer: SamplingConfig,
+}
+
+impl Default for SamplingRoles {
+    fn default() -> Self {
+        SamplingRoles {
+            team: SamplingConfig::with(0.7, 4096),
+            judge: SamplingConfig::with(0.2, 1024),
+            optimizer: SamplingConfig::with(0.8, 4096),
+        }
+    }
+}
+
+/// Sampling parameters of one role, sent with every request it makes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingConfig {
+    pub temperature: f64,
+    pub max_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+}
+
+impl SamplingConfig {
+    pub fn with(temperature: f64, max_tokens: u64) -> SamplingConfig {
+        SamplingConfig {
+            temperature,
+            max_tokens,
+            top_p: None,
+            stop: Vec::new(),
+        }
     }
 }
 
@@ -737,6 +783,30 @@ impl Experiment {
     }
 
     fn check(&self, v: &mut Validator) {
+        for (role, c) in [
+            ("team", &self.sampling.team),
+            ("judge", &self.sampling.judge),
+            ("optimizer", &self.sampling.optimizer),
+        ] {
+            if !(0.0..=2.0).contains(&c.temperature) {
+                v.add(
+                    format!("sampling.{role}.temperature"),
+                    format!("sampling.{role}.temperature must be between 0 and 2"),
+                );
+            }
+            if c.max_tokens == 0 {
+                v.add(
+                    format!("sampling.{role}.max_tokens"),
+                    format!("sampling.{role}.max_tokens must be at least 1"),
+                );
+            }
+            if c.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
+                v.add(
+                    format!("sampling.{role}.top_p"),
+                    format!("sampling.{role}.top_p must be in (0, 1]"),
+                );
+            }
+        }
         if self.name.trim().is_empty() {
             v.add("name", "name must not be empty");
         } else if self.name.chars().any(char::is_control) {
@@ -1756,6 +1826,32 @@ optimizer = "sim"
         let reformatted = format!("# comment\n{}", MINIMAL.replace(" = ", "="));
         let a = Experiment::parse(&reformatted, "exp.toml").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(a.canonical_toml(), minimal().canonical_toml());
+    }
+
+    #[test]
+    fn sampling_is_per_role_with_the_old_defaults_and_checked() {
+        let e = minimal();
+        assert_eq!(e.sampling.team, SamplingConfig::with(0.7, 4096));
+        assert_eq!(e.sampling.judge, SamplingConfig::with(0.2, 1024));
+        assert_eq!(e.sampling.optimizer, SamplingConfig::with(0.8, 4096));
+        let text = format!(
+            "{MINIMAL}\n[sampling.judge]\ntemperature = 3.0\nmax_tokens = 0\ntop_p = 1.5\n"
+        );
+        let err = Experiment::parse(&text, "exp.toml")
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        for key in [
+            "sampling.judge.temperature",
+            "sampling.judge.max_tokens",
+            "sampling.judge.top_p",
+        ] {
+            assert!(err.contains(key), "{err}");
+        }
+        let mut e = minimal();
+        e.apply_override("sampling.team.top_p", "0.9")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(e.sampling.team.top_p, Some(0.9));
     }
 
     #[test]

@@ -82,17 +82,22 @@ impl Ctx<'_> {
                 .get(self.exp.roles.subagent_backend())?
                 .clone(),
             subagent_model: m.subagent.clone(),
-            temperature: 0.7,
-            max_tokens_per_call: 4096,
+            sampling: self.exp.sampling.team.clone(),
         })
     }
 
-    fn judge(&self, backend: &str, model: &str, retries: u32) -> Result<Judge> {
+    fn judge(
+        &self,
+        backend: &str,
+        model: &str,
+        retries: u32,
+        sampling: &crate::config::SamplingConfig,
+    ) -> Result<Judge> {
         Ok(Judge {
             backend: self.backends.get(backend)?.clone(),
             model: model.to_string(),
             max_retries: retries,
-            temperature: 0.2,
+            sampling: sampling.clone(),
         })
     }
 
@@ -234,12 +239,13 @@ fn inner_loop<'t>(
         &ctx.exp.roles.judge,
         &m.judge,
         ctx.exp.outer.max_verdict_retries,
+        &ctx.exp.sampling.judge,
     )?;
     let opt = Optimizer {
         backend: ctx.backends.get(&ctx.exp.roles.optimizer)?.clone(),
         model: m.optimizer.clone(),
         max_retries: ctx.exp.inner.max_proposal_retries,
-        temperature: 0.8,
+        sampling: ctx.exp.sampling.optimizer.clone(),
     };
     ctx.progress.stage(
         &format!("cycle {cycle}: reference runs"),
@@ -527,10 +533,12 @@ pub fn run_cycle(
     } else {
         ctx.backends.get(&exp.roles.judge)?.base_model()
     };
+    // Read from the experiment as it stands now, like the judge itself.
     let judge = ctx.judge(
         &exp.roles.judge,
         &judge_model,
         exp.outer.max_verdict_retries,
+        &exp.sampling.judge,
     )?;
     let mut pair_jobs = Vec::new();
     for (task_id, runs) in &by_task {

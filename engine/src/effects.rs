@@ -39,12 +39,26 @@ impl Conversation {
     }
 }
 
-/// Sampling parameters of one call.
-#[derive(Debug, Clone, Copy)]
+/// Sampling parameters of one call: a role's `SamplingConfig` and a seed.
+#[derive(Debug, Clone)]
 pub struct Sampling {
     pub temperature: f64,
     pub seed: u64,
     pub max_tokens: u64,
+    pub top_p: Option<f64>,
+    pub stop: Vec<String>,
+}
+
+impl Sampling {
+    pub fn of(c: &crate::config::SamplingConfig, seed: u64) -> Sampling {
+        Sampling {
+            temperature: c.temperature,
+            seed,
+            max_tokens: c.max_tokens,
+            top_p: c.top_p,
+            stop: c.stop.clone(),
+        }
+    }
 }
 
 /// Calls a model through the stream; appends the response to the conversation.
@@ -56,7 +70,7 @@ pub fn call_model(
     backend: &Arc<dyn Backend>,
     model: &str,
     conv: &mut Conversation,
-    s: Sampling,
+    s: &Sampling,
 ) -> Result<ChatResponse> {
     let new: Vec<Vec<u8>> = conv.messages[conv.covered..]
         .iter()
@@ -72,7 +86,7 @@ pub fn call_model(
         .map(|b| Id::of(ObjectKind::Blob, b).to_hex());
     let body = json!({
         "model": model,
-        "params": {"temperature": s.temperature, "seed": s.seed, "max_tokens": s.max_tokens},
+        "params": params(s),
         "tools": tools_id,
         "prefix": conv.prefix.map(|p| p.to_hex()),
         "messages": ids,
@@ -94,6 +108,8 @@ pub fn call_model(
         temperature: s.temperature,
         seed: s.seed,
         max_tokens: s.max_tokens,
+        top_p: s.top_p,
+        stop: s.stop.clone(),
     };
     // Each attempt is its own recorded effect: a transient failure (a
     // server error, a timeout) is retried here, with backoff, up to the
@@ -158,6 +174,19 @@ pub fn call_model(
     conv.prefix = Some(rec.event);
     conv.covered = conv.messages.len();
     Ok(resp)
+}
+
+/// The sampling parameters as recorded in a model request: optional ones
+/// only when set, so requests that do not use them keep their ids.
+fn params(s: &Sampling) -> Value {
+    let mut p = json!({"temperature": s.temperature, "seed": s.seed, "max_tokens": s.max_tokens});
+    if let Some(t) = s.top_p {
+        p["top_p"] = json!(t);
+    }
+    if !s.stop.is_empty() {
+        p["stop"] = json!(s.stop);
+    }
+    p
 }
 
 /// How a backend error is recorded: worth another attempt (transient) or

@@ -92,7 +92,7 @@ pub fn evaluate(
             backend: backend.clone(),
             model: backend.base_model(),
             max_retries: ctx.exp.outer.max_verdict_retries,
-            temperature: 0.2,
+            sampling: ctx.exp.sampling.judge.clone(),
         };
         let (id, v) = judge_pair(
             ctx.session,

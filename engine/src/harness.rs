@@ -32,8 +32,8 @@ pub struct Team {
     pub orchestrator_model: String,
     pub subagent: Arc<dyn Backend>,
     pub subagent_model: String,
-    pub temperature: f64,
-    pub max_tokens_per_call: u64,
+    /// How the orchestrator and subagents sample (`[sampling.team]`).
+    pub sampling: crate::config::SamplingConfig,
 }
 
 /// The experiment's rules for every run: budgets, tamper guards and how
@@ -230,11 +230,7 @@ pub fn run_team(
         ],
         tools::tool_defs(true),
     );
-    let sampling = Sampling {
-        temperature: team.temperature,
-        seed: orch.derive_seed("sampling"),
-        max_tokens: team.max_tokens_per_call,
-    };
+    let sampling = Sampling::of(&team.sampling, orch.derive_seed("sampling"));
     let mut budget = Budget {
         turns_left: limits.max_turns,
         tokens_left: limits.max_tokens as i64,
@@ -269,7 +265,7 @@ pub fn run_team(
             &team.orchestrator,
             &team.orchestrator_model,
             &mut conv,
-            sampling,
+            &sampling,
         ) {
             Err(EngineError::Backend(e)) => {
                 status = Err(Halt::Rejected(e.to_string()));
@@ -419,11 +415,7 @@ fn run_subagent(
         ],
         tools::tool_defs(false),
     );
-    let sampling = Sampling {
-        temperature: team.temperature,
-        seed: st.derive_seed("sampling"),
-        max_tokens: team.max_tokens_per_call,
-    };
+    let sampling = Sampling::of(&team.sampling, st.derive_seed("sampling"));
     let mut answer = None;
     for _ in 0..limits.max_turns {
         if budget.tokens_left <= 0 {
@@ -436,7 +428,7 @@ fn run_subagent(
             &team.subagent,
             &team.subagent_model,
             &mut conv,
-            sampling,
+            &sampling,
         ) {
             Err(EngineError::Backend(e)) => {
                 answer = Some(format!("error: the {role} subagent stopped: {e}"));

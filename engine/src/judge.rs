@@ -22,7 +22,7 @@ pub struct Judge {
     pub backend: Arc<dyn Backend>,
     pub model: String,
     pub max_retries: u32,
-    pub temperature: f64,
+    pub sampling: crate::config::SamplingConfig,
 }
 
 /// A rollout as judging needs it.
@@ -62,11 +62,7 @@ pub fn judge_pair(
         ],
         Vec::new(),
     );
-    let sampling = Sampling {
-        temperature: judge.temperature,
-        seed: st.derive_seed("sampling"),
-        max_tokens: 1024,
-    };
+    let sampling = Sampling::of(&judge.sampling, st.derive_seed("sampling"));
     let mut invalid = 0;
     let mut outcome = (
         "invalid".to_string(),
@@ -79,7 +75,7 @@ pub fn judge_pair(
             &judge.backend,
             &judge.model,
             &mut conv,
-            sampling,
+            &sampling,
         )?;
         match parse_verdict(resp.message.content_str()) {
             Ok((screen_winner, rationale)) => {

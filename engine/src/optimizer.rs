@@ -20,7 +20,7 @@ pub struct Optimizer {
     pub backend: Arc<dyn Backend>,
     pub model: String,
     pub max_retries: u32,
-    pub temperature: f64,
+    pub sampling: crate::config::SamplingConfig,
 }
 
 /// Asks for a proposal; returns the proposed workflow (None when every attempt
@@ -62,11 +62,7 @@ pub fn propose(
         ],
         Vec::new(),
     );
-    let sampling = Sampling {
-        temperature: opt.temperature,
-        seed: st.derive_seed("sampling"),
-        max_tokens: 4096,
-    };
+    let sampling = Sampling::of(&opt.sampling, st.derive_seed("sampling"));
     for attempt in 0..=opt.max_retries {
         let resp = call_model(
             &mut st,
@@ -74,7 +70,7 @@ pub fn propose(
             &opt.backend,
             &opt.model,
             &mut conv,
-            sampling,
+            &sampling,
         )?;
         let text = resp.message.content_str().to_string();
         let (record, workflow) = match parse_proposal(&text) {

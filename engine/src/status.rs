@@ -155,3 +155,24 @@ pub fn describe_start(ledger: &Ledger, first: &Event) -> Result<(String, u32)> {
     let exp = crate::config::Experiment::parse(&text, "recorded experiment")?;
     Ok((exp.name, exp.cycles))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::exclusion_reasons;
+
+    #[test]
+    fn exclusion_lines_are_counted_by_reason_without_figures() {
+        assert_eq!(
+            exclusion_reasons("run 0123abcd: guard: protected files changed: sim/push.py; 250 files changed outside the deliverables (limit 200) (not ranked)"),
+            ["guard: protected files changed", "guard: too many files changed"]
+        );
+        assert_eq!(
+            exclusion_reasons("rank 3: guard: 99999999 bytes changed outside the deliverables (limit 16777216) (ranked, not trained on)"),
+            ["guard: too many bytes changed"]
+        );
+        assert_eq!(
+            exclusion_reasons("rank 5: halted (turn limit (24) reached)"),
+            ["halted"]
+        );
+    }
+}

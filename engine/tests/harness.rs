@@ -83,8 +83,7 @@ fn team(b: Arc<Scripted>) -> Team {
         orchestrator_model: "scripted/base".into(),
         subagent: b,
         subagent_model: "scripted/base".into(),
-        temperature: 0.0,
-        max_tokens_per_call: 100,
+        sampling: engine::config::SamplingConfig::with(0.0, 100),
     }
 }
 
@@ -288,7 +287,7 @@ fn invalid_verdicts_are_re_asked_and_counted() {
         backend: judge_b.clone(),
         model: "scripted/base".into(),
         max_retries: 3,
-        temperature: 0.0,
+        sampling: engine::config::SamplingConfig::with(0.0, 1024),
     };
     let (_, j) = judge_pair(&s, "j1", &t, &a, &bb, true, &judge).unwrap();
     assert_eq!(j.invalid_attempts, 2);
@@ -305,7 +304,7 @@ fn invalid_verdicts_are_re_asked_and_counted() {
             backend: never,
             model: "scripted/base".into(),
             max_retries: 2,
-            temperature: 0.0,
+            sampling: engine::config::SamplingConfig::with(0.0, 1024),
         },
     )
     .unwrap();
@@ -326,7 +325,7 @@ fn malformed_proposals_are_recorded_and_retried() {
         backend: b,
         model: "scripted/base".into(),
         max_retries: 3,
-        temperature: 0.0,
+        sampling: engine::config::SamplingConfig::with(0.0, 1024),
     };
     let (w, head) = propose(&s, "opt", &t, 1, &Workflow::bare(), &[], &opt).unwrap();
     assert_eq!(w.unwrap().agents[0].agent_id, "solver");

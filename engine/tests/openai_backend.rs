@@ -213,6 +213,8 @@ fn request() -> ChatRequest {
         temperature: 0.2,
         seed: 42,
         max_tokens: 64,
+        top_p: None,
+        stop: Vec::new(),
     }
 }
 
@@ -418,6 +420,8 @@ fn sim_reply(sim: &SimBackend, body: &Value, down: &AtomicBool) -> Reply {
         temperature: body["temperature"].as_f64().unwrap_or(0.0),
         seed: body["seed"].as_u64().unwrap_or(0),
         max_tokens: body["max_tokens"].as_u64().unwrap_or(0),
+        top_p: None,
+        stop: Vec::new(),
     };
     match sim.complete(&req) {
         Ok(ChatResponse {
@@ -465,6 +469,10 @@ fn smoke_over_http(url: &str, key_var: &str, seed: u64) -> (String, String) {
     // No training (the adapter would live with the server) and so no
     // held-out evaluation of a new model.
     text = text.replace("[outer]\n", "[outer]\ntrain = false\n");
+    // The judge samples as the experiment says, not as the engine likes.
+    text.push_str(
+        "\n[sampling.judge]\ntemperature = 0.05\nmax_tokens = 77\ntop_p = 0.5\nstop = [\"END\"]\n",
+    );
     assert!(
         text.contains("kind = \"openai\""),
         "smoke.toml changed shape:\n{text}"
@@ -527,6 +535,19 @@ fn a_cycle_over_http_survives_the_server_going_away_resumes_and_replays_offline(
     )
     .unwrap();
     let calls_whole = server.served.load(Ordering::SeqCst);
+    // Per-role sampling reached the wire: judge calls with the judge's
+    // settings, team calls with the team defaults.
+    let seen = server.seen();
+    let judge_calls = seen.iter().filter(|s| s.body["max_tokens"] == 77).count();
+    assert!(judge_calls > 0);
+    for s in seen.iter().filter(|s| s.body["max_tokens"] == 77) {
+        assert_eq!(s.body["temperature"], 0.05);
+        assert_eq!(s.body["top_p"], 0.5);
+        assert_eq!(s.body["stop"], json!(["END"]));
+    }
+    assert!(seen.iter().any(|s| s.body["max_tokens"] == 4096
+        && s.body["temperature"] == 0.7
+        && s.body.get("top_p").is_none()));
     drop(server);
     assert!(calls_whole > 20, "{calls_whole} calls");
 

@@ -33,8 +33,7 @@ fn runs(s: &Session, task: &Task, skill: f64, n: u32) -> Vec<RunRef> {
         orchestrator_model: "sim/base".into(),
         subagent: b,
         subagent_model: "sim/base".into(),
-        temperature: 0.7,
-        max_tokens_per_call: 4096,
+        sampling: engine::config::SamplingConfig::with(0.7, 4096),
     };
     let limits = Limits {
         max_tokens: 400_000,
@@ -99,7 +98,7 @@ fn skill_shows_in_the_workspace_and_a_blind_judge_cannot_see_it() {
             backend: b,
             model: "j/base".into(),
             max_retries: 2,
-            temperature: 0.2,
+            sampling: engine::config::SamplingConfig::with(0.2, 1024),
         };
         let (mut sw, mut ww) = (0, 0);
         for (i, (a, bb)) in strong.iter().zip(&weak).enumerate() {

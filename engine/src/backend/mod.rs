@@ -24,6 +24,10 @@ pub struct ChatRequest {
     pub temperature: f64,
     pub seed: u64,
     pub max_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
 }
 
 /// What a model returns.

@@ -118,6 +118,12 @@ impl OpenAiBackend {
         body.insert("temperature".into(), json!(req.temperature));
         body.insert("seed".into(), json!(req.seed));
         body.insert("max_tokens".into(), json!(req.max_tokens));
+        if let Some(p) = req.top_p {
+            body.insert("top_p".into(), json!(p));
+        }
+        if !req.stop.is_empty() {
+            body.insert("stop".into(), json!(req.stop));
+        }
         Value::Object(body)
     }
 

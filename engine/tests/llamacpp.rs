@@ -1,0 +1,173 @@
+//! The OpenAI-compatible backend against a real server: llama-cpp-python
+//! serving SmolLM2-135M-Instruct, started by `scripts/llamacpp-server.sh`
+//! (which `scripts/test.sh` runs, then these tests with `--ignored`, and
+//! stops it). At 135M parameters the model is not smart; the tests prove the
+//! wire protocol and our handling of what a real server sends: completions
+//! parsed, usage counted, raw bodies kept, tools accepted, an oversized
+//! request rejected readably, and a recorded call replayed with the server
+//! gone.
+//!
+//! Ignored by default: they need the server (`MASS_LLAMACPP_URL`).
+
+use std::sync::Arc;
+
+use engine::backend::openai::OpenAiBackend;
+use engine::backend::{Backend, BackendError, ChatRequest};
+use engine::chat::Message;
+use engine::config::OpenAiParams;
+
+fn url() -> String {
+    std::env::var("MASS_LLAMACPP_URL")
+        .expect("MASS_LLAMACPP_URL: start the server with scripts/llamacpp-server.sh start")
+}
+
+fn backend() -> OpenAiBackend {
+    OpenAiBackend::new(
+        "llamacpp",
+        &OpenAiParams {
+            base_url: url(),
+            model: "smollm2-135m".into(),
+            api_key_env: None,
+            timeout_secs: 120,
+            max_retries: 1,
+            max_concurrency: 2,
+            temperature: 0.0,
+            max_tokens: 32,
+            lora_adapter: None,
+        },
+    )
+    .unwrap()
+}
+
+fn request(text: &str, max_tokens: u64) -> ChatRequest {
+    ChatRequest {
+        model: "smollm2-135m".into(),
+        messages: vec![
+            Message::system("You are a helpful assistant."),
+            Message::user(text),
+        ],
+        tools: Vec::new(),
+        temperature: 0.0,
+        seed: 7,
+        max_tokens,
+        top_p: None,
+        stop: Vec::new(),
+    }
+}
+
+#[test]
+#[ignore = "needs the llama.cpp server (scripts/llamacpp-server.sh)"]
+fn a_real_server_answers_and_we_parse_it() {
+    let b = backend();
+    let r = b.complete(&request("Name one colour.", 16)).unwrap();
+    let text = r.message.content_str().to_string();
+    assert!(
+        !text.trim().is_empty() || !r.message.tool_calls.is_empty(),
+        "{r:?}"
+    );
+    assert!(
+        r.usage.prompt_tokens > 0 && r.usage.completion_tokens > 0,
+        "{:?}",
+        r.usage
+    );
+    assert!(
+        r.usage.completion_tokens <= 16,
+        "max_tokens not honoured: {:?}",
+        r.usage
+    );
+    let raw = String::from_utf8(r.raw.clone().unwrap()).unwrap();
+    assert!(raw.contains("\"choices\""), "{raw}");
+    // Greedy decoding: the same request gives the same answer.
+    let again = b.complete(&request("Name one colour.", 16)).unwrap();
+    assert_eq!(again.message.content, r.message.content);
+    // A request with the harness's seven tools (and `tool_choice: "auto"`)
+    // is accepted and answered. Measured: llama-cpp-python's default chat
+    // format for this GGUF leaves the tools out of the prompt (27 prompt
+    // tokens with or without them), so no tool call comes back; forcing
+    // `tool_choice`, which that server honours, is not sent yet.
+    let mut with_tools = request("List the files in the workspace.", 24);
+    with_tools.tools = engine::tools::tool_defs(true);
+    let r = b.complete(&with_tools).unwrap();
+    assert!(r.usage.completion_tokens > 0, "{r:?}");
+}
+
+#[test]
+#[ignore = "needs the llama.cpp server (scripts/llamacpp-server.sh)"]
+fn a_request_beyond_the_context_is_a_readable_error() {
+    let b = backend();
+    let long = "lorem ipsum dolor sit amet ".repeat(2500);
+    let e = b.complete(&request(&long, 16)).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        matches!(
+            e,
+            BackendError::Rejected { .. } | BackendError::Failed { .. }
+        ),
+        "{e:?}"
+    );
+    assert!(text.len() < 600, "{text}");
+    let lower = text.to_lowercase();
+    assert!(
+        lower.contains("context") || lower.contains("token"),
+        "not about the context: {text}"
+    );
+    eprintln!("context error as reported: {text}");
+}
+
+#[test]
+#[ignore = "needs the llama.cpp server (scripts/llamacpp-server.sh)"]
+fn a_recorded_call_replays_without_the_server() {
+    use engine::effects::{call_model, Conversation, Sampling};
+    use replay::{Mode, Session};
+    let d = tempfile::tempdir().unwrap();
+    let l = Arc::new(ledger::Ledger::init(d.path()).unwrap());
+    let live: Arc<dyn Backend> = Arc::new(backend());
+    let cfg = engine::config::SamplingConfig::with(0.0, 16);
+    let head = {
+        let s = Session::new(l.clone(), "r", Mode::Live).unwrap();
+        let mut st = s.stream("chat").unwrap();
+        let mut conv = Conversation::new(vec![Message::user("Say hi.")], Vec::new());
+        let r = call_model(
+            &mut st,
+            "model",
+            &live,
+            "smollm2-135m",
+            &mut conv,
+            &Sampling::of(&cfg, 7),
+        )
+        .unwrap();
+        assert!(r.raw_body.is_some(), "the raw body was not recorded");
+        st.head()
+    };
+    // A backend pointing nowhere: a replay must not call it.
+    let dead: Arc<dyn Backend> = Arc::new(
+        OpenAiBackend::new(
+            "dead",
+            &OpenAiParams {
+                base_url: "http://127.0.0.1:9/v1".into(),
+                model: "smollm2-135m".into(),
+                api_key_env: None,
+                timeout_secs: 1,
+                max_retries: 0,
+                max_concurrency: 1,
+                temperature: 0.0,
+                max_tokens: 16,
+                lora_adapter: None,
+            },
+        )
+        .unwrap(),
+    );
+    let s = Session::new(l, "r", Mode::Check).unwrap();
+    let mut st = s.stream("chat").unwrap();
+    let mut conv = Conversation::new(vec![Message::user("Say hi.")], Vec::new());
+    call_model(
+        &mut st,
+        "model",
+        &dead,
+        "smollm2-135m",
+        &mut conv,
+        &Sampling::of(&cfg, 7),
+    )
+    .unwrap();
+    assert_eq!(st.head(), head);
+}
