@@ -231,9 +231,26 @@ pub struct OpenAiParams {
     pub max_retries: u32,
     /// Requests in flight at once to this server.
     pub max_concurrency: u32,
+    /// How to ask for a reply that follows a JSON schema where the engine
+    /// parses the reply (verdicts).
+    pub structured_output: StructuredOutput,
     pub temperature: f64,
     pub max_tokens: u32,
     pub lora_adapter: Option<String>,
+}
+
+/// The `response_format` dialect a server speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StructuredOutput {
+    /// OpenAI's `{"type": "json_schema", "json_schema": {...}}` (OpenAI,
+    /// vLLM, SGLang, llama.cpp's `llama-server`).
+    JsonSchema,
+    /// `{"type": "json_object", "schema": {...}}` (llama-cpp-python's
+    /// server, which answers `json_schema` with HTTP 500).
+    JsonObject,
+    /// Nothing is sent; replies are parsed from free text.
+    Off,
 }
 
 /// The on-disk shape of a backend table: one flat table for both kinds, so
@@ -256,6 +273,8 @@ struct RawBackend {
     max_retries: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_concurrency: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    structured_output: Option<StructuredOutput>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -294,6 +313,7 @@ impl TryFrom<RawBackend> for Backend {
                     ("timeout_secs", raw.timeout_secs.is_some()),
                     ("max_retries", raw.max_retries.is_some()),
                     ("max_concurrency", raw.max_concurrency.is_some()),
+                    ("structured_output", raw.structured_output.is_some()),
                     ("temperature", raw.temperature.is_some()),
                     ("max_tokens", raw.max_tokens.is_some()),
                     ("lora_adapter", raw.lora_adapter.is_some()),
@@ -331,6 +351,9 @@ impl TryFrom<RawBackend> for Backend {
                         timeout_secs: raw.timeout_secs.unwrap_or(120),
                         max_retries: raw.max_retries.unwrap_or(3),
                         max_concurrency: raw.max_concurrency.unwrap_or(16),
+                        structured_output: raw
+                            .structured_output
+                            .unwrap_or(StructuredOutput::JsonSchema),
                         temperature: raw.temperature.unwrap_or(0.7),
                         max_tokens: raw.max_tokens.unwrap_or(4096),
                         lora_adapter: raw.lora_adapter,
@@ -356,6 +379,7 @@ impl From<Backend> for RawBackend {
             timeout_secs: None,
             max_retries: None,
             max_concurrency: None,
+            structured_output: None,
             temperature: None,
             max_tokens: None,
             lora_adapter: None,
@@ -371,6 +395,7 @@ impl From<Backend> for RawBackend {
                 raw.timeout_secs = Some(p.timeout_secs);
                 raw.max_retries = Some(p.max_retries);
                 raw.max_concurrency = Some(p.max_concurrency);
+                raw.structured_output = Some(p.structured_output);
                 raw.temperature = Some(p.temperature);
                 raw.max_tokens = Some(p.max_tokens);
                 raw.lora_adapter = p.lora_adapter;

@@ -23,6 +23,8 @@ pub struct Conversation {
     /// Messages covered by `prefix` (its request and its response).
     covered: usize,
     tools_blob: Option<Vec<u8>>,
+    /// The reply's required shape (`ChatRequest::response_format`).
+    pub response_format: Option<Value>,
 }
 
 impl Conversation {
@@ -35,6 +37,7 @@ impl Conversation {
             prefix: None,
             covered: 0,
             tools_blob,
+            response_format: None,
         }
     }
 }
@@ -84,13 +87,17 @@ pub fn call_model(
         .tools_blob
         .as_ref()
         .map(|b| Id::of(ObjectKind::Blob, b).to_hex());
-    let body = json!({
+    let mut body = json!({
         "model": model,
         "params": params(s),
         "tools": tools_id,
         "prefix": conv.prefix.map(|p| p.to_hex()),
         "messages": ids,
     });
+    // Recorded only when asked for: it shapes the reply.
+    if let Some(rf) = &conv.response_format {
+        body["response_format"] = rf.clone();
+    }
     let mut req = EffectRequest::json(kind, &body);
     for b in new {
         req = req.with_blob(b);
@@ -110,6 +117,7 @@ pub fn call_model(
         max_tokens: s.max_tokens,
         top_p: s.top_p,
         stop: s.stop.clone(),
+        response_format: conv.response_format.clone(),
     };
     // Each attempt is its own recorded effect: a transient failure (a
     // server error, a timeout) is retried here, with backoff, up to the

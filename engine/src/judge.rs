@@ -62,6 +62,7 @@ pub fn judge_pair(
         ],
         Vec::new(),
     );
+    conv.response_format = Some(verdict_format());
     let sampling = Sampling::of(&judge.sampling, st.derive_seed("sampling"));
     let mut invalid = 0;
     let mut outcome = (
@@ -117,6 +118,27 @@ fn task_text(task: &Task) -> String {
         task.id,
         task.deliverables.join(", ")
     )
+}
+
+/// The verdict's shape as a `response_format`: servers that honour it can
+/// only produce a parseable verdict.
+pub fn verdict_format() -> Value {
+    serde_json::json!({
+        "type": "json_schema",
+        "json_schema": {
+            "name": "verdict",
+            "strict": true,
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "winner": {"type": "string", "enum": ["A", "B", "tie"]},
+                    "rationale": {"type": "string"}
+                },
+                "required": ["winner", "rationale"],
+                "additionalProperties": false
+            }
+        }
+    })
 }
 
 /// Parses `{"winner": "A"|"B"|"tie", "rationale": "..."}` from a reply that may

@@ -314,7 +314,8 @@ impl Args<'_> {
     }
 }
 
-fn kind_of(v: &Value) -> &'static str {
+/// A JSON value's kind in words ("a string"), for error messages.
+pub(crate) fn kind_of(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

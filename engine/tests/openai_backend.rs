@@ -199,6 +199,7 @@ fn params(url: &str) -> OpenAiParams {
         timeout_secs: 2,
         max_retries: 3,
         max_concurrency: 4,
+        structured_output: engine::config::StructuredOutput::JsonSchema,
         temperature: 0.7,
         max_tokens: 256,
         lora_adapter: None,
@@ -215,6 +216,7 @@ fn request() -> ChatRequest {
         max_tokens: 64,
         top_p: None,
         stop: Vec::new(),
+        response_format: None,
     }
 }
 
@@ -422,6 +424,7 @@ fn sim_reply(sim: &SimBackend, body: &Value, down: &AtomicBool) -> Reply {
         max_tokens: body["max_tokens"].as_u64().unwrap_or(0),
         top_p: None,
         stop: Vec::new(),
+        response_format: None,
     };
     match sim.complete(&req) {
         Ok(ChatResponse {
@@ -541,6 +544,7 @@ fn a_cycle_over_http_survives_the_server_going_away_resumes_and_replays_offline(
     let judge_calls = seen.iter().filter(|s| s.body["max_tokens"] == 77).count();
     assert!(judge_calls > 0);
     for s in seen.iter().filter(|s| s.body["max_tokens"] == 77) {
+        assert_eq!(s.body["response_format"]["json_schema"]["name"], "verdict");
         assert_eq!(s.body["temperature"], 0.05);
         assert_eq!(s.body["top_p"], 0.5);
         assert_eq!(s.body["stop"], json!(["END"]));

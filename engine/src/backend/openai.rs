@@ -24,7 +24,7 @@ use serde_json::{json, Map, Value};
 
 use super::{Backend, BackendError, ChatRequest, ChatResponse};
 use crate::chat::{Message, Role, ToolCall, Usage};
-use crate::config::OpenAiParams;
+use crate::config::{OpenAiParams, StructuredOutput};
 
 /// Most bytes of an error body quoted in a message: enough to read an error
 /// page's gist, never a whole HTML document.
@@ -123,6 +123,21 @@ impl OpenAiBackend {
         }
         if !req.stop.is_empty() {
             body.insert("stop".into(), json!(req.stop));
+        }
+        if let Some(rf) = &req.response_format {
+            match self.params.structured_output {
+                StructuredOutput::JsonSchema => {
+                    body.insert("response_format".into(), rf.clone());
+                }
+                StructuredOutput::JsonObject => {
+                    let schema = rf["json_schema"]["schema"].clone();
+                    body.insert(
+                        "response_format".into(),
+                        json!({"type": "json_object", "schema": schema}),
+                    );
+                }
+                StructuredOutput::Off => {}
+            }
         }
         Value::Object(body)
     }
@@ -247,7 +262,12 @@ pub fn parse_response(v: &Value) -> Result<ChatResponse, String> {
                 .collect::<Vec<_>>()
                 .join(""),
         ),
-        Some(other) => return Err(format!("message content is {}", kind(other))),
+        Some(other) => {
+            return Err(format!(
+                "message content is {}",
+                crate::tools::kind_of(other)
+            ))
+        }
     };
     let mut tool_calls = Vec::new();
     for (i, c) in m
@@ -333,17 +353,6 @@ fn quote_body(raw: &[u8]) -> String {
 
 fn compact(v: &Value) -> String {
     quote_body(v.to_string().as_bytes())
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// A transport error in words, without the URL's query or any header.
