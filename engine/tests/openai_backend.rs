@@ -584,6 +584,10 @@ fn a_cycle_over_http_survives_the_server_going_away_resumes_and_replays_offline(
         "{err}"
     );
     assert!(err.to_string().contains("503"), "{err}");
+    assert!(
+        !format!("{err} {err:?}").contains(key),
+        "the key leaked into an error"
+    );
     let before = good.load(Ordering::SeqCst);
     assert_eq!(before, 40);
     // Every attempt was recorded: the first try and max_retries = 2 retries.
