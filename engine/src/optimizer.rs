@@ -23,6 +23,54 @@ pub struct Optimizer {
     pub sampling: crate::config::SamplingConfig,
 }
 
+/// A proposal's shape as a `response_format` (see `workflow::parse_proposal`,
+/// which still checks what a schema cannot: ids unique, contracts and hops
+/// naming agents that exist).
+pub fn proposal_format() -> serde_json::Value {
+    let s = serde_json::json!({"type": "string"});
+    let list = serde_json::json!({"type": "array", "items": {"type": "string"}});
+    let object = |props: serde_json::Value, required: &[&str]| serde_json::json!({"type": "object", "properties": props, "required": required, "additionalProperties": false});
+    let agent = object(
+        serde_json::json!({"agent_id": s, "role": s, "instruction": s}),
+        &["agent_id", "role", "instruction"],
+    );
+    let contract = object(
+        serde_json::json!({"agent_id": s, "returns": s, "checks": list}),
+        &["agent_id", "returns", "checks"],
+    );
+    let hop = object(
+        serde_json::json!({"from": s, "to": s, "handoff": s}),
+        &["from", "to", "handoff"],
+    );
+    let design = object(
+        serde_json::json!({
+            "agents": {"type": "array", "items": agent, "maxItems": 4},
+            "contracts": {"type": "array", "items": contract, "maxItems": 4},
+            "hops": {"type": "array", "items": hop, "maxItems": 6}
+        }),
+        &["agents", "contracts", "hops"],
+    );
+    let schema = object(
+        serde_json::json!({
+            "improved_design": design,
+            "changes_from_previous": list,
+            "why_it_should_improve": s,
+            "evidence_used": list,
+            "expected_impact": s,
+            "verification_checks": list
+        }),
+        &[
+            "improved_design",
+            "changes_from_previous",
+            "why_it_should_improve",
+            "evidence_used",
+            "expected_impact",
+            "verification_checks",
+        ],
+    );
+    serde_json::json!({"type": "json_schema", "json_schema": {"name": "proposal", "strict": true, "schema": schema}})
+}
+
 /// Asks for a proposal; returns the proposed workflow (None when every attempt
 /// was malformed) and the stream head.
 pub fn propose(
@@ -62,6 +110,7 @@ pub fn propose(
         ],
         Vec::new(),
     );
+    conv.response_format = Some(proposal_format());
     let sampling = Sampling::of(&opt.sampling, st.derive_seed("sampling"));
     for attempt in 0..=opt.max_retries {
         let resp = call_model(

@@ -552,6 +552,14 @@ fn a_cycle_over_http_survives_the_server_going_away_resumes_and_replays_offline(
     assert!(seen.iter().any(|s| s.body["max_tokens"] == 4096
         && s.body["temperature"] == 0.7
         && s.body.get("top_p").is_none()));
+    // Optimizer calls ask for the proposal's schema; team calls for none.
+    assert!(seen
+        .iter()
+        .any(|s| s.body["response_format"]["json_schema"]["name"] == "proposal"));
+    assert!(seen
+        .iter()
+        .filter(|s| s.body["temperature"] == 0.7)
+        .all(|s| s.body.get("response_format").is_none()));
     drop(server);
     assert!(calls_whole > 20, "{calls_whole} calls");
 
