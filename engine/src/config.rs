@@ -224,6 +224,10 @@ impl Default for SimParams {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OpenAiParams {
     pub base_url: String,
+    /// An environment variable that, when set, replaces `base_url` (e.g.
+    /// `OPENAI_BASE_URL`), so one experiment file serves any server. The
+    /// address is where calls go, not what they mean: it is not recorded.
+    pub base_url_env: Option<String>,
     pub model: String,
     /// Name of the environment variable holding the API key (never the key).
     pub api_key_env: Option<String>,
@@ -263,6 +267,8 @@ struct RawBackend {
     sim: Option<SimParams>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     base_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    base_url_env: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     model: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -308,6 +314,7 @@ impl TryFrom<RawBackend> for Backend {
             BackendKind::Sim => {
                 let openai_only: Vec<&str> = [
                     ("base_url", raw.base_url.is_some()),
+                    ("base_url_env", raw.base_url_env.is_some()),
                     ("model", raw.model.is_some()),
                     ("api_key_env", raw.api_key_env.is_some()),
                     ("timeout_secs", raw.timeout_secs.is_some()),
@@ -346,6 +353,7 @@ impl TryFrom<RawBackend> for Backend {
                 match (raw.base_url, raw.model) {
                     (Some(base_url), Some(model)) => Ok(Backend::OpenAi(OpenAiParams {
                         base_url,
+                        base_url_env: raw.base_url_env,
                         model,
                         api_key_env: raw.api_key_env,
                         timeout_secs: raw.timeout_secs.unwrap_or(120),
@@ -374,6 +382,7 @@ impl From<Backend> for RawBackend {
             kind: b.kind(),
             sim: None,
             base_url: None,
+            base_url_env: None,
             model: None,
             api_key_env: None,
             timeout_secs: None,
@@ -390,6 +399,7 @@ impl From<Backend> for RawBackend {
             Backend::Sim(p) => raw.sim = Some(p),
             Backend::OpenAi(p) => {
                 raw.base_url = Some(p.base_url);
+                raw.base_url_env = p.base_url_env;
                 raw.model = Some(p.model);
                 raw.api_key_env = p.api_key_env;
                 raw.timeout_secs = Some(p.timeout_secs);

@@ -28,6 +28,7 @@ fn backend() -> OpenAiBackend {
         "llamacpp",
         &OpenAiParams {
             base_url: url(),
+            base_url_env: None,
             model: "smollm2-135m".into(),
             api_key_env: None,
             timeout_secs: 120,
@@ -149,6 +150,7 @@ fn a_recorded_call_replays_without_the_server() {
             "dead",
             &OpenAiParams {
                 base_url: "http://127.0.0.1:9/v1".into(),
+                base_url_env: None,
                 model: "smollm2-135m".into(),
                 api_key_env: None,
                 timeout_secs: 1,

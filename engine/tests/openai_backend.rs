@@ -83,9 +83,12 @@ impl Server {
                             let (seen, answer, served) =
                                 (seen.clone(), answer.clone(), served.clone());
                             std::thread::spawn(move || {
-                                if let Some(s) = handle(conn, &*answer) {
+                                // Recorded before the reply goes out, so a
+                                // client that has its answer sees it counted.
+                                if let Some((conn, s, reply)) = handle(conn, &*answer) {
                                     seen.lock().unwrap().push(s);
                                     served.fetch_add(1, Ordering::SeqCst);
+                                    write_reply(conn, reply);
                                 }
                             });
                         }
@@ -115,7 +118,7 @@ impl Drop for Server {
     }
 }
 
-fn handle(conn: TcpStream, answer: &dyn Fn(&Value) -> Reply) -> Option<Seen> {
+fn handle(conn: TcpStream, answer: &dyn Fn(&Value) -> Reply) -> Option<(TcpStream, Seen, Reply)> {
     conn.set_nonblocking(false).ok()?;
     let mut r = BufReader::new(conn.try_clone().ok()?);
     let mut line = String::new();
@@ -140,8 +143,7 @@ fn handle(conn: TcpStream, answer: &dyn Fn(&Value) -> Reply) -> Option<Seen> {
     r.read_exact(&mut body).ok()?;
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let reply = answer(&body);
-    write_reply(conn, reply);
-    Some(Seen { headers, body })
+    Some((conn, Seen { headers, body }, reply))
 }
 
 fn write_reply(mut conn: TcpStream, reply: Reply) {
@@ -194,6 +196,7 @@ fn completion(content: Option<&str>, tool_calls: Value) -> Value {
 fn params(url: &str) -> OpenAiParams {
     OpenAiParams {
         base_url: url.to_string(),
+        base_url_env: None,
         model: "m".into(),
         api_key_env: None,
         timeout_secs: 2,
@@ -635,4 +638,23 @@ fn a_cycle_over_http_survives_the_server_going_away_resumes_and_replays_offline(
     // The key never entered the ledger; the raw bodies did.
     assert!(!ledger_contains(&l, key.as_bytes()));
     assert!(ledger_contains(&l, b"sim-over-http"));
+}
+
+/// `base_url_env` (e.g. `OPENAI_BASE_URL`), when set, replaces `base_url`:
+/// one experiment file serves any server.
+#[test]
+fn base_url_env_points_the_backend_elsewhere() {
+    let server = Server::scripted(vec![ok_json(completion(Some("hello"), json!([])))]);
+    let var = "MASS_TEST_BASE_URL_ENV";
+    std::env::set_var(var, &server.url);
+    let mut p = params("http://127.0.0.1:9/v1");
+    p.base_url_env = Some(var.into());
+    let b = OpenAiBackend::new("srv", &p).unwrap();
+    let r = b.complete(&request()).unwrap();
+    assert_eq!(r.message.content.as_deref(), Some("hello"));
+    assert_eq!(server.seen().len(), 1);
+    // Unset, the file's base_url is used (nobody listens there).
+    p.base_url_env = Some("MASS_TEST_BASE_URL_ENV_UNSET".into());
+    let b = OpenAiBackend::new("srv", &p).unwrap();
+    assert!(b.complete(&request()).is_err());
 }

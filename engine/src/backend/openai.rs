@@ -89,7 +89,13 @@ impl OpenAiBackend {
             .connect_timeout(Duration::from_secs(params.timeout_secs.clamp(1, 30)))
             .build()
             .map_err(|e| fail(format!("cannot build the HTTP client: {e}")))?;
-        let url = format!("{}/chat/completions", params.base_url.trim_end_matches('/'));
+        let base = params
+            .base_url_env
+            .as_ref()
+            .and_then(|var| std::env::var(var).ok())
+            .filter(|v| !v.trim().is_empty())
+            .unwrap_or_else(|| params.base_url.clone());
+        let url = format!("{}/chat/completions", base.trim().trim_end_matches('/'));
         Ok(OpenAiBackend {
             name: name.to_string(),
             params: params.clone(),
