@@ -34,7 +34,7 @@ pub fn run_on_tree(
     scratch: &Path,
     opts: &BashOptions,
 ) -> Result<String, String> {
-    let copy = Copy::new(scratch);
+    let copy = ScratchCopy::new(scratch);
     ledger
         .checkout(&tree, &copy.0)
         .map_err(|e| format!("cannot materialise {} for the checks: {e}", tree.short(12)))?;
@@ -64,16 +64,16 @@ pub fn run_on_tree(
 }
 
 /// A directory removed when dropped (also on an early return).
-struct Copy(PathBuf);
+struct ScratchCopy(PathBuf);
 
-impl Copy {
-    fn new(path: &Path) -> Copy {
+impl ScratchCopy {
+    fn new(path: &Path) -> ScratchCopy {
         let _ = std::fs::remove_dir_all(path);
-        Copy(path.to_path_buf())
+        ScratchCopy(path.to_path_buf())
     }
 }
 
-impl Drop for Copy {
+impl Drop for ScratchCopy {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }

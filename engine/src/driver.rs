@@ -115,12 +115,6 @@ pub fn check_overrides(
         crate::cycle::check_fork_override(k)?;
         exp.apply_override(k, v)?;
     }
-    // A backend the fork defines or changes must be one this build can
-    // drive; building it here refuses it before anything is written.
-    for (name, cfg) in &exp.backends {
-        crate::backend::check_supported(name, cfg)
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
-    }
     Ok(())
 }
 

@@ -129,13 +129,12 @@ pub fn call_model(
         let b = backend.clone();
         let chat = &chat;
         let rec = st.effect_blocking(req.clone(), || {
-            let resp = b.complete(chat).map_err(|e| {
+            let mut resp = b.complete(chat).map_err(|e| {
                 if let crate::backend::BackendError::Failed { retry_after, .. } = &e {
                     hint.set(*retry_after);
                 }
                 model_error(e)
             })?;
-            let mut resp = resp;
             let raw = resp.raw.take();
             let mut blobs = vec![resp.message.canonical()];
             let mut raw_id = None;

@@ -532,3 +532,39 @@ fn a_failed_write_cuts_only_its_own_unacknowledged_bytes() {
         }
     }
 }
+
+/// Opening removes what a killed `reindex` leaves (`index.new/`) and an index
+/// in the earlier sled format (`index/db`). Both are derived data; the
+/// removal must never reach a recorded byte: not through a symlink planted
+/// where a leftover is expected, not through anything next to the index.
+/// Every file outside the index stays byte-identical and every acknowledged
+/// object reads back.
+#[test]
+fn removing_leftover_index_dirs_never_touches_the_log() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("l");
+    let ids = build(&dir, Options::default());
+    let before = files(&dir);
+    assert!(before.keys().any(|p| p.starts_with("segments")));
+    let want = read_all(&Ledger::open_read_only(&dir).unwrap(), &ids);
+
+    // A partial rebuild, and an old sled index inside index/.
+    fs::create_dir_all(dir.join("index.new/sub")).unwrap();
+    fs::write(dir.join("index.new/sub/partial.idx"), b"half a table").unwrap();
+    fs::create_dir_all(dir.join("index/db")).unwrap();
+    fs::write(dir.join("index/db/conf"), b"sled leftovers").unwrap();
+    let l = Ledger::open(&dir).unwrap();
+    assert!(!dir.join("index.new").exists() && !dir.join("index/db").exists());
+    assert_eq!(read_all(&l, &ids), want);
+    drop(l);
+    assert_eq!(files(&dir), before, "a recorded byte changed");
+
+    // `index.new` as a symlink to the segments: only the link goes.
+    std::os::unix::fs::symlink(dir.join("segments"), dir.join("index.new")).unwrap();
+    let l = Ledger::open(&dir).unwrap();
+    assert!(fs::symlink_metadata(dir.join("index.new")).is_err());
+    assert_eq!(read_all(&l, &ids), want);
+    assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
+    drop(l);
+    assert_eq!(files(&dir), before, "a recorded byte changed");
+}

@@ -193,8 +193,8 @@ pub(crate) fn add_mounted_dir(
 /// 1. EPERM for syscalls a command never needs and that widen the attack
 ///    surface or could undo the confinement (ptrace, process_vm_*, bpf,
 ///    keyrings, perf, mounts, unshare/setns, io_uring, namespace-creating
-///    clone flags, changing the parent-death signal) and, without network, socket() for anything but AF_UNIX
-///    (Landlock has no UDP rule, so this is what stops UDP/raw sockets).
+///    clone flags, changing the parent-death signal) and, without network, socket() of any family
+///    (Landlock has no UDP rule and no rule for connecting to a unix socket by path; socketpair() stays).
 /// 2. ENOSYS for clone3, whose flags live in memory where seccomp cannot
 ///    look; libc falls back to clone(2), which program 1 checks.
 pub(crate) fn seccomp_programs(network: bool) -> Result<Vec<BpfProgram>, SandboxError> {
@@ -275,17 +275,11 @@ pub(crate) fn seccomp_programs(network: bool) -> Result<Vec<BpfProgram>, Sandbox
         vec![SeccompRule::new(pdeath).map_err(err)?],
     );
     if !network {
-        let cond = SeccompCondition::new(
-            0,
-            SeccompCmpArgLen::Dword,
-            SeccompCmpOp::Ne,
-            libc::AF_UNIX as u64,
-        )
-        .map_err(err)?;
-        deny.insert(
-            libc::SYS_socket,
-            vec![SeccompRule::new(vec![cond]).map_err(err)?],
-        );
+        // No socket() at all: Landlock (ABI 7) does not cover connecting to
+        // a unix socket by path, so a world-writable one of the host (an X
+        // server in /tmp/.X11-unix, say) was reachable (tested).
+        // socketpair() stays: it reaches nothing outside.
+        deny.insert(libc::SYS_socket, Vec::new());
     }
     let eperm = SeccompFilter::new(
         deny,

@@ -383,6 +383,38 @@ fn tcp_to_host_loopback_is_blocked() {
     );
 }
 
+/// Before: a world-writable unix socket of the host (here one the test
+/// listens on in /tmp; in real life an X server's or a daemon's) was
+/// reachable by path, which Landlock (ABI 7) does not cover. Without
+/// network, no socket can be made; socketpair() still works.
+#[test]
+fn regression_a_host_unix_socket_is_unreachable() {
+    use std::os::unix::fs::PermissionsExt;
+    let ws = Ws::new();
+    let path = std::env::temp_dir().join(format!("mass-escape-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    // Control: the listener works from the test itself.
+    drop(std::os::unix::net::UnixStream::connect(&path).unwrap());
+    l.accept().unwrap();
+    l.set_nonblocking(true).unwrap();
+    let o = run_full(
+        &ws,
+        &format!(
+            "python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect('{}')\" && echo CONNECTED; \
+             python3 -c \"import socket; a, b = socket.socketpair(); a.send(b'x'); print(b.recv(1).decode())\"",
+            path.display()
+        ),
+    );
+    let _ = std::fs::remove_file(&path);
+    assert!(!o.has("CONNECTED") && o.has("x"), "{o:?}");
+    assert!(
+        l.accept().is_err(),
+        "the listener got a connection from the sandbox"
+    );
+}
+
 #[test]
 fn dns_udp_and_curl_are_blocked() {
     let ws = Ws::new();

@@ -223,20 +223,10 @@ impl Backends {
     }
 }
 
-/// Whether this build can drive a backend so defined.
-pub fn check_supported(name: &str, cfg: &BackendCfg) -> Result<(), BackendError> {
-    build_one(name, cfg, None).map(|_| ())
-}
-
-/// Builds one backend; with no task folder, only checks that it can be built.
-fn build_one(
-    name: &str,
-    cfg: &BackendCfg,
-    tasks: Option<&Path>,
-) -> Result<Option<Arc<dyn Backend>>, BackendError> {
-    match cfg {
+/// Builds one backend; simulated models know the tasks under `tasks`.
+fn build_at(name: &str, cfg: &BackendCfg, tasks: &Path) -> Result<Arc<dyn Backend>, BackendError> {
+    Ok(match cfg {
         BackendCfg::Sim(p) => {
-            let Some(tasks) = tasks else { return Ok(None) };
             let params = sim::SimParams::new(
                 p.skill,
                 p.delegation,
@@ -244,21 +234,9 @@ fn build_one(
                 p.position_bias,
                 p.blind_spot,
             );
-            Ok(Some(Arc::new(sim::SimBackend::new(name, params, tasks)?)))
+            Arc::new(sim::SimBackend::new(name, params, tasks)?)
         }
-        BackendCfg::OpenAi(p) => match tasks {
-            // Checking only: the key variable is read when the run builds it.
-            None => Ok(None),
-            Some(_) => Ok(Some(Arc::new(openai::OpenAiBackend::new(name, p)?))),
-        },
-    }
-}
-
-/// Builds one backend from a task folder.
-fn build_at(name: &str, cfg: &BackendCfg, tasks: &Path) -> Result<Arc<dyn Backend>, BackendError> {
-    build_one(name, cfg, Some(tasks))?.ok_or_else(|| BackendError::Config {
-        backend: name.to_string(),
-        detail: "was not built".into(),
+        BackendCfg::OpenAi(p) => Arc::new(openai::OpenAiBackend::new(name, p)?),
     })
 }
 
