@@ -476,6 +476,13 @@ pub struct SamplingConfig {
     pub top_p: Option<f64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop: Vec<String>,
+    /// Which tool the model must call, for calls that offer tools (team
+    /// members): `auto` (the server's default), `none`, `required` (some
+    /// tool), or a tool's name (exactly that tool; servers enforce it with a
+    /// grammar). Small models choose tools badly; forcing one proves the
+    /// wire protocol. The simulated model ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<String>,
 }
 
 impl SamplingConfig {
@@ -485,6 +492,7 @@ impl SamplingConfig {
             max_tokens,
             top_p: None,
             stop: Vec::new(),
+            tool_choice: None,
         }
     }
 }
@@ -541,6 +549,29 @@ pub struct OuterConfig {
     /// records the dataset and stops there: the model is unchanged (what
     /// `mass rejudge --cycle C` does unless given `--through-training`).
     pub train: bool,
+    /// Which training tasks the outer loop collects runs of.
+    #[serde(skip_serializing_if = "Collect::is_improved")]
+    pub collect: Collect,
+}
+
+/// Which training tasks reach collection, ranking and the dataset.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Collect {
+    /// Only tasks whose search found a workflow that beat the bare-task
+    /// reference (the MASS articles: no improvement, no data).
+    #[default]
+    Improved,
+    /// Every training task, with its champion (the bare workflow where the
+    /// search found nothing better): for models too weak to win a duel, and
+    /// to study what self-training on unimproved runs does.
+    Every,
+}
+
+impl Collect {
+    fn is_improved(&self) -> bool {
+        *self == Collect::Improved
+    }
 }
 
 impl Default for OuterConfig {
@@ -556,6 +587,7 @@ impl Default for OuterConfig {
             eval_runs: 6,
             external_judgments: 2,
             train: true,
+            collect: Collect::Improved,
         }
     }
 }
@@ -840,6 +872,25 @@ impl Experiment {
                     format!("sampling.{role}.top_p"),
                     format!("sampling.{role}.top_p must be in (0, 1]"),
                 );
+            }
+            if let Some(tc) = &c.tool_choice {
+                let known = ["auto", "none", "required"].contains(&tc.as_str())
+                    || crate::tools::tool_defs(true)
+                        .iter()
+                        .any(|t| t.function.name == *tc);
+                if !known {
+                    v.add(
+                        format!("sampling.{role}.tool_choice"),
+                        format!(
+                            "sampling.{role}.tool_choice must be auto, none, required or a tool name ({})",
+                            crate::tools::tool_defs(true)
+                                .iter()
+                                .map(|t| t.function.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    );
+                }
             }
         }
         if self.name.trim().is_empty() {
@@ -1887,6 +1938,20 @@ optimizer = "sim"
         e.apply_override("sampling.team.top_p", "0.9")
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(e.sampling.team.top_p, Some(0.9));
+        e.apply_override("sampling.team.tool_choice", "write_file")
+            .unwrap();
+        assert_eq!(e.sampling.team.tool_choice.as_deref(), Some("write_file"));
+        let err = e
+            .apply_override("sampling.team.tool_choice", "rm_rf")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("must be auto, none, required or a tool name"),
+            "{err}"
+        );
+        e.apply_override("outer.collect", "every").unwrap();
+        assert_eq!(e.outer.collect, Collect::Every);
+        assert!(e.apply_override("outer.collect", "some").is_err());
     }
 
     #[test]

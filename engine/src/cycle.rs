@@ -14,7 +14,7 @@ use replay::{EffectOutput, EffectRequest, Session, Stream};
 use schemas::{Hash32, Note, Promotion, RankedRun, Ranking, Selection};
 
 use crate::backend::Backends;
-use crate::config::{Acceptance, Experiment, GuardAction};
+use crate::config::{Acceptance, Collect, Experiment, GuardAction};
 use crate::dataset::{self, AgentKind, Conversation, Format, Split as DataSplit};
 use crate::error::{EngineError, Result};
 use crate::harness::{run_team, RunRules, RunSpec, Team};
@@ -452,7 +452,10 @@ pub fn run_cycle(
         inner_iterations: exp.inner.iterations * inner.len() as u32,
         ..Default::default()
     };
-    let with_data: Vec<&InnerTask<'_>> = inner.iter().filter(|t| t.beat_reference).collect();
+    let with_data: Vec<&InnerTask<'_>> = inner
+        .iter()
+        .filter(|t| t.beat_reference || exp.outer.collect == Collect::Every)
+        .collect();
     result.tasks_with_data = with_data.len() as u32;
     for t in &with_data {
         ctx.assert_trainable(t.task, "collection")?;

@@ -50,6 +50,7 @@ pub struct Sampling {
     pub max_tokens: u64,
     pub top_p: Option<f64>,
     pub stop: Vec<String>,
+    pub tool_choice: Option<String>,
 }
 
 impl Sampling {
@@ -60,6 +61,7 @@ impl Sampling {
             max_tokens: c.max_tokens,
             top_p: c.top_p,
             stop: c.stop.clone(),
+            tool_choice: c.tool_choice.clone(),
         }
     }
 }
@@ -117,6 +119,7 @@ pub fn call_model(
         max_tokens: s.max_tokens,
         top_p: s.top_p,
         stop: s.stop.clone(),
+        tool_choice: s.tool_choice.clone(),
         response_format: conv.response_format.clone(),
     };
     // Each attempt is its own recorded effect: a transient failure (a
@@ -192,6 +195,9 @@ fn params(s: &Sampling) -> Value {
     }
     if !s.stop.is_empty() {
         p["stop"] = json!(s.stop);
+    }
+    if let Some(tc) = &s.tool_choice {
+        p["tool_choice"] = json!(tc);
     }
     p
 }

@@ -699,3 +699,48 @@ fn a_fork_in_the_middle_of_a_rollout_continues_it() {
         assert_eq!(c.head, f.head, "the fork replays exactly");
     }
 }
+
+/// `outer.collect = "every"`: every training task is collected, ranked and
+/// can reach the dataset, also where the search found nothing better than
+/// the bare task; the default collects only improved tasks.
+#[test]
+fn collect_every_collects_each_training_task_whatever_the_search_found() {
+    for seed in [1u64, 4, 7] {
+        let (text, origin) = smoke_seeded(seed);
+        let text = text.replace("[outer]\n", "[outer]\ncollect = \"every\"\n");
+        let d = tempfile::tempdir().unwrap();
+        let l = Arc::new(Ledger::init(d.path()).unwrap());
+        let s = run(&l, "every", Mode::Live, Some((text, origin)), None);
+        let refs = l.refs().unwrap();
+        for task in ["fin-momentum-backtest", "pha-hill-fit"] {
+            let collected = refs
+                .iter()
+                .filter(|(n, _)| n.starts_with(&format!("every/c1/{task}/collect/")))
+                .count();
+            assert!(collected > 0, "seed {seed}: {task} was not collected");
+        }
+        assert_eq!(s.cycles.len(), 1);
+        // The default keeps the articles' rule: the same seed collects only
+        // the tasks whose champion beat the reference.
+        let improved = &seeded()[(seed - 1) as usize];
+        for task in ["fin-momentum-backtest", "pha-hill-fit"] {
+            let promos = events_of(
+                &improved.l,
+                &format!("smoke/c1/{task}/inner"),
+                "mass.promotion",
+            );
+            let beat = promos.iter().any(|e| {
+                schemas::decode_event::<schemas::Promotion>(e)
+                    .map(|p| p.task == task && p.accepted && p.beat_reference)
+                    .unwrap_or(false)
+            });
+            let collected = improved
+                .l
+                .refs()
+                .unwrap()
+                .iter()
+                .any(|(n, _)| n.starts_with(&format!("smoke/c1/{task}/collect/")));
+            assert_eq!(beat, collected, "seed {seed}: {task}");
+        }
+    }
+}

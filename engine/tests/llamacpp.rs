@@ -56,6 +56,7 @@ fn request(text: &str, max_tokens: u64) -> ChatRequest {
         max_tokens,
         top_p: None,
         stop: Vec::new(),
+        tool_choice: None,
         response_format: None,
     }
 }

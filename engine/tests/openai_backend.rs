@@ -219,6 +219,7 @@ fn request() -> ChatRequest {
         max_tokens: 64,
         top_p: None,
         stop: Vec::new(),
+        tool_choice: None,
         response_format: None,
     }
 }
@@ -266,6 +267,27 @@ fn a_response_is_parsed_the_raw_body_kept_and_the_request_is_well_formed() {
     assert_eq!(auth.as_deref(), Some("Bearer sk-test-parse-0123456789"));
     // Debug never shows the key.
     assert!(!format!("{b:?}").contains("sk-test-parse"));
+}
+
+/// `sampling.team.tool_choice`: the three keywords go as strings, a tool
+/// name as the named-function object servers enforce with a grammar.
+#[test]
+fn a_forced_tool_choice_is_sent_in_the_wire_shape() {
+    let p = params("http://127.0.0.1:9/v1");
+    let b = OpenAiBackend::new("srv", &p).unwrap();
+    let mut r = request();
+    for kw in ["auto", "none", "required"] {
+        r.tool_choice = Some(kw.into());
+        assert_eq!(b.body(&r)["tool_choice"], kw);
+    }
+    r.tool_choice = Some("write_file".into());
+    assert_eq!(
+        b.body(&r)["tool_choice"],
+        json!({"type": "function", "function": {"name": "write_file"}})
+    );
+    // Without tools there is nothing to choose: no tool_choice at all.
+    r.tools.clear();
+    assert!(b.body(&r).get("tool_choice").is_none());
 }
 
 #[test]
@@ -427,6 +449,7 @@ fn sim_reply(sim: &SimBackend, body: &Value, down: &AtomicBool) -> Reply {
         max_tokens: body["max_tokens"].as_u64().unwrap_or(0),
         top_p: None,
         stop: Vec::new(),
+        tool_choice: None,
         response_format: None,
     };
     match sim.complete(&req) {

@@ -28,6 +28,10 @@ pub struct ChatRequest {
     pub top_p: Option<f64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop: Vec<String>,
+    /// `auto`, `none`, `required` or a tool name to force (see
+    /// `SamplingConfig::tool_choice`); sent only with tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<String>,
     /// A JSON schema the reply must follow (`response_format` of type
     /// `json_schema`), for replies the engine parses: verdicts. Servers that
     /// honour it constrain decoding; the text is parsed either way.

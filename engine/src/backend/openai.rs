@@ -119,7 +119,12 @@ impl OpenAiBackend {
         );
         if !req.tools.is_empty() {
             body.insert("tools".into(), json!(req.tools));
-            body.insert("tool_choice".into(), json!("auto"));
+            let choice = match req.tool_choice.as_deref() {
+                None => json!("auto"),
+                Some(c @ ("auto" | "none" | "required")) => json!(c),
+                Some(name) => json!({"type": "function", "function": {"name": name}}),
+            };
+            body.insert("tool_choice".into(), choice);
         }
         body.insert("temperature".into(), json!(req.temperature));
         body.insert("seed".into(), json!(req.seed));
