@@ -17,10 +17,10 @@ use crate::backend::Backends;
 use crate::config::{Acceptance, Collect, Experiment, GuardAction};
 use crate::dataset::{self, AgentKind, Conversation, Format, Split as DataSplit};
 use crate::error::{EngineError, Result};
+use crate::exec;
 use crate::harness::{run_team, RunRules, RunSpec, Team};
 use crate::judge::{judge_pair, Judge, RunRef};
 use crate::optimizer::{propose, Optimizer};
-use crate::parallel;
 use crate::task::{Split, Task};
 use crate::workflow::Workflow;
 
@@ -162,8 +162,8 @@ pub fn check_fork_override(key: &str) -> Result<()> {
     Ok(())
 }
 
-struct InnerTask<'t> {
-    task: &'t Task,
+struct InnerTask {
+    task: Task,
     decisions: Stream,
     champion: Workflow,
     champion_run: RunRef,
@@ -190,10 +190,11 @@ fn run_ref(o: crate::harness::RunOutcome) -> RunRef {
     }
 }
 
-/// Judges `cand` against `other` once, or twice with A/B swapped; returns
-/// (candidate wins, candidate losses, judgment ids, last rationale).
-fn duel(
-    ctx: &Ctx<'_>,
+/// Judges `cand` against `other` once, or twice with A/B swapped (both
+/// orders at once); returns (candidate wins, candidate losses, judgment ids,
+/// last rationale).
+async fn duel(
+    session: &Session,
     rel: &str,
     task: &Task,
     cand: &RunRef,
@@ -201,20 +202,19 @@ fn duel(
     swap: bool,
     judge: &Judge,
 ) -> Result<(u32, u32, Vec<Id>, String)> {
-    let mut w = 0;
-    let mut l = 0;
+    let straight = judge_pair(session, rel, task, cand, other, false, judge);
+    let rel_swapped = format!("{rel}s");
+    let verdicts = if swap {
+        let swapped = judge_pair(session, &rel_swapped, task, cand, other, true, judge);
+        let (a, b) = tokio::join!(straight, swapped);
+        vec![a?, b?]
+    } else {
+        vec![straight.await?]
+    };
+    let (mut w, mut l) = (0, 0);
     let mut ids = Vec::new();
     let mut why = String::new();
-    for swapped in [false, true].into_iter().take(if swap { 2 } else { 1 }) {
-        let (id, j) = judge_pair(
-            ctx.session,
-            &format!("{rel}{}", if swapped { "s" } else { "" }),
-            task,
-            cand,
-            other,
-            swapped,
-            judge,
-        )?;
+    for (id, j) in verdicts {
         match j.winner.as_str() {
             "a" => w += 1,
             "b" => l += 1,
@@ -226,14 +226,159 @@ fn duel(
     Ok((w, l, ids, why))
 }
 
-/// The inner loop for all training tasks, iteration by iteration.
-fn inner_loop<'t>(
-    ctx: &Ctx<'t>,
+/// What every inner-loop unit of one cycle shares.
+#[derive(Clone)]
+struct Search {
+    session: Session,
+    team: Team,
+    judge: Judge,
+    opt: Optimizer,
+    rules: RunRules,
+    cycle: u32,
+    acceptance: Acceptance,
+    swap: bool,
+    guard_action: GuardAction,
+}
+
+/// One inner-loop iteration `k` of one task: a proposal, a run of it, the
+/// duel(s) that decide whether it becomes the champion, and the recorded
+/// decision.
+async fn search_step(s: &Search, t: &mut InnerTask, k: u32) -> Result<()> {
+    let cycle = s.cycle;
+    let base = format!("c{cycle}/{}/inner/{k:02}", t.task.id);
+    let (proposal, optimizer_head) = propose(
+        &s.session,
+        &format!("{base}/optimizer"),
+        &t.task,
+        k,
+        &t.champion,
+        &t.feedback,
+        &s.opt,
+    )
+    .await?;
+    let Some(candidate) = proposal else {
+        t.feedback.push(format!("iteration {k}: no valid proposal"));
+        t.unlinked = Some(optimizer_head);
+        return Ok(());
+    };
+    let run = run_ref(
+        run_team(
+            &s.session,
+            &RunSpec {
+                task: &t.task,
+                workflow: &candidate,
+                stream: format!("{base}/run"),
+                purpose: "inner",
+                cycle,
+                index: k,
+            },
+            &s.team,
+            &s.rules,
+        )
+        .await?,
+    );
+    let (mut judgments, accepted, beat_ref, reason);
+    match s.acceptance {
+        Acceptance::Champion => {
+            let (w, l, ids, why) = duel(
+                &s.session,
+                &format!("{base}/vs-champion"),
+                &t.task,
+                &run,
+                &t.champion_run,
+                s.swap,
+                &s.judge,
+            )
+            .await?;
+            judgments = ids;
+            accepted = w > l;
+            beat_ref = accepted;
+            reason = format!("{w} win(s), {l} loss(es) against the champion: {why}");
+        }
+        Acceptance::ReferenceThenChampion => {
+            let (w, l, ids, why) = duel(
+                &s.session,
+                &format!("{base}/vs-reference"),
+                &t.task,
+                &run,
+                &t.reference,
+                s.swap,
+                &s.judge,
+            )
+            .await?;
+            judgments = ids;
+            beat_ref = w > l;
+            if beat_ref && t.champion_run.event != t.reference.event {
+                let (w2, l2, ids2, why2) = duel(
+                    &s.session,
+                    &format!("{base}/vs-champion"),
+                    &t.task,
+                    &run,
+                    &t.champion_run,
+                    s.swap,
+                    &s.judge,
+                )
+                .await?;
+                judgments.extend(ids2);
+                accepted = w2 > l2;
+                reason =
+                    format!("beat the reference {w}-{l}; against the champion {w2}-{l2}: {why2}");
+            } else {
+                accepted = beat_ref;
+                reason = format!("{w} win(s), {l} loss(es) against the bare-task reference: {why}");
+            }
+        }
+    }
+    // A workflow whose run the guards flagged never becomes champion
+    // (unless the policy only records flags): it would carry the
+    // tampering into collection.
+    let (mut accepted, mut beat_ref, mut reason) = (accepted, beat_ref, reason);
+    if !run.violations.is_empty() && s.guard_action != GuardAction::Record {
+        accepted = false;
+        beat_ref = false;
+        reason = format!(
+            "{reason}; rejected by the {}",
+            guard_reason(&run.violations)
+        );
+    }
+    let rec = Promotion {
+        task: t.task.id.clone(),
+        iteration: k,
+        candidate: run.event.into(),
+        champion: t.champion_run.event.into(),
+        accepted,
+        beat_reference: beat_ref,
+        reason: reason.clone(),
+        judgments: judgments.iter().map(|j| Hash32(j.0)).collect(),
+    };
+    // The optimizer's stream is a causal parent of the decision, so a
+    // fork after this point keeps (and serves) its calls.
+    let mut parents = judgments.clone();
+    parents.push(optimizer_head);
+    let ev = schemas::to_event(&rec)?.with_parents(parents);
+    exec::blocking(|| t.decisions.emit(ev))?;
+    t.feedback.push(format!(
+        "iteration {k}: candidate {} — {reason}",
+        if accepted { "accepted" } else { "rejected" }
+    ));
+    if accepted {
+        t.champion = candidate;
+        t.champion_run = run;
+        t.wins += 1;
+        t.beat_reference |= beat_ref;
+    }
+    Ok(())
+}
+
+/// The inner loop for all training tasks, iteration by iteration; within an
+/// iteration every task's step runs at once.
+fn inner_loop(
+    ctx: &Ctx<'_>,
     main: &mut Stream,
     exp: &mut Experiment,
     cycle: u32,
     m: &Models,
-) -> Result<Vec<InnerTask<'t>>> {
+) -> Result<Vec<InnerTask>> {
     let team = ctx.team(m)?;
     let judge = ctx.judge(
         &ctx.exp.roles.judge,
@@ -247,33 +392,32 @@ fn inner_loop<'t>(
         max_retries: ctx.exp.inner.max_proposal_retries,
         sampling: ctx.exp.sampling.optimizer.clone(),
     };
-    ctx.progress.stage(
-        &format!("cycle {cycle}: reference runs"),
-        ctx.train.len() as u64,
-    );
-    let bare = Workflow::bare();
-    let refs = parallel::map(ctx.threads(), ctx.train.iter().collect(), |task| {
-        let r = run_team(
-            ctx.session,
-            &RunSpec {
-                task,
-                workflow: &bare,
-                stream: format!("c{cycle}/{}/reference", task.id),
-                purpose: "reference",
-                cycle,
-                index: 0,
-            },
-            &team,
-            &RunRules::of(ctx.exp),
-        )?;
-        ctx.progress.tick(&format!("cycle {cycle}: reference runs"));
-        Ok::<_, EngineError>(run_ref(r))
-    })?;
-    ctx.progress.done(&format!("cycle {cycle}: reference runs"));
+    let stage = format!("cycle {cycle}: reference runs");
+    ctx.progress.stage(&stage, ctx.train.len() as u64);
+    let refs = exec::all(
+        ctx.threads(),
+        ctx.train.to_vec(),
+        |task| {
+            let (session, team, rules) = (ctx.session.clone(), team.clone(), RunRules::of(ctx.exp));
+            async move {
+                let spec = RunSpec {
+                    task: &task,
+                    workflow: &Workflow::bare(),
+                    stream: format!("c{cycle}/{}/reference", task.id),
+                    purpose: "reference",
+                    cycle,
+                    index: 0,
+                };
+                Ok(run_ref(run_team(&session, &spec, &team, &rules).await?))
+            }
+        },
+        || ctx.progress.tick(&stage),
+    )?;
+    ctx.progress.done(&stage);
     let mut tasks = Vec::new();
     for (task, r) in ctx.train.iter().zip(refs) {
         tasks.push(InnerTask {
-            task,
+            task: task.clone(),
             decisions: ctx.session.stream(&format!("c{cycle}/{}/inner", task.id))?,
             champion: Workflow::bare(),
             champion_run: r.clone(),
@@ -295,135 +439,30 @@ fn inner_loop<'t>(
     ctx.progress
         .stage(&stage, (iterations as usize * tasks.len()) as u64);
     for k in 1..=iterations {
-        let acceptance = exp.inner.acceptance;
-        let swap = exp.inner.swap_positions;
-        let cells: Vec<std::sync::Mutex<&mut InnerTask<'_>>> =
-            tasks.iter_mut().map(std::sync::Mutex::new).collect();
-        parallel::map(ctx.threads(), cells.iter().collect(), |cell| {
-            let mut guard = cell.lock().unwrap_or_else(|p| p.into_inner());
-            let t: &mut InnerTask<'_> = &mut guard;
-            let base = format!("c{cycle}/{}/inner/{k:02}", t.task.id);
-            let (proposal, optimizer_head) = propose(
-                ctx.session,
-                &format!("{base}/optimizer"),
-                t.task,
-                k,
-                &t.champion,
-                &t.feedback,
-                &opt,
-            )?;
-            let Some(candidate) = proposal else {
-                t.feedback.push(format!("iteration {k}: no valid proposal"));
-                t.unlinked = Some(optimizer_head);
-                ctx.progress.tick(&stage);
-                return Ok::<_, EngineError>(());
-            };
-            let run = run_ref(run_team(
-                ctx.session,
-                &RunSpec {
-                    task: t.task,
-                    workflow: &candidate,
-                    stream: format!("{base}/run"),
-                    purpose: "inner",
-                    cycle,
-                    index: k,
-                },
-                &team,
-                &RunRules::of(ctx.exp),
-            )?);
-            let (mut judgments, accepted, beat_ref, reason);
-            match acceptance {
-                Acceptance::Champion => {
-                    let (w, l, ids, why) = duel(
-                        ctx,
-                        &format!("{base}/vs-champion"),
-                        t.task,
-                        &run,
-                        &t.champion_run,
-                        swap,
-                        &judge,
-                    )?;
-                    judgments = ids;
-                    accepted = w > l;
-                    beat_ref = accepted;
-                    reason = format!("{w} win(s), {l} loss(es) against the champion: {why}");
+        // Read each iteration: a fork at the previous step may change them.
+        let search = Search {
+            session: ctx.session.clone(),
+            team: team.clone(),
+            judge: judge.clone(),
+            opt: opt.clone(),
+            rules: RunRules::of(ctx.exp),
+            cycle,
+            acceptance: exp.inner.acceptance,
+            swap: exp.inner.swap_positions,
+            guard_action: exp.guards.action,
+        };
+        tasks = exec::all(
+            ctx.threads(),
+            std::mem::take(&mut tasks),
+            |mut t| {
+                let search = search.clone();
+                async move {
+                    search_step(&search, &mut t, k).await?;
+                    Ok(t)
                 }
-                Acceptance::ReferenceThenChampion => {
-                    let (w, l, ids, why) = duel(
-                        ctx,
-                        &format!("{base}/vs-reference"),
-                        t.task,
-                        &run,
-                        &t.reference,
-                        swap,
-                        &judge,
-                    )?;
-                    judgments = ids;
-                    beat_ref = w > l;
-                    if beat_ref && t.champion_run.event != t.reference.event {
-                        let (w2, l2, ids2, why2) = duel(
-                            ctx,
-                            &format!("{base}/vs-champion"),
-                            t.task,
-                            &run,
-                            &t.champion_run,
-                            swap,
-                            &judge,
-                        )?;
-                        judgments.extend(ids2);
-                        accepted = w2 > l2;
-                        reason = format!(
-                            "beat the reference {w}-{l}; against the champion {w2}-{l2}: {why2}"
-                        );
-                    } else {
-                        accepted = beat_ref;
-                        reason = format!(
-                            "{w} win(s), {l} loss(es) against the bare-task reference: {why}"
-                        );
-                    }
-                }
-            }
-            // A workflow whose run the guards flagged never becomes champion
-            // (unless the policy only records flags): it would carry the
-            // tampering into collection.
-            let (mut accepted, mut beat_ref, mut reason) = (accepted, beat_ref, reason);
-            if !run.violations.is_empty() && exp.guards.action != GuardAction::Record {
-                accepted = false;
-                beat_ref = false;
-                reason = format!(
-                    "{reason}; rejected by the {}",
-                    guard_reason(&run.violations)
-                );
-            }
-            let rec = Promotion {
-                task: t.task.id.clone(),
-                iteration: k,
-                candidate: run.event.into(),
-                champion: t.champion_run.event.into(),
-                accepted,
-                beat_reference: beat_ref,
-                reason: reason.clone(),
-                judgments: judgments.iter().map(|j| Hash32(j.0)).collect(),
-            };
-            // The optimizer's stream is a causal parent of the decision, so a
-            // fork after this point keeps (and serves) its calls.
-            let mut parents = judgments.clone();
-            parents.push(optimizer_head);
-            t.decisions
-                .emit(schemas::to_event(&rec)?.with_parents(parents))?;
-            t.feedback.push(format!(
-                "iteration {k}: candidate {} — {reason}",
-                if accepted { "accepted" } else { "rejected" }
-            ));
-            if accepted {
-                t.champion = candidate;
-                t.champion_run = run;
-                t.wins += 1;
-                t.beat_reference |= beat_ref;
-            }
-            ctx.progress.tick(&stage);
-            Ok(())
-        })?;
+            },
+            || ctx.progress.tick(&stage),
+        )?;
         let mut heads: Vec<Id> = tasks.iter().filter_map(|t| t.decisions.head()).collect();
         heads.extend(tasks.iter_mut().filter_map(|t| t.unlinked.take()));
         step(
@@ -452,41 +491,43 @@ pub fn run_cycle(
         inner_iterations: exp.inner.iterations * inner.len() as u32,
         ..Default::default()
     };
-    let with_data: Vec<&InnerTask<'_>> = inner
+    let with_data: Vec<&InnerTask> = inner
         .iter()
         .filter(|t| t.beat_reference || exp.outer.collect == Collect::Every)
         .collect();
     result.tasks_with_data = with_data.len() as u32;
     for t in &with_data {
-        ctx.assert_trainable(t.task, "collection")?;
+        ctx.assert_trainable(&t.task, "collection")?;
     }
 
     // Collection: N runs of each champion.
     let team = ctx.team(m)?;
     let n = exp.outer.runs_per_task;
-    let jobs: Vec<(&InnerTask<'_>, u32)> = with_data
+    let jobs: Vec<(Task, Workflow, u32)> = with_data
         .iter()
-        .flat_map(|t| (0..n).map(move |i| (*t, i)))
+        .flat_map(|t| (0..n).map(move |i| (t.task.clone(), t.champion.clone(), i)))
         .collect();
     let stage = format!("cycle {cycle}: collection");
     ctx.progress.stage(&stage, jobs.len() as u64);
-    let runs = parallel::map(ctx.threads(), jobs, |(t, i)| {
-        let r = run_team(
-            ctx.session,
-            &RunSpec {
-                task: t.task,
-                workflow: &t.champion,
-                stream: format!("c{cycle}/{}/collect/{i:02}", t.task.id),
-                purpose: "collect",
-                cycle,
-                index: i,
-            },
-            &team,
-            &RunRules::of(ctx.exp),
-        )?;
-        ctx.progress.tick(&stage);
-        Ok::<_, EngineError>(run_ref(r))
-    })?;
+    let runs = exec::all(
+        ctx.threads(),
+        jobs,
+        |(task, workflow, i)| {
+            let (session, team, rules) = (ctx.session.clone(), team.clone(), RunRules::of(ctx.exp));
+            async move {
+                let spec = RunSpec {
+                    task: &task,
+                    workflow: &workflow,
+                    stream: format!("c{cycle}/{}/collect/{i:02}", task.id),
+                    purpose: "collect",
+                    cycle,
+                    index: i,
+                };
+                Ok(run_ref(run_team(&session, &spec, &team, &rules).await?))
+            }
+        },
+        || ctx.progress.tick(&stage),
+    )?;
     ctx.progress.done(&stage);
     let mut by_task: BTreeMap<String, Vec<RunRef>> = BTreeMap::new();
     // Runs the guards flagged, kept out of judging and ranking when the
@@ -570,27 +611,31 @@ pub fn run_cycle(
     let stage = format!("cycle {cycle}: judging");
     ctx.progress.stage(&stage, pair_jobs.len() as u64);
     let tasks_by_id: BTreeMap<&str, &Task> = ctx.train.iter().map(|t| (t.id.as_str(), t)).collect();
-    let verdicts = parallel::map(ctx.threads(), pair_jobs, |(task_id, p, a, b, swapped)| {
-        let task = tasks_by_id
-            .get(task_id.as_str())
-            .copied()
-            .ok_or_else(|| EngineError::Invalid(format!("unknown task {task_id}")))?;
-        let runs = &by_task[&task_id];
-        let (id, j) = judge_pair(
-            ctx.session,
-            &format!(
-                "c{cycle}/{task_id}/pair/{p:03}{}",
-                if swapped { "s" } else { "" }
-            ),
-            task,
-            &runs[a],
-            &runs[b],
-            swapped,
-            &judge,
-        )?;
-        ctx.progress.tick(&stage);
-        Ok::<_, EngineError>((task_id, a, b, id, j.winner))
-    })?;
+    let verdicts = exec::all(
+        ctx.threads(),
+        pair_jobs,
+        |(task_id, p, a, b, swapped)| {
+            let task = tasks_by_id.get(task_id.as_str()).map(|t| (*t).clone());
+            let pair = by_task
+                .get(&task_id)
+                .and_then(|runs| Some((runs.get(a)?.clone(), runs.get(b)?.clone())));
+            let (session, judge) = (ctx.session.clone(), judge.clone());
+            async move {
+                let (Some(task), Some((ra, rb))) = (task, pair) else {
+                    return Err(EngineError::Invalid(format!(
+                        "no runs {a} and {b} of task {task_id} to judge"
+                    )));
+                };
+                let rel = format!(
+                    "c{cycle}/{task_id}/pair/{p:03}{}",
+                    if swapped { "s" } else { "" }
+                );
+                let (id, j) = judge_pair(&session, &rel, &task, &ra, &rb, swapped, &judge).await?;
+                Ok((task_id, a, b, id, j.winner))
+            }
+        },
+        || ctx.progress.tick(&stage),
+    )?;
     ctx.progress.done(&stage);
     // A barrier: every comparison of every task is a causal parent of the
     // steps that follow, so a fork at any of them keeps all the judging.

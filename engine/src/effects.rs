@@ -6,12 +6,13 @@
 use std::sync::Arc;
 
 use ledger::{Id, ObjectKind};
-use replay::{EffectError, EffectOutput, EffectRequest, Stream};
+use replay::{Begin, EffectError, EffectOutput, EffectRequest, Stream};
 use serde_json::{json, Value};
 
 use crate::backend::{Backend, ChatRequest, ChatResponse};
 use crate::chat::{Message, ToolDef};
 use crate::error::{EngineError, Result};
+use crate::exec;
 
 /// A conversation as the harness keeps it, with what the last recorded model
 /// call covered so the next request only names new messages.
@@ -69,7 +70,7 @@ impl Sampling {
 /// Calls a model through the stream; appends the response to the conversation.
 /// `kind` is the effect kind: `model` (team members), `judge` or `optimizer`,
 /// so mixed-mode replays can run one of them live.
-pub fn call_model(
+pub async fn call_model(
     st: &mut Stream,
     kind: &str,
     backend: &Arc<dyn Backend>,
@@ -128,33 +129,13 @@ pub fn call_model(
     // recording holds and serves the one that succeeded, without waiting.
     let mut attempt = 0u32;
     let rec = loop {
-        let hint = std::cell::Cell::new(None);
-        let b = backend.clone();
-        let chat = &chat;
-        let rec = st.effect_blocking(req.clone(), || {
-            let mut resp = b.complete(chat).map_err(|e| {
-                if let crate::backend::BackendError::Failed { retry_after, .. } = &e {
-                    hint.set(*retry_after);
-                }
-                model_error(e)
-            })?;
-            let raw = resp.raw.take();
-            let mut blobs = vec![resp.message.canonical()];
-            let mut raw_id = None;
-            if let Some(raw) = raw {
-                let id = Id::of(ObjectKind::Blob, &raw);
-                resp.raw_body = Some(id.to_hex());
-                raw_id = Some(id);
-                blobs.push(raw);
+        let (rec, hint) = match exec::blocking(|| st.begin(req.clone()))? {
+            Begin::Served(r) => (r, None),
+            Begin::Perform(p) => {
+                let (out, hint) = perform_model_call(backend.as_ref(), &chat).await;
+                (exec::blocking(|| st.finish(p, out))?, hint)
             }
-            let v = serde_json::to_value(&resp).map_err(|e| e.to_string())?;
-            let mut out = EffectOutput::json(&v);
-            out.blobs = blobs;
-            if let Some(id) = raw_id {
-                out = out.with_link(id);
-            }
-            Ok(out)
-        })?;
+        };
         let retry = rec.failure == Some(replay::FailureClass::Transient)
             && rec.source == replay::Served::Live
             && attempt < backend.max_retries();
@@ -162,7 +143,7 @@ pub fn call_model(
             break rec;
         }
         attempt += 1;
-        std::thread::sleep(backoff(attempt, hint.get()));
+        tokio::time::sleep(backoff(attempt, hint)).await;
     };
     let transient = rec.failure == Some(replay::FailureClass::Transient);
     let bytes = rec.output.map_err(|e| {
@@ -184,6 +165,47 @@ pub fn call_model(
     conv.prefix = Some(rec.event);
     conv.covered = conv.messages.len();
     Ok(resp)
+}
+
+/// One attempt at a model call, as the effect output to record (the parsed
+/// response, its message and the raw body as blobs) and the server's
+/// `Retry-After` hint when it failed.
+async fn perform_model_call(
+    backend: &dyn Backend,
+    chat: &ChatRequest,
+) -> (
+    std::result::Result<EffectOutput, EffectError>,
+    Option<std::time::Duration>,
+) {
+    let mut resp = match backend.complete(chat).await {
+        Ok(r) => r,
+        Err(e) => {
+            let hint = match &e {
+                crate::backend::BackendError::Failed { retry_after, .. } => *retry_after,
+                _ => None,
+            };
+            return (Err(model_error(e)), hint);
+        }
+    };
+    let raw = resp.raw.take();
+    let mut blobs = vec![resp.message.canonical()];
+    let mut raw_id = None;
+    if let Some(raw) = raw {
+        let id = Id::of(ObjectKind::Blob, &raw);
+        resp.raw_body = Some(id.to_hex());
+        raw_id = Some(id);
+        blobs.push(raw);
+    }
+    let v = match serde_json::to_value(&resp) {
+        Ok(v) => v,
+        Err(e) => return (Err(EffectError::final_(e.to_string())), None),
+    };
+    let mut out = EffectOutput::json(&v);
+    out.blobs = blobs;
+    if let Some(id) = raw_id {
+        out = out.with_link(id);
+    }
+    (Ok(out), None)
 }
 
 /// The sampling parameters as recorded in a model request: optional ones

@@ -7,10 +7,10 @@ use schemas::{Evaluation, Hash32};
 
 use crate::config::Experiment;
 use crate::cycle::{step, Ctx, Models};
-use crate::error::{EngineError, Result};
+use crate::error::Result;
+use crate::exec;
 use crate::harness::{run_team, RunRules, RunSpec};
 use crate::judge::{judge_pair, RunRef};
-use crate::parallel;
 use crate::workflow::Workflow;
 
 /// Returns (wins, losses, ties) of `new` against `base`.
@@ -22,7 +22,6 @@ pub fn evaluate(
     new: &Models,
     base: &Models,
 ) -> Result<(u32, u32, u32)> {
-    let bare = Workflow::bare();
     let teams = [("new", ctx.team(new)?), ("base", ctx.team(base)?)];
     let mut jobs = Vec::new();
     for task in ctx.heldout {
@@ -34,32 +33,36 @@ pub fn evaluate(
     }
     let stage = format!("cycle {cycle}: held-out evaluation runs");
     ctx.progress.stage(&stage, jobs.len() as u64);
-    let runs = parallel::map(ctx.threads(), jobs, |(task, i, who, team)| {
-        let r = run_team(
-            ctx.session,
-            &RunSpec {
-                task,
-                workflow: &bare,
-                stream: format!("c{cycle}/eval/{}/{who}/{i:02}", task.id),
-                purpose: "eval",
-                cycle,
-                index: i,
-            },
-            &team,
-            &RunRules::of(ctx.exp),
-        )?;
-        ctx.progress.tick(&stage);
-        Ok::<_, EngineError>((
-            task.id.clone(),
-            i,
-            who,
-            RunRef {
-                event: r.event,
-                record: r.record,
-                violations: r.guard.violations,
-            },
-        ))
-    })?;
+    let runs = exec::all(
+        ctx.threads(),
+        jobs,
+        |(task, i, who, team)| {
+            let (session, rules) = (ctx.session.clone(), RunRules::of(ctx.exp));
+            let task = task.clone();
+            async move {
+                let spec = RunSpec {
+                    task: &task,
+                    workflow: &Workflow::bare(),
+                    stream: format!("c{cycle}/eval/{}/{who}/{i:02}", task.id),
+                    purpose: "eval",
+                    cycle,
+                    index: i,
+                };
+                let r = run_team(&session, &spec, &team, &rules).await?;
+                Ok((
+                    task.id.clone(),
+                    i,
+                    who,
+                    RunRef {
+                        event: r.event,
+                        record: r.record,
+                        violations: r.guard.violations,
+                    },
+                ))
+            }
+        },
+        || ctx.progress.tick(&stage),
+    )?;
     ctx.progress.done(&stage);
     let judges: Vec<String> = if exp.roles.external_judges.is_empty() {
         vec![exp.roles.judge.clone()]
@@ -86,26 +89,26 @@ pub fn evaluate(
     }
     let stage = format!("cycle {cycle}: held-out judging");
     ctx.progress.stage(&stage, pair_jobs.len() as u64);
-    let verdicts = parallel::map(ctx.threads(), pair_jobs, |(jname, task, i, j, a, b)| {
-        let backend = ctx.backends.get(&jname)?;
-        let judge = crate::judge::Judge {
-            backend: backend.clone(),
-            model: backend.base_model(),
-            max_retries: ctx.exp.outer.max_verdict_retries,
-            sampling: ctx.exp.sampling.judge.clone(),
-        };
-        let (id, v) = judge_pair(
-            ctx.session,
-            &format!("c{cycle}/eval/{}/judge-{jname}/{i:02}-{j}", task.id),
-            task,
-            &a,
-            &b,
-            j % 2 == 1,
-            &judge,
-        )?;
-        ctx.progress.tick(&stage);
-        Ok::<_, EngineError>((id, v.winner))
-    })?;
+    let verdicts = exec::all(
+        ctx.threads(),
+        pair_jobs,
+        |(jname, task, i, j, a, b)| {
+            let judge = ctx.backends.get(&jname).map(|backend| crate::judge::Judge {
+                model: backend.base_model(),
+                backend,
+                max_retries: ctx.exp.outer.max_verdict_retries,
+                sampling: ctx.exp.sampling.judge.clone(),
+            });
+            let (session, task) = (ctx.session.clone(), task.clone());
+            async move {
+                let judge = judge?;
+                let rel = format!("c{cycle}/eval/{}/judge-{jname}/{i:02}-{j}", task.id);
+                let (id, v) = judge_pair(&session, &rel, &task, &a, &b, j % 2 == 1, &judge).await?;
+                Ok((id, v.winner))
+            }
+        },
+        || ctx.progress.tick(&stage),
+    )?;
     ctx.progress.done(&stage);
     let (mut w, mut l, mut t) = (0, 0, 0);
     for (_, v) in &verdicts {

@@ -20,6 +20,7 @@ use crate::checks;
 use crate::config::{GuardsConfig, Limits, SandboxConfig};
 use crate::effects::{call_model, tool_effect, Conversation, Sampling, ToolOutcome};
 use crate::error::{EngineError, Result};
+use crate::exec;
 use crate::prompts;
 use crate::task::Task;
 use crate::tools::{self, BashOptions, Invocation};
@@ -183,7 +184,7 @@ enum Halt {
 
 /// Runs a team on a task and records the outcome as a `mass.rollout` event at
 /// the end of the orchestrator's stream.
-pub fn run_team(
+pub async fn run_team(
     session: &replay::Session,
     spec: &RunSpec<'_>,
     team: &Team,
@@ -191,7 +192,7 @@ pub fn run_team(
 ) -> Result<RunOutcome> {
     let (limits, guards) = (&rules.limits, &rules.guards);
     let ledger = session.ledger().clone();
-    let mut orch = session.stream(&format!("{}/orch", spec.stream))?;
+    let mut orch = exec::blocking(|| session.stream(&format!("{}/orch", spec.stream)))?;
     let mut ws = LiveWorkspace {
         ledger: ledger.clone(),
         task: spec.task,
@@ -201,19 +202,21 @@ pub fn run_team(
         last_tree: None,
     };
     // The initial workspace, recorded so resumed and replayed runs know it.
-    let init = tool_effect(
-        &mut orch,
-        "snapshot",
-        json!({"label": "initial", "task": spec.task.id}),
-        false,
-        || {
-            ws.ensure()?;
-            Ok(ToolOutcome {
-                text: "initial".into(),
-                tree: Some(ws.snapshot()?),
-            })
-        },
-    )?;
+    let init = exec::blocking(|| {
+        tool_effect(
+            &mut orch,
+            "snapshot",
+            json!({"label": "initial", "task": spec.task.id}),
+            false,
+            || {
+                ws.ensure()?;
+                Ok(ToolOutcome {
+                    text: "initial".into(),
+                    tree: Some(ws.snapshot()?),
+                })
+            },
+        )
+    })?;
     ws.record_tree(init.tree);
 
     let workflow_text = spec.workflow.render();
@@ -266,7 +269,9 @@ pub fn run_team(
             &team.orchestrator_model,
             &mut conv,
             &sampling,
-        ) {
+        )
+        .await
+        {
             Err(EngineError::Backend(e)) => {
                 status = Err(Halt::Rejected(e.to_string()));
                 break;
@@ -314,12 +319,15 @@ pub fn run_team(
                             &role,
                             &instructions,
                             &contract,
-                        )?;
+                        )
+                        .await?;
                         subagents.push(head);
                         answer
                     }
                 }
-                Ok(inv) => workspace_tool(&mut orch, &mut ws, &inv, &bash_opts, limits)?,
+                Ok(inv) => {
+                    exec::blocking(|| workspace_tool(&mut orch, &mut ws, &inv, &bash_opts, limits))?
+                }
             };
             conv.messages.push(Message::tool_result(&call.id, text));
         }
@@ -328,16 +336,19 @@ pub fn run_team(
     let final_tree = ws
         .last_tree
         .ok_or_else(|| EngineError::Invalid("run has no workspace snapshot".into()))?;
-    let validation = run_checks(&mut orch, &mut ws, spec.task, final_tree, &bash_opts)?;
     let initial = init
         .tree
         .ok_or_else(|| EngineError::Invalid("run has no initial workspace snapshot".into()))?;
-    let guard = crate::guards::inspect(&ledger, spec.task, initial, final_tree, guards)?;
+    let (validation, guard, validation_blob, workflow_blob) = exec::blocking(|| {
+        let validation = run_checks(&mut orch, &mut ws, spec.task, final_tree, &bash_opts)?;
+        let guard = crate::guards::inspect(&ledger, spec.task, initial, final_tree, guards)?;
+        let validation_blob = ledger.put_blob(validation.as_bytes())?;
+        let workflow_blob = ledger.put_blob(
+            &serde_json::to_vec(spec.workflow).map_err(|e| EngineError::Invalid(e.to_string()))?,
+        )?;
+        Ok::<_, EngineError>((validation, guard, validation_blob, workflow_blob))
+    })?;
     let (passed, total) = parse_score(&validation);
-    let validation_blob = ledger.put_blob(validation.as_bytes())?;
-    let workflow_blob = ledger.put_blob(
-        &serde_json::to_vec(spec.workflow).map_err(|e| EngineError::Invalid(e.to_string()))?,
-    )?;
     let (status, detail) = match status {
         Ok(()) => ("finished", String::new()),
         Err(Halt::Turns) => (
@@ -375,10 +386,13 @@ pub fn run_team(
     // The guard check and the rollout that names it as a parent are one
     // commit: no extra fsync per run.
     let rollout = schemas::to_event(&record)?;
-    let (_, event) = orch.emit_two(schemas::to_event(&guard)?, |guard_event| {
-        let mut parents = subagents.clone();
-        parents.push(guard_event);
-        rollout.with_parents(parents)
+    let guard_event = schemas::to_event(&guard)?;
+    let (_, event) = exec::blocking(|| {
+        orch.emit_two(guard_event, |guard_event| {
+            let mut parents = subagents.clone();
+            parents.push(guard_event);
+            rollout.with_parents(parents)
+        })
     })?;
     Ok(RunOutcome {
         event,
@@ -394,7 +408,7 @@ fn spend(b: &mut Budget, u: crate::chat::Usage) {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run_subagent(
+async fn run_subagent(
     session: &replay::Session,
     spec: &RunSpec<'_>,
     team: &Team,
@@ -407,7 +421,7 @@ fn run_subagent(
     instructions: &str,
     contract: &str,
 ) -> Result<(String, Id)> {
-    let mut st = session.stream(&format!("{}/sub{n}", spec.stream))?;
+    let mut st = exec::blocking(|| session.stream(&format!("{}/sub{n}", spec.stream)))?;
     let mut conv = Conversation::new(
         vec![
             Message::system(prompts::subagent_system(role, contract, &spec.task.id)),
@@ -429,7 +443,9 @@ fn run_subagent(
             &team.subagent_model,
             &mut conv,
             &sampling,
-        ) {
+        )
+        .await
+        {
             Err(EngineError::Backend(e)) => {
                 answer = Some(format!("error: the {role} subagent stopped: {e}"));
                 break;
@@ -449,7 +465,7 @@ fn run_subagent(
                     answer = Some(report);
                     "finished".into()
                 }
-                Ok(inv) => workspace_tool(&mut st, ws, &inv, bash_opts, limits)?,
+                Ok(inv) => exec::blocking(|| workspace_tool(&mut st, ws, &inv, bash_opts, limits))?,
             };
             conv.messages.push(Message::tool_result(&call.id, text));
         }
@@ -460,9 +476,10 @@ fn run_subagent(
     let answer = answer.unwrap_or_else(|| {
         format!("error: the {role} subagent stopped without an answer (turn or token limit)")
     });
-    let head = st.emit(schemas::to_event(&schemas::Note {
+    let note = schemas::to_event(&schemas::Note {
         text: format!("subagent {role} returned: {answer}"),
-    })?)?;
+    })?;
+    let head = exec::blocking(|| st.emit(note))?;
     Ok((answer, head))
 }
 

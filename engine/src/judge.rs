@@ -35,7 +35,7 @@ pub struct RunRef {
 }
 
 /// Judges `a` against `b` in stream `rel`; `swapped` shows `b` as Workspace A.
-pub fn judge_pair(
+pub async fn judge_pair(
     session: &replay::Session,
     rel: &str,
     task: &Task,
@@ -54,7 +54,7 @@ pub fn judge_pair(
         workspace_section(ledger, prompts::WORKSPACE_B, &second.record)?,
         "Remember: position must not matter."
     );
-    let mut st = session.stream(rel)?;
+    let mut st = crate::exec::blocking(|| session.stream(rel))?;
     let mut conv = Conversation::new(
         vec![
             Message::system(prompts::JUDGE_SYSTEM),
@@ -77,7 +77,8 @@ pub fn judge_pair(
             &judge.model,
             &mut conv,
             &sampling,
-        )?;
+        )
+        .await?;
         match parse_verdict(resp.message.content_str()) {
             Ok((screen_winner, rationale)) => {
                 let winner = match (screen_winner.as_str(), swapped) {
@@ -107,7 +108,8 @@ pub fn judge_pair(
         invalid_attempts: invalid,
         conversation: Hash32(st.head().map(|h| h.0).unwrap_or([0; 32])),
     };
-    let id = st.emit(schemas::to_event(&record)?.with_parents(vec![a.event, b.event]))?;
+    let ev = schemas::to_event(&record)?.with_parents(vec![a.event, b.event]);
+    let id = crate::exec::blocking(|| st.emit(ev))?;
     Ok((id, record))
 }
 

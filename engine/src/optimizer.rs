@@ -10,7 +10,7 @@ use schemas::{Hash32, ProposalRecord};
 use crate::backend::Backend;
 use crate::chat::Message;
 use crate::effects::{call_model, Conversation, Sampling};
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::prompts;
 use crate::task::Task;
 use crate::workflow::{parse_proposal, Workflow};
@@ -73,7 +73,7 @@ pub fn proposal_format() -> serde_json::Value {
 
 /// Asks for a proposal; returns the proposed workflow (None when every attempt
 /// was malformed) and the stream head.
-pub fn propose(
+pub async fn propose(
     session: &replay::Session,
     rel: &str,
     task: &Task,
@@ -102,7 +102,7 @@ pub fn propose(
         prompts::CHAMPION_END,
         feedback_text
     );
-    let mut st = session.stream(rel)?;
+    let mut st = crate::exec::blocking(|| session.stream(rel))?;
     let mut conv = Conversation::new(
         vec![
             Message::system(prompts::OPTIMIZER_SYSTEM),
@@ -120,7 +120,8 @@ pub fn propose(
             &opt.model,
             &mut conv,
             &sampling,
-        )?;
+        )
+        .await?;
         let text = resp.message.content_str().to_string();
         let (record, workflow) = match parse_proposal(&text) {
             Ok(p) => {
@@ -134,10 +135,13 @@ pub fn propose(
                 }))
                 .unwrap_or_default();
                 let wf = serde_json::to_vec(&p.improved_design).unwrap_or_default();
-                let mut b = ledger.batch();
-                let body_id = b.put_blob(&body)?;
-                let wf_id = b.put_blob(&wf)?;
-                b.commit()?;
+                let (body_id, wf_id) = crate::exec::blocking(|| {
+                    let mut b = ledger.batch();
+                    let body_id = b.put_blob(&body)?;
+                    let wf_id = b.put_blob(&wf)?;
+                    b.commit()?;
+                    Ok::<_, EngineError>((body_id, wf_id))
+                })?;
                 (
                     ProposalRecord {
                         task: task.id.clone(),
@@ -153,7 +157,7 @@ pub fn propose(
                 )
             }
             Err(e) => {
-                let body_id = ledger.put_blob(text.as_bytes())?;
+                let body_id = crate::exec::blocking(|| ledger.put_blob(text.as_bytes()))?;
                 conv.messages.push(Message::user(format!(
                     "Your proposal could not be used: {e}. Reply again with only the JSON object."
                 )));
@@ -172,7 +176,8 @@ pub fn propose(
                 )
             }
         };
-        st.emit(schemas::to_event(&record)?)?;
+        let ev = schemas::to_event(&record)?;
+        crate::exec::blocking(|| st.emit(ev))?;
         if let Some(w) = workflow {
             return Ok((Some(w), st.head().unwrap_or(Id([0; 32]))));
         }

@@ -15,6 +15,11 @@ use ledger::Ledger;
 use replay::{Mode, Session};
 
 /// Replies from a fixed script, then repeats the last reply.
+/// Awaits engine work from synchronous test code.
+fn wait<F: std::future::Future>(f: F) -> F::Output {
+    engine::exec::block_on(f).expect("the engine's runtime starts")
+}
+
 struct Scripted {
     replies: Mutex<Vec<Message>>,
     seen: Mutex<Vec<ChatRequest>>,
@@ -36,7 +41,13 @@ impl Backend for Scripted {
     fn base_model(&self) -> String {
         "scripted/base".into()
     }
-    fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, BackendError> {
+    fn complete<'a>(&'a self, req: &'a ChatRequest) -> engine::backend::Reply<'a> {
+        Box::pin(std::future::ready(self.reply(req)))
+    }
+}
+
+impl Scripted {
+    fn reply(&self, req: &ChatRequest) -> Result<ChatResponse, BackendError> {
         self.seen.lock().unwrap().push(req.clone());
         let mut r = self.replies.lock().unwrap();
         let m = if r.len() > 1 {
@@ -108,7 +119,7 @@ fn malformed_tool_calls_get_readable_errors_and_the_run_goes_on() {
     ]);
     let (_d, s) = session();
     let t = task();
-    let out = run_team(
+    let out = wait(run_team(
         &s,
         &RunSpec {
             task: &t,
@@ -120,7 +131,7 @@ fn malformed_tool_calls_get_readable_errors_and_the_run_goes_on() {
         },
         &team(b.clone()),
         &RunRules::default(),
-    )
+    ))
     .unwrap();
     assert_eq!(out.record.status, "finished");
     assert_eq!(out.record.report, "done");
@@ -174,7 +185,7 @@ fn a_run_that_never_finishes_is_halted_not_failed() {
         max_turns: 4,
         ..Limits::default()
     };
-    let out = run_team(
+    let out = wait(run_team(
         &s,
         &RunSpec {
             task: &t,
@@ -189,7 +200,7 @@ fn a_run_that_never_finishes_is_halted_not_failed() {
             limits: limits.clone(),
             ..Default::default()
         },
-    )
+    ))
     .unwrap();
     assert_eq!(out.record.status, "halted");
     assert!(
@@ -213,7 +224,7 @@ fn delegation_runs_a_subagent_in_its_own_stream() {
     ]);
     let (_d, s) = session();
     let t = task();
-    let out = run_team(
+    let out = wait(run_team(
         &s,
         &RunSpec {
             task: &t,
@@ -225,7 +236,7 @@ fn delegation_runs_a_subagent_in_its_own_stream() {
         },
         &team(b.clone()),
         &RunRules::default(),
-    )
+    ))
     .unwrap();
     assert_eq!(out.record.delegations, 1);
     assert!(s.ledger().head("t/r/sub0").unwrap().is_some());
@@ -257,7 +268,7 @@ fn invalid_verdicts_are_re_asked_and_counted() {
     let t = task();
     let worker = Scripted::new(vec![call("finish", "{\"report\": \"r\"}")]);
     let mk = |i: u32| {
-        let o = run_team(
+        let o = wait(run_team(
             &s,
             &RunSpec {
                 task: &t,
@@ -269,7 +280,7 @@ fn invalid_verdicts_are_re_asked_and_counted() {
             },
             &team(worker.clone()),
             &RunRules::default(),
-        )
+        ))
         .unwrap();
         RunRef {
             event: o.event,
@@ -289,11 +300,11 @@ fn invalid_verdicts_are_re_asked_and_counted() {
         max_retries: 3,
         sampling: engine::config::SamplingConfig::with(0.0, 1024),
     };
-    let (_, j) = judge_pair(&s, "j1", &t, &a, &bb, true, &judge).unwrap();
+    let (_, j) = wait(judge_pair(&s, "j1", &t, &a, &bb, true, &judge)).unwrap();
     assert_eq!(j.invalid_attempts, 2);
     assert_eq!(j.winner, "a", "screen B is run a when swapped");
     let never = Scripted::new(vec![Message::assistant("no idea")]);
-    let (_, j2) = judge_pair(
+    let (_, j2) = wait(judge_pair(
         &s,
         "j2",
         &t,
@@ -306,7 +317,7 @@ fn invalid_verdicts_are_re_asked_and_counted() {
             max_retries: 2,
             sampling: engine::config::SamplingConfig::with(0.0, 1024),
         },
-    )
+    ))
     .unwrap();
     assert_eq!((j2.winner.as_str(), j2.invalid_attempts), ("invalid", 3));
 }
@@ -327,7 +338,7 @@ fn malformed_proposals_are_recorded_and_retried() {
         max_retries: 3,
         sampling: engine::config::SamplingConfig::with(0.0, 1024),
     };
-    let (w, head) = propose(&s, "opt", &t, 1, &Workflow::bare(), &[], &opt).unwrap();
+    let (w, head) = wait(propose(&s, "opt", &t, 1, &Workflow::bare(), &[], &opt)).unwrap();
     assert_eq!(w.unwrap().agents[0].agent_id, "solver");
     let recs: Vec<schemas::ProposalRecord> = s
         .ledger()
@@ -346,7 +357,7 @@ fn run_scripted(
     t: &Task,
 ) -> (tempfile::TempDir, Session, engine::harness::RunOutcome) {
     let (d, s) = session();
-    let out = run_team(
+    let out = wait(run_team(
         &s,
         &RunSpec {
             task: t,
@@ -358,7 +369,7 @@ fn run_scripted(
         },
         &team(b.clone()),
         &RunRules::default(),
-    )
+    ))
     .unwrap();
     (d, s, out)
 }

@@ -16,6 +16,14 @@ use engine::backend::{Backend, BackendError, ChatRequest};
 use engine::chat::Message;
 use engine::config::OpenAiParams;
 
+/// One completion from synchronous test code, on the engine's runtime.
+fn complete(
+    b: &dyn Backend,
+    req: &ChatRequest,
+) -> Result<engine::backend::ChatResponse, BackendError> {
+    engine::exec::block_on(b.complete(req)).expect("the engine's runtime starts")
+}
+
 fn url() -> String {
     std::env::var("MASS_LLAMACPP_URL")
         .expect("MASS_LLAMACPP_URL: start the server with scripts/llamacpp-server.sh start")
@@ -65,7 +73,7 @@ fn request(text: &str, max_tokens: u64) -> ChatRequest {
 #[ignore = "needs the llama.cpp server (scripts/llamacpp-server.sh)"]
 fn a_real_server_answers_and_we_parse_it() {
     let b = backend();
-    let r = b.complete(&request("Name one colour.", 16)).unwrap();
+    let r = complete(&b, &request("Name one colour.", 16)).unwrap();
     let text = r.message.content_str().to_string();
     assert!(
         !text.trim().is_empty() || !r.message.tool_calls.is_empty(),
@@ -84,7 +92,7 @@ fn a_real_server_answers_and_we_parse_it() {
     let raw = String::from_utf8(r.raw.clone().unwrap()).unwrap();
     assert!(raw.contains("\"choices\""), "{raw}");
     // Greedy decoding: the same request gives the same answer.
-    let again = b.complete(&request("Name one colour.", 16)).unwrap();
+    let again = complete(&b, &request("Name one colour.", 16)).unwrap();
     assert_eq!(again.message.content, r.message.content);
     // A request with the harness's seven tools (and `tool_choice: "auto"`)
     // is accepted and answered. Measured: llama-cpp-python's default chat
@@ -93,7 +101,7 @@ fn a_real_server_answers_and_we_parse_it() {
     // `tool_choice`, which that server honours, is not sent yet.
     let mut with_tools = request("List the files in the workspace.", 24);
     with_tools.tools = engine::tools::tool_defs(true);
-    let r = b.complete(&with_tools).unwrap();
+    let r = complete(&b, &with_tools).unwrap();
     assert!(r.usage.completion_tokens > 0, "{r:?}");
 }
 
@@ -102,7 +110,7 @@ fn a_real_server_answers_and_we_parse_it() {
 fn a_request_beyond_the_context_is_a_readable_error() {
     let b = backend();
     let long = "lorem ipsum dolor sit amet ".repeat(2500);
-    let e = b.complete(&request(&long, 16)).unwrap_err();
+    let e = complete(&b, &request(&long, 16)).unwrap_err();
     let text = e.to_string();
     assert!(
         matches!(
@@ -133,14 +141,15 @@ fn a_recorded_call_replays_without_the_server() {
         let s = Session::new(l.clone(), "r", Mode::Live).unwrap();
         let mut st = s.stream("chat").unwrap();
         let mut conv = Conversation::new(vec![Message::user("Say hi.")], Vec::new());
-        let r = call_model(
+        let r = engine::exec::block_on(call_model(
             &mut st,
             "model",
             &live,
             "smollm2-135m",
             &mut conv,
             &Sampling::of(&cfg, 7),
-        )
+        ))
+        .unwrap()
         .unwrap();
         assert!(r.raw_body.is_some(), "the raw body was not recorded");
         st.head()
@@ -168,14 +177,15 @@ fn a_recorded_call_replays_without_the_server() {
     let s = Session::new(l, "r", Mode::Check).unwrap();
     let mut st = s.stream("chat").unwrap();
     let mut conv = Conversation::new(vec![Message::user("Say hi.")], Vec::new());
-    call_model(
+    engine::exec::block_on(call_model(
         &mut st,
         "model",
         &dead,
         "smollm2-135m",
         &mut conv,
         &Sampling::of(&cfg, 7),
-    )
+    ))
+    .unwrap()
     .unwrap();
     assert_eq!(st.head(), head);
 }
@@ -194,7 +204,7 @@ fn a_structured_verdict_from_a_real_server_parses() {
         );
         req.seed = seed;
         req.response_format = Some(engine::judge::verdict_format());
-        let r = b.complete(&req).unwrap();
+        let r = complete(&b, &req).unwrap();
         let text = r.message.content_str().to_string();
         let (winner, _) = engine::judge::parse_verdict(&text)
             .unwrap_or_else(|e| panic!("seed {seed}: {e}: {text}"));

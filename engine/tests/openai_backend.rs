@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use engine::backend::openai::OpenAiBackend;
 use engine::backend::sim::{SimBackend, SimParams};
-use engine::backend::{Backend, BackendError, ChatRequest, ChatResponse};
+use engine::backend::{BackendError, ChatRequest, ChatResponse};
 use engine::chat::{Message, ToolDef};
 use engine::config::OpenAiParams;
 use serde_json::{json, Value};
@@ -116,6 +116,14 @@ impl Drop for Server {
         // Let the accept loop notice and drop the listener.
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// One completion from synchronous test code, on the engine's runtime.
+fn complete(
+    b: &dyn engine::backend::Backend,
+    req: &ChatRequest,
+) -> Result<ChatResponse, BackendError> {
+    engine::exec::block_on(b.complete(req)).expect("the engine's runtime starts")
 }
 
 fn handle(conn: TcpStream, answer: &dyn Fn(&Value) -> Reply) -> Option<(TcpStream, Seen, Reply)> {
@@ -236,7 +244,7 @@ fn a_response_is_parsed_the_raw_body_kept_and_the_request_is_well_formed() {
     let mut p = params(&server.url);
     p.api_key_env = Some(key_var.into());
     let b = OpenAiBackend::new("srv", &p).unwrap();
-    let r = b.complete(&request()).unwrap();
+    let r = complete(&b, &request()).unwrap();
     assert_eq!(r.message.tool_calls.len(), 1);
     assert_eq!(r.message.tool_calls[0].id, "call_9");
     assert_eq!(r.message.tool_calls[0].function.name, "bash");
@@ -367,7 +375,7 @@ fn bad_responses_become_readable_errors_of_the_right_class() {
     for (name, reply, transient, needle) in cases {
         let server = Server::scripted(vec![reply]);
         let b = OpenAiBackend::new("srv", &params(&server.url)).unwrap();
-        let e = b.complete(&request()).expect_err(name);
+        let e = complete(&b, &request()).expect_err(name);
         let text = e.to_string();
         match (&e, transient) {
             (BackendError::Failed { .. }, true) | (BackendError::Rejected { .. }, false) => {}
@@ -384,7 +392,7 @@ fn bad_responses_become_readable_errors_of_the_right_class() {
     let url = format!("http://{}/v1", dead.local_addr().unwrap());
     drop(dead);
     let b = OpenAiBackend::new("srv", &params(&url)).unwrap();
-    let e = b.complete(&request()).unwrap_err();
+    let e = complete(&b, &request()).unwrap_err();
     assert!(
         matches!(e, BackendError::Failed { .. }) && e.to_string().contains("could not connect"),
         "{e}"
@@ -396,7 +404,7 @@ fn bad_responses_become_readable_errors_of_the_right_class() {
         b"slow down".to_vec(),
     )]);
     let b = OpenAiBackend::new("srv", &params(&server.url)).unwrap();
-    match b.complete(&request()) {
+    match complete(&b, &request()) {
         Err(BackendError::Failed { retry_after, .. }) => {
             assert_eq!(retry_after, Some(Duration::from_secs(7)))
         }
@@ -408,7 +416,7 @@ fn bad_responses_become_readable_errors_of_the_right_class() {
         json!([{"id": "c", "type": "function", "function": {"name": "bash", "arguments": "{\"command\": "}}]),
     ))]);
     let b = OpenAiBackend::new("srv", &params(&server.url)).unwrap();
-    let r = b.complete(&request()).unwrap();
+    let r = complete(&b, &request()).unwrap();
     assert_eq!(r.message.tool_calls[0].function.arguments, "{\"command\": ");
 }
 
@@ -452,7 +460,7 @@ fn sim_reply(sim: &SimBackend, body: &Value, down: &AtomicBool) -> Reply {
         tool_choice: None,
         response_format: None,
     };
-    match sim.complete(&req) {
+    match sim.reply(&req) {
         Ok(ChatResponse {
             message,
             usage,
@@ -673,11 +681,11 @@ fn base_url_env_points_the_backend_elsewhere() {
     let mut p = params("http://127.0.0.1:9/v1");
     p.base_url_env = Some(var.into());
     let b = OpenAiBackend::new("srv", &p).unwrap();
-    let r = b.complete(&request()).unwrap();
+    let r = complete(&b, &request()).unwrap();
     assert_eq!(r.message.content.as_deref(), Some("hello"));
     assert_eq!(server.seen().len(), 1);
     // Unset, the file's base_url is used (nobody listens there).
     p.base_url_env = Some("MASS_TEST_BASE_URL_ENV_UNSET".into());
     let b = OpenAiBackend::new("srv", &p).unwrap();
-    assert!(b.complete(&request()).is_err());
+    assert!(complete(&b, &request()).is_err());
 }

@@ -15,6 +15,11 @@ use engine::workflow::Workflow;
 use ledger::Ledger;
 use replay::{Mode, Session};
 
+/// Awaits engine work from synchronous test code.
+fn wait<F: std::future::Future>(f: F) -> F::Output {
+    engine::exec::block_on(f).expect("the engine's runtime starts")
+}
+
 fn tasks_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/tasks")
 }
@@ -41,7 +46,7 @@ fn runs(s: &Session, task: &Task, skill: f64, n: u32) -> Vec<RunRef> {
     };
     (0..n)
         .map(|i| {
-            let o = run_team(
+            let o = wait(run_team(
                 s,
                 &RunSpec {
                     task,
@@ -56,7 +61,7 @@ fn runs(s: &Session, task: &Task, skill: f64, n: u32) -> Vec<RunRef> {
                     limits: limits.clone(),
                     ..Default::default()
                 },
-            )
+            ))
             .unwrap();
             RunRef {
                 event: o.event,
@@ -102,7 +107,7 @@ fn skill_shows_in_the_workspace_and_a_blind_judge_cannot_see_it() {
         };
         let (mut sw, mut ww) = (0, 0);
         for (i, (a, bb)) in strong.iter().zip(&weak).enumerate() {
-            let (_, v) = judge_pair(
+            let (_, v) = wait(judge_pair(
                 &s,
                 &format!("judge{blind}/{i}"),
                 &task,
@@ -110,7 +115,7 @@ fn skill_shows_in_the_workspace_and_a_blind_judge_cannot_see_it() {
                 bb,
                 i % 2 == 1,
                 &j,
-            )
+            ))
             .unwrap();
             match v.winner.as_str() {
                 "a" => sw += 1,

@@ -76,14 +76,21 @@ pub enum BackendError {
     UnknownModel { backend: String, model: String },
 }
 
+/// A chat completion in flight.
+pub type Reply<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<ChatResponse, BackendError>> + Send + 'a>,
+>;
+
 /// A model server (or the built-in simulation).
 pub trait Backend: Send + Sync {
     /// The configured backend name (as in the experiment file).
     fn name(&self) -> &str;
     /// The model name to send for the base (untrained) model.
     fn base_model(&self) -> String;
-    /// One chat completion: one attempt (the model effect retries).
-    fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, BackendError>;
+    /// One chat completion: one attempt (the model effect retries). Awaited
+    /// by a unit of work (see `exec`): a server call waits without holding
+    /// a thread.
+    fn complete<'a>(&'a self, req: &'a ChatRequest) -> Reply<'a>;
     /// How often the model effect retries a transient failure in-process
     /// before the run stops as an infrastructure failure.
     fn max_retries(&self) -> u32 {

@@ -1,6 +1,7 @@
 //! The OpenAI-compatible chat-completions backend (vLLM, SGLang, llama.cpp,
-//! Ollama, hosted APIs): one HTTP attempt per [`Backend::complete`] call, on a
-//! tokio runtime the backend owns, under a per-backend concurrency limit.
+//! Ollama, hosted APIs): one HTTP attempt per [`Backend::complete`] call,
+//! awaited on the engine's runtime (`exec`), under a per-backend concurrency
+//! limit.
 //!
 //! One concern per layer: this module sends a request, bounds it with a
 //! timeout, and classifies what came back; the retry policy (how often, how
@@ -37,7 +38,6 @@ pub struct OpenAiBackend {
     api_key: Option<String>,
     url: String,
     client: reqwest::Client,
-    runtime: Arc<tokio::runtime::Runtime>,
     /// Requests in flight at once.
     limit: Arc<tokio::sync::Semaphore>,
 }
@@ -78,12 +78,6 @@ impl OpenAiBackend {
             },
             None => None,
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name(format!("mass-http-{name}"))
-            .enable_all()
-            .build()
-            .map_err(|e| fail(format!("cannot start the HTTP runtime: {e}")))?;
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(params.timeout_secs.max(1)))
             .connect_timeout(Duration::from_secs(params.timeout_secs.clamp(1, 30)))
@@ -102,7 +96,6 @@ impl OpenAiBackend {
             api_key,
             url,
             client,
-            runtime: Arc::new(runtime),
             limit: Arc::new(tokio::sync::Semaphore::new(
                 params.max_concurrency.max(1) as usize
             )),
@@ -208,10 +201,12 @@ impl Backend for OpenAiBackend {
         self.params.max_retries
     }
 
-    fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, BackendError> {
-        let body = self.body(req);
-        let (status, retry_after, raw) = self.runtime.block_on(self.attempt(body))?;
-        classify(&self.name, status.as_u16(), retry_after, raw)
+    fn complete<'a>(&'a self, req: &'a ChatRequest) -> super::Reply<'a> {
+        Box::pin(async move {
+            let body = self.body(req);
+            let (status, retry_after, raw) = self.attempt(body).await?;
+            classify(&self.name, status.as_u16(), retry_after, raw)
+        })
     }
 }
 

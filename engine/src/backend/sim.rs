@@ -247,7 +247,33 @@ impl Backend for SimBackend {
         format!("{}/base", self.name)
     }
 
-    fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, BackendError> {
+    fn complete<'a>(&'a self, req: &'a ChatRequest) -> super::Reply<'a> {
+        // The simulation computes (and may run a task's solver): blocking
+        // work, kept off the unit's worker.
+        Box::pin(async move { crate::exec::blocking(|| self.reply(req)) })
+    }
+
+    fn export_model(&self, model: &str) -> Option<Vec<u8>> {
+        self.params(model)
+            .ok()
+            .and_then(|p| serde_json::to_vec(&p).ok())
+    }
+
+    /// An adapter is the JSON of the trained parameters (see `trainer`).
+    fn register_adapter(&self, model: &str, adapter: &[u8]) -> Result<(), BackendError> {
+        let p: SimParams = serde_json::from_slice(adapter)
+            .map_err(|e| self.fail(format!("adapter for {model} is not valid: {e}")))?;
+        self.models
+            .lock()
+            .map_err(|_| self.fail("model table lock poisoned".into()))?
+            .insert(model.to_string(), p);
+        Ok(())
+    }
+}
+
+impl SimBackend {
+    /// One simulated completion.
+    pub fn reply(&self, req: &ChatRequest) -> Result<ChatResponse, BackendError> {
         let p = self.params(&req.model)?;
         let system = req
             .messages
@@ -281,23 +307,6 @@ impl Backend for SimBackend {
             raw: None,
             raw_body: None,
         })
-    }
-
-    fn export_model(&self, model: &str) -> Option<Vec<u8>> {
-        self.params(model)
-            .ok()
-            .and_then(|p| serde_json::to_vec(&p).ok())
-    }
-
-    /// An adapter is the JSON of the trained parameters (see `trainer`).
-    fn register_adapter(&self, model: &str, adapter: &[u8]) -> Result<(), BackendError> {
-        let p: SimParams = serde_json::from_slice(adapter)
-            .map_err(|e| self.fail(format!("adapter for {model} is not valid: {e}")))?;
-        self.models
-            .lock()
-            .map_err(|_| self.fail("model table lock poisoned".into()))?
-            .insert(model.to_string(), p);
-        Ok(())
     }
 }
 
