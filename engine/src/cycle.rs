@@ -356,7 +356,7 @@ async fn search_step(s: &Search, t: &mut InnerTask, k: u32) -> Result<()> {
     let mut parents = judgments.clone();
     parents.push(optimizer_head);
     let ev = schemas::to_event(&rec)?.with_parents(parents);
-    exec::blocking(|| t.decisions.emit(ev))?;
+    exec::ledger(|| t.decisions.emit(ev))?;
     t.feedback.push(format!(
         "iteration {k}: candidate {} — {reason}",
         if accepted { "accepted" } else { "rejected" }

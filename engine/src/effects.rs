@@ -129,11 +129,11 @@ pub async fn call_model(
     // recording holds and serves the one that succeeded, without waiting.
     let mut attempt = 0u32;
     let rec = loop {
-        let (rec, hint) = match exec::blocking(|| st.begin(req.clone()))? {
+        let (rec, hint) = match exec::ledger(|| st.begin(req.clone()))? {
             Begin::Served(r) => (r, None),
             Begin::Perform(p) => {
                 let (out, hint) = perform_model_call(backend.as_ref(), &chat).await;
-                (exec::blocking(|| st.finish(p, out))?, hint)
+                (exec::ledger(|| st.finish(p, out))?, hint)
             }
         };
         let retry = rec.failure == Some(replay::FailureClass::Transient)
@@ -264,7 +264,9 @@ pub struct ToolOutcome {
 }
 
 /// Runs a workspace tool through the stream. `perform` runs it for real and
-/// returns the text and, for mutating tools, the new tree.
+/// returns the text and, for mutating tools, the new tree. Called from a
+/// unit: the recording is ledger work and the tool itself blocking work,
+/// each off the unit's worker (see `exec`).
 pub fn tool_effect(
     st: &mut Stream,
     kind: &str,
@@ -276,15 +278,22 @@ pub fn tool_effect(
     if journaled {
         req = req.journaled();
     }
-    let rec = st.effect_blocking(req, move || {
-        let o = perform()?;
-        let mut out =
-            EffectOutput::json(&json!({"text": o.text, "tree": o.tree.map(|t| t.to_hex())}));
-        if let Some(t) = o.tree {
-            out = out.with_link(t);
+    let rec = match exec::ledger(|| st.begin(req))? {
+        Begin::Served(r) => r,
+        Begin::Perform(p) => {
+            let out = exec::blocking(|| {
+                let o = perform()?;
+                let mut out = EffectOutput::json(
+                    &json!({"text": o.text, "tree": o.tree.map(|t| t.to_hex())}),
+                );
+                if let Some(t) = o.tree {
+                    out = out.with_link(t);
+                }
+                Ok(out)
+            });
+            exec::ledger(|| st.finish(p, out))?
         }
-        Ok(out)
-    })?;
+    };
     match rec.output {
         Ok(bytes) => {
             let v: Value = serde_json::from_slice(&bytes)

@@ -15,7 +15,9 @@
 //! are then grouped into one fsync by the ledger.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 
@@ -54,6 +56,41 @@ pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
         Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
         _ => f(),
     }
+}
+
+/// Thread CPU time spent in `ledger` calls since the process started.
+static LEDGER_CPU_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Runs ledger work (stream cursors, commits, blob writes) from inside a
+/// unit, like `blocking`, and counts the thread CPU time it took (encoding,
+/// hashing, compression, index updates and the write and fsync system
+/// calls; not the time spent waiting for the disk), so the orchestration
+/// benchmark can report the ledger's share of the CPU.
+pub fn ledger<R>(f: impl FnOnce() -> R) -> R {
+    blocking(|| {
+        let t0 = thread_cpu_ns();
+        let r = f();
+        LEDGER_CPU_NS.fetch_add(thread_cpu_ns().saturating_sub(t0), Ordering::Relaxed);
+        r
+    })
+}
+
+/// Total thread CPU time spent in `ledger` calls so far.
+pub fn ledger_cpu() -> Duration {
+    Duration::from_nanos(LEDGER_CPU_NS.load(Ordering::Relaxed))
+}
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only into the timespec we pass.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
 }
 
 /// Runs `unit(item)` for every item as a task, at most `limit` at a time;

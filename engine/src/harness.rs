@@ -100,9 +100,7 @@ impl LiveWorkspace<'_> {
         let d = self.scratch.clone();
         let _ = std::fs::remove_dir_all(&d);
         match self.last_tree {
-            Some(t) => self
-                .ledger
-                .checkout(&t, &d)
+            Some(t) => exec::ledger(|| self.ledger.checkout(&t, &d))
                 .map_err(|e| format!("cannot materialise workspace {}: {e}", t.short(12)))?,
             None => {
                 std::fs::create_dir_all(&d).map_err(|e| e.to_string())?;
@@ -126,9 +124,7 @@ impl LiveWorkspace<'_> {
 
     fn snapshot(&mut self) -> std::result::Result<Id, String> {
         let d = self.dir.clone().ok_or("no workspace")?;
-        let t = self
-            .ledger
-            .snapshot_dir(&d)
+        let t = exec::ledger(|| self.ledger.snapshot_dir(&d))
             .map_err(|e| format!("snapshot failed: {e}"))?;
         self.dir_tree = Some(t);
         Ok(t)
@@ -192,7 +188,7 @@ pub async fn run_team(
 ) -> Result<RunOutcome> {
     let (limits, guards) = (&rules.limits, &rules.guards);
     let ledger = session.ledger().clone();
-    let mut orch = exec::blocking(|| session.stream(&format!("{}/orch", spec.stream)))?;
+    let mut orch = exec::ledger(|| session.stream(&format!("{}/orch", spec.stream)))?;
     let mut ws = LiveWorkspace {
         ledger: ledger.clone(),
         task: spec.task,
@@ -202,21 +198,19 @@ pub async fn run_team(
         last_tree: None,
     };
     // The initial workspace, recorded so resumed and replayed runs know it.
-    let init = exec::blocking(|| {
-        tool_effect(
-            &mut orch,
-            "snapshot",
-            json!({"label": "initial", "task": spec.task.id}),
-            false,
-            || {
-                ws.ensure()?;
-                Ok(ToolOutcome {
-                    text: "initial".into(),
-                    tree: Some(ws.snapshot()?),
-                })
-            },
-        )
-    })?;
+    let init = tool_effect(
+        &mut orch,
+        "snapshot",
+        json!({"label": "initial", "task": spec.task.id}),
+        false,
+        || {
+            ws.ensure()?;
+            Ok(ToolOutcome {
+                text: "initial".into(),
+                tree: Some(ws.snapshot()?),
+            })
+        },
+    )?;
     ws.record_tree(init.tree);
 
     let workflow_text = spec.workflow.render();
@@ -325,9 +319,7 @@ pub async fn run_team(
                         answer
                     }
                 }
-                Ok(inv) => {
-                    exec::blocking(|| workspace_tool(&mut orch, &mut ws, &inv, &bash_opts, limits))?
-                }
+                Ok(inv) => workspace_tool(&mut orch, &mut ws, &inv, &bash_opts, limits)?,
             };
             conv.messages.push(Message::tool_result(&call.id, text));
         }
@@ -339,14 +331,14 @@ pub async fn run_team(
     let initial = init
         .tree
         .ok_or_else(|| EngineError::Invalid("run has no initial workspace snapshot".into()))?;
-    let (validation, guard, validation_blob, workflow_blob) = exec::blocking(|| {
-        let validation = run_checks(&mut orch, &mut ws, spec.task, final_tree, &bash_opts)?;
+    let validation = run_checks(&mut orch, &mut ws, spec.task, final_tree, &bash_opts)?;
+    let (guard, validation_blob, workflow_blob) = exec::ledger(|| {
         let guard = crate::guards::inspect(&ledger, spec.task, initial, final_tree, guards)?;
         let validation_blob = ledger.put_blob(validation.as_bytes())?;
         let workflow_blob = ledger.put_blob(
             &serde_json::to_vec(spec.workflow).map_err(|e| EngineError::Invalid(e.to_string()))?,
         )?;
-        Ok::<_, EngineError>((validation, guard, validation_blob, workflow_blob))
+        Ok::<_, EngineError>((guard, validation_blob, workflow_blob))
     })?;
     let (passed, total) = parse_score(&validation);
     let (status, detail) = match status {
@@ -387,7 +379,7 @@ pub async fn run_team(
     // commit: no extra fsync per run.
     let rollout = schemas::to_event(&record)?;
     let guard_event = schemas::to_event(&guard)?;
-    let (_, event) = exec::blocking(|| {
+    let (_, event) = exec::ledger(|| {
         orch.emit_two(guard_event, |guard_event| {
             let mut parents = subagents.clone();
             parents.push(guard_event);
@@ -421,7 +413,7 @@ async fn run_subagent(
     instructions: &str,
     contract: &str,
 ) -> Result<(String, Id)> {
-    let mut st = exec::blocking(|| session.stream(&format!("{}/sub{n}", spec.stream)))?;
+    let mut st = exec::ledger(|| session.stream(&format!("{}/sub{n}", spec.stream)))?;
     let mut conv = Conversation::new(
         vec![
             Message::system(prompts::subagent_system(role, contract, &spec.task.id)),
@@ -465,7 +457,7 @@ async fn run_subagent(
                     answer = Some(report);
                     "finished".into()
                 }
-                Ok(inv) => exec::blocking(|| workspace_tool(&mut st, ws, &inv, bash_opts, limits))?,
+                Ok(inv) => workspace_tool(&mut st, ws, &inv, bash_opts, limits)?,
             };
             conv.messages.push(Message::tool_result(&call.id, text));
         }
@@ -479,7 +471,7 @@ async fn run_subagent(
     let note = schemas::to_event(&schemas::Note {
         text: format!("subagent {role} returned: {answer}"),
     })?;
-    let head = exec::blocking(|| st.emit(note))?;
+    let head = exec::ledger(|| st.emit(note))?;
     Ok((answer, head))
 }
 

@@ -54,7 +54,7 @@ pub async fn judge_pair(
         workspace_section(ledger, prompts::WORKSPACE_B, &second.record)?,
         "Remember: position must not matter."
     );
-    let mut st = crate::exec::blocking(|| session.stream(rel))?;
+    let mut st = crate::exec::ledger(|| session.stream(rel))?;
     let mut conv = Conversation::new(
         vec![
             Message::system(prompts::JUDGE_SYSTEM),
@@ -109,7 +109,7 @@ pub async fn judge_pair(
         conversation: Hash32(st.head().map(|h| h.0).unwrap_or([0; 32])),
     };
     let ev = schemas::to_event(&record)?.with_parents(vec![a.event, b.event]);
-    let id = crate::exec::blocking(|| st.emit(ev))?;
+    let id = crate::exec::ledger(|| st.emit(ev))?;
     Ok((id, record))
 }
 

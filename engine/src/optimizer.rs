@@ -102,7 +102,7 @@ pub async fn propose(
         prompts::CHAMPION_END,
         feedback_text
     );
-    let mut st = crate::exec::blocking(|| session.stream(rel))?;
+    let mut st = crate::exec::ledger(|| session.stream(rel))?;
     let mut conv = Conversation::new(
         vec![
             Message::system(prompts::OPTIMIZER_SYSTEM),
@@ -135,7 +135,7 @@ pub async fn propose(
                 }))
                 .unwrap_or_default();
                 let wf = serde_json::to_vec(&p.improved_design).unwrap_or_default();
-                let (body_id, wf_id) = crate::exec::blocking(|| {
+                let (body_id, wf_id) = crate::exec::ledger(|| {
                     let mut b = ledger.batch();
                     let body_id = b.put_blob(&body)?;
                     let wf_id = b.put_blob(&wf)?;
@@ -157,7 +157,7 @@ pub async fn propose(
                 )
             }
             Err(e) => {
-                let body_id = crate::exec::blocking(|| ledger.put_blob(text.as_bytes()))?;
+                let body_id = crate::exec::ledger(|| ledger.put_blob(text.as_bytes()))?;
                 conv.messages.push(Message::user(format!(
                     "Your proposal could not be used: {e}. Reply again with only the JSON object."
                 )));
@@ -177,7 +177,7 @@ pub async fn propose(
             }
         };
         let ev = schemas::to_event(&record)?;
-        crate::exec::blocking(|| st.emit(ev))?;
+        crate::exec::ledger(|| st.emit(ev))?;
         if let Some(w) = workflow {
             return Ok((Some(w), st.head().unwrap_or(Id([0; 32]))));
         }

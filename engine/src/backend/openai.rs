@@ -21,7 +21,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::{Backend, BackendError, ChatRequest, ChatResponse};
 use crate::chat::{Message, Role, ToolCall, Usage};
@@ -102,60 +102,62 @@ impl OpenAiBackend {
         })
     }
 
-    /// The request body sent for `req`.
+    /// The request body sent for `req`, as JSON (what `attempt` sends, as
+    /// bytes).
     pub fn body(&self, req: &ChatRequest) -> Value {
-        let mut body = Map::new();
-        body.insert("model".into(), json!(req.model));
-        body.insert(
-            "messages".into(),
-            Value::Array(req.messages.iter().map(wire_message).collect()),
-        );
-        if !req.tools.is_empty() {
-            body.insert("tools".into(), json!(req.tools));
-            let choice = match req.tool_choice.as_deref() {
-                None => json!("auto"),
-                Some(c @ ("auto" | "none" | "required")) => json!(c),
-                Some(name) => json!({"type": "function", "function": {"name": name}}),
-            };
-            body.insert("tool_choice".into(), choice);
-        }
-        body.insert("temperature".into(), json!(req.temperature));
-        body.insert("seed".into(), json!(req.seed));
-        body.insert("max_tokens".into(), json!(req.max_tokens));
-        if let Some(p) = req.top_p {
-            body.insert("top_p".into(), json!(p));
-        }
-        if !req.stop.is_empty() {
-            body.insert("stop".into(), json!(req.stop));
-        }
-        if let Some(rf) = &req.response_format {
+        serde_json::to_value(self.wire(req)).unwrap_or(Value::Null)
+    }
+
+    /// The request in wire shape, borrowing from `req`: serialised straight
+    /// to bytes, with no JSON tree built per call (a conversation is sent
+    /// whole on every turn).
+    fn wire<'a>(&self, req: &'a ChatRequest) -> WireRequest<'a> {
+        let with_tools = !req.tools.is_empty();
+        let tool_choice = with_tools.then(|| match req.tool_choice.as_deref() {
+            None => json!("auto"),
+            Some(c @ ("auto" | "none" | "required")) => json!(c),
+            Some(name) => json!({"type": "function", "function": {"name": name}}),
+        });
+        let response_format = req.response_format.as_ref().and_then(|rf| {
             match self.params.structured_output {
-                StructuredOutput::JsonSchema => {
-                    body.insert("response_format".into(), rf.clone());
-                }
-                StructuredOutput::JsonObject => {
-                    let schema = rf["json_schema"]["schema"].clone();
-                    body.insert(
-                        "response_format".into(),
-                        json!({"type": "json_object", "schema": schema}),
-                    );
-                }
-                StructuredOutput::Off => {}
+                StructuredOutput::JsonSchema => Some(rf.clone()),
+                StructuredOutput::JsonObject => Some(
+                    json!({"type": "json_object", "schema": rf["json_schema"]["schema"].clone()}),
+                ),
+                StructuredOutput::Off => None,
             }
+        });
+        WireRequest {
+            model: &req.model,
+            // `Message` serialises in the wire shape: role, content (null
+            // for a tool-calls-only turn), tool_calls and tool_call_id when
+            // present.
+            messages: &req.messages,
+            tools: with_tools.then_some(req.tools.as_slice()),
+            tool_choice,
+            temperature: req.temperature,
+            seed: req.seed,
+            max_tokens: req.max_tokens,
+            top_p: req.top_p,
+            stop: (!req.stop.is_empty()).then_some(req.stop.as_slice()),
+            response_format,
         }
-        Value::Object(body)
     }
 
     async fn attempt(
         &self,
-        body: Value,
+        body: Vec<u8>,
     ) -> Result<(reqwest::StatusCode, Option<Duration>, Vec<u8>), BackendError> {
         let _permit = self
             .limit
             .acquire()
             .await
             .map_err(|_| self.failed("the request limiter was closed".into(), None))?;
-        let mut rb = self.client.post(&self.url).json(&body);
+        let mut rb = self
+            .client
+            .post(&self.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
         if let Some(k) = &self.api_key {
             rb = rb.bearer_auth(k);
         }
@@ -203,7 +205,8 @@ impl Backend for OpenAiBackend {
 
     fn complete<'a>(&'a self, req: &'a ChatRequest) -> super::Reply<'a> {
         Box::pin(async move {
-            let body = self.body(req);
+            let body = serde_json::to_vec(&self.wire(req))
+                .map_err(|e| self.failed(format!("cannot encode the request: {e}"), None))?;
             let (status, retry_after, raw) = self.attempt(body).await?;
             classify(&self.name, status.as_u16(), retry_after, raw)
         })
@@ -332,17 +335,24 @@ pub fn parse_response(v: &Value) -> Result<ChatResponse, String> {
 
 /// A message as the wire wants it: an assistant turn that only calls tools
 /// has `content: null`.
-fn wire_message(m: &Message) -> Value {
-    let mut o = Map::new();
-    o.insert("role".into(), json!(m.role));
-    o.insert("content".into(), json!(m.content));
-    if !m.tool_calls.is_empty() {
-        o.insert("tool_calls".into(), json!(m.tool_calls));
-    }
-    if let Some(id) = &m.tool_call_id {
-        o.insert("tool_call_id".into(), json!(id));
-    }
-    Value::Object(o)
+/// A chat-completions request body. Optional fields are left out when unset.
+#[derive(serde::Serialize)]
+struct WireRequest<'a> {
+    model: &'a str,
+    messages: &'a [Message],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a [crate::chat::ToolDef]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<Value>,
+    temperature: f64,
+    seed: u64,
+    max_tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop: Option<&'a [String]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<Value>,
 }
 
 fn quote_body(raw: &[u8]) -> String {

@@ -1,0 +1,459 @@
+//! Orchestration throughput: how close the engine comes to the call rate a
+//! model server allows when hundreds of rollouts wait on it at once.
+//!
+//! A local OpenAI-compatible stub answers every chat completion after a
+//! fixed delay (100 ms: a server's latency, not its throughput). Each
+//! rollout is the real harness (`engine::harness::run_team`) on a real
+//! ledger: `calls` model calls, each answered with a small tool call
+//! (`read_file`, or `write_file` every fourth turn, which snapshots the
+//! workspace), then `finish` and the task's check. All rollouts run at once
+//! as async units (`engine::exec::all`), through one `OpenAiBackend`.
+//!
+//! Printed per size, from the same run:
+//! - the ideal call rate (every rollout's calls back to back, nothing else:
+//!   rollouts x calls / (calls x delay)) and the achieved rate, as a ratio;
+//! - a transport-only baseline: the same number of concurrent loops calling
+//!   the stub through the same HTTP client with no engine and no ledger, so
+//!   the ratio engine/transport isolates what the engine adds;
+//! - process CPU per call (user + system, stub included) for both, the share
+//!   of the engine run's CPU spent in ledger work (`exec::ledger_cpu`:
+//!   thread CPU time of stream and blob operations, i.e. encoding, hashing,
+//!   compression, index updates and write/fsync system calls);
+//! - peak resident memory of each phase (VmHWM, reset between phases).
+//!
+//! Medians over repetitions.
+//!
+//!     cargo bench --bench orchestration             # 256 and 1024 rollouts, 3 repetitions
+//!     cargo bench --bench orchestration -- --quick  # 64 and 256 rollouts, 1 repetition
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine::backend::openai::OpenAiBackend;
+use engine::backend::Backend;
+use engine::config::{OpenAiParams, StructuredOutput};
+use engine::harness::{run_team, RunRules, RunSpec, Team};
+use engine::task::Task;
+use engine::workflow::Workflow;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+struct Cfg {
+    sizes: Vec<usize>,
+    calls: usize,
+    delay: Duration,
+    reps: usize,
+}
+
+fn parse_args() -> Cfg {
+    let mut cfg = Cfg {
+        sizes: vec![256, 1024],
+        calls: 20,
+        delay: Duration::from_millis(100),
+        reps: 3,
+    };
+    for a in std::env::args().skip(1) {
+        match a.as_str() {
+            "--quick" => {
+                cfg.sizes = vec![64, 256];
+                cfg.reps = 1;
+            }
+            "--bench" => {}
+            other if other.starts_with("--reps=") => {
+                cfg.reps = other[7..].parse().unwrap_or(cfg.reps).max(1);
+            }
+            other if other.starts_with("--sizes=") => {
+                cfg.sizes = other[8..]
+                    .split(',')
+                    .filter_map(|s| s.parse().ok())
+                    .collect();
+            }
+            _ => {}
+        }
+    }
+    cfg
+}
+
+// ---------------------------------------------------------------------------
+// The stub server: HTTP/1.1 with keep-alive, one task per connection.
+
+/// What the stub answers at turn `t` (the number of assistant messages so
+/// far in the request) of a rollout of `calls` calls.
+fn reply_for(t: usize, calls: usize) -> String {
+    let (name, args) = if t + 1 >= calls {
+        ("finish", r#"{"report": "done: see notes"}"#.to_string())
+    } else if t % 4 == 3 {
+        (
+            "write_file",
+            format!(r#"{{"path": "notes/{t}.md", "content": "step {t}: checked the data\n"}}"#),
+        )
+    } else {
+        ("read_file", r#"{"path": "data.txt"}"#.to_string())
+    };
+    let body = serde_json::json!({
+        "id": format!("chatcmpl-{t}"),
+        "object": "chat.completion",
+        "choices": [{
+            "index": 0,
+            "finish_reason": "tool_calls",
+            "message": {
+                "role": "assistant",
+                "content": null,
+                "tool_calls": [{
+                    "id": format!("call_{t}"),
+                    "type": "function",
+                    "function": {"name": name, "arguments": args}
+                }]
+            }
+        }],
+        "usage": {"prompt_tokens": 200 + 40 * t, "completion_tokens": 24}
+    });
+    body.to_string()
+}
+
+async fn serve_conn(mut sock: tokio::net::TcpStream, calls: usize, delay: Duration) {
+    let mut buf = Vec::with_capacity(16 * 1024);
+    loop {
+        // Headers.
+        let header_end = loop {
+            if let Some(p) = find(&buf, b"\r\n\r\n") {
+                break p + 4;
+            }
+            let mut chunk = [0u8; 8192];
+            match sock.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..header_end]).to_ascii_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while buf.len() < header_end + len {
+            let mut chunk = [0u8; 65536];
+            match sock.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        // The turn is the number of assistant messages so far; counted
+        // without parsing the whole conversation, so the stub's own CPU
+        // stays small beside the engine's.
+        let turn = count(&buf[header_end..header_end + len], br#""role":"assistant""#);
+        buf.drain(..header_end + len);
+        tokio::time::sleep(delay).await;
+        let reply = reply_for(turn, calls);
+        let resp = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+            reply.len(),
+            reply
+        );
+        if sock.write_all(resp.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn count(hay: &[u8], needle: &[u8]) -> usize {
+    hay.windows(needle.len()).filter(|w| *w == needle).count()
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Starts the stub on its own runtime thread; returns its base URL.
+fn start_stub(calls: usize, delay: Duration) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("stub runtime");
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            tx.send(l.local_addr().expect("addr")).ok();
+            loop {
+                if let Ok((s, _)) = l.accept().await {
+                    s.set_nodelay(true).ok();
+                    tokio::spawn(serve_conn(s, calls, delay));
+                }
+            }
+        });
+    });
+    let addr = rx.recv().expect("stub address");
+    format!("http://{addr}/v1")
+}
+
+// ---------------------------------------------------------------------------
+// Measurements.
+
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes into the struct we pass and nothing else.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// Resets the peak resident set size (Linux: `5` to clear_refs).
+fn reset_peak() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(f64::NAN)
+}
+
+struct Sample {
+    wall: Duration,
+    calls: usize,
+    cpu: Duration,
+    ledger_cpu: Duration,
+    peak_mib: f64,
+}
+
+fn backend(url: &str, n: usize) -> OpenAiBackend {
+    OpenAiBackend::new(
+        "stub",
+        &OpenAiParams {
+            base_url: url.into(),
+            base_url_env: None,
+            model: "stub-model".into(),
+            api_key_env: None,
+            timeout_secs: 60,
+            max_retries: 0,
+            max_concurrency: n as u32,
+            structured_output: StructuredOutput::Off,
+            temperature: 0.7,
+            max_tokens: 256,
+            lora_adapter: None,
+        },
+    )
+    .expect("backend")
+}
+
+/// The baseline: `n` concurrent loops of `calls` sequential requests through
+/// the same client, nothing recorded.
+fn transport_only(url: &str, n: usize, calls: usize) -> Sample {
+    let b = Arc::new(backend(url, n));
+    reset_peak();
+    let cpu0 = cpu_time();
+    let t0 = Instant::now();
+    let done = engine::exec::all(
+        n,
+        (0..n).collect(),
+        |i: usize| {
+            let b = b.clone();
+            async move {
+                let mut messages = vec![engine::chat::Message::user(format!("rollout {i}"))];
+                for _ in 0..calls {
+                    let req = engine::backend::ChatRequest {
+                        model: "stub-model".into(),
+                        messages: messages.clone(),
+                        tools: engine::tools::tool_defs(true),
+                        temperature: 0.7,
+                        seed: i as u64,
+                        max_tokens: 256,
+                        top_p: None,
+                        stop: Vec::new(),
+                        tool_choice: None,
+                        response_format: None,
+                    };
+                    let r = b.complete(&req).await?;
+                    messages.push(r.message);
+                    messages.push(engine::chat::Message::tool_result("call", "ok"));
+                }
+                Ok(calls)
+            }
+        },
+        || {},
+    )
+    .expect("transport run");
+    Sample {
+        wall: t0.elapsed(),
+        calls: done.iter().sum(),
+        cpu: cpu_time() - cpu0,
+        ledger_cpu: Duration::ZERO,
+        peak_mib: peak_rss_mib(),
+    }
+}
+
+/// A task folder: a data file, a deliverable and a trivial check.
+fn make_task(root: &Path) -> Task {
+    let dir = root.join("bench-task");
+    std::fs::create_dir_all(dir.join("files")).expect("task dir");
+    std::fs::create_dir_all(dir.join("checks")).expect("checks dir");
+    std::fs::write(
+        dir.join("task.toml"),
+        r#"id = "bench-task"
+domain = "finance"
+split = "train"
+title = "Read the data and take notes"
+deliverables = ["notes"]
+protected = ["data.txt"]
+
+[[checks]]
+name = "notes"
+command = 'test -d notes && echo "PASS notes" && echo "SCORE 1/1" || echo "SCORE 0/1"'
+timeout_secs = 10
+"#,
+    )
+    .expect("task.toml");
+    std::fs::write(dir.join("prompt.md"), "Read data.txt and write notes.\n").expect("prompt");
+    std::fs::write(
+        dir.join("files/data.txt"),
+        "date,price\n2024-01-02,101.5\n2024-01-03,102.25\n2024-01-04,99.75\n",
+    )
+    .expect("data");
+    Task::load(&dir).expect("task loads")
+}
+
+fn engine_run(url: &str, root: &Path, task: &Task, n: usize, calls: usize, rep: usize) -> Sample {
+    let dir = root.join(format!("ledger-{n}-{rep}"));
+    let l = Arc::new(ledger::Ledger::init(&dir).expect("ledger"));
+    let session = replay::Session::new(l, "bench", replay::Mode::Live).expect("session");
+    let b: Arc<dyn Backend> = Arc::new(backend(url, n));
+    let team = Team {
+        orchestrator: b.clone(),
+        orchestrator_model: "stub-model".into(),
+        subagent: b,
+        subagent_model: "stub-model".into(),
+        sampling: engine::config::SamplingConfig::with(0.7, 256),
+    };
+    let mut rules = RunRules::default();
+    rules.limits.max_turns = calls as u32 + 1;
+    rules.limits.max_tokens = 10_000_000;
+    // Orchestration, not confinement, is measured here (the sandbox's cost
+    // per command is measured by the quickstart comparison).
+    rules.sandbox.level = sandbox::Level::None;
+    reset_peak();
+    let ledger0 = engine::exec::ledger_cpu();
+    let cpu0 = cpu_time();
+    let t0 = Instant::now();
+    let outcomes = engine::exec::all(
+        n,
+        (0..n).collect(),
+        |i: usize| {
+            let (session, team, rules, task) =
+                (session.clone(), team.clone(), rules.clone(), task.clone());
+            async move {
+                let spec = RunSpec {
+                    task: &task,
+                    workflow: &Workflow::bare(),
+                    stream: format!("r{i:04}"),
+                    purpose: "bench",
+                    cycle: 1,
+                    index: i as u32,
+                };
+                run_team(&session, &spec, &team, &rules).await
+            }
+        },
+        || {},
+    )
+    .expect("engine run");
+    let wall = t0.elapsed();
+    for o in &outcomes {
+        assert_eq!(o.record.status, "finished", "{}", o.record.detail);
+        assert_eq!(o.record.turns as usize, calls);
+    }
+    let s = Sample {
+        wall,
+        calls: outcomes.iter().map(|o| o.record.turns as usize).sum(),
+        cpu: cpu_time() - cpu0,
+        ledger_cpu: engine::exec::ledger_cpu() - ledger0,
+        peak_mib: peak_rss_mib(),
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    s
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+fn main() {
+    let cfg = parse_args();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root: PathBuf = tmp.path().to_path_buf();
+    let task = make_task(&root);
+    let url = start_stub(cfg.calls, cfg.delay);
+    println!(
+        "orchestration: {} calls per rollout, stub delay {} ms, {} repetition(s), {} cores",
+        cfg.calls,
+        cfg.delay.as_millis(),
+        cfg.reps,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
+    println!(
+        "{:>9} {:>10} {:>12} {:>12} {:>8} {:>10} {:>11} {:>11} {:>9} {:>11} {:>11}",
+        "rollouts",
+        "ideal/s",
+        "transport/s",
+        "engine/s",
+        "vs ideal",
+        "vs transp.",
+        "cpu/call tr",
+        "cpu/call en",
+        "ledger %",
+        "peak MiB tr",
+        "peak MiB en"
+    );
+    // Warm the runtime and the connection pool's code paths.
+    let _ = transport_only(&url, 8, 2);
+    for &n in &cfg.sizes {
+        let ideal = (n * cfg.calls) as f64 / (cfg.calls as f64 * cfg.delay.as_secs_f64());
+        let (mut tr_rate, mut en_rate, mut tr_cpu, mut en_cpu, mut share, mut tr_mem, mut en_mem) =
+            (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+        for rep in 0..cfg.reps {
+            let t = transport_only(&url, n, cfg.calls);
+            tr_rate.push(t.calls as f64 / t.wall.as_secs_f64());
+            tr_cpu.push(t.cpu.as_secs_f64() * 1e3 / t.calls as f64);
+            tr_mem.push(t.peak_mib);
+            let e = engine_run(&url, &root, &task, n, cfg.calls, rep);
+            en_rate.push(e.calls as f64 / e.wall.as_secs_f64());
+            en_cpu.push(e.cpu.as_secs_f64() * 1e3 / e.calls as f64);
+            share.push(100.0 * e.ledger_cpu.as_secs_f64() / e.cpu.as_secs_f64().max(1e-9));
+            en_mem.push(e.peak_mib);
+        }
+        let (tr, en) = (median(tr_rate), median(en_rate));
+        println!(
+            "{:>9} {:>10.0} {:>12.0} {:>12.0} {:>8.2} {:>10.2} {:>9.2}ms {:>9.2}ms {:>8.1}% {:>11.0} {:>11.0}",
+            n,
+            ideal,
+            tr,
+            en,
+            en / ideal,
+            en / tr,
+            median(tr_cpu),
+            median(en_cpu),
+            median(share),
+            median(tr_mem),
+            median(en_mem)
+        );
+    }
+    println!("goal: engine/ideal >= 0.90 at 256 rollouts");
+}
