@@ -135,6 +135,9 @@ pub struct Experiment {
     pub heldout: Option<Vec<String>>,
     #[serde(default = "default_one")]
     pub cycles: u32,
+    /// Units of work (rollouts, judgments, inner-loop steps) in flight at
+    /// once within a stage. Each is an async task, not a thread; a server's
+    /// own limit is its backend's `max_concurrency`.
     #[serde(default = "default_one")]
     pub concurrency: u32,
     pub backends: BTreeMap<String, Backend>,

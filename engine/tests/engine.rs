@@ -744,3 +744,39 @@ fn collect_every_collects_each_training_task_whatever_the_search_found() {
         }
     }
 }
+
+/// Ids never depend on scheduling: the same experiment run one unit at a
+/// time and 16 at once (async units interleaving on the runtime's workers)
+/// records every rollout, judgment and decision stream with the same ids.
+/// Only the main stream differs, from its first event on, because it
+/// records the definition and `concurrency` is part of it; and so does the
+/// training stream, whose request names the dataset event of the main
+/// stream.
+#[test]
+fn ids_do_not_depend_on_how_many_units_run_at_once() {
+    for seed in [2u64, 5] {
+        let streams = |concurrency: u32| {
+            let (text, origin) = smoke_seeded(seed);
+            let text = text.replacen(
+                "\ncycles = 1\n",
+                &format!("\ncycles = 1\nconcurrency = {concurrency}\n"),
+                1,
+            );
+            assert!(text.contains(&format!("concurrency = {concurrency}")));
+            let d = tempfile::tempdir().unwrap();
+            let l = Arc::new(Ledger::init(d.path()).unwrap());
+            run(&l, "c", Mode::Live, Some((text, origin)), None);
+            let refs: Vec<(String, Id)> = l
+                .refs()
+                .unwrap()
+                .into_iter()
+                .filter(|(n, _)| n.starts_with("c/") && !n.ends_with("/train"))
+                .collect();
+            (refs, d)
+        };
+        let (one, _d1) = streams(1);
+        let (many, _d2) = streams(16);
+        assert!(one.len() > 20, "seed {seed}: {} streams", one.len());
+        assert_eq!(one, many, "seed {seed}");
+    }
+}
