@@ -111,10 +111,13 @@ pub async fn call_model(
     if let Some(p) = conv.prefix {
         req = req.with_link(p);
     }
+    // The request owns the conversation while the call is in flight (a
+    // conversation is sent whole on every turn: no copy of it per call) and
+    // hands it back afterwards, whatever the outcome.
     let chat = ChatRequest {
         model: model.to_string(),
-        messages: conv.messages.clone(),
-        tools: conv.tools.clone(),
+        messages: std::mem::take(&mut conv.messages),
+        tools: std::mem::take(&mut conv.tools),
         temperature: s.temperature,
         seed: s.seed,
         max_tokens: s.max_tokens,
@@ -123,28 +126,10 @@ pub async fn call_model(
         tool_choice: s.tool_choice.clone(),
         response_format: conv.response_format.clone(),
     };
-    // Each attempt is its own recorded effect: a transient failure (a
-    // server error, a timeout) is retried here, with backoff, up to the
-    // backend's `max_retries`; a replay steps over the failed attempts the
-    // recording holds and serves the one that succeeded, without waiting.
-    let mut attempt = 0u32;
-    let rec = loop {
-        let (rec, hint) = match exec::ledger(|| st.begin(req.clone()))? {
-            Begin::Served(r) => (r, None),
-            Begin::Perform(p) => {
-                let (out, hint) = perform_model_call(backend.as_ref(), &chat).await;
-                (exec::ledger(|| st.finish(p, out))?, hint)
-            }
-        };
-        let retry = rec.failure == Some(replay::FailureClass::Transient)
-            && rec.source == replay::Served::Live
-            && attempt < backend.max_retries();
-        if !retry {
-            break rec;
-        }
-        attempt += 1;
-        tokio::time::sleep(backoff(attempt, hint)).await;
-    };
+    let attempts = attempts(st, backend, req, &chat).await;
+    conv.messages = chat.messages;
+    conv.tools = chat.tools;
+    let rec = attempts?;
     let transient = rec.failure == Some(replay::FailureClass::Transient);
     let bytes = rec.output.map_err(|e| {
         if transient {
@@ -165,6 +150,36 @@ pub async fn call_model(
     conv.prefix = Some(rec.event);
     conv.covered = conv.messages.len();
     Ok(resp)
+}
+
+/// Each attempt is its own recorded effect: a transient failure (a server
+/// error, a timeout) is retried here, with backoff, up to the backend's
+/// `max_retries`; a replay steps over the failed attempts the recording
+/// holds and serves the one that succeeded, without waiting.
+async fn attempts(
+    st: &mut Stream,
+    backend: &Arc<dyn Backend>,
+    req: EffectRequest,
+    chat: &ChatRequest,
+) -> Result<replay::Recorded> {
+    let mut attempt = 0u32;
+    loop {
+        let (rec, hint) = match exec::ledger(|| st.begin(req.clone()))? {
+            Begin::Served(r) => (r, None),
+            Begin::Perform(p) => {
+                let (out, hint) = perform_model_call(backend.as_ref(), chat).await;
+                (exec::ledger(|| st.finish(p, out))?, hint)
+            }
+        };
+        let retry = rec.failure == Some(replay::FailureClass::Transient)
+            && rec.source == replay::Served::Live
+            && attempt < backend.max_retries();
+        if !retry {
+            return Ok(rec);
+        }
+        attempt += 1;
+        tokio::time::sleep(backoff(attempt, hint)).await;
+    }
 }
 
 /// One attempt at a model call, as the effect output to record (the parsed
