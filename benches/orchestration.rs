@@ -233,6 +233,7 @@ fn backend(url: &str, n: usize) -> OpenAiBackend {
             base_url_env: None,
             model: "stub-model".into(),
             api_key_env: None,
+            api_key_file: None,
             timeout_secs: 60,
             max_retries: 0,
             max_concurrency: n as u32,

@@ -234,6 +234,11 @@ pub struct OpenAiParams {
     pub model: String,
     /// Name of the environment variable holding the API key (never the key).
     pub api_key_env: Option<String>,
+    /// A file holding the API key (its path is recorded, never its
+    /// contents); `~/` expands to the home directory. At most one of
+    /// `api_key_env` and `api_key_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_file: Option<String>,
     pub timeout_secs: u64,
     pub max_retries: u32,
     /// Requests in flight at once to this server.
@@ -276,6 +281,8 @@ struct RawBackend {
     model: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     api_key_env: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    api_key_file: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     timeout_secs: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -320,6 +327,7 @@ impl TryFrom<RawBackend> for Backend {
                     ("base_url_env", raw.base_url_env.is_some()),
                     ("model", raw.model.is_some()),
                     ("api_key_env", raw.api_key_env.is_some()),
+                    ("api_key_file", raw.api_key_file.is_some()),
                     ("timeout_secs", raw.timeout_secs.is_some()),
                     ("max_retries", raw.max_retries.is_some()),
                     ("max_concurrency", raw.max_concurrency.is_some()),
@@ -346,6 +354,12 @@ impl TryFrom<RawBackend> for Backend {
                             .into(),
                     );
                 }
+                if raw.api_key_env.is_some() && raw.api_key_file.is_some() {
+                    return Err(
+                        "backend of kind \"openai\" takes api_key_env or api_key_file, not both"
+                            .into(),
+                    );
+                }
                 let missing: Vec<&str> = [
                     ("base_url", raw.base_url.is_none()),
                     ("model", raw.model.is_none()),
@@ -359,6 +373,7 @@ impl TryFrom<RawBackend> for Backend {
                         base_url_env: raw.base_url_env,
                         model,
                         api_key_env: raw.api_key_env,
+                        api_key_file: raw.api_key_file,
                         timeout_secs: raw.timeout_secs.unwrap_or(120),
                         max_retries: raw.max_retries.unwrap_or(3),
                         max_concurrency: raw.max_concurrency.unwrap_or(16),
@@ -388,6 +403,7 @@ impl From<Backend> for RawBackend {
             base_url_env: None,
             model: None,
             api_key_env: None,
+            api_key_file: None,
             timeout_secs: None,
             max_retries: None,
             max_concurrency: None,
@@ -405,6 +421,7 @@ impl From<Backend> for RawBackend {
                 raw.base_url_env = p.base_url_env;
                 raw.model = Some(p.model);
                 raw.api_key_env = p.api_key_env;
+                raw.api_key_file = p.api_key_file;
                 raw.timeout_secs = Some(p.timeout_secs);
                 raw.max_retries = Some(p.max_retries);
                 raw.max_concurrency = Some(p.max_concurrency);

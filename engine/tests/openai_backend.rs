@@ -207,6 +207,7 @@ fn params(url: &str) -> OpenAiParams {
         base_url_env: None,
         model: "m".into(),
         api_key_env: None,
+        api_key_file: None,
         timeout_secs: 2,
         max_retries: 3,
         max_concurrency: 4,
@@ -305,6 +306,45 @@ fn a_missing_key_variable_is_named_not_guessed() {
     let e = OpenAiBackend::new("srv", &p).unwrap_err();
     assert!(matches!(e, BackendError::Config { .. }), "{e}");
     assert!(e.to_string().contains("MASS_TEST_KEY_UNSET_XYZ"), "{e}");
+}
+
+/// `api_key_file`: the key is read from the file and sent as a bearer
+/// token; a missing or empty file is a configuration error naming the path,
+/// never a value; naming both a variable and a file is refused.
+#[test]
+fn a_key_file_is_read_and_its_contents_never_shown() {
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("key");
+    std::fs::write(&path, "sk-file-key-9876543210\n").unwrap();
+    let server = Server::scripted(vec![ok_json(completion(Some("hi"), json!(null)))]);
+    let mut p = params(&server.url);
+    p.api_key_file = Some(path.to_string_lossy().into_owned());
+    let b = OpenAiBackend::new("srv", &p).unwrap();
+    complete(&b, &request()).unwrap();
+    let auth = server.seen()[0]
+        .headers
+        .iter()
+        .find(|(k, _)| k == "authorization")
+        .map(|(_, v)| v.clone());
+    assert_eq!(auth.as_deref(), Some("Bearer sk-file-key-9876543210"));
+    assert!(!format!("{b:?}").contains("sk-file-key"));
+
+    std::fs::write(&path, "  \n").unwrap();
+    let e = OpenAiBackend::new("srv", &p).unwrap_err();
+    assert!(e.to_string().contains("is empty"), "{e}");
+    p.api_key_file = Some(d.path().join("absent").to_string_lossy().into_owned());
+    let e = OpenAiBackend::new("srv", &p).unwrap_err().to_string();
+    assert!(matches!(
+        OpenAiBackend::new("srv", &p),
+        Err(BackendError::Config { .. })
+    ));
+    assert!(e.contains("absent") && e.contains("cannot read"), "{e}");
+
+    let both = "name = \"x\"\nseed = 1\ntasks_dir = \"tasks\"\n[backends.s]\nkind = \"openai\"\nbase_url = \"http://h/v1\"\nmodel = \"m\"\napi_key_env = \"K\"\napi_key_file = \"/k\"\n[roles]\norchestrator = \"s\"\njudge = \"s\"\noptimizer = \"s\"\n";
+    let e = engine::config::Experiment::parse(both, "both.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("api_key_env or api_key_file, not both"), "{e}");
 }
 
 /// Every way a server can fail becomes a readable error of the right class,

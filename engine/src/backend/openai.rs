@@ -64,20 +64,7 @@ impl OpenAiBackend {
             detail,
             retry_after: None,
         };
-        let api_key = match &params.api_key_env {
-            Some(var) => match std::env::var(var) {
-                Ok(v) if !v.trim().is_empty() => Some(v.trim().to_string()),
-                _ => {
-                    return Err(BackendError::Config {
-                        backend: name.to_string(),
-                        detail: format!(
-                            "api_key_env names {var}, which is not set in the environment; export it (the key is never written to the ledger)"
-                        ),
-                    })
-                }
-            },
-            None => None,
-        };
+        let api_key = read_key(name, params)?;
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(params.timeout_secs.max(1)))
             .connect_timeout(Duration::from_secs(params.timeout_secs.clamp(1, 30)))
@@ -210,6 +197,41 @@ impl Backend for OpenAiBackend {
             let (status, retry_after, raw) = self.attempt(body).await?;
             classify(&self.name, status.as_u16(), retry_after, raw)
         })
+    }
+}
+
+/// The API key, from the variable `api_key_env` names or the file
+/// `api_key_file` names. Errors name the variable or the path, never a value.
+fn read_key(name: &str, params: &OpenAiParams) -> Result<Option<String>, BackendError> {
+    let config = |detail: String| BackendError::Config {
+        backend: name.to_string(),
+        detail,
+    };
+    if let Some(var) = &params.api_key_env {
+        return match std::env::var(var) {
+            Ok(v) if !v.trim().is_empty() => Ok(Some(v.trim().to_string())),
+            _ => Err(config(format!(
+                "api_key_env names {var}, which is not set in the environment; export it (the key is never written to the ledger)"
+            ))),
+        };
+    }
+    let Some(file) = &params.api_key_file else {
+        return Ok(None);
+    };
+    let path = match (file.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => std::path::Path::new(&home).join(rest),
+        _ => std::path::PathBuf::from(file),
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        config(format!(
+            "api_key_file {}: cannot read it ({}); create it with the key on one line (the key is never written to the ledger)",
+            path.display(),
+            e.kind()
+        ))
+    })?;
+    match text.trim() {
+        "" => Err(config(format!("api_key_file {} is empty", path.display()))),
+        key => Ok(Some(key.to_string())),
     }
 }
 
