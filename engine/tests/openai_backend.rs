@@ -294,6 +294,20 @@ fn a_forced_tool_choice_is_sent_in_the_wire_shape() {
         b.body(&r)["tool_choice"],
         json!({"type": "function", "function": {"name": "write_file"}})
     );
+    // An assistant turn that only called tools goes with empty content (a
+    // null one breaks chat-template servers); the tool result keeps its id.
+    let call = engine::chat::ToolCall::new("c1", "list_files", "{}");
+    let mut turn = Message::assistant("");
+    turn.content = None;
+    turn.tool_calls = vec![call];
+    r.messages.push(turn);
+    r.messages.push(Message::tool_result("c1", "a.txt"));
+    let body = b.body(&r);
+    assert_eq!(body["messages"][2]["content"], "");
+    assert_eq!(body["messages"][2]["tool_calls"][0]["id"], "c1");
+    assert_eq!(body["messages"][3]["role"], "tool");
+    assert_eq!(body["messages"][3]["tool_call_id"], "c1");
+    assert!(body["messages"][1].get("tool_calls").is_none());
     // Without tools there is nothing to choose: no tool_choice at all.
     r.tools.clear();
     assert!(b.body(&r).get("tool_choice").is_none());

@@ -116,10 +116,7 @@ impl OpenAiBackend {
         });
         WireRequest {
             model: &req.model,
-            // `Message` serialises in the wire shape: role, content (null
-            // for a tool-calls-only turn), tool_calls and tool_call_id when
-            // present.
-            messages: &req.messages,
+            messages: WireMessages(&req.messages),
             tools: with_tools.then_some(req.tools.as_slice()),
             tool_choice,
             temperature: req.temperature,
@@ -357,11 +354,49 @@ pub fn parse_response(v: &Value) -> Result<ChatResponse, String> {
 
 /// A message as the wire wants it: an assistant turn that only calls tools
 /// has `content: null`.
+/// Messages in the wire shape: role, content, tool_calls and tool_call_id
+/// when present. An assistant turn that only calls tools is sent with empty
+/// content, not null: OpenAI and vLLM accept both, but servers that render
+/// the conversation through the model's chat template fail on null
+/// (measured: llama-cpp-python 0.3.36 answers HTTP 500). What is recorded is
+/// the message as the model sent it.
+struct WireMessages<'a>(&'a [Message]);
+
+impl serde::Serialize for WireMessages<'_> {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        let mut seq = ser.serialize_seq(Some(self.0.len()))?;
+        for m in self.0 {
+            struct One<'m>(&'m Message);
+            impl serde::Serialize for One<'_> {
+                fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+                    let m = self.0;
+                    let mut map = ser.serialize_map(None)?;
+                    map.serialize_entry("role", &m.role)?;
+                    match (&m.content, m.tool_calls.is_empty()) {
+                        (None, false) => map.serialize_entry("content", "")?,
+                        (c, _) => map.serialize_entry("content", c)?,
+                    }
+                    if !m.tool_calls.is_empty() {
+                        map.serialize_entry("tool_calls", &m.tool_calls)?;
+                    }
+                    if let Some(id) = &m.tool_call_id {
+                        map.serialize_entry("tool_call_id", id)?;
+                    }
+                    map.end()
+                }
+            }
+            seq.serialize_element(&One(m))?;
+        }
+        seq.end()
+    }
+}
+
 /// A chat-completions request body. Optional fields are left out when unset.
 #[derive(serde::Serialize)]
 struct WireRequest<'a> {
     model: &'a str,
-    messages: &'a [Message],
+    messages: WireMessages<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tools: Option<&'a [crate::chat::ToolDef]>,
     #[serde(skip_serializing_if = "Option::is_none")]
