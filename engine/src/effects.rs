@@ -164,7 +164,7 @@ async fn attempts(
 ) -> Result<replay::Recorded> {
     let mut attempt = 0u32;
     loop {
-        let (rec, hint) = match exec::ledger(|| st.begin(req.clone()))? {
+        let (rec, hint) = match exec::account(|| st.begin(req.clone()))? {
             Begin::Served(r) => (r, None),
             Begin::Perform(p) => {
                 let (out, hint) = perform_model_call(backend.as_ref(), chat).await;
@@ -293,22 +293,25 @@ pub fn tool_effect(
     if journaled {
         req = req.journaled();
     }
-    let rec = match exec::ledger(|| st.begin(req))? {
-        Begin::Served(r) => r,
+    // One section off the worker for the whole effect: the recording and
+    // the tool itself.
+    let rec = exec::blocking(|| match exec::account(|| st.begin(req))? {
+        Begin::Served(r) => Ok::<_, EngineError>(r),
         Begin::Perform(p) => {
-            let out = exec::blocking(|| {
-                let o = perform()?;
-                let mut out = EffectOutput::json(
+            let out = perform().map(|o| {
+                let out = EffectOutput::json(
                     &json!({"text": o.text, "tree": o.tree.map(|t| t.to_hex())}),
                 );
-                if let Some(t) = o.tree {
-                    out = out.with_link(t);
+                match o.tree {
+                    Some(t) => out.with_link(t),
+                    None => out,
                 }
-                Ok(out)
             });
-            exec::ledger(|| st.finish(p, out))?
+            Ok(exec::account(|| {
+                st.finish(p, out.map_err(EffectError::from))
+            })?)
         }
-    };
+    })?;
     match rec.output {
         Ok(bytes) => {
             let v: Value = serde_json::from_slice(&bytes)

@@ -67,12 +67,20 @@ static LEDGER_CPU_NS: AtomicU64 = AtomicU64::new(0);
 /// calls; not the time spent waiting for the disk), so the orchestration
 /// benchmark can report the ledger's share of the CPU.
 pub fn ledger<R>(f: impl FnOnce() -> R) -> R {
-    blocking(|| {
-        let t0 = thread_cpu_ns();
-        let r = f();
-        LEDGER_CPU_NS.fetch_add(thread_cpu_ns().saturating_sub(t0), Ordering::Relaxed);
-        r
-    })
+    blocking(|| account(f))
+}
+
+/// Counts `f` as ledger work without leaving the worker: for ledger calls
+/// that do not wait on the disk (a stream's cursor over its recorded
+/// history, a live `begin` that commits nothing) and for ledger work inside
+/// a section that already left it. Leaving a worker is not free (the
+/// runtime hands its queue to another thread through a shared pool), so
+/// it is done once per effect, not once per ledger call.
+pub fn account<R>(f: impl FnOnce() -> R) -> R {
+    let t0 = thread_cpu_ns();
+    let r = f();
+    LEDGER_CPU_NS.fetch_add(thread_cpu_ns().saturating_sub(t0), Ordering::Relaxed);
+    r
 }
 
 /// Total thread CPU time spent in `ledger` calls so far.
