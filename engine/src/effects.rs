@@ -164,7 +164,7 @@ async fn attempts(
 ) -> Result<replay::Recorded> {
     let mut attempt = 0u32;
     loop {
-        let (rec, hint) = match exec::account(|| st.begin(req.clone()))? {
+        let (rec, hint) = match exec::ledger(|| st.begin(req.clone()))? {
             Begin::Served(r) => (r, None),
             Begin::Perform(p) => {
                 let (out, hint) = perform_model_call(backend.as_ref(), chat).await;
@@ -279,23 +279,23 @@ pub struct ToolOutcome {
 }
 
 /// Runs a workspace tool through the stream. `perform` runs it for real and
-/// returns the text and, for mutating tools, the new tree. Called from a
-/// unit: the recording is ledger work and the tool itself blocking work,
-/// each off the unit's worker (see `exec`).
+/// returns the text and, for mutating tools, the new tree. `runs_process`:
+/// the tool starts a process (`bash`, checks), so it is journaled (recorded
+/// as started before it runs: a crash leaves a visible trace) and runs off
+/// the unit's worker, for as long as the process takes. File tools run in
+/// place: they take microseconds.
 pub fn tool_effect(
     st: &mut Stream,
     kind: &str,
     request: Value,
-    journaled: bool,
+    runs_process: bool,
     perform: impl FnOnce() -> std::result::Result<ToolOutcome, String>,
 ) -> Result<ToolOutcome> {
     let mut req = EffectRequest::json(kind, &request);
-    if journaled {
+    if runs_process {
         req = req.journaled();
     }
-    // One section off the worker for the whole effect: the recording and
-    // the tool itself.
-    let rec = exec::blocking(|| match exec::account(|| st.begin(req))? {
+    let effect = || match exec::ledger(|| st.begin(req))? {
         Begin::Served(r) => Ok::<_, EngineError>(r),
         Begin::Perform(p) => {
             let out = perform().map(|o| {
@@ -307,11 +307,16 @@ pub fn tool_effect(
                     None => out,
                 }
             });
-            Ok(exec::account(|| {
+            Ok(exec::ledger(|| {
                 st.finish(p, out.map_err(EffectError::from))
             })?)
         }
-    })?;
+    };
+    let rec = if runs_process {
+        exec::blocking(effect)?
+    } else {
+        effect()?
+    };
     match rec.output {
         Ok(bytes) => {
             let v: Value = serde_json::from_slice(&bytes)

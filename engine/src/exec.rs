@@ -9,10 +9,12 @@
 //! input order, so what is recorded next never depends on which unit
 //! finished first.
 //!
-//! Blocking work inside a unit (ledger commits, which wait for an fsync;
-//! workspace tools, which run processes) goes through `blocking`, which
-//! frees the worker for other units while it waits: many concurrent commits
-//! are then grouped into one fsync by the ledger.
+//! Inside a unit, processes (bash, checks) and the simulated model run
+//! through `blocking`, which frees the worker for other units while they
+//! run. Ledger work (`ledger`) runs in place: a commit waits for its
+//! group's fsync on its worker, and the runtime has several workers per
+//! core so that other units go on meanwhile and concurrent commits share
+//! one fsync (see `ledger` for why, with the measurements).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +25,10 @@ use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 
 use crate::error::{EngineError, Result};
 
+/// Workers per core: ledger commits block their worker until the group's
+/// fsync, so there are more workers than cores (see `ledger`).
+const WORKERS_PER_CORE: usize = 4;
+
 static RUNTIME: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
 
 /// The process's runtime, started on first use.
@@ -31,7 +37,8 @@ pub fn runtime() -> Result<&'static Runtime> {
         .get_or_init(|| {
             let workers = std::thread::available_parallelism()
                 .map(|n| n.get())
-                .unwrap_or(2);
+                .unwrap_or(2)
+                * WORKERS_PER_CORE;
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(workers)
                 .thread_name("mass-unit")
@@ -62,21 +69,19 @@ pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
 static LEDGER_CPU_NS: AtomicU64 = AtomicU64::new(0);
 
 /// Runs ledger work (stream cursors, commits, blob writes) from inside a
-/// unit, like `blocking`, and counts the thread CPU time it took (encoding,
+/// unit, in place, and counts the thread CPU time it took (encoding,
 /// hashing, compression, index updates and the write and fsync system
 /// calls; not the time spent waiting for the disk), so the orchestration
 /// benchmark can report the ledger's share of the CPU.
+///
+/// In place, not off the worker: a commit waits for its group's fsync (a
+/// millisecond or so), and leaving the worker costs more than that wait
+/// under load (the runtime hands its queue to another thread through a
+/// shared pool whose lock was the bottleneck when measured). The runtime
+/// has more workers than cores instead (`WORKERS_PER_CORE`), so units keep
+/// running while some workers wait on the disk, and their commits share an
+/// fsync.
 pub fn ledger<R>(f: impl FnOnce() -> R) -> R {
-    blocking(|| account(f))
-}
-
-/// Counts `f` as ledger work without leaving the worker: for ledger calls
-/// that do not wait on the disk (a stream's cursor over its recorded
-/// history, a live `begin` that commits nothing) and for ledger work inside
-/// a section that already left it. Leaving a worker is not free (the
-/// runtime hands its queue to another thread through a shared pool), so
-/// it is done once per effect, not once per ledger call.
-pub fn account<R>(f: impl FnOnce() -> R) -> R {
     let t0 = thread_cpu_ns();
     let r = f();
     LEDGER_CPU_NS.fetch_add(thread_cpu_ns().saturating_sub(t0), Ordering::Relaxed);

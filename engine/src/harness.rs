@@ -100,7 +100,7 @@ impl LiveWorkspace<'_> {
         let d = self.scratch.clone();
         let _ = std::fs::remove_dir_all(&d);
         match self.last_tree {
-            Some(t) => exec::account(|| self.ledger.checkout(&t, &d))
+            Some(t) => exec::ledger(|| self.ledger.checkout(&t, &d))
                 .map_err(|e| format!("cannot materialise workspace {}: {e}", t.short(12)))?,
             None => {
                 std::fs::create_dir_all(&d).map_err(|e| e.to_string())?;
@@ -124,7 +124,7 @@ impl LiveWorkspace<'_> {
 
     fn snapshot(&mut self) -> std::result::Result<Id, String> {
         let d = self.dir.clone().ok_or("no workspace")?;
-        let t = exec::account(|| self.ledger.snapshot_dir(&d))
+        let t = exec::ledger(|| self.ledger.snapshot_dir(&d))
             .map_err(|e| format!("snapshot failed: {e}"))?;
         self.dir_tree = Some(t);
         Ok(t)
@@ -188,7 +188,7 @@ pub async fn run_team(
 ) -> Result<RunOutcome> {
     let (limits, guards) = (&rules.limits, &rules.guards);
     let ledger = session.ledger().clone();
-    let mut orch = exec::account(|| session.stream(&format!("{}/orch", spec.stream)))?;
+    let mut orch = exec::ledger(|| session.stream(&format!("{}/orch", spec.stream)))?;
     let mut ws = LiveWorkspace {
         ledger: ledger.clone(),
         task: spec.task,
@@ -413,7 +413,7 @@ async fn run_subagent(
     instructions: &str,
     contract: &str,
 ) -> Result<(String, Id)> {
-    let mut st = exec::account(|| session.stream(&format!("{}/sub{n}", spec.stream)))?;
+    let mut st = exec::ledger(|| session.stream(&format!("{}/sub{n}", spec.stream)))?;
     let mut conv = Conversation::new(
         vec![
             Message::system(prompts::subagent_system(role, contract, &spec.task.id)),

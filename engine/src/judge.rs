@@ -54,7 +54,7 @@ pub async fn judge_pair(
         workspace_section(ledger, prompts::WORKSPACE_B, &second.record)?,
         "Remember: position must not matter."
     );
-    let mut st = crate::exec::account(|| session.stream(rel))?;
+    let mut st = crate::exec::ledger(|| session.stream(rel))?;
     let mut conv = Conversation::new(
         vec![
             Message::system(prompts::JUDGE_SYSTEM),

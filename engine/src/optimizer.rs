@@ -102,7 +102,7 @@ pub async fn propose(
         prompts::CHAMPION_END,
         feedback_text
     );
-    let mut st = crate::exec::account(|| session.stream(rel))?;
+    let mut st = crate::exec::ledger(|| session.stream(rel))?;
     let mut conv = Conversation::new(
         vec![
             Message::system(prompts::OPTIMIZER_SYSTEM),
