@@ -20,7 +20,7 @@ cargo test -p engine --test llamacpp -- --ignored
 # and against a second server of the test's own that it SIGKILLs mid-run and
 # restarts (a few minutes on 2 cores; one test at a time: the server answers
 # one request at a time).
-cargo test --test llamacpp_cycle -- --ignored --test-threads=1
+cargo test --test llamacpp_cycle -- --ignored --test-threads=1 --nocapture
 if [ -x examples/tasks/selftest.sh ] || [ -f examples/tasks/selftest.sh ]; then
   bash examples/tasks/selftest.sh
 fi
