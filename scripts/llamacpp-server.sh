@@ -6,13 +6,20 @@
 #
 #   scripts/llamacpp-server.sh start   # installs if needed, starts, waits, prints the base URL
 #   scripts/llamacpp-server.sh stop
+#   scripts/llamacpp-server.sh pid     # the running server's pid (tests kill it)
+#   scripts/llamacpp-server.sh log     # the path of its log
+#
+# MASS_LLAMACPP_PORT (default 8765) picks the port; the pid file and the log
+# (uvicorn's access log: one line per request) are per port,
+# $MASS_CACHE/llamacpp-PORT.pid and .log, so several servers can run side by
+# side (tests/llamacpp_cycle.rs kills and restarts one of its own).
 set -euo pipefail
 CACHE="${MASS_CACHE:-$HOME/.cache/mass}"
 VENV="$CACHE/llamacpp-venv"
 MODEL="$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf"
 PORT="${MASS_LLAMACPP_PORT:-8765}"
-PIDFILE="$CACHE/llamacpp.pid"
-LOG="$CACHE/llamacpp.log"
+PIDFILE="$CACHE/llamacpp-$PORT.pid"
+LOG="$CACHE/llamacpp-$PORT.log"
 
 stop() {
     if [ -f "$PIDFILE" ]; then
@@ -26,9 +33,17 @@ stop)
     stop
     exit 0
     ;;
+pid)
+    cat "$PIDFILE"
+    exit 0
+    ;;
+log)
+    echo "$LOG"
+    exit 0
+    ;;
 start) ;;
 *)
-    echo "usage: $0 start|stop" >&2
+    echo "usage: $0 start|stop|pid|log" >&2
     exit 2
     ;;
 esac

@@ -15,6 +15,12 @@ trap 'scripts/llamacpp-server.sh stop' EXIT
 MASS_LLAMACPP_URL="$(scripts/llamacpp-server.sh start)"
 export MASS_LLAMACPP_URL
 cargo test -p engine --test llamacpp -- --ignored
+# Whole MASS cycles through the `mass` binary against the same server
+# (examples/llamacpp.toml, offline replay, a live re-judge, the planted key),
+# and against a second server of the test's own that it SIGKILLs mid-run and
+# restarts (a few minutes on 2 cores; one test at a time: the server answers
+# one request at a time).
+cargo test --test llamacpp_cycle -- --ignored --test-threads=1 --nocapture
 if [ -x examples/tasks/selftest.sh ] || [ -f examples/tasks/selftest.sh ]; then
   bash examples/tasks/selftest.sh
 fi
