@@ -1013,11 +1013,11 @@ impl Ledger {
         // ordinal was made durable after them (see `join`).
         let checked_ordinal = self.idx.end().ordinal;
         let mut objs = Vec::with_capacity(b.objects.len());
-        let mut seen: HashSet<Id> = HashSet::with_capacity(b.objects.len());
         let mut tree_base: Option<Option<TreeBase>> = None;
         let mut plain_trees: HashSet<Id> = HashSet::new();
         for (at, p) in b.objects.iter().enumerate() {
-            if !seen.insert(p.id) || self.backed(&p.id)? {
+            // (`Batch::push` keeps the batch's objects distinct.)
+            if self.backed(&p.id)? {
                 continue;
             }
             let mut base_in_batch = None;
@@ -1091,6 +1091,9 @@ impl Ledger {
         // they must resolve to stored objects (durable or not yet) or to
         // earlier batch members.
         let mut wait: Option<u64> = None;
+        // Nothing was published since `prepare` if the index has not moved
+        // (publishing takes this lock): then no lookup is needed.
+        let published_since = self.idx.end().ordinal != prep.checked_ordinal;
         let mut fresh: Vec<Encoded> = Vec::with_capacity(prep.objs.len());
         let mut written: HashSet<Id> = HashSet::with_capacity(prep.objs.len());
         for e in prep.objs {
@@ -1100,9 +1103,10 @@ impl Ledger {
                 wait = wait.max(Some(g));
                 continue;
             }
-            if self
-                .locate(&p.id)?
-                .is_some_and(|l| l.ordinal >= prep.checked_ordinal)
+            if published_since
+                && self
+                    .locate(&p.id)?
+                    .is_some_and(|l| l.ordinal >= prep.checked_ordinal)
             {
                 // Written by a commit of this process and made durable since.
                 continue;
@@ -1240,11 +1244,9 @@ impl Ledger {
             *lock_or_recover(&self.tree_base) = Some(Arc::new((p.id, p.raw.clone())));
         }
         for u in &b.ref_updates {
-            w.moving.insert(u.name.clone(), no);
+            set(&mut w.moving, &u.name, no);
             match u.new {
-                Some(new) => {
-                    w.heads.insert(u.name.clone(), new);
-                }
+                Some(new) => set(&mut w.heads, &u.name, new),
                 None => {
                     w.heads.remove(&u.name);
                     w.head_info.remove(&u.name);
@@ -1380,9 +1382,7 @@ impl Ledger {
                 }
                 IndexItem::Ref { name, new } => {
                     match new {
-                        Some(new) => {
-                            w.durable_heads.insert(name.clone(), *new);
-                        }
+                        Some(new) => set(&mut w.durable_heads, name, *new),
                         None => {
                             w.durable_heads.remove(name);
                         }
@@ -1548,6 +1548,16 @@ impl Ledger {
 /// Compression contexts kept for reuse (beyond that, a burst of concurrent
 /// committers' contexts are dropped after use).
 const CCTX_POOL_MAX: usize = 32;
+
+/// Sets `m[k] = v`, cloning the key only when it is new.
+fn set<V>(m: &mut HashMap<String, V>, k: &str, v: V) {
+    match m.get_mut(k) {
+        Some(slot) => *slot = v,
+        None => {
+            m.insert(k.to_string(), v);
+        }
+    }
+}
 
 /// Locks a mutex whose data stays consistent even if a holder panicked.
 fn lock_or_recover<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
