@@ -1,7 +1,7 @@
 //! Ledger benchmarks, each measured against a baseline in the same run.
 //!
 //! ```text
-//! cargo bench --bench ledger -- [append|snapshots|conversations|scan ...]
+//! cargo bench --bench ledger -- [append|snapshots|conversations|scan|concurrent ...]
 //!                               [--quick | --full] [--reps N] [--strict]
 //! ```
 //!
@@ -39,6 +39,13 @@
 //! * `scan`: `mass verify` vs the same checks over a raw sled store of the same
 //!   events (below); each scan runs in a child process (this binary
 //!   re-executed) so that its peak memory (VmHWM) belongs to the scan alone.
+//! * `concurrent`: small durable commits from many threads at once (64
+//!   threads x 200 batches of one ~300-byte event, each thread its own
+//!   stream, as concurrent rollouts record model calls) vs the same batches
+//!   committed by one thread, in the same run: batches/s and the ratio (group
+//!   commit shares one `fdatasync` among the commits waiting for it), and
+//!   `fdatasync`s per batch, counted by a file layer around the OS's.
+//!   `--quick`: 64 x 30.
 //!
 //! ## The verify baseline
 //!
@@ -96,15 +103,17 @@ use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ledger::{EventEnvelope, Id, Ledger, NewEvent, ObjectKind};
 use schemas::{Hash32, ModelCall, Note};
 use serde_json::{json, Value};
 
-const BENCHES: [&str; 4] = ["append", "snapshots", "conversations", "scan"];
+const BENCHES: [&str; 5] = ["append", "snapshots", "conversations", "scan", "concurrent"];
 const USAGE: &str =
-    "usage: cargo bench --bench ledger -- [append|snapshots|conversations|scan ...] \
+    "usage: cargo bench --bench ledger -- [append|snapshots|conversations|scan|concurrent ...] \
                      [--quick | --full] [--reps N] [--strict]";
 const CHILD_ENV: &str = "MASS_BENCH_CHILD";
 const CHILD_DIR_ENV: &str = "MASS_BENCH_DIR";
@@ -121,6 +130,7 @@ const SEED_APPEND: u64 = 0x5EED_0002;
 const SEED_SNAP: u64 = 0x5EED_0003;
 const SEED_CONV: u64 = 0x5EED_0004;
 const SEED_SCAN: u64 = 0x5EED_0005;
+const SEED_CONC: u64 = 0x5EED_0006;
 
 /// `write!` into a `String`, which cannot fail.
 macro_rules! put {
@@ -174,6 +184,10 @@ struct Cfg {
     conv_k: usize,
     conv_turns: usize,
     scan_n: usize,
+    /// Committing threads (and streams) of the concurrent benchmark.
+    conc_threads: usize,
+    /// Batches each of them commits.
+    conc_batches: usize,
 }
 
 fn parse_args() -> Result<Cfg, String> {
@@ -243,6 +257,8 @@ fn parse_args() -> Result<Cfg, String> {
         conv_k,
         conv_turns: 50,
         scan_n,
+        conc_threads: 64,
+        conc_batches: if mode == Mode::Quick { 30 } else { 200 },
     })
 }
 
@@ -253,6 +269,8 @@ fn parse_args() -> Result<Cfg, String> {
 #[derive(Debug, Clone, Copy)]
 enum Unit {
     EventsPerSec,
+    BatchesPerSec,
+    FsyncsPerBatch,
     Bytes,
     BytesPerEvent,
     Secs,
@@ -336,6 +354,14 @@ fn fmt_val(unit: Unit, v: f64) -> String {
                 format!("{v:.0} B")
             }
         }
+        Unit::BatchesPerSec => {
+            if v >= 1e3 {
+                format!("{:.1}k batch/s", v / 1e3)
+            } else {
+                format!("{v:.0} batch/s")
+            }
+        }
+        Unit::FsyncsPerBatch => format!("{v:.3} fsync/batch"),
         Unit::BytesPerEvent => format!("{v:.0} B/ev"),
         Unit::Secs => {
             if v >= 1.0 {
@@ -470,6 +496,8 @@ fn target_dir() -> PathBuf {
 fn write_json(cfg: &Cfg, rows: &[Row], notes: &[String]) -> PathBuf {
     let unit_name = |u: Unit| match u {
         Unit::EventsPerSec => "events/s",
+        Unit::BatchesPerSec => "batches/s",
+        Unit::FsyncsPerBatch => "fsyncs/batch",
         Unit::Bytes => "bytes",
         Unit::BytesPerEvent => "bytes/event",
         Unit::Secs => "seconds",
@@ -504,6 +532,8 @@ fn write_json(cfg: &Cfg, rows: &[Row], notes: &[String]) -> PathBuf {
             "conversations": cfg.conv_k,
             "turns": cfg.conv_turns,
             "scan_events": cfg.scan_n,
+            "concurrent_threads": cfg.conc_threads,
+            "concurrent_batches_per_thread": cfg.conc_batches,
         },
         "notes": notes,
         "rows": rows_json,
@@ -2872,6 +2902,169 @@ fn bench_scan(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>) {
 }
 
 // ---------------------------------------------------------------------------
+// 5. concurrent
+// ---------------------------------------------------------------------------
+
+/// The OS file layer, counting `sync_data` calls.
+#[derive(Debug, Default)]
+struct CountingFiles {
+    syncs: Arc<AtomicU64>,
+}
+
+struct CountingAppend {
+    inner: Box<dyn ledger::AppendFile>,
+    syncs: Arc<AtomicU64>,
+}
+
+impl ledger::AppendFile for CountingAppend {
+    fn append(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        self.inner.append(buf)
+    }
+    fn sync_data(&mut self) -> std::io::Result<()> {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.inner.sync_data()
+    }
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        self.inner.truncate(len)
+    }
+}
+
+impl ledger::FileLayer for CountingFiles {
+    fn open_append(&self, path: &Path) -> std::io::Result<Box<dyn ledger::AppendFile>> {
+        Ok(Box::new(CountingAppend {
+            inner: ledger::OsFiles.open_append(path)?,
+            syncs: self.syncs.clone(),
+        }))
+    }
+    fn create_durably(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        ledger::OsFiles.create_durably(path, bytes)
+    }
+}
+
+/// A 300-byte text-like event payload (a model call's "finished" record).
+fn small_payload(lex: &Lex, stream: usize, i: usize) -> Vec<u8> {
+    let mut rng = Rng::new(mix(SEED_CONC, ((stream as u64) << 32) | i as u64));
+    let mut s = String::with_capacity(400);
+    put!(s, "{{\"call\":{i},\"stream\":{stream},\"text\":\"");
+    while s.len() < 300 {
+        lex.sentence(&mut rng, &mut s);
+        s.push(' ');
+    }
+    s.truncate(300);
+    s.into_bytes()
+}
+
+/// Commits `payloads[s][i]` as one-event batches to stream `s`: from one
+/// thread per stream, all at once, or (`threads == 1`) from one thread,
+/// round-robin over the streams. Returns (seconds, fsyncs during the run).
+fn run_concurrent(payloads: &[Vec<Vec<u8>>], threads: usize) -> (f64, u64) {
+    let tmp = tempdir("concurrent");
+    let dir = tmp.path().join("ledger");
+    let files = CountingFiles::default();
+    let syncs = files.syncs.clone();
+    let opts = ledger::Options {
+        files: Arc::new(files),
+        ..ledger::Options::default()
+    };
+    let l = Ledger::init_with(&dir, opts).expect("init ledger");
+    let streams = payloads.len();
+    let name = |s: usize| format!("rollout/{s}");
+    let before = syncs.load(Ordering::SeqCst);
+    let secs = if threads == 1 {
+        let mut heads: Vec<Option<Id>> = vec![None; streams];
+        let t = Instant::now();
+        let per = payloads[0].len();
+        for i in 0..per {
+            for (s, (head, mine)) in heads.iter_mut().zip(payloads).enumerate() {
+                let ev = NewEvent::new("model.finished", 1, mine[i].clone());
+                *head = Some(l.append(&name(s), *head, ev).expect("append"));
+            }
+        }
+        t.elapsed().as_secs_f64()
+    } else {
+        assert_eq!(threads, streams, "one thread per stream");
+        let start = std::sync::Barrier::new(streams + 1);
+        let t = std::thread::scope(|sc| {
+            for (s, mine) in payloads.iter().enumerate() {
+                let (l, start, name) = (&l, &start, &name);
+                sc.spawn(move || {
+                    let stream = name(s);
+                    let mut head = None;
+                    start.wait();
+                    for p in mine {
+                        let ev = NewEvent::new("model.finished", 1, p.clone());
+                        head = Some(l.append(&stream, head, ev).expect("append"));
+                    }
+                });
+            }
+            start.wait();
+            // Leaving the scope joins every committer.
+            Instant::now()
+        });
+        t.elapsed().as_secs_f64()
+    };
+    let fsyncs = syncs.load(Ordering::SeqCst) - before;
+    // Every batch is there, in order.
+    for (s, mine) in payloads.iter().enumerate() {
+        let head = l.head(&name(s)).expect("head").expect("stream exists");
+        let ev = l.get_event(&head).expect("head event");
+        assert_eq!(ev.seq as usize + 1, mine.len(), "stream {s}");
+    }
+    close_ledger(l);
+    (secs, fsyncs)
+}
+
+fn bench_concurrent(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>) {
+    let (threads, per) = (cfg.conc_threads, cfg.conc_batches);
+    let n = threads * per;
+    let payloads: Vec<Vec<Vec<u8>>> = (0..threads)
+        .map(|s| (0..per).map(|i| small_payload(lex, s, i)).collect())
+        .collect();
+    println!(
+        "\n== concurrent: {threads} threads x {per} batches of one {}-byte event, distinct streams, {} reps ==",
+        payloads[0][0].len(),
+        cfg.reps
+    );
+    let mut fsyncs_conc = Vec::new();
+    let mut fsyncs_one = Vec::new();
+    let (conc, one) = alternate(
+        cfg.reps,
+        || {
+            let (secs, f) = run_concurrent(&payloads, threads);
+            fsyncs_conc.push(f as f64 / n as f64);
+            n as f64 / secs
+        },
+        || {
+            let (secs, f) = run_concurrent(&payloads, 1);
+            fsyncs_one.push(f as f64 / n as f64);
+            n as f64 / secs
+        },
+    );
+    rows.push(report(
+        "concurrent",
+        format!("{threads} threads x {per} one-event batches vs 1 thread ({n} batches)"),
+        Unit::BatchesPerSec,
+        &conc,
+        "1 thread",
+        &one,
+        None,
+        format!(
+            "Ledger::append of a 300 B event per batch, durable on return; {threads} threads, each its own stream, vs the same batches from one thread (round-robin over the streams)"
+        ),
+    ));
+    rows.push(report(
+        "concurrent",
+        format!("fsyncs per batch, {threads} threads vs 1 thread"),
+        Unit::FsyncsPerBatch,
+        &fsyncs_conc,
+        "1 thread",
+        &fsyncs_one,
+        None,
+        "sync_data calls counted by a file layer around the OS's, per batch committed".into(),
+    ));
+}
+
+// ---------------------------------------------------------------------------
 
 /// What runs under `cargo test`: every code path in miniature, with the
 /// correctness checks, and no measurements. Needs no git.
@@ -2891,6 +3084,17 @@ fn smoke_test() {
     assert!(sled_bytes > 0);
     let (_, sled_bytes) = run_sled_append(&payloads, 10, false);
     assert!(sled_bytes > 0);
+
+    // Concurrent small commits: every batch lands; one thread syncs once per
+    // batch, several share syncs (at most one per batch).
+    let small: Vec<Vec<Vec<u8>>> = (0..4)
+        .map(|s| (0..5).map(|i| small_payload(&lex, s, i)).collect())
+        .collect();
+    assert!(small.iter().flatten().all(|p| p.len() == 300));
+    let (_, one) = run_concurrent(&small, 1);
+    assert_eq!(one, 20);
+    let (_, conc) = run_concurrent(&small, 4);
+    assert!((1..=20).contains(&conc), "{conc} fsyncs");
 
     let system = system_prompt(&lex);
     let tools = tools_json();
@@ -2995,6 +3199,7 @@ fn main() {
             "snapshots" => bench_snapshots(&cfg, &lex, &mut rows),
             "conversations" => bench_conversations(&cfg, &lex, &mut rows),
             "scan" => bench_scan(&cfg, &lex, &mut rows),
+            "concurrent" => bench_concurrent(&cfg, &lex, &mut rows),
             _ => unreachable!("names are validated"),
         }
         println!(

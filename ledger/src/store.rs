@@ -3,17 +3,25 @@
 //! Write path (numbered as in ARCHITECTURE.md):
 //! 1. A [`Batch`] collects objects and ref updates in memory; ids are computed
 //!    from canonical bytes as they are added.
-//! 2. `commit` takes the writer lock, checks every ref update against the current
-//!    head (compare-and-swap) and every link against the index or the batch.
-//! 3. New objects (duplicates are skipped, once the log is seen to hold them)
-//!    and ref updates are encoded as records, followed by a commit marker, and
-//!    written to the active segment in one write.
-//! 4. The segment is fsynced. Only now is the commit durable; a crash before this
-//!    point leaves a torn tail that recovery moves into `quarantine/`.
-//! 5. The in-memory index (memtable) takes the batch's entries and moves its
-//!    end. It becomes an index table file every `index::FLUSH_OBJECTS` objects
-//!    and at close; after a crash, recovery re-indexes the committed records
-//!    past the last table.
+//! 2. `commit`, holding no lock, skips objects the durable log is seen to
+//!    hold and encodes the rest as records (zstd, blob and tree deltas).
+//! 3. Under the writer lock it checks every ref update against the current
+//!    head (compare-and-swap) and every link against the index, the batch
+//!    and the groups not yet durable, and appends its records to the open
+//!    *group* in memory. Later commits validate against it from now on;
+//!    readers do not see it yet.
+//! 4. With the lock released it waits until its group is durable. One waiter
+//!    at a time leads: it seals the open group with one commit marker (new
+//!    commits start the next group), writes it to the active segment in one
+//!    write and fsyncs it. Only now are the group's commits durable; a crash
+//!    before this point leaves a torn tail that recovery moves into
+//!    `quarantine/`. A failed write or fsync fails the group and every later
+//!    one, and stops the writer.
+//! 5. The leader publishes the group: the in-memory index (memtable) takes
+//!    its entries and readers' heads move; then it wakes the waiters. The
+//!    memtable becomes an index table file every `index::FLUSH_OBJECTS`
+//!    objects and at close; after a crash, recovery re-indexes the committed
+//!    records past the last table.
 //! 6. `commit` returns: the batch is acknowledged.
 //!
 //! Two ways to open: [`Ledger::open`] takes the ledger's lock, recovers and
@@ -26,7 +34,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::error::{LedgerError, Result};
 use crate::files::{self, AppendFile, FileLayer, OsFiles};
@@ -96,25 +104,136 @@ struct HeadInfo {
     seq: u64,
 }
 
+/// The writer's state, under `Ledger::writer`. Commits validate against it
+/// and join its open group; the leader seals that group here, writes and
+/// syncs it with no lock held, then publishes it here.
 struct Writer {
-    seg_no: u32,
-    /// `None` when opened read-only.
-    file: Option<Box<dyn AppendFile>>,
-    offset: u64,
+    /// The group commits are joining; the next leader writes it.
+    group: Group,
+    /// The ordinal the next object written gets (ahead of the index by the
+    /// objects of groups not yet durable).
     next_ordinal: u64,
+    /// Every ref's head including groups not yet durable: what
+    /// compare-and-swap checks, so a commit sees earlier unsynced ones.
     heads: HashMap<String, Id>,
-    /// Stream and seq of recently appended heads, to build the next event cheaply.
+    /// Stream and seq of recently appended heads (durable or not), to build
+    /// the next event cheaply.
     head_info: HashMap<String, HeadInfo>,
-    cctx: Option<zstd::bulk::Compressor<'static>>,
-    event_cctx: Option<zstd::bulk::Compressor<'static>>,
-    blob_cctx: Option<zstd::bulk::Compressor<'static>>,
-    /// The last tree stored plainly: the delta base for the next trees, which
-    /// are mostly the same entries (18 snapshots of one workspace share ~all).
-    tree_base: Option<(Id, Vec<u8>)>,
+    /// Objects of groups not yet durable: their kind and group. Link checks
+    /// and dedup consult this besides the index, which holds only durable
+    /// objects.
+    unsynced: HashMap<Id, (ObjectKind, u64)>,
+    /// Every ref's head at `durable_end`: what readers see.
+    durable_heads: HashMap<String, Id>,
+    /// Refs moved by groups not yet durable: the last such group.
+    moving: HashMap<String, u64>,
+    /// The end of the last durable (and published) group.
+    durable_end: LogEnd,
     /// Set when a write or fsync failed: the file's state is unknown, so no further
     /// commit is attempted in this process (reopening recovers a valid prefix).
     poisoned: Option<String>,
 }
+
+/// Commits that will be written with one commit marker, one `write` and one
+/// `fdatasync`: on disk they are one batch (FORMAT.md's commit rule), so a
+/// crash keeps all of them or none.
+struct Group {
+    /// Groups are numbered from 1 in the order they are written.
+    no: u64,
+    /// Where the group will be written (decided when the previous group was
+    /// sealed, so offsets are known as commits join).
+    seg: u32,
+    base: u64,
+    /// The joined commits' records, in order (the marker is added when sealed).
+    buf: Vec<u8>,
+    records: u32,
+    items: Vec<IndexItem>,
+    /// The ordinal after the group's last object.
+    end_ordinal: u64,
+    commits: u32,
+}
+
+impl Group {
+    /// An empty group starting at `off` of segment `seg`, or at the start of
+    /// the next segment when that one is full.
+    fn at(no: u64, seg: u32, off: u64, ordinal: u64, segment_max: u64) -> Group {
+        let (seg, base) = if off >= segment_max {
+            (seg + 1, SEGMENT_HEADER_LEN)
+        } else {
+            (seg, off)
+        };
+        Group {
+            no,
+            seg,
+            base,
+            buf: Vec::new(),
+            records: 0,
+            items: Vec::new(),
+            end_ordinal: ordinal,
+            commits: 0,
+        }
+    }
+}
+
+/// Who leads, and how far the log is durable; waiters sleep on
+/// `Ledger::synced`. Lock order: `writer` before `sync`, never the reverse.
+#[derive(Default)]
+struct SyncState {
+    /// Every group up to this number is durable and published.
+    durable: u64,
+    /// A committer is writing and syncing a group.
+    leading: bool,
+    /// The group whose write or sync failed: it and every later group fail.
+    failed: Option<Failure>,
+}
+
+/// Why a group failed, kept so that every committer waiting on it gets the error.
+#[derive(Debug, Clone)]
+struct Failure {
+    path: Option<PathBuf>,
+    kind: std::io::ErrorKind,
+    message: String,
+}
+
+impl Failure {
+    fn of(e: &LedgerError) -> Failure {
+        match e {
+            LedgerError::Io { path, source } => Failure {
+                path: Some(path.clone()),
+                kind: source.kind(),
+                message: source.to_string(),
+            },
+            other => Failure {
+                path: None,
+                kind: std::io::ErrorKind::Other,
+                message: other.to_string(),
+            },
+        }
+    }
+
+    fn error(&self) -> LedgerError {
+        match &self.path {
+            Some(p) => LedgerError::io(p, std::io::Error::new(self.kind, self.message.clone())),
+            None => LedgerError::Index {
+                detail: format!(
+                    "a group commit failed ({}); reopen the ledger",
+                    self.message
+                ),
+            },
+        }
+    }
+}
+
+/// The segment being appended to; only the leader touches it.
+struct Active {
+    seg_no: u32,
+    /// `None` when opened read-only.
+    file: Option<Box<dyn AppendFile>>,
+}
+
+/// The last tree stored plainly: the delta base for the next trees, which
+/// are mostly the same entries (18 snapshots of one workspace share ~all).
+type TreeBase = Arc<(Id, Vec<u8>)>;
 
 /// An open ledger. Cheap to share between threads (`&Ledger` is `Sync`).
 pub struct Ledger {
@@ -122,6 +241,14 @@ pub struct Ledger {
     seg_dir: PathBuf,
     idx: Index,
     writer: Mutex<Writer>,
+    sync: Mutex<SyncState>,
+    /// Signalled when a group becomes durable or fails.
+    synced: Condvar,
+    active: Mutex<Active>,
+    tree_base: Mutex<Option<TreeBase>>,
+    /// zstd compression contexts by level, shared by committing threads
+    /// (creating one per object was costly).
+    cctx: Mutex<Vec<(i32, zstd::bulk::Compressor<'static>)>>,
     readers: Mutex<HashMap<u32, Arc<File>>>,
     /// Every object's location, when preloaded (see `preload_locations`).
     locs: std::sync::RwLock<Option<HashMap<Id, ObjLoc>>>,
@@ -367,18 +494,21 @@ impl Ledger {
             seg_dir: dir.join(SEGMENTS_DIR),
             idx,
             writer: Mutex::new(Writer {
-                seg_no,
-                file,
-                offset,
+                group: Group::at(1, seg_no, offset, next_ordinal, opts.segment_max),
                 next_ordinal,
-                heads,
+                heads: heads.clone(),
                 head_info: HashMap::new(),
-                cctx: None,
-                event_cctx: None,
-                blob_cctx: None,
-                tree_base: None,
+                unsynced: HashMap::new(),
+                durable_heads: heads,
+                moving: HashMap::new(),
+                durable_end: (seg_no, offset),
                 poisoned: None,
             }),
+            sync: Mutex::new(SyncState::default()),
+            synced: Condvar::new(),
+            active: Mutex::new(Active { seg_no, file }),
+            tree_base: Mutex::new(None),
+            cctx: Mutex::new(Vec::new()),
             readers: Mutex::new(HashMap::new()),
             locs: std::sync::RwLock::new(None),
             opts,
@@ -451,16 +581,17 @@ impl Ledger {
         b.commit()
     }
 
-    /// The current head of a ref.
+    /// The current head of a ref: as of the last durable commit (a commit
+    /// still waiting for its `fdatasync` is not visible yet).
     pub fn head(&self, name: &str) -> Result<Option<Id>> {
-        Ok(self.lock_writer()?.heads.get(name).copied())
+        Ok(self.lock_writer()?.durable_heads.get(name).copied())
     }
 
     /// All refs, sorted by name.
     pub fn refs(&self) -> Result<Vec<(String, Id)>> {
         let mut v: Vec<(String, Id)> = self
             .lock_writer()?
-            .heads
+            .durable_heads
             .iter()
             .map(|(k, v)| (k.clone(), *v))
             .collect();
@@ -807,15 +938,19 @@ impl Ledger {
         &self.seg_dir
     }
 
-    /// The end of the committed log (scans stop there, so a commit in
-    /// progress is never read half-written) and every ref's head at that moment,
+    /// The end of the durable, published log (scans stop there, so a commit
+    /// in progress is never read half-written) and every ref's head at that moment,
     /// taken together (under the writer lock), so a scan up to that end can
     /// be compared with refs that no later commit has moved.
     pub(crate) fn committed_end_and_refs(&self) -> Result<(LogEnd, Vec<(String, Id)>)> {
         let w = self.lock_writer()?;
-        let mut refs: Vec<(String, Id)> = w.heads.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        let mut refs: Vec<(String, Id)> = w
+            .durable_heads
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
         refs.sort();
-        Ok(((w.seg_no, w.offset), refs))
+        Ok((w.durable_end, refs))
     }
 
     fn head_info(&self, ref_name: &str, expected: Id) -> Result<HeadInfo> {
@@ -832,19 +967,107 @@ impl Ledger {
         })
     }
 
+    /// Commits a batch (the write path in the module docs): encodes it with
+    /// no lock held, joins the open group under the writer lock, then waits
+    /// (leading if no one else is) until a sync covers that group.
     fn commit_batch(&self, b: Batch<'_>) -> Result<()> {
         if self.read_only {
             return Err(LedgerError::ReadOnly {
                 path: self.dir.clone(),
             });
         }
-        let mut w = self.lock_writer()?;
-        if let Some(why) = &w.poisoned {
-            return Err(LedgerError::Index {
-                detail: format!("an earlier write failed ({why}); reopen the ledger"),
+        // Step 2: dedup against the durable log and encoding, no lock held.
+        let prep = self.prepare(&b)?;
+        // Step 3: validation and joining the open group.
+        let group = {
+            let mut w = self.lock_writer()?;
+            if let Some(why) = &w.poisoned {
+                return Err(LedgerError::Index {
+                    detail: format!("an earlier write failed ({why}); reopen the ledger"),
+                });
+            }
+            self.join(&mut w, b, prep)?
+        };
+        // Steps 4-6.
+        match group {
+            Joined::Group(g) => self.wait_durable(g),
+            Joined::Nothing => Ok(()),
+            Joined::Conflict { error, moved_by } => {
+                // The head the conflict reports is made visible first, so
+                // a retry that reads `head()` sees it instead of failing
+                // again until its group is durable.
+                self.wait_durable(moved_by)?;
+                Err(error)
+            }
+        }
+    }
+
+    /// Step 2, with no lock held: skips objects the durable log is seen to
+    /// hold (`backed` reads the record back) and encodes the rest as
+    /// records. Trees use a snapshot of the shared tree-delta base: any
+    /// plainly stored tree earlier in the log is a valid base (FORMAT.md), so
+    /// a concurrent commit storing a newer one costs compression, never
+    /// correctness, and a single writer stores exactly what it did before.
+    fn prepare(&self, b: &Batch<'_>) -> Result<Prepared> {
+        // Read before the dedup checks: an object indexed at or past this
+        // ordinal was made durable after them (see `join`).
+        let checked_ordinal = self.idx.end().ordinal;
+        let mut objs = Vec::with_capacity(b.objects.len());
+        let mut tree_base: Option<Option<TreeBase>> = None;
+        let mut plain_trees: HashSet<Id> = HashSet::new();
+        for (at, p) in b.objects.iter().enumerate() {
+            // (`Batch::push` keeps the batch's objects distinct.)
+            if self.backed(&p.id)? {
+                continue;
+            }
+            let mut base_in_batch = None;
+            let (flags, body) = match p.kind {
+                ObjectKind::Tree => {
+                    let base = tree_base.get_or_insert_with(|| self.tree_base_snapshot());
+                    let (flags, body, used) = self.compress_tree(base, &p.id, &p.raw);
+                    match used {
+                        Some(u) if plain_trees.contains(&u) => base_in_batch = Some(u),
+                        Some(_) => {}
+                        None => {
+                            plain_trees.insert(p.id);
+                        }
+                    }
+                    (flags, body)
+                }
+                ObjectKind::Blob => {
+                    let plain = self.maybe_compress(self.opts.blob_zstd_level, &p.raw);
+                    match p
+                        .similar
+                        .and_then(|s| self.blob_delta(s, &p.raw, plain.1.len()))
+                    {
+                        Some(delta) => (FLAG_ZSTD | segment::FLAG_DICT, delta),
+                        None => plain,
+                    }
+                }
+                ObjectKind::Event => self.maybe_compress(self.opts.event_zstd_level, &p.raw),
+            };
+            let (body_len, record) = object_record(p, flags, &body);
+            objs.push(Encoded {
+                at,
+                flags,
+                body_len,
+                record,
+                base_in_batch,
             });
         }
-        // Step 2: compare-and-swap on refs, applied in order within the batch.
+        Ok(Prepared {
+            checked_ordinal,
+            objs,
+        })
+    }
+
+    /// Step 3, under the writer lock: compare-and-swap against the heads
+    /// including groups not yet durable, dedup and link checks against the
+    /// index and those groups, then the batch's records join the open group
+    /// and the writer's view (heads, unsynced objects, ordinals) moves.
+    /// Returns what to wait for. On error, or a conflict, nothing was written.
+    fn join(&self, w: &mut Writer, b: Batch<'_>, prep: Prepared) -> Result<Joined> {
+        // Compare-and-swap on refs, applied in order within the batch.
         let mut heads_after: HashMap<&str, Option<Id>> = HashMap::new();
         for u in &b.ref_updates {
             let current = match heads_after.get(u.name.as_str()) {
@@ -852,67 +1075,96 @@ impl Ledger {
                 None => w.heads.get(&u.name).copied(),
             };
             if current != u.expected {
-                return Err(LedgerError::Conflict {
+                let error = LedgerError::Conflict {
                     name: u.name.clone(),
                     expected: u.expected,
                     actual: current,
-                });
+                };
+                if let Some(&moved_by) = w.moving.get(&u.name) {
+                    return Ok(Joined::Conflict { error, moved_by });
+                }
+                return Err(error);
             }
             heads_after.insert(&u.name, u.new);
         }
-        // Step 2: links must resolve to stored objects or earlier batch members.
-        let mut fresh: Vec<&Pending> = Vec::with_capacity(b.objects.len());
-        let mut seen: HashSet<Id> = HashSet::new();
-        for p in &b.objects {
-            if seen.contains(&p.id) || self.backed(&p.id)? {
+        // Dedup against what was written since `prepare` checked, and links:
+        // they must resolve to stored objects (durable or not yet) or to
+        // earlier batch members.
+        let mut wait: Option<u64> = None;
+        // Nothing was published since `prepare` if the index has not moved
+        // (publishing takes this lock): then no lookup is needed.
+        let published_since = self.idx.end().ordinal != prep.checked_ordinal;
+        let mut fresh: Vec<Encoded> = Vec::with_capacity(prep.objs.len());
+        let mut written: HashSet<Id> = HashSet::with_capacity(prep.objs.len());
+        for e in prep.objs {
+            let p = &b.objects[e.at];
+            if let Some(&(_, g)) = w.unsynced.get(&p.id) {
+                // A concurrent commit wrote it; acknowledged with its group.
+                wait = wait.max(Some(g));
+                continue;
+            }
+            if published_since
+                && self
+                    .locate(&p.id)?
+                    .is_some_and(|l| l.ordinal >= prep.checked_ordinal)
+            {
+                // Written by a commit of this process and made durable since.
                 continue;
             }
             for l in &p.links {
-                if !seen.contains(l) && !self.contains(l)? {
+                if !written.contains(l) && !w.unsynced.contains_key(l) && !self.contains(l)? {
                     return Err(LedgerError::Dangling {
                         referrer: format!("{} {}", p.kind, p.id),
                         missing: *l,
                     });
                 }
             }
-            seen.insert(p.id);
-            fresh.push(p);
+            written.insert(p.id);
+            fresh.push(e);
         }
         for u in &b.ref_updates {
             let Some(new) = u.new else { continue };
-            if !seen.contains(&new) {
-                match self.kind_of(&new)? {
-                    Some(ObjectKind::Event) => {}
-                    Some(k) => {
-                        return Err(LedgerError::WrongKind {
-                            id: new,
-                            expected: ObjectKind::Event,
-                            actual: k,
-                        })
-                    }
-                    None => {
-                        return Err(LedgerError::Dangling {
-                            referrer: format!("ref {}", u.name),
-                            missing: new,
-                        })
-                    }
+            if written.contains(&new) {
+                continue;
+            }
+            let kind = match w.unsynced.get(&new) {
+                Some(&(k, g)) => {
+                    wait = wait.max(Some(g));
+                    Some(k)
+                }
+                None => self.kind_of(&new)?,
+            };
+            match kind {
+                Some(ObjectKind::Event) => {}
+                Some(k) => {
+                    return Err(LedgerError::WrongKind {
+                        id: new,
+                        expected: ObjectKind::Event,
+                        actual: k,
+                    })
+                }
+                None => {
+                    return Err(LedgerError::Dangling {
+                        referrer: format!("ref {}", u.name),
+                        missing: new,
+                    })
                 }
             }
         }
         if fresh.is_empty() && b.ref_updates.is_empty() {
-            return Ok(());
+            return Ok(wait.map_or(Joined::Nothing, Joined::Group));
         }
-        if w.offset >= self.opts.segment_max {
-            let next = w.seg_no + 1;
-            let path = create_segment(self.opts.files.as_ref(), &self.seg_dir, next)?;
-            let file = self
-                .opts
-                .files
-                .open_append(&path)
-                .map_err(|e| LedgerError::io(&path, e))?;
-            w.seg_no = next;
-            w.file = Some(file);
-            w.offset = SEGMENT_HEADER_LEN;
+        // A tree encoded as a delta against a tree of this batch that a
+        // concurrent commit wrote instead (perhaps as a delta itself) is
+        // stored plainly: a delta's base must be stored plainly. Rare.
+        for e in fresh.iter_mut() {
+            if e.base_in_batch.is_some_and(|t| !written.contains(&t)) {
+                let p = &b.objects[e.at];
+                let (flags, body) = self.maybe_compress(self.opts.zstd_level, &p.raw);
+                (e.body_len, e.record) = object_record(p, flags, &body);
+                e.flags = flags;
+                e.base_in_batch = None;
+            }
         }
         // Several updates of one ref in a batch are one step in the operation
         // log: from the first expected head to the last new one.
@@ -927,54 +1179,9 @@ impl Ledger {
                 }),
             }
         }
-        // Step 3: encode records.
-        let mut buf = Vec::new();
-        let mut items: Vec<IndexItem> = Vec::with_capacity(fresh.len() + b.ref_updates.len());
-        let seg = w.seg_no;
-        let base = w.offset;
-        let mut ordinal = w.next_ordinal;
-        for p in &fresh {
-            let (flags, body) = if p.kind == ObjectKind::Tree {
-                self.compress_tree(&mut w, &p.id, &p.raw)
-            } else if p.kind == ObjectKind::Blob {
-                let plain =
-                    self.maybe_compress(&mut w.blob_cctx, self.opts.blob_zstd_level, &p.raw);
-                match p
-                    .similar
-                    .and_then(|s| self.blob_delta(s, &p.raw, plain.1.len()))
-                {
-                    Some(delta) => (FLAG_ZSTD | segment::FLAG_DICT, delta),
-                    None => plain,
-                }
-            } else {
-                self.maybe_compress(&mut w.event_cctx, self.opts.event_zstd_level, &p.raw)
-            };
-            let header = RecordHeader {
-                rtype: RecordType::Object(p.kind),
-                flags,
-                body_len: body.len() as u32,
-                meta_len: p.meta.len() as u32,
-                raw_len: p.raw.len() as u32,
-                id: p.id,
-            };
-            let offset = base + buf.len() as u64;
-            buf.extend_from_slice(&encode_record(&header, &body, &p.meta));
-            items.push(IndexItem::Object {
-                id: p.id,
-                loc: ObjLoc {
-                    kind: p.kind,
-                    flags,
-                    seg,
-                    offset,
-                    body_len: header.body_len,
-                    raw_len: header.raw_len,
-                    meta_len: header.meta_len,
-                    ordinal,
-                },
-                event: p.event_links.clone(),
-            });
-            ordinal += 1;
-        }
+        // Encode the ref updates before touching the group, so a failure
+        // leaves it as it was.
+        let mut ref_records = Vec::with_capacity(collapsed.len());
         for u in &collapsed {
             let body = RefUpdate {
                 name: u.name.clone(),
@@ -990,68 +1197,56 @@ impl Ledger {
                 raw_len: body.len() as u32,
                 id: Id(*blake3::hash(&body).as_bytes()),
             };
-            buf.extend_from_slice(&encode_record(&header, &body, &[]));
-            items.push(IndexItem::Ref {
+            ref_records.push(encode_record(&header, &body, &[]));
+        }
+        // Join the open group.
+        let no = w.group.no;
+        let mut ordinal = w.next_ordinal;
+        let mut last_plain_tree: Option<usize> = None;
+        for e in &fresh {
+            let p = &b.objects[e.at];
+            let g = &mut w.group;
+            let offset = g.base + g.buf.len() as u64;
+            g.buf.extend_from_slice(&e.record);
+            g.items.push(IndexItem::Object {
+                id: p.id,
+                loc: ObjLoc {
+                    kind: p.kind,
+                    flags: e.flags,
+                    seg: g.seg,
+                    offset,
+                    body_len: e.body_len,
+                    raw_len: p.raw.len() as u32,
+                    meta_len: p.meta.len() as u32,
+                    ordinal,
+                },
+                event: p.event_links.clone(),
+            });
+            ordinal += 1;
+            w.unsynced.insert(p.id, (p.kind, no));
+            if p.kind == ObjectKind::Tree && e.flags & segment::FLAG_DICT == 0 {
+                last_plain_tree = Some(e.at);
+            }
+        }
+        for (u, rec) in collapsed.iter().zip(&ref_records) {
+            w.group.buf.extend_from_slice(rec);
+            w.group.items.push(IndexItem::Ref {
                 name: u.name.clone(),
                 new: u.new,
             });
         }
-        let count = (fresh.len() + collapsed.len()) as u32;
-        let cbody = count.to_le_bytes();
-        let cheader = RecordHeader {
-            rtype: RecordType::Commit,
-            flags: 0,
-            body_len: 4,
-            meta_len: 0,
-            raw_len: 4,
-            id: Id([0; 32]),
-        };
-        buf.extend_from_slice(&encode_record(&cheader, &cbody, &[]));
-        // Steps 3-4: one write, one fsync.
-        let seg_path = segment::segment_path(&self.seg_dir, seg);
-        let Some(file) = w.file.as_mut() else {
-            return Err(LedgerError::ReadOnly {
-                path: self.dir.clone(),
-            });
-        };
-        let res = file.append(&buf).and_then(|_| file.sync_data());
-        if let Err(e) = res {
-            // The tail is uncommitted garbage at worst; try to drop it now, and stop
-            // writing either way because the file's durable state is unknown.
-            let _ = file.truncate(base);
-            w.poisoned = Some(e.to_string());
-            return Err(LedgerError::io(seg_path, e));
-        }
-        w.offset = base + buf.len() as u64;
+        w.group.records += (fresh.len() + collapsed.len()) as u32;
+        w.group.commits += 1;
+        w.group.end_ordinal = ordinal;
         w.next_ordinal = ordinal;
-        // Step 5: index.
-        self.idx.apply(
-            &items,
-            Pos {
-                seg,
-                off: w.offset,
-                ordinal,
-            },
-        );
-        if self.idx.mem_objects() >= index::FLUSH_OBJECTS {
-            // A table that cannot be written costs only memory and a longer
-            // scan at the next open: the batch is already durable.
-            let _ = self.idx.flush();
-        }
-        if let Ok(mut g) = self.locs.write() {
-            if let Some(m) = g.as_mut() {
-                for it in &items {
-                    if let IndexItem::Object { id, loc, .. } = it {
-                        m.insert(*id, *loc);
-                    }
-                }
-            }
+        if let Some(at) = last_plain_tree {
+            let p = &b.objects[at];
+            *lock_or_recover(&self.tree_base) = Some(Arc::new((p.id, p.raw.clone())));
         }
         for u in &b.ref_updates {
+            set(&mut w.moving, &u.name, no);
             match u.new {
-                Some(new) => {
-                    w.heads.insert(u.name.clone(), new);
-                }
+                Some(new) => set(&mut w.heads, &u.name, new),
                 None => {
                     w.heads.remove(&u.name);
                     w.head_info.remove(&u.name);
@@ -1063,30 +1258,223 @@ impl Ledger {
                 w.head_info.insert(name, info);
             }
         }
+        Ok(Joined::Group(no))
+    }
+
+    /// Steps 4-6: returns once group `no` is durable (and published), or
+    /// with the error of the group that failed. While no one leads, this
+    /// thread does.
+    fn wait_durable(&self, no: u64) -> Result<()> {
+        let mut s = lock_or_recover(&self.sync);
+        loop {
+            if s.durable >= no {
+                return Ok(());
+            }
+            // Groups are written in order: once one fails, no later one is.
+            if let Some(f) = &s.failed {
+                return Err(f.error());
+            }
+            if !s.leading {
+                s.leading = true;
+                drop(s);
+                self.lead();
+                s = lock_or_recover(&self.sync);
+                continue;
+            }
+            s = self.synced.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// One committer at a time: seals the open group, writes and syncs it,
+    /// publishes it, records the outcome and wakes every waiter.
+    fn lead(&self) {
+        /// Ends the leadership even if writing panics, failing the group.
+        struct Leading<'a>(&'a Ledger, Option<std::result::Result<u64, Failure>>);
+        impl Drop for Leading<'_> {
+            fn drop(&mut self) {
+                let outcome = self.1.take().unwrap_or_else(|| {
+                    if let Ok(mut w) = self.0.writer.lock() {
+                        w.poisoned = Some("a committing thread panicked".into());
+                    }
+                    Err(Failure {
+                        path: None,
+                        kind: std::io::ErrorKind::Other,
+                        message: "a committing thread panicked while writing a group".into(),
+                    })
+                });
+                let mut s = lock_or_recover(&self.0.sync);
+                match outcome {
+                    Ok(no) => s.durable = s.durable.max(no),
+                    Err(f) => s.failed = Some(f),
+                }
+                s.leading = false;
+                drop(s);
+                self.0.synced.notify_all();
+            }
+        }
+        let mut leading = Leading(self, None);
+        leading.1 = Some(self.write_group());
+    }
+
+    /// The leader's work (step 4-5): seal, write, `fdatasync`, publish.
+    fn write_group(&self) -> std::result::Result<u64, Failure> {
+        let g = {
+            let mut w = self.lock_writer().map_err(|e| Failure::of(&e))?;
+            if w.group.commits == 0 {
+                // Not reached: whoever waits for a group that is not durable
+                // yet while no one leads waits for the open one, which it
+                // (or the commit whose object it found unsynced) joined.
+                debug_assert!(false, "leading an empty group");
+                return Ok(w.group.no - 1);
+            }
+            let marker = commit_marker(w.group.records);
+            // The next group starts where this one ends (or in a new segment).
+            let end = w.group.base + (w.group.buf.len() + marker.len()) as u64;
+            let next = Group::at(
+                w.group.no + 1,
+                w.group.seg,
+                end,
+                w.next_ordinal,
+                self.opts.segment_max,
+            );
+            let mut g = std::mem::replace(&mut w.group, next);
+            g.buf.extend_from_slice(&marker);
+            g
+        };
+        let res = self.append_and_sync(&g);
+        let mut w = match self.writer.lock() {
+            Ok(w) => w,
+            Err(_) => {
+                return Err(Failure {
+                    path: None,
+                    kind: std::io::ErrorKind::Other,
+                    message: "writer lock poisoned by a panicking thread".into(),
+                })
+            }
+        };
+        if let Err(e) = res {
+            // Nothing of this group (or any later one) is acknowledged.
+            w.poisoned = Some(e.to_string());
+            return Err(Failure::of(&e));
+        }
+        // Step 5: publish.
+        let end = Pos {
+            seg: g.seg,
+            off: g.base + g.buf.len() as u64,
+            ordinal: g.end_ordinal,
+        };
+        self.idx.apply(&g.items, end);
+        if let Ok(mut l) = self.locs.write() {
+            if let Some(m) = l.as_mut() {
+                for it in &g.items {
+                    if let IndexItem::Object { id, loc, .. } = it {
+                        m.insert(*id, *loc);
+                    }
+                }
+            }
+        }
+        for it in &g.items {
+            match it {
+                IndexItem::Object { id, .. } => {
+                    if w.unsynced.get(id).is_some_and(|x| x.1 == g.no) {
+                        w.unsynced.remove(id);
+                    }
+                }
+                IndexItem::Ref { name, new } => {
+                    match new {
+                        Some(new) => set(&mut w.durable_heads, name, *new),
+                        None => {
+                            w.durable_heads.remove(name);
+                        }
+                    }
+                    if w.moving.get(name) == Some(&g.no) {
+                        w.moving.remove(name);
+                    }
+                }
+            }
+        }
+        w.durable_end = (end.seg, end.off);
+        drop(w);
+        if self.idx.mem_objects() >= index::FLUSH_OBJECTS {
+            // A table that cannot be written costs only memory and a longer
+            // scan at the next open: the group is already durable.
+            let _ = self.idx.flush();
+        }
+        Ok(g.no)
+    }
+
+    /// One `write` and one `fdatasync` of a sealed group, starting its
+    /// segment first if it is a new one (every earlier group, so all of the
+    /// previous segment, is already durable). On failure the group's bytes
+    /// are cut off again where possible; they were never acknowledged.
+    fn append_and_sync(&self, g: &Group) -> Result<()> {
+        let mut a = lock_or_recover(&self.active);
+        if a.seg_no != g.seg {
+            let path = create_segment(self.opts.files.as_ref(), &self.seg_dir, g.seg)?;
+            let file = self
+                .opts
+                .files
+                .open_append(&path)
+                .map_err(|e| LedgerError::io(&path, e))?;
+            a.seg_no = g.seg;
+            a.file = Some(file);
+        }
+        let seg_path = segment::segment_path(&self.seg_dir, g.seg);
+        let Some(file) = a.file.as_mut() else {
+            return Err(LedgerError::ReadOnly {
+                path: self.dir.clone(),
+            });
+        };
+        if let Err(e) = file.append(&g.buf).and_then(|_| file.sync_data()) {
+            // The tail is uncommitted garbage at worst; try to drop it now, and stop
+            // writing either way because the file's durable state is unknown.
+            let _ = file.truncate(g.base);
+            return Err(LedgerError::io(seg_path, e));
+        }
         Ok(())
     }
 
-    /// Trees are stored as a zstd delta against the last plainly stored tree
-    /// when that is much smaller; otherwise plainly, becoming the next base.
-    fn compress_tree(&self, w: &mut Writer, id: &Id, raw: &[u8]) -> (u8, Vec<u8>) {
-        let plain = self.maybe_compress(&mut w.cctx, self.opts.zstd_level, raw);
-        if w.tree_base.is_none() {
-            w.tree_base = self.initial_tree_base();
+    /// The tree-delta base for a batch's trees: the last tree stored plainly
+    /// by this process or, before the first, the latest plain tree in the
+    /// ledger (recorded by the index, so it survives processes: one `mass
+    /// snapshot` per workspace version still stores deltas).
+    fn tree_base_snapshot(&self) -> Option<TreeBase> {
+        if let Some(b) = lock_or_recover(&self.tree_base).clone() {
+            return Some(b);
         }
-        if let Some((base_id, base)) = &w.tree_base {
-            let delta = zstd::bulk::Compressor::with_dictionary(self.opts.zstd_level, base)
+        let initial = self.initial_tree_base().map(Arc::new);
+        let mut g = lock_or_recover(&self.tree_base);
+        if g.is_none() {
+            *g = initial;
+        }
+        g.clone()
+    }
+
+    /// Trees are stored as a zstd delta against `base` when that is much
+    /// smaller; otherwise plainly, becoming the base for the batch's next
+    /// trees. Returns the base used, if any.
+    fn compress_tree(
+        &self,
+        base: &mut Option<TreeBase>,
+        id: &Id,
+        raw: &[u8],
+    ) -> (u8, Vec<u8>, Option<Id>) {
+        let plain = self.maybe_compress(self.opts.zstd_level, raw);
+        if let Some(b) = base.as_ref() {
+            let (base_id, base_raw) = (&b.0, &b.1);
+            let delta = zstd::bulk::Compressor::with_dictionary(self.opts.zstd_level, base_raw)
                 .and_then(|mut c| c.compress(raw));
             if let Ok(d) = delta {
                 if d.len() + 32 < plain.1.len() / 2 {
                     let mut body = Vec::with_capacity(32 + d.len());
                     body.extend_from_slice(&base_id.0);
                     body.extend_from_slice(&d);
-                    return (FLAG_ZSTD | segment::FLAG_DICT, body);
+                    return (FLAG_ZSTD | segment::FLAG_DICT, body, Some(*base_id));
                 }
             }
         }
-        w.tree_base = Some((*id, raw.to_vec()));
-        plain
+        *base = Some(Arc::new((*id, raw.to_vec())));
+        (plain.0, plain.1, None)
     }
 
     /// A delta body for blob `raw` against `similar` (or, if that is itself a
@@ -1117,27 +1505,16 @@ impl Ledger {
         Some(body)
     }
 
-    /// The delta base for the first tree a writer stores: the latest plain
-    /// tree in the ledger (recorded by the index, so it survives processes:
-    /// one `mass snapshot` per workspace version still stores deltas).
+    /// The latest plain tree in the ledger, read back.
     fn initial_tree_base(&self) -> Option<(Id, Vec<u8>)> {
         let id = self.idx.latest_trees().plain?;
         let (_, raw) = self.read_plain(&id, ObjectKind::Tree).ok()?;
         Some((id, raw))
     }
 
-    fn maybe_compress(
-        &self,
-        cctx: &mut Option<zstd::bulk::Compressor<'static>>,
-        level: i32,
-        raw: &[u8],
-    ) -> (u8, Vec<u8>) {
+    fn maybe_compress(&self, level: i32, raw: &[u8]) -> (u8, Vec<u8>) {
         if raw.len() >= self.opts.compress_min {
-            // One compression context per writer and level, not one per object.
-            if cctx.is_none() {
-                *cctx = zstd::bulk::Compressor::new(level).ok();
-            }
-            if let Some(Ok(c)) = cctx.as_mut().map(|c| c.compress(raw)) {
+            if let Some(c) = self.compress(level, raw) {
                 if c.len() + c.len() / 8 < raw.len() {
                     return (FLAG_ZSTD, c);
                 }
@@ -1145,6 +1522,104 @@ impl Ledger {
         }
         (0, raw.to_vec())
     }
+
+    /// zstd at `level` with a pooled context: one per level and concurrent
+    /// compressor, not one per object.
+    fn compress(&self, level: i32, raw: &[u8]) -> Option<Vec<u8>> {
+        let pooled = {
+            let mut pool = lock_or_recover(&self.cctx);
+            pool.iter()
+                .position(|(l, _)| *l == level)
+                .map(|i| pool.swap_remove(i).1)
+        };
+        let mut c = match pooled {
+            Some(c) => c,
+            None => zstd::bulk::Compressor::new(level).ok()?,
+        };
+        let out = c.compress(raw).ok();
+        let mut pool = lock_or_recover(&self.cctx);
+        if pool.len() < CCTX_POOL_MAX {
+            pool.push((level, c));
+        }
+        out
+    }
+}
+
+/// Compression contexts kept for reuse (beyond that, a burst of concurrent
+/// committers' contexts are dropped after use).
+const CCTX_POOL_MAX: usize = 32;
+
+/// Sets `m[k] = v`, cloning the key only when it is new.
+fn set<V>(m: &mut HashMap<String, V>, k: &str, v: V) {
+    match m.get_mut(k) {
+        Some(slot) => *slot = v,
+        None => {
+            m.insert(k.to_string(), v);
+        }
+    }
+}
+
+/// Locks a mutex whose data stays consistent even if a holder panicked.
+fn lock_or_recover<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One object's record (header, body, metadata, checksum): its position in
+/// the log is not part of it, so it is built before the writer lock.
+fn object_record(p: &Pending, flags: u8, body: &[u8]) -> (u32, Vec<u8>) {
+    let header = RecordHeader {
+        rtype: RecordType::Object(p.kind),
+        flags,
+        body_len: body.len() as u32,
+        meta_len: p.meta.len() as u32,
+        raw_len: p.raw.len() as u32,
+        id: p.id,
+    };
+    (header.body_len, encode_record(&header, body, &p.meta))
+}
+
+/// The commit marker closing a group of `count` records.
+fn commit_marker(count: u32) -> Vec<u8> {
+    let header = RecordHeader {
+        rtype: RecordType::Commit,
+        flags: 0,
+        body_len: 4,
+        meta_len: 0,
+        raw_len: 4,
+        id: Id([0; 32]),
+    };
+    encode_record(&header, &count.to_le_bytes(), &[])
+}
+
+/// What a commit waits for after step 3.
+enum Joined {
+    /// Its records are in this group.
+    Group(u64),
+    /// Nothing to write and nothing to wait for.
+    Nothing,
+    /// A compare-and-swap failed against a head that group `moved_by`, not
+    /// yet durable, set.
+    Conflict { error: LedgerError, moved_by: u64 },
+}
+
+/// A batch after step 2: what it may still need to write, encoded.
+struct Prepared {
+    /// The index's end ordinal before dedup was checked.
+    checked_ordinal: u64,
+    /// Batch objects not seen durably stored, in batch order.
+    objs: Vec<Encoded>,
+}
+
+/// One object encoded as a record.
+struct Encoded {
+    /// Its place in `Batch::objects`.
+    at: usize,
+    flags: u8,
+    body_len: u32,
+    record: Vec<u8>,
+    /// For a tree stored as a delta against a tree earlier in this batch:
+    /// that tree, which this batch must then write itself.
+    base_in_batch: Option<Id>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -1401,7 +1876,10 @@ impl Batch<'_> {
         self.objects.is_empty() && self.ref_updates.is_empty()
     }
 
-    /// Makes the batch durable and visible; on error nothing of it is.
+    /// Makes the batch durable and visible; on error nothing of it is
+    /// visible (after a failed write or fsync it may still reach the disk
+    /// whole, as any unacknowledged commit may). Concurrent commits share
+    /// one write and one fsync; each returns only once its bytes are durable.
     pub fn commit(self) -> Result<()> {
         let l = self.ledger;
         l.commit_batch(self)

@@ -1,17 +1,27 @@
 //! Crash test: a child process (this test binary, re-run with an environment
-//! variable) appends continuously and prints every acknowledged append; the
-//! parent SIGKILLs it at random moments, then checks that the ledger opens,
-//! `verify` is clean, every acknowledged event is present on its stream, and
-//! every stream is a hash chain (a prefix of what was written).
+//! variable) commits continuously from several threads at once (so commits
+//! share group commits) and prints every acknowledged append; the parent
+//! SIGKILLs it at random moments, then checks that the ledger opens, `verify`
+//! is clean, every acknowledged event is present on its stream, and every
+//! stream is a hash chain (a prefix of what was written).
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use ledger::{Id, Ledger, NewEvent};
+use ledger::{Id, Ledger, LedgerError, NewEvent};
 
 const CHILD_ENV: &str = "LEDGER_CRASH_CHILD_DIR";
+/// Committing threads in the child, and streams each owns.
+const THREADS: usize = 4;
 const STREAMS: usize = 3;
+/// One more stream, `crash/{SHARED}`, that every thread appends to now and
+/// then (compare-and-swap with retries).
+const SHARED: usize = THREADS * STREAMS;
+
+fn stream_name(s: usize) -> String {
+    format!("crash/{s}")
+}
 
 /// The child's body; a no-op unless run as the crash child.
 #[test]
@@ -24,19 +34,52 @@ fn crash_child() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
     let l = Ledger::open(std::path::Path::new(&dir)).expect("child open");
-    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = std::io::stdout().lock();
-    let mut heads: Vec<Option<Id>> = (0..STREAMS)
-        .map(|s| l.head(&format!("crash/{s}")).unwrap())
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let l = &l;
+            scope.spawn(move || child_thread(l, seed, t));
+        }
+    });
+}
+
+fn child_thread(l: &Ledger, seed: u64, t: usize) {
+    let ack = |s: usize, id: Id| {
+        // One line per write, so lines of different threads never mix.
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "ACK {s} {id}").unwrap();
+        out.flush().unwrap();
+    };
+    let mut rng = (seed * 7 + t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mine: Vec<usize> = (0..STREAMS).map(|s| t * STREAMS + s).collect();
+    let mut heads: Vec<Option<Id>> = mine
+        .iter()
+        .map(|&s| l.head(&stream_name(s)).unwrap())
         .collect();
     for i in 0u64.. {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        let s = (rng % STREAMS as u64) as usize;
+        let k = (rng % STREAMS as u64) as usize;
+        let s = mine[k];
         let len = 64 + (rng >> 8) as usize % 1985; // 64 B to 2 KiB
         let payload: Vec<u8> = (0..len).map(|j| (j as u64 ^ rng ^ i) as u8).collect();
-        let name = format!("crash/{s}");
+        let name = stream_name(s);
+        if rng.is_multiple_of(8) {
+            // The shared stream: retry until the compare-and-swap holds.
+            let name = stream_name(SHARED);
+            loop {
+                let head = l.head(&name).unwrap();
+                let ev = NewEvent::new("crash.shared", 1, payload[..16].to_vec());
+                match l.append(&name, head, ev) {
+                    Ok(id) => {
+                        ack(SHARED, id);
+                        break;
+                    }
+                    Err(LedgerError::Conflict { .. }) => continue,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
         let id = if rng.is_multiple_of(4) {
             // A batch with a blob and two events on the same stream.
             let mut b = l.batch();
@@ -44,7 +87,7 @@ fn crash_child() {
             let a = b
                 .append(
                     &name,
-                    heads[s],
+                    heads[k],
                     NewEvent::new("crash.blobref", 1, i.to_le_bytes().to_vec())
                         .with_refs(vec![blob]),
                 )
@@ -57,15 +100,14 @@ fn crash_child() {
                 )
                 .unwrap();
             b.commit().unwrap();
-            writeln!(out, "ACK {s} {a}").unwrap();
+            ack(s, a);
             c
         } else {
-            l.append(&name, heads[s], NewEvent::new("crash.event", 1, payload))
+            l.append(&name, heads[k], NewEvent::new("crash.event", 1, payload))
                 .unwrap()
         };
-        heads[s] = Some(id);
-        writeln!(out, "ACK {s} {id}").unwrap();
-        out.flush().unwrap();
+        heads[k] = Some(id);
+        ack(s, id);
     }
 }
 
@@ -129,9 +171,8 @@ fn sigkill_at_random_points_loses_nothing_acknowledged() {
         reindexed += report.reindexed_records;
         let v = l.verify(&|_| Ok(())).unwrap();
         assert!(v.is_clean(), "round {round}: verify found {:?}", v.problems);
-        for s in 0..STREAMS {
-            let chain: std::collections::HashSet<Id> = match l.head(&format!("crash/{s}")).unwrap()
-            {
+        for s in 0..=SHARED {
+            let chain: std::collections::HashSet<Id> = match l.head(&stream_name(s)).unwrap() {
                 Some(h) => l.chain(h).map(|e| e.unwrap().id).collect(),
                 None => Default::default(),
             };
@@ -148,7 +189,12 @@ fn sigkill_at_random_points_loses_nothing_acknowledged() {
         "children acknowledged only {} appends",
         acked.len()
     );
-    eprintln!("{rounds} kills, {} acknowledged appends, {truncations} torn tails repaired, {reindexed} records re-indexed from the log", acked.len());
+    let shared = acked.iter().filter(|(s, _)| *s == SHARED).count();
+    assert!(
+        shared > 0,
+        "no append to the shared stream was acknowledged"
+    );
+    eprintln!("{rounds} kills, {} acknowledged appends ({shared} to the shared stream, from {THREADS} threads), {truncations} torn tails repaired, {reindexed} records re-indexed from the log", acked.len());
 }
 
 const REBUILD_ENV: &str = "LEDGER_REBUILD_CHILD_DIR";

@@ -1,0 +1,633 @@
+//! Group commit: many threads committing at once share `fdatasync`s, yet
+//! every commit is acknowledged only once a sync covers its bytes, a failed
+//! sync fails every commit of its group, compare-and-swap still refuses
+//! stale heads (writing nothing), and a batch is visible to readers only
+//! once it is durable.
+//!
+//! The writer appends and syncs through a counting file layer that records,
+//! per segment file, how many bytes were appended and how many a successful
+//! `sync_data` covered; it can slow syncs down (so committers pile up behind
+//! one, as on a real disk), hold them at a gate, or fail the Nth.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Condvar, Mutex};
+use std::time::Duration;
+
+use ledger::format::{RECORD_HEADER_LEN, RECORD_TRAILER_LEN};
+use ledger::{AppendFile, FileLayer, Id, Ledger, LedgerError, NewEvent, Options};
+
+#[derive(Debug, Default)]
+struct Shared {
+    syncs: AtomicU64,
+    /// Bytes appended per file (what the writer sees).
+    appended: Mutex<HashMap<PathBuf, u64>>,
+    /// Bytes a successful `sync_data` covered, per file.
+    synced: Mutex<HashMap<PathBuf, u64>>,
+    /// Each sync sleeps this long before syncing.
+    sync_delay: Duration,
+    /// The Nth sync (1-based) fails.
+    fail_sync_at: Option<u64>,
+    /// The bytes the failed sync should have made durable.
+    failed_bytes: Mutex<Option<Vec<u8>>>,
+    /// While `Some(false)`, syncs wait.
+    gate: Mutex<Option<bool>>,
+    gate_cv: Condvar,
+    /// Syncs waiting at the gate.
+    at_gate: AtomicU64,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Counting(Arc<Shared>);
+
+struct CountingFile {
+    f: File,
+    path: PathBuf,
+    shared: Arc<Shared>,
+    /// Appended since the last sync (for `failed_bytes`).
+    unsynced: Vec<u8>,
+}
+
+impl AppendFile for CountingFile {
+    fn append(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        self.f.write_all(buf)?;
+        self.unsynced.extend_from_slice(buf);
+        *self
+            .shared
+            .appended
+            .lock()
+            .unwrap()
+            .entry(self.path.clone())
+            .or_default() += buf.len() as u64;
+        Ok(())
+    }
+
+    fn sync_data(&mut self) -> std::io::Result<()> {
+        let s = &self.shared;
+        {
+            let mut g = s.gate.lock().unwrap();
+            if *g == Some(false) {
+                s.at_gate.fetch_add(1, Ordering::SeqCst);
+                while *g == Some(false) {
+                    g = s.gate_cv.wait(g).unwrap();
+                }
+            }
+        }
+        std::thread::sleep(s.sync_delay);
+        let n = s.syncs.fetch_add(1, Ordering::SeqCst) + 1;
+        if s.fail_sync_at == Some(n) {
+            *s.failed_bytes.lock().unwrap() = Some(std::mem::take(&mut self.unsynced));
+            return Err(std::io::Error::other("injected fsync failure"));
+        }
+        // What was appended before the sync started is durable after it.
+        let len = s.appended.lock().unwrap()[&self.path];
+        self.f.sync_data()?;
+        self.unsynced.clear();
+        s.synced.lock().unwrap().insert(self.path.clone(), len);
+        Ok(())
+    }
+
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        self.f.set_len(len)?;
+        self.shared
+            .appended
+            .lock()
+            .unwrap()
+            .insert(self.path.clone(), len);
+        Ok(())
+    }
+}
+
+impl FileLayer for Counting {
+    fn open_append(&self, path: &Path) -> std::io::Result<Box<dyn AppendFile>> {
+        let f = OpenOptions::new().append(true).open(path)?;
+        let len = f.metadata()?.len();
+        self.0
+            .appended
+            .lock()
+            .unwrap()
+            .insert(path.to_path_buf(), len);
+        // What is on disk when the writer opens it (created durably, or
+        // recovered) counts as synced.
+        self.0
+            .synced
+            .lock()
+            .unwrap()
+            .insert(path.to_path_buf(), len);
+        Ok(Box::new(CountingFile {
+            f,
+            path: path.to_path_buf(),
+            shared: self.0.clone(),
+            unsynced: Vec::new(),
+        }))
+    }
+
+    fn create_durably(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        ledger::OsFiles.create_durably(path, bytes)
+    }
+}
+
+impl Counting {
+    fn new(sync_delay: Duration, fail_sync_at: Option<u64>) -> Counting {
+        Counting(Arc::new(Shared {
+            sync_delay,
+            fail_sync_at,
+            ..Default::default()
+        }))
+    }
+
+    fn syncs(&self) -> u64 {
+        self.0.syncs.load(Ordering::SeqCst)
+    }
+
+    /// Panics unless a successful sync covered the whole record of `id`.
+    fn assert_synced(&self, l: &Ledger, id: &Id) {
+        let loc = l
+            .locate(id)
+            .unwrap()
+            .unwrap_or_else(|| panic!("{id} is not visible after its commit returned"));
+        let end = loc.offset
+            + (RECORD_HEADER_LEN + RECORD_TRAILER_LEN) as u64
+            + loc.body_len as u64
+            + loc.meta_len as u64;
+        let path = l.dir().join("segments").join(format!("{:08}.seg", loc.seg));
+        let synced = self.0.synced.lock().unwrap().get(&path).copied();
+        assert!(
+            synced.is_some_and(|s| s >= end),
+            "{id} ends at byte {end} of segment {} but only {synced:?} bytes were synced when its commit returned",
+            loc.seg
+        );
+    }
+
+    fn close_gate(&self) {
+        *self.0.gate.lock().unwrap() = Some(false);
+    }
+
+    fn open_gate(&self) {
+        *self.0.gate.lock().unwrap() = Some(true);
+        self.0.gate_cv.notify_all();
+    }
+
+    fn wait_at_gate(&self, n: u64) {
+        while self.0.at_gate.load(Ordering::SeqCst) < n {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+fn opts(files: &Counting, segment_max: u64) -> Options {
+    Options {
+        segment_max,
+        files: Arc::new(files.clone()),
+        ..Options::default()
+    }
+}
+
+/// A model-call effect as the engine records one: a "started" event, then
+/// a "finished" event referring to the request and response blobs.
+fn model_call(l: &Ledger, stream: &str, head: Option<Id>, t: usize, i: usize) -> (Vec<Id>, Id) {
+    let started = l
+        .append(
+            stream,
+            head,
+            NewEvent::new("model.started", 1, format!("call {t}/{i}").into_bytes()),
+        )
+        .unwrap();
+    let mut b = l.batch();
+    let req = b
+        .put_blob(format!("request {t}/{i} ").repeat(20).as_bytes())
+        .unwrap();
+    let resp = b
+        .put_blob(format!("response {t}/{i} ").repeat(30).as_bytes())
+        .unwrap();
+    // Every thread also stores one shared blob: dedup across concurrent
+    // commits (only one copy is written, and waits on its group).
+    let shared = b
+        .put_blob(format!("system prompt {}", i % 3).as_bytes())
+        .unwrap();
+    let fin = b
+        .append(
+            stream,
+            Some(started),
+            NewEvent::new("model.finished", 1, vec![t as u8; 40])
+                .with_refs(vec![req, resp, shared]),
+        )
+        .unwrap();
+    b.commit().unwrap();
+    (vec![started, req, resp, shared, fin], fin)
+}
+
+#[test]
+fn concurrent_commits_to_distinct_refs_share_fsyncs_and_survive_reopen() {
+    const THREADS: usize = 24;
+    const CALLS: usize = 12;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("l");
+    let files = Counting::new(Duration::from_millis(3), None);
+    // Small segments: groups roll over into new segment files too.
+    let l = Ledger::init_with(&dir, opts(&files, 16 << 10)).unwrap();
+    let syncs_before = files.syncs();
+    let start = Barrier::new(THREADS);
+    let results: Vec<(String, Id, Vec<Id>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (l, files, start) = (&l, &files, &start);
+                s.spawn(move || {
+                    let stream = format!("rollout/{t}");
+                    let mut head = None;
+                    let mut all = Vec::new();
+                    start.wait();
+                    for i in 0..CALLS {
+                        let (ids, fin) = model_call(l, &stream, head, t, i);
+                        // Acknowledged: a sync covered every record, and the
+                        // batch is visible.
+                        for id in &ids {
+                            files.assert_synced(l, id);
+                        }
+                        assert_eq!(l.head(&stream).unwrap(), Some(fin));
+                        head = Some(fin);
+                        all.extend(ids);
+                    }
+                    (stream, head.unwrap(), all)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let commits = (THREADS * CALLS * 2) as u64;
+    let syncs = files.syncs() - syncs_before;
+    eprintln!("{commits} commits, {syncs} fsyncs");
+    assert!(
+        syncs < commits / 2,
+        "{commits} concurrent commits took {syncs} fsyncs"
+    );
+    let segs = std::fs::read_dir(dir.join("segments")).unwrap().count();
+    assert!(segs > 2, "segments: {segs}");
+    let v = l.verify(&|_| Ok(())).unwrap();
+    assert!(v.is_clean(), "{:?}", v.problems);
+    drop(l);
+
+    let (l, report) = Ledger::open_reporting(&dir).unwrap();
+    assert!(report.set_aside.is_empty(), "{report:?}");
+    for (stream, head, all) in &results {
+        assert_eq!(l.head(stream).unwrap(), Some(*head));
+        let chain: Vec<Id> = l.chain(*head).map(|e| e.unwrap().id).collect();
+        assert_eq!(chain.len(), CALLS * 2, "{stream}");
+        for id in all {
+            l.raw_object(id).unwrap();
+        }
+    }
+    assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
+}
+
+#[test]
+fn concurrent_commits_to_one_ref_detect_every_conflict_and_write_nothing_of_it() {
+    const THREADS: usize = 8;
+    const WINS: usize = 15;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("l");
+    let files = Counting::new(Duration::from_millis(1), None);
+    let l = Ledger::init_with(&dir, opts(&files, 64 << 10)).unwrap();
+    let start = Barrier::new(THREADS);
+    let results: Vec<(Vec<Id>, Vec<Id>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (l, start) = (&l, &start);
+                s.spawn(move || {
+                    let mut won = Vec::new();
+                    let mut lost_blobs = Vec::new();
+                    start.wait();
+                    let mut attempt = 0u32;
+                    while won.len() < WINS {
+                        attempt += 1;
+                        let head = l.head("shared").unwrap();
+                        let mut b = l.batch();
+                        // Unique to this attempt: must not be stored if it loses.
+                        let blob = b
+                            .put_blob(format!("attempt {t}/{attempt}").as_bytes())
+                            .unwrap();
+                        let ev = b
+                            .append(
+                                "shared",
+                                head,
+                                NewEvent::new("step", 1, vec![t as u8]).with_refs(vec![blob]),
+                            )
+                            .unwrap();
+                        match b.commit() {
+                            Ok(()) => won.push(ev),
+                            Err(LedgerError::Conflict { expected, .. }) => {
+                                assert_eq!(expected, head);
+                                assert!(!l.contains(&blob).unwrap());
+                                assert!(!l.contains(&ev).unwrap());
+                                lost_blobs.push(blob);
+                                lost_blobs.push(ev);
+                            }
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                    (won, lost_blobs)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let conflicts: usize = results.iter().map(|r| r.1.len() / 2).sum();
+    eprintln!("{} wins, {conflicts} conflicts", THREADS * WINS);
+    assert!(conflicts > 0, "no conflicts among {THREADS} threads");
+    drop(l);
+
+    let l = Ledger::open(&dir).unwrap();
+    let head = l.head("shared").unwrap().unwrap();
+    let chain: Vec<Id> = l.chain(head).map(|e| e.unwrap().id).collect();
+    assert_eq!(
+        chain.len(),
+        THREADS * WINS,
+        "every win is on the stream, once"
+    );
+    let on_chain: HashSet<Id> = chain.iter().copied().collect();
+    for (won, lost) in &results {
+        for id in won {
+            assert!(on_chain.contains(id));
+        }
+        for id in lost {
+            assert!(!l.contains(id).unwrap(), "a conflicting batch wrote {id}");
+        }
+    }
+    for (seq, ev) in l.chain(head).map(|e| e.unwrap()).enumerate() {
+        assert_eq!(ev.seq as usize, THREADS * WINS - 1 - seq);
+    }
+    assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
+}
+
+/// Splits a group's bytes into records: (record type, id).
+fn records(bytes: &[u8]) -> Vec<(u8, Id)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + RECORD_HEADER_LEN <= bytes.len() {
+        let h = &bytes[at..at + RECORD_HEADER_LEN];
+        let body = u32::from_le_bytes(h[8..12].try_into().unwrap()) as usize;
+        let meta = u32::from_le_bytes(h[12..16].try_into().unwrap()) as usize;
+        out.push((h[4], Id::from_slice(&h[20..52]).unwrap()));
+        at += RECORD_HEADER_LEN + body + meta + RECORD_TRAILER_LEN;
+    }
+    out
+}
+
+#[test]
+fn a_failed_fsync_fails_every_commit_of_its_group_and_poisons_the_writer() {
+    const THREADS: usize = 12;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("l");
+    // Segment creation at init is not a sync of an appended file; the
+    // fourth group sync fails.
+    let files = Counting::new(Duration::from_millis(5), Some(4));
+    let l = Ledger::init_with(&dir, opts(&files, 64 << 20)).unwrap();
+    let start = Barrier::new(THREADS);
+    type Outcome = (Id, Id, Result<(), String>);
+    let outcomes: Vec<Vec<Outcome>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (l, files, start) = (&l, &files, &start);
+                s.spawn(move || {
+                    let stream = format!("r/{t}");
+                    let mut head = None;
+                    let mut out = Vec::new();
+                    start.wait();
+                    for i in 0..20 {
+                        let mut b = l.batch();
+                        let blob = b.put_blob(format!("{t}/{i}").as_bytes()).unwrap();
+                        let ev = b
+                            .append(
+                                &stream,
+                                head,
+                                NewEvent::new("k", 1, vec![i]).with_refs(vec![blob]),
+                            )
+                            .unwrap();
+                        match b.commit() {
+                            Ok(()) => {
+                                files.assert_synced(l, &ev);
+                                files.assert_synced(l, &blob);
+                                head = Some(ev);
+                                out.push((ev, blob, Ok(())));
+                            }
+                            Err(e) => {
+                                out.push((ev, blob, Err(e.to_string())));
+                                break;
+                            }
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let failed_bytes = files.0.failed_bytes.lock().unwrap().clone().unwrap();
+    let in_failed_group: HashSet<Id> = records(&failed_bytes)
+        .into_iter()
+        .filter(|(t, _)| *t == 3)
+        .map(|(_, id)| id)
+        .collect();
+    let all: Vec<&Outcome> = outcomes.iter().flatten().collect();
+    let errors: Vec<&Outcome> = all.iter().copied().filter(|o| o.2.is_err()).collect();
+    eprintln!(
+        "{} commits, {} failed, {} in the failed group",
+        all.len(),
+        errors.len(),
+        in_failed_group.len()
+    );
+    assert!(
+        in_failed_group.len() > 1,
+        "the failed sync covered {} commits",
+        in_failed_group.len()
+    );
+    for (ev, _, r) in &all {
+        if in_failed_group.contains(ev) {
+            let e = r
+                .as_ref()
+                .expect_err("a commit of the failed group was acknowledged");
+            assert!(e.contains("injected fsync failure"), "{e}");
+        }
+    }
+    // Every thread stopped at an error: nothing commits after the failure.
+    assert_eq!(errors.len(), THREADS);
+    let e = l.put_blob(b"after the failure").unwrap_err();
+    assert!(e.to_string().contains("reopen"), "{e}");
+    drop(l);
+
+    let (l, report) = Ledger::open_reporting(&dir).unwrap();
+    assert!(report.set_aside.is_empty(), "{report:?}");
+    for (ev, blob, r) in &all {
+        match r {
+            Ok(()) => {
+                l.raw_object(ev).unwrap();
+                l.raw_object(blob).unwrap();
+            }
+            // The failed group was cut off again; later ones were never written.
+            Err(_) => assert!(!l.contains(ev).unwrap()),
+        }
+    }
+    assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
+}
+
+#[test]
+fn a_batch_is_invisible_until_its_group_is_durable_but_later_commits_see_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("l");
+    let files = Counting::new(Duration::ZERO, None);
+    let l = Ledger::init_with(&dir, opts(&files, 64 << 20)).unwrap();
+    let base = l.append("r", None, NewEvent::new("k", 1, vec![0])).unwrap();
+    let blob = Id::of(ledger::ObjectKind::Blob, b"held at the gate");
+    files.close_gate();
+    std::thread::scope(|s| {
+        let l = &l;
+        let a = s.spawn(move || {
+            let mut b = l.batch();
+            b.put_blob(b"held at the gate").unwrap();
+            let ev = b
+                .append(
+                    "r",
+                    Some(base),
+                    NewEvent::new("k", 1, vec![1]).with_refs(vec![blob]),
+                )
+                .unwrap();
+            b.commit().unwrap();
+            ev
+        });
+        files.wait_at_gate(1);
+        // Written, not durable: readers see the state before it.
+        assert_eq!(l.head("r").unwrap(), Some(base));
+        assert!(!l.contains(&blob).unwrap());
+        assert_eq!(l.refs().unwrap(), vec![("r".to_string(), base)]);
+        // Compare-and-swap sees it: the old head is refused (once the head
+        // that refuses it is durable, so a retry can see it).
+        let stale = s.spawn(move || l.append("r", Some(base), NewEvent::new("k", 1, vec![2])));
+        // Link checks see it: an event naming its blob is accepted, and
+        // acknowledged after the blob's group.
+        let linker = s.spawn(move || {
+            l.append(
+                "r2",
+                None,
+                NewEvent::new("k", 1, vec![3]).with_refs(vec![blob]),
+            )
+            .unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!a.is_finished() && !stale.is_finished() && !linker.is_finished());
+        assert_eq!(l.head("r").unwrap(), Some(base));
+        assert_eq!(l.head("r2").unwrap(), None);
+        files.open_gate();
+        let ev_a = a.join().unwrap();
+        let Err(LedgerError::Conflict { actual, .. }) = stale.join().unwrap() else {
+            panic!("a stale head was accepted")
+        };
+        assert_eq!(actual, Some(ev_a));
+        assert_eq!(l.head("r").unwrap(), Some(ev_a));
+        let ev_l = linker.join().unwrap();
+        assert_eq!(l.head("r2").unwrap(), Some(ev_l));
+        files.assert_synced(l, &ev_l);
+        files.assert_synced(l, &blob);
+    });
+    assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
+    drop(l);
+    let l = Ledger::open(&dir).unwrap();
+    assert_eq!(l.chain(l.head("r").unwrap().unwrap()).count(), 2);
+}
+
+#[test]
+fn a_commit_of_an_object_being_synced_waits_for_that_sync() {
+    // Dedup against an unsynced object: the second commit writes nothing,
+    // but is acknowledged only once the first one's group is durable.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("l");
+    let files = Counting::new(Duration::ZERO, None);
+    let l = Ledger::init_with(&dir, opts(&files, 64 << 20)).unwrap();
+    files.close_gate();
+    std::thread::scope(|s| {
+        let a = s.spawn(|| l.put_blob(b"the same bytes").unwrap());
+        files.wait_at_gate(1);
+        let b = s.spawn(|| l.put_blob(b"the same bytes").unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!b.is_finished(), "acknowledged before the sync");
+        files.open_gate();
+        let (ia, ib) = (a.join().unwrap(), b.join().unwrap());
+        assert_eq!(ia, ib);
+        files.assert_synced(&l, &ib);
+    });
+    let seg = std::fs::read(dir.join("segments/00000001.seg")).unwrap();
+    let copies = records(&seg[16..]).iter().filter(|(t, _)| *t == 1).count();
+    assert_eq!(copies, 1, "the blob was written {copies} times");
+}
+
+#[test]
+fn concurrent_snapshots_store_valid_tree_and_blob_deltas() {
+    const THREADS: usize = 4;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("l");
+    let files = Counting::new(Duration::from_millis(1), None);
+    let l = Ledger::init_with(&dir, opts(&files, 256 << 10)).unwrap();
+    let trees: Vec<(PathBuf, Id)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (l, root) = (&l, tmp.path());
+                s.spawn(move || {
+                    let mut out = Vec::new();
+                    for v in 0..6 {
+                        let ws = root.join(format!("ws-{t}-{v}"));
+                        std::fs::create_dir_all(&ws).unwrap();
+                        // Versions share most files: trees and blobs store as deltas.
+                        for f in 0..30 {
+                            // Text that compresses poorly on its own.
+                            let mut x = (f as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                            let mut text = String::new();
+                            for _ in 0..600 {
+                                x ^= x << 13;
+                                x ^= x >> 7;
+                                x ^= x << 17;
+                                text.push_str(&format!("{} ", x % 9973));
+                            }
+                            if f % 6 == v % 6 {
+                                text.push_str(&format!("edit {t} {v}\n"));
+                            }
+                            std::fs::write(ws.join(format!("f{f}.txt")), text).unwrap();
+                        }
+                        out.push((ws.clone(), l.snapshot_dir(&ws).unwrap()));
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    let (mut tree_deltas, mut blob_deltas) = (0, 0);
+    for (_, loc) in l.locations().unwrap() {
+        if loc.flags & 2 != 0 {
+            match loc.kind {
+                ledger::ObjectKind::Tree => tree_deltas += 1,
+                _ => blob_deltas += 1,
+            }
+        }
+    }
+    eprintln!("deltas: {tree_deltas} trees, {blob_deltas} blobs");
+    assert!(tree_deltas > 0 && blob_deltas > 0);
+    drop(l);
+    let l = Ledger::open(&dir).unwrap();
+    assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
+    for (i, (ws, tree)) in trees.iter().enumerate() {
+        let out = tmp.path().join(format!("out-{i}"));
+        l.checkout(tree, &out).unwrap();
+        for e in std::fs::read_dir(ws).unwrap() {
+            let e = e.unwrap();
+            assert_eq!(
+                std::fs::read(e.path()).unwrap(),
+                std::fs::read(out.join(e.file_name())).unwrap()
+            );
+        }
+    }
+}
