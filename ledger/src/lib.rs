@@ -4,9 +4,10 @@
 //! Objects are immutable and addressed by the BLAKE3 hash of their canonical
 //! encoding. Events form per-stream hash chains; refs name heads and move (or
 //! are deleted, leaving every object in place) only by compare-and-swap. The source of truth is a set of append-only segment files;
-//! a sled database indexes them and can be rebuilt from them at any time. An
-//! append returns only once it is on disk (fsync), and every read re-checks the
-//! hash of what it returns.
+//! derived index tables (immutable, like git's pack `.idx`) locate objects and
+//! can be rebuilt from the segments at any time. A commit returns only once it
+//! is on disk (concurrent commits share one fsync), and every read re-checks
+//! the hash of what it returns.
 //!
 //! This crate knows nothing of MASS, async runtimes, HTTP or the command line:
 //! event payloads are opaque bytes that the `schemas` crate gives meaning to.
