@@ -1,7 +1,7 @@
 //! The engine's async runtime: where units of work (rollouts, judgments,
 //! proposals) run as tasks, not one OS thread each.
 //!
-//! One multi-threaded tokio runtime per process, with a worker per core. A
+//! One multi-threaded tokio runtime per process, with 4 workers per core. A
 //! unit waits on a model server by awaiting, so hundreds can be in flight on
 //! two cores; the per-backend concurrency limits (`max_concurrency`) decide
 //! how many requests a server sees. The driver and the cycle code stay
