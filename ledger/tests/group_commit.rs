@@ -631,3 +631,76 @@ fn concurrent_snapshots_store_valid_tree_and_blob_deltas() {
         }
     }
 }
+
+/// The only bytes the writer ever cuts off are those of the group whose
+/// sync failed: the segment is truncated back to exactly where the last
+/// acknowledged commit ended, never further. Every byte written before is
+/// unchanged, every acknowledged batch opens again, and the set-aside
+/// report is empty (nothing was damaged, nothing dropped).
+#[test]
+fn a_failed_sync_cuts_back_to_the_last_acknowledged_byte_and_no_further() {
+    for fail_at in [2u64, 3, 5, 8] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("l");
+        let files = Counting::new(Duration::ZERO, Some(fail_at));
+        let l = Ledger::init_with(&dir, opts(&files, 64 << 20)).unwrap();
+        let mut acked = Vec::new();
+        let mut head = None;
+        let mut before: Option<(PathBuf, Vec<u8>)> = None;
+        for i in 0..20u8 {
+            // The segment as it stands after the last acknowledged commit.
+            let (path, synced) = files
+                .0
+                .synced
+                .lock()
+                .unwrap()
+                .iter()
+                .max_by_key(|(p, _)| (*p).clone())
+                .map(|(p, n)| (p.clone(), *n))
+                .unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            assert_eq!(
+                bytes.len() as u64,
+                synced,
+                "fail_at {fail_at}: unsynced bytes before commit {i}"
+            );
+            before = Some((path, bytes));
+            let mut b = l.batch();
+            let blob = b.put_blob(format!("payload {i}").as_bytes()).unwrap();
+            let ev = b
+                .append(
+                    "r",
+                    head,
+                    NewEvent::new("k", 1, vec![i]).with_refs(vec![blob]),
+                )
+                .unwrap();
+            match b.commit() {
+                Ok(()) => {
+                    head = Some(ev);
+                    acked.push((ev, blob));
+                }
+                Err(e) => {
+                    assert!(e.to_string().contains("injected fsync failure"), "{e}");
+                    break;
+                }
+            }
+        }
+        assert!(
+            !acked.is_empty() && acked.len() < 20,
+            "fail_at {fail_at}: {} acked",
+            acked.len()
+        );
+        let (path, bytes) = before.unwrap();
+        // Cut back exactly to the acknowledged end: the same bytes, no more.
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "fail_at {fail_at}");
+        drop(l);
+        let (l, report) = Ledger::open_reporting(&dir).unwrap();
+        assert!(report.set_aside.is_empty(), "fail_at {fail_at}: {report:?}");
+        for (ev, blob) in &acked {
+            l.raw_object(ev).unwrap();
+            l.raw_object(blob).unwrap();
+        }
+        assert_eq!(l.head("r").unwrap(), head, "fail_at {fail_at}");
+        assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
+    }
+}
