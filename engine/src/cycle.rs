@@ -240,6 +240,30 @@ struct Search {
     guard_action: GuardAction,
 }
 
+impl Search {
+    /// A duel of the candidate's run against `other` in stream `{base}/{vs}`.
+    async fn duel(
+        &self,
+        base: &str,
+        vs: &str,
+        task: &Task,
+        run: &RunRef,
+        other: &RunRef,
+    ) -> Result<(u32, u32, Vec<Id>, String)> {
+        let rel = format!("{base}/{vs}");
+        duel(
+            &self.session,
+            &rel,
+            task,
+            run,
+            other,
+            self.swap,
+            &self.judge,
+        )
+        .await
+    }
+}
+
 /// One inner-loop iteration `k` of one task: a proposal, a run of it, the
 /// duel(s) that decide whether it becomes the champion, and the recorded
 /// decision.
@@ -280,45 +304,24 @@ async fn search_step(s: &Search, t: &mut InnerTask, k: u32) -> Result<()> {
     let (mut judgments, accepted, beat_ref, reason);
     match s.acceptance {
         Acceptance::Champion => {
-            let (w, l, ids, why) = duel(
-                &s.session,
-                &format!("{base}/vs-champion"),
-                &t.task,
-                &run,
-                &t.champion_run,
-                s.swap,
-                &s.judge,
-            )
-            .await?;
+            let (w, l, ids, why) = s
+                .duel(&base, "vs-champion", &t.task, &run, &t.champion_run)
+                .await?;
             judgments = ids;
             accepted = w > l;
             beat_ref = accepted;
             reason = format!("{w} win(s), {l} loss(es) against the champion: {why}");
         }
         Acceptance::ReferenceThenChampion => {
-            let (w, l, ids, why) = duel(
-                &s.session,
-                &format!("{base}/vs-reference"),
-                &t.task,
-                &run,
-                &t.reference,
-                s.swap,
-                &s.judge,
-            )
-            .await?;
+            let (w, l, ids, why) = s
+                .duel(&base, "vs-reference", &t.task, &run, &t.reference)
+                .await?;
             judgments = ids;
             beat_ref = w > l;
             if beat_ref && t.champion_run.event != t.reference.event {
-                let (w2, l2, ids2, why2) = duel(
-                    &s.session,
-                    &format!("{base}/vs-champion"),
-                    &t.task,
-                    &run,
-                    &t.champion_run,
-                    s.swap,
-                    &s.judge,
-                )
-                .await?;
+                let (w2, l2, ids2, why2) = s
+                    .duel(&base, "vs-champion", &t.task, &run, &t.champion_run)
+                    .await?;
                 judgments.extend(ids2);
                 accepted = w2 > l2;
                 reason =
