@@ -25,6 +25,7 @@
 //!
 //!     cargo bench --bench orchestration             # 256 and 1024 rollouts, 3 repetitions
 //!     cargo bench --bench orchestration -- --quick  # 64 and 256 rollouts, 1 repetition
+//!     cargo bench --bench orchestration -- --sizes=256 --reps=1 --level=full  # checks confined
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -40,6 +41,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 struct Cfg {
     sizes: Vec<usize>,
+    /// How every command (the rollout's check) is confined.
+    level: sandbox::Level,
     calls: usize,
     delay: Duration,
     reps: usize,
@@ -48,6 +51,7 @@ struct Cfg {
 fn parse_args() -> Cfg {
     let mut cfg = Cfg {
         sizes: vec![256, 1024],
+        level: sandbox::Level::None,
         calls: 20,
         delay: Duration::from_millis(100),
         reps: 3,
@@ -62,6 +66,9 @@ fn parse_args() -> Cfg {
             other if other.starts_with("--reps=") => {
                 cfg.reps = other[7..].parse().unwrap_or(cfg.reps).max(1);
             }
+            "--level=full" => cfg.level = sandbox::Level::Full,
+            "--level=landlock" => cfg.level = sandbox::Level::Landlock,
+            "--level=none" => cfg.level = sandbox::Level::None,
             other if other.starts_with("--sizes=") => {
                 cfg.sizes = other[8..]
                     .split(',')
@@ -322,7 +329,8 @@ timeout_secs = 10
     Task::load(&dir).expect("task loads")
 }
 
-fn engine_run(url: &str, root: &Path, task: &Task, n: usize, calls: usize, rep: usize) -> Sample {
+fn engine_run(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg, rep: usize) -> Sample {
+    let calls = cfg.calls;
     let dir = root.join(format!("ledger-{n}-{rep}"));
     let l = Arc::new(ledger::Ledger::init(&dir).expect("ledger"));
     let session = replay::Session::new(l, "bench", replay::Mode::Live).expect("session");
@@ -337,9 +345,9 @@ fn engine_run(url: &str, root: &Path, task: &Task, n: usize, calls: usize, rep: 
     let mut rules = RunRules::default();
     rules.limits.max_turns = calls as u32 + 1;
     rules.limits.max_tokens = 10_000_000;
-    // Orchestration, not confinement, is measured here (the sandbox's cost
-    // per command is measured by the quickstart comparison).
-    rules.sandbox.level = sandbox::Level::None;
+    // Orchestration, not confinement, is measured by default; `--level`
+    // confines each rollout's check as a run would.
+    rules.sandbox.level = cfg.level;
     reset_peak();
     let ledger0 = engine::exec::ledger_cpu();
     let cpu0 = cpu_time();
@@ -398,12 +406,17 @@ fn main() {
     let cfg = parse_args();
     let tmp = tempfile::tempdir().expect("tempdir");
     let root: PathBuf = tmp.path().to_path_buf();
+    // A confined check runs as an unprivileged user that must reach the
+    // task's checks under this directory.
+    std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod bench dir");
     let task = make_task(&root);
     let url = start_stub(cfg.calls, cfg.delay);
     println!(
-        "orchestration: {} calls per rollout, stub delay {} ms, {} repetition(s), {} cores",
+        "orchestration: {} calls per rollout, stub delay {} ms, sandbox {}, {} repetition(s), {} cores",
         cfg.calls,
         cfg.delay.as_millis(),
+        cfg.level.as_str(),
         cfg.reps,
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -434,7 +447,7 @@ fn main() {
             tr_rate.push(t.calls as f64 / t.wall.as_secs_f64());
             tr_cpu.push(t.cpu.as_secs_f64() * 1e3 / t.calls as f64);
             tr_mem.push(t.peak_mib);
-            let e = engine_run(&url, &root, &task, n, cfg.calls, rep);
+            let e = engine_run(&url, &root, &task, n, &cfg, rep);
             en_rate.push(e.calls as f64 / e.wall.as_secs_f64());
             en_cpu.push(e.cpu.as_secs_f64() * 1e3 / e.calls as f64);
             share.push(100.0 * e.ledger_cpu.as_secs_f64() / e.cpu.as_secs_f64().max(1e-9));

@@ -168,7 +168,13 @@ async fn attempts(
             Begin::Served(r) => (r, None),
             Begin::Perform(p) => {
                 let (out, hint) = perform_model_call(backend.as_ref(), chat).await;
-                (exec::ledger(|| st.finish(p, out))?, hint)
+                // Awaited without holding the worker while another
+                // committer syncs the group. (A crash before the record is
+                // durable only redoes this call: model calls are not
+                // journaled.)
+                let (rec, durable) = exec::ledger(|| st.finish_deferred(p, out))?;
+                exec::durable(durable).await?;
+                (rec, hint)
             }
         };
         let retry = rec.failure == Some(replay::FailureClass::Transient)
@@ -278,44 +284,53 @@ pub struct ToolOutcome {
     pub tree: Option<Id>,
 }
 
+/// A tool's outcome as the effect output to record: its text and, when
+/// it changed the workspace, the new tree (linked, so it is kept).
+fn tool_output(
+    o: std::result::Result<ToolOutcome, String>,
+) -> std::result::Result<EffectOutput, EffectError> {
+    let o = o.map_err(EffectError::from)?;
+    let out = EffectOutput::json(&json!({"text": o.text, "tree": o.tree.map(|t| t.to_hex())}));
+    Ok(match o.tree {
+        Some(t) => out.with_link(t),
+        None => out,
+    })
+}
+
 /// Runs a workspace tool through the stream. `perform` runs it for real and
 /// returns the text and, for mutating tools, the new tree. `runs_process`:
 /// the tool starts a process (`bash`, checks), so it is journaled (recorded
-/// as started before it runs: a crash leaves a visible trace) and runs off
-/// the unit's worker, for as long as the process takes. File tools run in
-/// place: they take microseconds.
-pub fn tool_effect(
+/// as started before it runs, durably: a crash leaves a visible trace) and
+/// runs off the unit's worker, for as long as the process takes. File tools
+/// run in place (they take microseconds) and their record's fsync is awaited
+/// without holding the worker: a crash before it lands redoes the tool call,
+/// which changes nothing but the scratch workspace that resume rebuilds.
+pub async fn tool_effect(
     st: &mut Stream,
     kind: &str,
     request: Value,
     runs_process: bool,
     perform: impl FnOnce() -> std::result::Result<ToolOutcome, String>,
 ) -> Result<ToolOutcome> {
-    let mut req = EffectRequest::json(kind, &request);
-    if runs_process {
-        req = req.journaled();
-    }
-    let effect = || match exec::ledger(|| st.begin(req))? {
-        Begin::Served(r) => Ok::<_, EngineError>(r),
-        Begin::Perform(p) => {
-            let out = perform().map(|o| {
-                let out = EffectOutput::json(
-                    &json!({"text": o.text, "tree": o.tree.map(|t| t.to_hex())}),
-                );
-                match o.tree {
-                    Some(t) => out.with_link(t),
-                    None => out,
-                }
-            });
-            Ok(exec::ledger(|| {
-                st.finish(p, out.map_err(EffectError::from))
-            })?)
-        }
-    };
+    let req = EffectRequest::json(kind, &request);
     let rec = if runs_process {
-        exec::blocking(effect)?
+        exec::blocking(|| match exec::ledger(|| st.begin(req.journaled()))? {
+            Begin::Served(r) => Ok::<_, EngineError>(r),
+            Begin::Perform(p) => {
+                let out = tool_output(perform());
+                Ok(exec::ledger(|| st.finish(p, out))?)
+            }
+        })?
     } else {
-        effect()?
+        match exec::ledger(|| st.begin(req))? {
+            Begin::Served(r) => r,
+            Begin::Perform(p) => {
+                let out = tool_output(perform());
+                let (rec, durable) = exec::ledger(|| st.finish_deferred(p, out))?;
+                exec::durable(durable).await?;
+                rec
+            }
+        }
     };
     match rec.output {
         Ok(bytes) => {

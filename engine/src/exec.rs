@@ -11,10 +11,11 @@
 //!
 //! Inside a unit, processes (bash, checks) and the simulated model run
 //! through `blocking`, which frees the worker for other units while they
-//! run. Ledger work (`ledger`) runs in place: a commit waits for its
-//! group's fsync on its worker, and the runtime has several workers per
-//! core so that other units go on meanwhile and concurrent commits share
-//! one fsync (see `ledger` for why, with the measurements).
+//! run. Ledger work (`ledger`) runs in place. The records of model calls
+//! and file tools are submitted and their fsync awaited (`durable`): the
+//! task is parked, not the worker, while another committer syncs the group.
+//! Other commits (stream events, the started record of a process) still
+//! wait on their worker, so the runtime keeps several workers per core.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,8 +26,8 @@ use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 
 use crate::error::{EngineError, Result};
 
-/// Workers per core: ledger commits block their worker until the group's
-/// fsync, so there are more workers than cores (see `ledger`).
+/// Workers per core: some ledger commits block their worker until the
+/// group's fsync, so there are more workers than cores (see `ledger`).
 const WORKERS_PER_CORE: usize = 4;
 
 static RUNTIME: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
@@ -74,18 +75,27 @@ static LEDGER_CPU_NS: AtomicU64 = AtomicU64::new(0);
 /// calls; not the time spent waiting for the disk), so the orchestration
 /// benchmark can report the ledger's share of the CPU.
 ///
-/// In place, not off the worker: a commit waits for its group's fsync (a
-/// millisecond or so), and leaving the worker costs more than that wait
-/// under load (the runtime hands its queue to another thread through a
-/// shared pool whose lock was the bottleneck when measured). The runtime
+/// In place, not off the worker: a blocking commit waits for its group's
+/// fsync (a millisecond or so), and leaving the worker costs more than that
+/// wait under load (the runtime hands its queue to another thread through
+/// a shared pool whose lock was the bottleneck when measured). The runtime
 /// has more workers than cores instead (`WORKERS_PER_CORE`), so units keep
 /// running while some workers wait on the disk, and their commits share an
-/// fsync.
+/// fsync. The frequent commits avoid the wait altogether (`durable`).
 pub fn ledger<R>(f: impl FnOnce() -> R) -> R {
     let t0 = thread_cpu_ns();
     let r = f();
     LEDGER_CPU_NS.fetch_add(thread_cpu_ns().saturating_sub(t0), Ordering::Relaxed);
     r
+}
+
+/// Awaits a submitted commit ([`ledger::Durability`]) without holding the
+/// worker while another committer writes and syncs the group; when no one
+/// does, this task leads (on its worker, as a blocking commit would). The
+/// CPU of each poll counts as ledger work.
+pub async fn durable(d: ledger::Durability<'_>) -> std::result::Result<(), ledger::LedgerError> {
+    let mut d = std::pin::pin!(d);
+    std::future::poll_fn(move |cx| ledger(|| d.as_mut().poll(cx))).await
 }
 
 /// Total thread CPU time spent in `ledger` calls so far.

@@ -122,10 +122,20 @@ impl LiveWorkspace<'_> {
         PathBuf::from(name)
     }
 
+    /// Stores the live directory as a tree. Called only inside a tool
+    /// effect's `perform`: the tool's record, committed next, links the
+    /// tree, so the tree is not waited for here. Groups become durable in
+    /// order, so once that record is durable the tree is too; nothing reads
+    /// the tree before then (the next step starts after the record).
     fn snapshot(&mut self) -> std::result::Result<Id, String> {
         let d = self.dir.clone().ok_or("no workspace")?;
-        let t = exec::ledger(|| self.ledger.snapshot_dir(&d))
-            .map_err(|e| format!("snapshot failed: {e}"))?;
+        let t = exec::ledger(|| {
+            let mut b = self.ledger.batch();
+            let t = b.snapshot_dir(&d)?;
+            drop(b.submit()?);
+            Ok::<_, ledger::LedgerError>(t)
+        })
+        .map_err(|e| format!("snapshot failed: {e}"))?;
         self.dir_tree = Some(t);
         Ok(t)
     }
@@ -210,7 +220,8 @@ pub async fn run_team(
                 tree: Some(ws.snapshot()?),
             })
         },
-    )?;
+    )
+    .await?;
     ws.record_tree(init.tree);
 
     let workflow_text = spec.workflow.render();
@@ -319,7 +330,7 @@ pub async fn run_team(
                         answer
                     }
                 }
-                Ok(inv) => workspace_tool(&mut orch, &mut ws, &inv, &bash_opts, limits)?,
+                Ok(inv) => workspace_tool(&mut orch, &mut ws, &inv, &bash_opts, limits).await?,
             };
             conv.messages.push(Message::tool_result(&call.id, text));
         }
@@ -331,7 +342,7 @@ pub async fn run_team(
     let initial = init
         .tree
         .ok_or_else(|| EngineError::Invalid("run has no initial workspace snapshot".into()))?;
-    let validation = run_checks(&mut orch, &mut ws, spec.task, final_tree, &bash_opts)?;
+    let validation = run_checks(&mut orch, &mut ws, spec.task, final_tree, &bash_opts).await?;
     let (guard, validation_blob, workflow_blob) = exec::ledger(|| {
         let guard = crate::guards::inspect(&ledger, spec.task, initial, final_tree, guards)?;
         let validation_blob = ledger.put_blob(validation.as_bytes())?;
@@ -457,7 +468,7 @@ async fn run_subagent(
                     answer = Some(report);
                     "finished".into()
                 }
-                Ok(inv) => workspace_tool(&mut st, ws, &inv, bash_opts, limits)?,
+                Ok(inv) => workspace_tool(&mut st, ws, &inv, bash_opts, limits).await?,
             };
             conv.messages.push(Message::tool_result(&call.id, text));
         }
@@ -476,7 +487,7 @@ async fn run_subagent(
 }
 
 /// Runs one workspace tool as an effect; mutating tools record the new tree.
-fn workspace_tool(
+async fn workspace_tool(
     st: &mut Stream,
     ws: &mut LiveWorkspace<'_>,
     inv: &Invocation,
@@ -499,7 +510,7 @@ fn workspace_tool(
             true,
         ),
         Invocation::ListFiles { path } => ("list_files", json!({"path": path}), false),
-        Invocation::RunChecks => return team_checks(st, ws, bash_opts),
+        Invocation::RunChecks => return team_checks(st, ws, bash_opts).await,
         Invocation::Delegate { .. } | Invocation::Finish { .. } => {
             return Ok("error: handled by the harness".into())
         }
@@ -525,14 +536,15 @@ fn workspace_tool(
             let tree = if mutating { Some(ws.snapshot()?) } else { None };
             Ok(ToolOutcome { text, tree })
         },
-    )?;
+    )
+    .await?;
     ws.record_tree(out.tree);
     Ok(out.text)
 }
 
 /// The team's `run_checks` tool: the task's checks on the workspace as it
 /// stands, answered with what a team may see of them (`checks::feedback`).
-fn team_checks(
+async fn team_checks(
     st: &mut Stream,
     ws: &mut LiveWorkspace<'_>,
     bash_opts: &BashOptions,
@@ -553,13 +565,14 @@ fn team_checks(
                 tree: None,
             })
         },
-    )?;
+    )
+    .await?;
     Ok(out.text)
 }
 
 /// The final validation: the task's checks on `tree`, full output (recorded
 /// as the rollout's validation, read by the judge, never shown to the team).
-fn run_checks(
+async fn run_checks(
     st: &mut Stream,
     ws: &mut LiveWorkspace<'_>,
     task: &Task,
@@ -577,7 +590,8 @@ fn run_checks(
                 checks::run_on_tree(&ws.ledger, task, tree, &ws.checks_scratch(), bash_opts)?;
             Ok(ToolOutcome { text, tree: None })
         },
-    )?;
+    )
+    .await?;
     Ok(out.text)
 }
 

@@ -26,7 +26,7 @@ use std::fs;
 use std::io::{self, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Component, Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
@@ -1082,7 +1082,7 @@ impl Workspace {
         let tmp = self.tmp_dir()?;
         let policy = opts.confinement.policy(&self.root, &tmp);
         sandbox::prepare(&policy)?;
-        let mut cmd = Command::new("bash");
+        let mut cmd = sandbox::command("bash", &policy)?;
         cmd.arg("-c")
             .arg(command)
             .current_dir(&self.root)
@@ -1100,7 +1100,6 @@ impl Workspace {
             .stderr(Stdio::piped())
             // setpgid(0, 0) in the child before exec: its pid becomes the pgid.
             .process_group(0);
-        sandbox::confine(&mut cmd, &policy)?;
         let mut child = cmd.spawn().map_err(|source| ToolError::Bash {
             op: "start bash",
             source,

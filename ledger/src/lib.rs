@@ -42,7 +42,9 @@ pub use id::{Id, IdPrefix, ObjectKind, ID_LEN, MIN_PREFIX_HEX};
 pub use index::ObjLoc;
 pub use object::{check_ref_name, Event, EventEnvelope, Meta, NewEvent};
 pub use recovery::Damage;
-pub use store::{Batch, Chain, Ledger, Options, RecoveryReport, SetAside, QUARANTINE_DIR};
+pub use store::{
+    Batch, Chain, Durability, Ledger, Options, RecoveryReport, SetAside, QUARANTINE_DIR,
+};
 pub use tree::{Change, EntryKind, Tree, TreeEntry};
 pub use verify::{KindStats, PayloadCheck, Problem, Stats, VerifyOptions, VerifyReport};
 

@@ -185,6 +185,8 @@ struct SyncState {
     leading: bool,
     /// The group whose write or sync failed: it and every later group fail.
     failed: Option<Failure>,
+    /// Tasks awaiting a [`Durability`], woken when a leader ends.
+    wakers: Vec<std::task::Waker>,
 }
 
 /// Why a group failed, kept so that every committer waiting on it gets the error.
@@ -971,6 +973,11 @@ impl Ledger {
     /// no lock held, joins the open group under the writer lock, then waits
     /// (leading if no one else is) until a sync covers that group.
     fn commit_batch(&self, b: Batch<'_>) -> Result<()> {
+        self.submit_batch(b)?.wait()
+    }
+
+    /// Steps 2-3 of a commit; the returned [`Durability`] is step 4-6.
+    fn submit_batch(&self, b: Batch<'_>) -> Result<Durability<'_>> {
         if self.read_only {
             return Err(LedgerError::ReadOnly {
                 path: self.dir.clone(),
@@ -988,10 +995,15 @@ impl Ledger {
             }
             self.join(&mut w, b, prep)?
         };
-        // Steps 4-6.
         match group {
-            Joined::Group(g) => self.wait_durable(g),
-            Joined::Nothing => Ok(()),
+            Joined::Group(g) => Ok(Durability {
+                ledger: self,
+                group: Some(g),
+            }),
+            Joined::Nothing => Ok(Durability {
+                ledger: self,
+                group: None,
+            }),
             Joined::Conflict { error, moved_by } => {
                 // The head the conflict reports is made visible first, so
                 // a retry that reads `head()` sees it instead of failing
@@ -1267,21 +1279,36 @@ impl Ledger {
     fn wait_durable(&self, no: u64) -> Result<()> {
         let mut s = lock_or_recover(&self.sync);
         loop {
+            match self.durable_or_lead(s, no) {
+                Ok(done) => return done,
+                Err(back) => s = self.synced.wait(back).unwrap_or_else(|e| e.into_inner()),
+            }
+        }
+    }
+
+    /// One look at group `no`: its outcome once it is durable or failed
+    /// (leading first while no one leads), or the still-held state when
+    /// another committer is writing it.
+    fn durable_or_lead<'s>(
+        &'s self,
+        mut s: MutexGuard<'s, SyncState>,
+        no: u64,
+    ) -> std::result::Result<Result<()>, MutexGuard<'s, SyncState>> {
+        loop {
             if s.durable >= no {
-                return Ok(());
+                return Ok(Ok(()));
             }
             // Groups are written in order: once one fails, no later one is.
             if let Some(f) = &s.failed {
-                return Err(f.error());
+                return Ok(Err(f.error()));
             }
-            if !s.leading {
-                s.leading = true;
-                drop(s);
-                self.lead();
-                s = lock_or_recover(&self.sync);
-                continue;
+            if s.leading {
+                return Err(s);
             }
-            s = self.synced.wait(s).unwrap_or_else(|e| e.into_inner());
+            s.leading = true;
+            drop(s);
+            self.lead();
+            s = lock_or_recover(&self.sync);
         }
     }
 
@@ -1308,8 +1335,12 @@ impl Ledger {
                     Err(f) => s.failed = Some(f),
                 }
                 s.leading = false;
+                let wakers = std::mem::take(&mut s.wakers);
                 drop(s);
                 self.0.synced.notify_all();
+                for w in wakers {
+                    w.wake();
+                }
             }
         }
         let mut leading = Leading(self, None);
@@ -1689,7 +1720,7 @@ pub struct Batch<'a> {
     heads: HashMap<String, HeadInfo>,
 }
 
-impl Batch<'_> {
+impl<'a> Batch<'a> {
     fn push(&mut self, p: Pending) -> Id {
         let id = p.id;
         if self.in_batch.insert(id) {
@@ -1883,6 +1914,65 @@ impl Batch<'_> {
     pub fn commit(self) -> Result<()> {
         let l = self.ledger;
         l.commit_batch(self)
+    }
+
+    /// Steps 2-3 of [`commit`](Batch::commit) without the wait: the batch
+    /// joins the open group (later commits validate against it and may
+    /// build on it), and the returned [`Durability`] says when it is
+    /// durable. Readers do not see it before then, and it is not
+    /// acknowledged: a crash before it is durable loses it (and every
+    /// commit after it). A compare-and-swap conflict is returned here.
+    pub fn submit(self) -> Result<Durability<'a>> {
+        let l = self.ledger;
+        l.submit_batch(self)
+    }
+}
+
+/// A submitted commit's acknowledgement ([`Batch::submit`]): `wait` blocks
+/// until the commit's group is durable; awaiting it (it is a `Future`,
+/// executor-agnostic) suspends the task instead of the thread. Whichever
+/// waiter finds no one writing the group leads, blocking or polling, so the
+/// thread that polls may write and `fdatasync` one group, as a blocking
+/// commit would; every other waiter is woken when that ends.
+#[must_use = "a submitted commit is not acknowledged until its Durability resolves"]
+pub struct Durability<'a> {
+    ledger: &'a Ledger,
+    /// `None`: nothing was written (every object was already stored).
+    group: Option<u64>,
+}
+
+impl Durability<'_> {
+    /// Blocks until the commit is durable, or returns its group's failure.
+    pub fn wait(self) -> Result<()> {
+        match self.group {
+            Some(g) => self.ledger.wait_durable(g),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::future::Future for Durability<'_> {
+    type Output = Result<()>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<()>> {
+        let Some(no) = self.group else {
+            return std::task::Poll::Ready(Ok(()));
+        };
+        let s = lock_or_recover(&self.ledger.sync);
+        match self.ledger.durable_or_lead(s, no) {
+            Ok(done) => std::task::Poll::Ready(done),
+            Err(mut s) => {
+                // Registered under the lock the leader ends under: no
+                // wake-up is lost between this check and the leader's end.
+                if !s.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                    s.wakers.push(cx.waker().clone());
+                }
+                std::task::Poll::Pending
+            }
+        }
     }
 }
 

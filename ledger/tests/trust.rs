@@ -383,24 +383,35 @@ fn verify_is_clean_while_another_thread_commits() {
     build(&dir, Options::default());
     let l = std::sync::Arc::new(Ledger::open(&dir).unwrap());
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let appended = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let writer = {
-        let (l, stop) = (l.clone(), stop.clone());
+        let (l, stop, appended) = (l.clone(), stop.clone(), appended.clone());
         std::thread::spawn(move || {
             let mut n = 0u32;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 l.append(&format!("busy/{n}"), None, NewEvent::new("k", 1, vec![1]))
                     .unwrap();
                 n += 1;
+                appended.store(n, std::sync::atomic::Ordering::Relaxed);
             }
             n
         })
     };
-    for _ in 0..20 {
+    // At least 20 scans, and on until the writer has committed a few times
+    // during them (it may not have started yet when the first scans end).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut scans = 0;
+    while scans < 20 || appended.load(std::sync::atomic::Ordering::Relaxed) < 3 {
         let v = l.verify(&|_| Ok(())).unwrap();
         assert!(v.is_clean(), "{:?}", v.problems);
+        scans += 1;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writer never committed"
+        );
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    assert!(writer.join().unwrap() > 0);
+    assert!(writer.join().unwrap() >= 3);
 }
 
 /// A file layer whose Nth append writes half its bytes and fails (a full

@@ -299,6 +299,23 @@ impl Stream {
         p: Pending,
         result: std::result::Result<EffectOutput, EffectError>,
     ) -> Result<Recorded> {
+        let (rec, durable) = self.finish_deferred(p, result)?;
+        durable.wait()?;
+        Ok(rec)
+    }
+
+    /// [`finish`](Stream::finish) without waiting for the record to be
+    /// durable: the caller must resolve the returned
+    /// [`Durability`](ledger::Durability) (wait or await it) before
+    /// anything depends on the record surviving a crash. Until then only
+    /// this process's commits see it (the stream may go on appending to
+    /// it); a crash loses it, and the effect is performed again on resume,
+    /// which is why this is for effects that are not journaled.
+    pub fn finish_deferred(
+        &mut self,
+        p: Pending,
+        result: std::result::Result<EffectOutput, EffectError>,
+    ) -> Result<(Recorded, ledger::Durability<'_>)> {
         let request_id = p.req.id();
         let mut b = self.session.ledger().batch();
         let mut links = if p.started.is_some() {
@@ -337,16 +354,17 @@ impl Stream {
             links,
         };
         let id = b.append(&self.ref_name, self.head, self.effect_event(&rec)?)?;
-        b.commit()?;
+        let durable = b.submit()?;
         self.pos += 1;
         self.head = Some(id);
         self.session.count(&p.req.kind, Served::Live);
-        Ok(Recorded {
+        let rec = Recorded {
             event: id,
             failure: result.as_ref().err().map(|e| e.class),
             output: result.map(|o| o.bytes).map_err(|e| e.message),
             source: Served::Live,
-        })
+        };
+        Ok((rec, durable))
     }
 
     /// Runs an effect through the recording: served if recorded, else `perform`.

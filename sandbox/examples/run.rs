@@ -2,9 +2,8 @@
 //! the workspace, for trying policies by hand:
 //! `cargo run -p sandbox --example run -- full 'id; ls /root'`.
 
-use sandbox::{confine, prepare, Level, Policy};
+use sandbox::{command, prepare, Level, Policy};
 use std::os::unix::process::CommandExt;
-use std::process::Command;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -16,7 +15,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let script = args.next().unwrap_or_else(|| "id".to_string());
     let ws = std::env::current_dir()?;
     let policy = Policy::new(level, &ws);
-    let mut cmd = Command::new("bash");
+    prepare(&policy)?;
+    let mut cmd = command("bash", &policy)?;
     cmd.arg("-c")
         .arg(script)
         .env_clear()
@@ -24,8 +24,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .env("HOME", &ws)
         .current_dir(&ws)
         .process_group(0);
-    prepare(&policy)?;
-    confine(&mut cmd, &policy)?;
     let status = cmd.status()?;
     println!("status: {status}");
     Ok(())

@@ -1,9 +1,11 @@
-//! Installs the confinement on a `std::process::Command` as a pre_exec hook.
-//! Everything that allocates or resolves paths (Landlock ruleset and its
-//! PathFds, seccomp BPF, id-map bytes, rlimit values) is prepared here in the
-//! parent; the hook, running between fork and exec, only makes syscalls.
+//! The confinement itself: `command` (in the caller) builds the launcher's
+//! command line; `confine_self` (in the launcher, see `launch`) applies
+//! every layer to the launcher process, which then execs the command. The
+//! launcher is a fresh, single-threaded process, so its steps may allocate
+//! (Landlock rules, seccomp BPF); forks inside it (`become_pid1`) copy a
+//! small process, not the caller.
 //!
-//! Order inside the child for `Level::Full` (as bubblewrap and Codex do it):
+//! Order inside the launcher for `Level::Full` (as bubblewrap and Codex do it):
 //! 1. drop root to uid/gid 65534 (so RLIMIT_NPROC applies and the command is not root);
 //! 2. unshare user/mount/PID/net/IPC/UTS namespaces and write the id maps;
 //! 3. fork into the new PID namespace: the first child stays as a relay that
@@ -19,15 +21,17 @@
 //! 8. seccomp last, because it denies mount/unshare and needs no_new_privs.
 
 use crate::error::SandboxError;
+use crate::launch;
 use crate::policy::{Level, Limits, Policy};
 use crate::probe::probe;
 use crate::rules;
 use crate::sys::{self, cvt, note, SANDBOX_ID};
 use landlock::{RulesetCreated, RulesetStatus};
 use seccompiler::BpfProgram;
+use serde::{Deserialize, Serialize};
+use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 type RlimitTable = [(libc::__rlimit_resource_t, libc::rlim_t); 6];
@@ -68,8 +72,6 @@ fn set_rlimits(table: &RlimitTable) -> io::Result<()> {
 
 fn restrict(rs: Option<RulesetCreated>) -> io::Result<()> {
     let Some(rs) = rs else {
-        // The hook runs once per spawn in a fresh copy of the parent's
-        // memory, so this only happens if the ruleset was already consumed.
         note(b"sandbox: Landlock ruleset missing\n");
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     };
@@ -104,10 +106,29 @@ fn drop_root_step(drop: bool) -> io::Result<()> {
     Ok(())
 }
 
-/// Installs the confinement `policy` describes on `cmd`. The caller keeps
-/// managing env, stdio, process_group, the timeout and killing the group.
-/// Fails (rather than running with less) if a layer the level needs is missing.
-pub fn confine(cmd: &mut Command, policy: &Policy) -> Result<(), SandboxError> {
+/// A command that runs `program` confined as `policy` says. The caller adds
+/// arguments, env, stdio, cwd and `process_group`, spawns it, and keeps the
+/// timeout and killing the group.
+///
+/// The command is the sandbox launcher: this executable again
+/// (`/proc/self/exe`, see `launch`), which confines itself and then
+/// `execvp`s `program` with the caller's arguments and environment. No
+/// closure runs between fork and exec in the caller, so std spawns it with
+/// `posix_spawn` (a vfork): the caller's page tables are not copied and its
+/// threads take no copy-on-write faults afterwards. Forking a large,
+/// multi-threaded harness for every command cost more CPU than everything
+/// else an agent turn does (see `benches/orchestration.rs`).
+///
+/// Fails here, in the caller, if a layer the level needs is missing or a
+/// path is relative. A step that fails later, in the launcher, is named on
+/// the command's stderr and the command exits with status 126.
+pub fn command(program: impl AsRef<OsStr>, policy: &Policy) -> Result<Command, SandboxError> {
+    if !cfg!(all(target_os = "linux", target_env = "gnu")) {
+        // The launcher's constructor needs glibc's (argc, argv, envp).
+        return Err(SandboxError::Launch(
+            "the sandbox launcher needs Linux with glibc".into(),
+        ));
+    }
     for p in policy.writable.iter().chain(&policy.readable) {
         if !p.is_absolute() {
             return Err(SandboxError::RelativePath(p.clone()));
@@ -115,35 +136,86 @@ pub fn confine(cmd: &mut Command, policy: &Policy) -> Result<(), SandboxError> {
     }
     let avail = probe();
     avail.check(policy.level)?;
-    let limits = rlimit_table(&policy.limits);
-    let abi = avail.landlock_abi.unwrap_or(0);
-    let drop = avail.root;
-    match policy.level {
-        Level::None => {
-            // SAFETY: the hook only calls setrlimit.
-            unsafe {
-                cmd.pre_exec(move || set_rlimits(&limits));
-            }
+    if policy.level != Level::None {
+        // The launcher opens these for the Landlock rules; name a missing
+        // one here, to the caller, rather than as a failed command.
+        check_paths(policy)?;
+    }
+    // Keeps the launcher's constructor in every binary that spawns one.
+    std::hint::black_box(&launch::LAUNCH_HOOK);
+    let spec = LaunchSpec {
+        policy: policy.clone(),
+        landlock_abi: avail.landlock_abi.unwrap_or(0),
+        drop_root: avail.root,
+    };
+    let spec = serde_json::to_string(&spec).map_err(|e| SandboxError::Launch(e.to_string()))?;
+    let mut cmd = Command::new(LAUNCHER);
+    cmd.arg(launch::FLAG).arg(spec).arg(program);
+    Ok(cmd)
+}
+
+fn check_paths(policy: &Policy) -> Result<(), SandboxError> {
+    let roles = policy.writable.iter().map(|p| ("writable", p));
+    for (role, path) in roles.chain(policy.readable.iter().map(|p| ("readable", p))) {
+        if let Err(e) = std::fs::metadata(path) {
+            return Err(SandboxError::PathUnusable {
+                role,
+                path: path.clone(),
+                reason: e.to_string(),
+            });
         }
+    }
+    Ok(())
+}
+
+/// The launcher's executable: always the running binary, even if its file
+/// was replaced or deleted since it started.
+const LAUNCHER: &str = "/proc/self/exe";
+
+/// What the launcher needs besides the policy: the caller's probe results
+/// (probing again per command would fork a test child each time).
+#[derive(Serialize, Deserialize)]
+pub(crate) struct LaunchSpec {
+    pub(crate) policy: Policy,
+    pub(crate) landlock_abi: i32,
+    pub(crate) drop_root: bool,
+}
+
+/// In the launcher: applies every layer of `spec` to this process, in the
+/// order of the module docs. Returns in the process that is to exec the
+/// command (under `Level::Full`, PID 2 of the new PID namespace; the relay
+/// and the namespace's init never return).
+pub(crate) fn confine_self(spec: &LaunchSpec) -> io::Result<()> {
+    let policy = &spec.policy;
+    let limits = rlimit_table(&policy.limits);
+    let (abi, drop) = (spec.landlock_abi, spec.drop_root);
+    let failed = |what: &'static [u8]| {
+        move |e: SandboxError| {
+            note(what);
+            io::Error::other(e.to_string())
+        }
+    };
+    match policy.level {
+        Level::None => set_rlimits(&limits),
         Level::Landlock => {
-            let mut ruleset = Some(rules::landlock_ruleset(policy, abi, true)?);
-            let progs = rules::seccomp_programs(policy.network)?;
-            // SAFETY: the hook only makes syscalls on data prepared above.
-            unsafe {
-                cmd.pre_exec(move || {
-                    set_core_zero();
-                    prefer_for_oom();
-                    drop_root_step(drop)?;
-                    set_rlimits(&limits)?;
-                    restrict(ruleset.take())?;
-                    cloexec_inherited_fds();
-                    apply_seccomp(&progs)
-                });
-            }
+            // Built while still root: the rules open every allowed path.
+            let ruleset = rules::landlock_ruleset(policy, abi, true)
+                .map_err(failed(b"sandbox: building the Landlock ruleset failed\n"))?;
+            let progs = rules::seccomp_programs(policy.network)
+                .map_err(failed(b"sandbox: building the seccomp filter failed\n"))?;
+            set_core_zero();
+            prefer_for_oom();
+            drop_root_step(drop)?;
+            set_rlimits(&limits)?;
+            restrict(Some(ruleset))?;
+            cloexec_inherited_fds();
+            apply_seccomp(&progs)
         }
         Level::Full => {
-            let mut ruleset = Some(rules::landlock_ruleset(policy, abi, false)?);
-            let progs = rules::seccomp_programs(policy.network)?;
+            let ruleset = rules::landlock_ruleset(policy, abi, false)
+                .map_err(failed(b"sandbox: building the Landlock ruleset failed\n"))?;
+            let progs = rules::seccomp_programs(policy.network)
+                .map_err(failed(b"sandbox: building the seccomp filter failed\n"))?;
             // Identity map of the (possibly dropped) uid: the command is not
             // root inside the namespace either, so it loses the namespace's
             // capabilities at exec instead of holding CAP_SYS_ADMIN there.
@@ -164,30 +236,20 @@ pub fn confine(cmd: &mut Command, policy: &Policy) -> Result<(), SandboxError> {
             if !policy.network {
                 flags |= libc::CLONE_NEWNET;
             }
-            // SAFETY: the hook only makes syscalls on data prepared above;
-            // the relay branch never returns into std's child code.
-            unsafe {
-                cmd.pre_exec(move || {
-                    set_core_zero();
-                    prefer_for_oom();
-                    drop_root_step(drop)?;
-                    enter_namespaces(flags, &uid_map, &gid_map)?;
-                    become_pid1()?;
-                    mount_proc()?;
-                    let shm = mount_shm(have_shm)?;
-                    set_rlimits(&limits)?;
-                    let rs = match ruleset.take() {
-                        Some(rs) => Some(add_mounted(rs, abi, shm)?),
-                        None => None,
-                    };
-                    restrict(rs)?;
-                    cloexec_inherited_fds();
-                    apply_seccomp(&progs)
-                });
-            }
+            set_core_zero();
+            prefer_for_oom();
+            drop_root_step(drop)?;
+            enter_namespaces(flags, &uid_map, &gid_map)?;
+            become_pid1()?;
+            mount_proc()?;
+            let shm = mount_shm(have_shm)?;
+            set_rlimits(&limits)?;
+            let rs = add_mounted(ruleset, abi, shm)?;
+            restrict(Some(rs))?;
+            cloexec_inherited_fds();
+            apply_seccomp(&progs)
         }
     }
-    Ok(())
 }
 
 /// The caller's stdio pipes were created by root with mode 0600, so after
@@ -269,15 +331,15 @@ fn become_pid1() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     if pid > 0 {
-        // Relay. Close everything (std's exec-status pipe, the caller's
-        // stdout/stderr pipes) so the caller's spawn() returns once the
-        // grandchild execs and its output EOF does not wait for us.
+        // Relay. Close everything (the caller's stdout/stderr pipes, and
+        // std's exec-status pipe when the caller forked) so the caller's
+        // output EOF does not wait for us.
         let mut keep = [w, st_r];
         keep.sort_unstable();
         sys::close_all_except(&keep);
-        // The relay is a copy of the harness's memory running as uid 65534:
-        // keep other processes of that uid from reading it via ptrace or
-        // /proc/PID/mem (drop_root made it dumpable for the uid_map write).
+        // The relay runs as uid 65534: keep other processes of that uid
+        // from reading its memory via ptrace or /proc/PID/mem (drop_root
+        // made it dumpable for the uid_map write).
         // SAFETY: plain prctl.
         unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
         let init = match sys::wait_pid(pid) {

@@ -72,6 +72,9 @@ pub enum SandboxError {
     /// The Landlock ruleset could not be built.
     #[error("building the Landlock ruleset failed: {0}; check `mass sandbox` output, or set [sandbox] level = \"none\" (unsafe) if this kernel cannot do it")]
     Landlock(#[from] landlock::RulesetError),
+    /// The launcher's arguments could not be encoded.
+    #[error("cannot start the sandbox launcher: {0}")]
+    Launch(String),
     /// The seccomp filter could not be compiled.
     #[error("compiling the seccomp filter failed: {0}; this architecture may be unsupported: set [sandbox] level = \"none\" (unsafe) to run without it")]
     Seccomp(String),

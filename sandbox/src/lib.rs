@@ -5,18 +5,22 @@
 //! It knows processes and paths only; the caller keeps spawning, env,
 //! stdio, timeouts and killing the process group.
 //!
-//! Typical use, before each spawn:
-//! `prepare(&policy)?; confine(&mut cmd, &policy)?; cmd.spawn()`.
+//! Typical use, for each command:
+//! `prepare(&policy)?; let mut cmd = command("bash", &policy)?;` then the
+//! caller's args, env, stdio and `cmd.spawn()`. The confinement is applied
+//! by a launcher (this executable re-entered before `main`, see `launch`),
+//! so spawning never forks the caller.
 
 mod confine;
 mod error;
+mod launch;
 mod policy;
 mod prepare;
 mod probe;
 mod rules;
 mod sys;
 
-pub use confine::confine;
+pub use confine::command;
 pub use error::SandboxError;
 pub use policy::{Level, Limits, Policy};
 pub use prepare::{outside_links, prepare};

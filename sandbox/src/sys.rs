@@ -1,7 +1,7 @@
-//! Thin, allocation-free wrappers around the raw syscalls used between fork
-//! and exec. Code there may only call async-signal-safe functions, so these
-//! helpers take pre-built C strings and byte slices and report failures as
-//! `std::io::Error` built from errno (which does not allocate).
+//! Thin, allocation-free wrappers around the raw syscalls the launcher
+//! makes while confining itself, and after its forks (the relay and the
+//! namespace's init only make syscalls). They take pre-built C strings and
+//! byte slices and report failures as `std::io::Error` built from errno.
 
 use std::ffi::CStr;
 use std::io;
@@ -55,8 +55,8 @@ pub(crate) fn drop_root() -> io::Result<()> {
     Ok(())
 }
 
-/// Writes a short diagnostic to stderr of the child, so a failure between
-/// fork and exec names the step (std only transports errno to the parent).
+/// Writes a short diagnostic to the command's stderr, so a failure in the
+/// launcher names the step.
 pub(crate) fn note(msg: &[u8]) {
     // SAFETY: write(2) on fd 2 with a valid buffer; failures are ignored on purpose.
     unsafe {

@@ -4,7 +4,7 @@
 //! Commands are built exactly as the integrator will build them (see `run`).
 //! Must run as root on a machine where `probe().check(Level::Full)` passes.
 
-use sandbox::{confine, outside_links, prepare, Level, Policy};
+use sandbox::{command, outside_links, prepare, Level, Policy};
 use std::io::Read;
 use std::net::{TcpListener, UdpSocket};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -57,6 +57,30 @@ struct Out {
     pid_ns: Option<PathBuf>,
 }
 
+/// The PID namespace the launcher `pid` created for its children, once it
+/// has (within 3 s); `None` if it exits first or never creates one.
+fn new_pid_namespace(pid: i32) -> Option<PathBuf> {
+    let ours = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    let deadline = Instant::now() + secs(3);
+    while Instant::now() < deadline {
+        // The link can be briefly unreadable while the launcher changes
+        // its credentials; a process that ended (a zombie) never creates one.
+        match std::fs::read_link(format!("/proc/{pid}/ns/pid_for_children")) {
+            Ok(ns) if ns != ours => return Some(ns),
+            Ok(_) => {}
+            Err(_) => {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                let state = stat.rsplit(") ").next()?.chars().next()?;
+                if state == 'Z' {
+                    return None;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
+}
+
 /// Asserts that no live process is left in the command's PID namespace.
 fn assert_namespace_empty(o: &Out) {
     let ns = o.pid_ns.clone().expect("pid namespace recorded");
@@ -93,13 +117,14 @@ impl Out {
 
 /// Runs `script` the way the integrator will: bash -c, env_clear plus an
 /// allow-listed env, process_group(0), stdin null, piped output, prepare +
-/// confine, a timeout that SIGKILLs the group, and a final killpg after
+/// sandbox::command, a timeout that SIGKILLs the group, and a final killpg after
 /// the command returns.
 fn run(policy: &Policy, ws: &Path, script: &str, timeout: Duration) -> Out {
     static ONCE: std::sync::Once = std::sync::Once::new();
     // The harness has secrets in its own environment; the command must not see them.
     ONCE.call_once(|| std::env::set_var("OPENAI_API_KEY", API_KEY));
-    let mut cmd = Command::new("bash");
+    prepare(policy).unwrap();
+    let mut cmd = command("bash", policy).unwrap();
     cmd.arg("-c")
         .arg(script)
         .env_clear()
@@ -111,13 +136,17 @@ fn run(policy: &Policy, ws: &Path, script: &str, timeout: Duration) -> Out {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    prepare(policy).unwrap();
-    confine(&mut cmd, policy).unwrap();
     let start = Instant::now();
     let mut child = cmd.spawn().unwrap();
     let pid = child.id() as i32;
-    // The relay's children (the command) live in this namespace.
-    let pid_ns = std::fs::read_link(format!("/proc/{pid}/ns/pid_for_children")).ok();
+    // The relay's children (the command) live in this namespace. The
+    // launcher enters it shortly after spawn returns (spawn does not wait
+    // for the confinement), so wait until it differs from ours.
+    let pid_ns = if policy.level == Level::Full {
+        new_pid_namespace(pid)
+    } else {
+        None
+    };
     let (tx, rx) = mpsc::channel();
     for (i, mut r) in [
         Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
@@ -851,9 +880,8 @@ fn policy_serde_uses_documented_names_and_defaults() {
 
 #[test]
 fn relative_paths_are_refused() {
-    let mut cmd = Command::new("true");
     let p = Policy::new(Level::Full, Path::new("rel/ws"));
-    let err = confine(&mut cmd, &p).unwrap_err().to_string();
+    let err = command("true", &p).unwrap_err().to_string();
     assert!(err.contains("not absolute"), "{err}");
 }
 
@@ -933,13 +961,14 @@ fn leaked_harness_fd_does_not_reach_the_command() {
         .unwrap();
     let raw = std::os::fd::AsRawFd::as_raw_fd(&f);
     let p = ws.policy(Level::Full);
-    let mut cmd = Command::new("bash");
+    prepare(&p).unwrap();
+    let mut cmd = command("bash", &p).unwrap();
     cmd.arg("-c")
         .arg("echo pwn >&50 && echo WROTE; echo CONTROL_OK")
         .env_clear()
         .current_dir(&ws.dir)
         .stdin(Stdio::null());
-    // Simulate a harness that leaked a non-CLOEXEC fd: dup it to 50 before the sandbox hook.
+    // Simulate a harness that leaked a non-CLOEXEC fd: dup it to 50 before the launcher runs.
     unsafe {
         cmd.pre_exec(move || {
             if libc::dup2(raw, 50) < 0 {
@@ -948,8 +977,6 @@ fn leaked_harness_fd_does_not_reach_the_command() {
             Ok(())
         });
     }
-    prepare(&p).unwrap();
-    confine(&mut cmd, &p).unwrap();
     let out = cmd.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
