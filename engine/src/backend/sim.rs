@@ -8,12 +8,15 @@
 //! with checks, hops that send work back), delegation, and seeded noise: as a
 //! worker it writes the task's solver into the workspace and runs it with
 //! whatever mistakes ("flaws") its skill lets slip through, may run the checks
-//! and fix what they reveal. As a judge it sees only what a real judge sees —
-//! validation output and reports in its prompt — with noise, a position bias
-//! and a blind spot (sometimes trusting a report's claims over the checks). As
-//! an optimizer it edits workflows in ways that may help or hurt. Nothing here
-//! looks at a cycle number or an expected result: trained parameters arrive as
-//! adapters written by the (simulated) trainer from the exported dataset.
+//! and fix what they reveal. As a judge it reads the validation output and
+//! reports in its prompt, with noise, a position bias and a blind spot
+//! (sometimes trusting a report's claims over the checks); it is not yet
+//! honest: it also runs the task's reference solver without flaws and scores
+//! each report against that output (`reference_report`), an oracle a real
+//! judge does not have. As an optimizer it edits workflows in ways that may
+//! help or hurt. Nothing here looks at a cycle number: trained parameters
+//! arrive as adapters written by the (simulated) trainer from the exported
+//! dataset.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
