@@ -289,3 +289,67 @@ fn fork_lineage_records_the_run_asked_from() {
     // The fork taken from b continues like any fork.
     ok(&ledger, &["resume", "c", "--quiet"]);
 }
+
+/// The run summary explains each column and says who judged the held-out
+/// figures: an external judge by name, or the run's own judge, flagged as
+/// not independent (before, a smoke run's self-judged win rate read like an
+/// independent one). Holds for every seed: a cycle is either "not
+/// evaluated" or has its judge line.
+#[test]
+fn the_summary_explains_its_columns_and_who_judged_the_held_out_runs() {
+    let mut judged = [0, 0];
+    for (seed, external) in (1..=4).flat_map(|s| [(s, false), (s, true)]) {
+        let d = tempfile::tempdir().expect("tempdir");
+        let ledger = d.path().join("ledger");
+        let exp = experiment(d.path(), "smoke.toml", |s| {
+            let s = s.replace("seed = 8", &format!("seed = {seed}"));
+            if external {
+                s.replace(
+                    "[roles]\n",
+                    "[backends.ext]\nkind = \"sim\"\n\n[roles]\nexternal_judges = [\"ext\"]\n",
+                )
+            } else {
+                s
+            }
+        });
+        let o = ok(&ledger, &["run", &exp]);
+        let out = text(&o.stdout);
+        for column in [
+            "inner wins:",
+            "selected:",
+            "sup.tokens:",
+            "delegation:",
+            "held-out:",
+            "model:",
+        ] {
+            assert!(
+                out.lines().any(|l| l.trim_start().starts_with(column)),
+                "seed {seed}: no legend line for {column}\n{out}"
+            );
+        }
+        let evaluated = !out.contains("not evaluated");
+        judged[external as usize] += evaluated as u32;
+        let judge_line = out
+            .lines()
+            .find(|l| l.contains("cycle 1: held-out verdicts by"));
+        match (evaluated, external) {
+            (false, _) => assert!(judge_line.is_none(), "seed {seed}\n{out}"),
+            (true, true) => {
+                let l = judge_line.expect("judge line");
+                assert!(
+                    l.contains("verdicts by ext") && !l.contains("own judge"),
+                    "seed {seed}: {l}"
+                );
+            }
+            (true, false) => {
+                let l = judge_line.expect("judge line");
+                assert!(
+                    l.contains("verdicts by sim, the run's own judge backend"),
+                    "seed {seed}: {l}"
+                );
+            }
+        }
+    }
+    // Both wordings were seen (seeds 1, 2 and 4 collect data with either judge).
+    assert!(judged[0] > 0 && judged[1] > 0, "{judged:?}");
+}

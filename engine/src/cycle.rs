@@ -65,7 +65,7 @@ pub struct CycleResult {
     pub selected_runs: u32,
     pub supervised_tokens: u64,
     pub delegation_rate: f64,
-    pub heldout: Option<(u32, u32, u32)>,
+    pub heldout: Option<crate::evaluation::HeldOut>,
 }
 
 impl Ctx<'_> {

@@ -13,7 +13,22 @@ use crate::harness::{run_team, RunRules, RunSpec};
 use crate::judge::{judge_pair, RunRef};
 use crate::workflow::Workflow;
 
-/// Returns (wins, losses, ties) of `new` against `base`.
+/// The held-out comparison of a cycle's new model with the base model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldOut {
+    /// Verdicts for the new model, for the base model, and ties.
+    pub wins: u32,
+    pub losses: u32,
+    pub ties: u32,
+    /// The backends that judged, comma-separated: the external judges, or
+    /// the run's own judge when there are none.
+    pub judge: String,
+    /// No external judge is configured: the run's own judge backend (its
+    /// base model) judged, not an independent judge.
+    pub self_judged: bool,
+}
+
+/// Runs and judges the held-out comparison of `new` against `base`.
 pub fn evaluate(
     ctx: &Ctx<'_>,
     main: &mut replay::Stream,
@@ -21,7 +36,7 @@ pub fn evaluate(
     cycle: u32,
     new: &Models,
     base: &Models,
-) -> Result<(u32, u32, u32)> {
+) -> Result<HeldOut> {
     let teams = [("new", ctx.team(new)?), ("base", ctx.team(base)?)];
     let mut jobs = Vec::new();
     for task in ctx.heldout {
@@ -64,7 +79,8 @@ pub fn evaluate(
         || ctx.progress.tick(&stage),
     )?;
     ctx.progress.done(&stage);
-    let judges: Vec<String> = if exp.roles.external_judges.is_empty() {
+    let self_judged = exp.roles.external_judges.is_empty();
+    let judges: Vec<String> = if self_judged {
         vec![exp.roles.judge.clone()]
     } else {
         exp.roles.external_judges.clone()
@@ -132,5 +148,11 @@ pub fn evaluate(
         judgments: ids.iter().map(|i| Hash32(i.0)).collect(),
     };
     step(main, exp, schemas::to_event(&rec)?.with_parents(ids))?;
-    Ok((w, l, t))
+    Ok(HeldOut {
+        wins: w,
+        losses: l,
+        ties: t,
+        judge: judges.join(","),
+        self_judged,
+    })
 }

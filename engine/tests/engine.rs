@@ -196,7 +196,7 @@ fn held_out_and_stripped(s: &Seeded) -> bool {
         // selected, no training, no evaluation of a new model.
         let c = &s.summary.cycles[0];
         assert_eq!(
-            (c.selected_runs, c.supervised_tokens, c.heldout),
+            (c.selected_runs, c.supervised_tokens, c.heldout.clone()),
             (0, 0, None),
             "seed {}",
             s.seed

@@ -585,6 +585,9 @@ fn print_summary(s: &RunSummary, secs: f64) {
     for c in &s.cycles {
         let _ = writeln!(out, "{}", cycle_row(c));
     }
+    for line in legend(s) {
+        let _ = writeln!(out, "  {line}");
+    }
     // A cycle without training data is a normal outcome; say why.
     for c in s.cycles.iter().filter(|c| c.selected_runs == 0) {
         let why = if c.inner_wins == 0 {
@@ -624,8 +627,9 @@ fn print_summary(s: &RunSummary, secs: f64) {
 }
 
 fn cycle_row(c: &CycleResult) -> String {
-    let heldout = match c.heldout {
-        Some((w, l, t)) => {
+    let heldout = match &c.heldout {
+        Some(h) => {
+            let (w, l, t) = (h.wins, h.losses, h.ties);
             let rate = if w + l > 0 {
                 format!("{:.1}%", 100.0 * w as f64 / (w + l) as f64)
             } else {
@@ -648,6 +652,32 @@ fn cycle_row(c: &CycleResult) -> String {
         heldout,
         c.next_model
     )
+}
+
+/// One line per column of the summary table, then who judged the held-out
+/// figures (a model judging itself is said so).
+fn legend(s: &RunSummary) -> Vec<String> {
+    let mut lines = vec![
+        "inner wins: inner-loop steps whose candidate workflow was accepted as the new champion, of all steps".to_string(),
+        "selected: collected runs selected as training or validation examples (both counted)".into(),
+        "sup.tokens: assistant tokens supervised in the training and validation examples".into(),
+        "delegation: share of the cycle's collected runs (which carry the champion workflow) whose orchestrator delegated".into(),
+        "held-out: the new model's bare-task runs on held-out tasks against the base model's, W/(W+L) with a 95% Wilson interval, wins-losses [ties]".into(),
+        "model: the model the next cycle uses".into(),
+    ];
+    for c in &s.cycles {
+        if let Some(h) = &c.heldout {
+            lines.push(if h.self_judged {
+                format!(
+                    "cycle {}: held-out verdicts by {}, the run's own judge backend (no external judge is configured, so no independent one)",
+                    c.cycle, h.judge
+                )
+            } else {
+                format!("cycle {}: held-out verdicts by {}", c.cycle, h.judge)
+            });
+        }
+    }
+    lines
 }
 
 pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
