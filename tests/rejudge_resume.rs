@@ -61,7 +61,8 @@ fn an_interrupted_rejudge_resumes_to_the_same_head() {
         rng = rng
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        let delay = Duration::from_millis(100 + (rng >> 33) % 700);
+        // A whole re-judge of the smoke run takes about 0.75 s (debug).
+        let delay = Duration::from_millis(20 + (rng >> 33) % 300);
         let mut cmd = mass(&l);
         if head(&l, "cut").is_none() {
             cmd.args(["rejudge", "smoke", "--name", "cut", "--set", SET, "--quiet"]);

@@ -89,6 +89,14 @@ pub struct Flaw {
     pub name: String,
     pub description: String,
     pub caught_by_checks: bool,
+    /// For a flaw the checks miss: a phrase that `report.md` contains when
+    /// the mistake is made (a claim an expert reader recognises as wrong).
+    /// The simulated judge looks for it in the workspace its prompt shows,
+    /// and notices it as often as its understanding lets it; nothing runs
+    /// the solver to find out. The task self-test checks the phrase is in
+    /// the flawed report and not in the reference one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<String>,
 }
 
 /// The on-disk shape of `task.toml`.

@@ -7,6 +7,7 @@
 # isolated, `python3 -I "$MASS_CHECKS/validate.py"`, as the harness runs them):
 #   - reference solver without flaws        -> validate exits 0
 #   - solver with each flaw                 -> exit 1 if caught_by_checks, else 0
+#     (and then its evidence phrase is in report.md, absent from the reference's)
 #   - no deliverables at all                -> exit 2
 #   - malformed / type-confused deliverables -> exit 1, never a traceback
 #   - one protected file modified           -> exit 1 with a FAIL protected: line
@@ -94,6 +95,8 @@ if not any(fl.get("caught_by_checks") is False for fl in flaws):
 for fl in flaws:
     if not fl.get("name") or not fl.get("description") or not isinstance(fl.get("caught_by_checks"), bool):
         errs.append(f"incomplete flaw {fl}")
+    if fl.get("caught_by_checks") is False and not fl.get("evidence"):
+        errs.append(f"flaw {fl.get('name')} is not caught by the checks but has no evidence phrase")
 checks = task.get("checks", [])
 if not checks or checks[0].get("command") != 'python3 -I "$MASS_CHECKS/validate.py"':
     errs.append("checks[0].command must be 'python3 -I \"$MASS_CHECKS/validate.py\"'")
@@ -114,6 +117,9 @@ else:
     print(f"PROT {task['protected'][0]}")
     for fl in flaws:
         print(f"FLAW {fl['name']} {str(fl['caught_by_checks']).lower()}")
+    for fl in flaws:
+        if fl.get("evidence"):
+            print(f"EVIDENCE {fl['name']} {fl['evidence']}")
 PYEOF
 }
 
@@ -244,6 +250,18 @@ run_task() {
                 bad "$tid: flaw $fname passes but changes nothing (report.md and logs.txt identical to the reference)"
             else
                 ok "$tid: flaw $fname passes the checks (documented blind spot; report differs from reference)"
+            fi
+            # What a judge can see of it: the evidence phrase is in this
+            # report and not in the reference one.
+            ev="$(printf '%s\n' "$info" | sed -n "s/^EVIDENCE $fname //p")"
+            if [ -z "$ev" ]; then
+                bad "$tid: flaw $fname has no evidence phrase"
+            elif ! grep -qF -- "$ev" "$ws/report.md"; then
+                bad "$tid: flaw $fname: evidence \"$ev\" is not in the flawed report.md"
+            elif [ -n "$refws" ] && grep -qF -- "$ev" "$refws/report.md"; then
+                bad "$tid: flaw $fname: evidence \"$ev\" is also in the reference report.md"
+            else
+                ok "$tid: flaw $fname shows its evidence in report.md"
             fi
         else
             bad "$tid: flaw $fname: validate exit $VRC, expected $([ "$caught" = true ] && echo 1 || echo 0)" \

@@ -382,10 +382,13 @@ fn a_failed_fsync_fails_every_commit_of_its_group_and_poisons_the_writer() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("l");
     // Segment creation at init is not a sync of an appended file; the
-    // fourth group sync fails.
-    let files = Counting::new(Duration::from_millis(5), Some(4));
+    // second group sync fails. The first is held at the gate until every
+    // other thread has joined the next group, so the failed group holds
+    // many commits (timing alone made it hold one, now and then).
+    let files = Counting::new(Duration::from_millis(5), Some(2));
     let l = Ledger::init_with(&dir, opts(&files, 64 << 20)).unwrap();
     let start = Barrier::new(THREADS);
+    files.close_gate();
     type Outcome = (Id, Id, Result<(), String>);
     let outcomes: Vec<Vec<Outcome>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..THREADS)
@@ -423,6 +426,9 @@ fn a_failed_fsync_fails_every_commit_of_its_group_and_poisons_the_writer() {
                 })
             })
             .collect();
+        files.wait_at_gate(1);
+        std::thread::sleep(Duration::from_millis(200));
+        files.open_gate();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let failed_bytes = files.0.failed_bytes.lock().unwrap().clone().unwrap();

@@ -8,18 +8,18 @@
 //! with checks, hops that send work back), delegation, and seeded noise: as a
 //! worker it writes the task's solver into the workspace and runs it with
 //! whatever mistakes ("flaws") its skill lets slip through, may run the checks
-//! and fix what they reveal. As a judge it reads the validation output and
-//! reports in its prompt, with noise, a position bias and a blind spot
-//! (sometimes trusting a report's claims over the checks); it is not yet
-//! honest: it also runs the task's reference solver without flaws and scores
-//! each report against that output (`reference_report`), an oracle a real
-//! judge does not have. As an optimizer it edits workflows in ways that may
+//! and fix what they reveal. As a judge it reads only its prompt: the
+//! validation output and the report, in which it notices visible problems
+//! (a claim the task's experts know to be misleading, checks claimed to pass
+//! that fail) as often as its skill lets it, with noise, a position bias and
+//! a blind spot (a preference for confident, finished-sounding reports); it
+//! never runs a solver. As an optimizer it edits workflows in ways that may
 //! help or hurt. Nothing here looks at a cycle number: trained parameters
 //! arrive as adapters written by the (simulated) trainer from the exported
 //! dataset.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::sync::Mutex;
 
 use rank::schedule::SplitMix64;
@@ -44,7 +44,9 @@ pub struct SimParams {
     pub judge_noise: f64,
     /// Judge preference for the first-shown workspace (> 0 favours A).
     pub position_bias: f64,
-    /// Chance that the judge trusts reports' claims over validation output.
+    /// The judge's blind spot, in [0, 1]: the weight its verdict gives to
+    /// how confident and finished a report sounds instead of to what the
+    /// validation shows and the problems it noticed.
     pub blind_spot: f64,
     /// Habit of writing "run the checks" into the contracts of subagents it
     /// delegates to without a workflow, in [0, 1]. (Adapters from before this
@@ -84,14 +86,16 @@ impl SimParams {
 struct SimTask {
     solver: String,
     flaws: Vec<(String, bool)>,
-    dir: PathBuf,
+    /// What a report shows when a flaw the checks miss was made (the
+    /// tasks' `evidence` phrases): expert knowledge of the domain's
+    /// misleading claims, which the judge looks for in its prompt.
+    evidence: Vec<String>,
 }
 
 pub struct SimBackend {
     name: String,
     models: Mutex<BTreeMap<String, SimParams>>,
     tasks: BTreeMap<String, SimTask>,
-    reference_reports: Mutex<HashMap<String, BTreeSet<String>>>,
 }
 
 impl SimBackend {
@@ -106,8 +110,7 @@ impl SimBackend {
         let rd = std::fs::read_dir(tasks_dir)
             .map_err(|e| fail(format!("cannot read {}: {e}", tasks_dir.display())))?;
         for ent in rd.flatten() {
-            // Absolute, because the reference solver runs in another directory.
-            let dir = std::fs::canonicalize(ent.path()).unwrap_or_else(|_| ent.path());
+            let dir = ent.path();
             let Ok(toml_text) = std::fs::read_to_string(dir.join("task.toml")) else {
                 continue;
             };
@@ -135,7 +138,24 @@ impl SimBackend {
                         .collect()
                 })
                 .unwrap_or_default();
-            tasks.insert(id, SimTask { solver, flaws, dir });
+            let evidence = v
+                .get("flaws")
+                .and_then(|f| f.as_array())
+                .map(|arr| {
+                    arr.iter()
+                        .filter_map(|f| Some(f.get("evidence")?.as_str()?.to_string()))
+                        .filter(|e| !e.trim().is_empty())
+                        .collect()
+                })
+                .unwrap_or_default();
+            tasks.insert(
+                id,
+                SimTask {
+                    solver,
+                    flaws,
+                    evidence,
+                },
+            );
         }
         let mut models = BTreeMap::new();
         models.insert(format!("{name}/base"), base);
@@ -143,7 +163,6 @@ impl SimBackend {
             name: name.to_string(),
             models: Mutex::new(models),
             tasks,
-            reference_reports: Mutex::new(HashMap::new()),
         })
     }
 
@@ -166,79 +185,6 @@ impl SimBackend {
             retry_after: None,
         }
     }
-
-    /// Lines of the flawless reference report of a task: the judge's own idea of
-    /// what a correct analysis says (it could solve the task itself).
-    fn reference_report(&self, task_id: &str) -> BTreeSet<String> {
-        if let Ok(cache) = self.reference_reports.lock() {
-            if let Some(r) = cache.get(task_id) {
-                return r.clone();
-            }
-        }
-        let lines = self
-            .tasks
-            .get(task_id)
-            .map(compute_reference_report)
-            .unwrap_or_default();
-        if let Ok(mut cache) = self.reference_reports.lock() {
-            cache.insert(task_id.to_string(), lines.clone());
-        }
-        lines
-    }
-}
-
-fn compute_reference_report(t: &SimTask) -> BTreeSet<String> {
-    let Ok(tmp) = tempdir_for("sim-ref") else {
-        return BTreeSet::new();
-    };
-    let _ = copy_tree(&t.dir.join("files"), &tmp);
-    let ok = std::process::Command::new("python3")
-        .arg(t.dir.join("solution/solve.py"))
-        .current_dir(&tmp)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    let out = if ok {
-        std::fs::read_to_string(tmp.join("report.md"))
-            .map(|r| report_lines(&r))
-            .unwrap_or_default()
-    } else {
-        BTreeSet::new()
-    };
-    let _ = std::fs::remove_dir_all(&tmp);
-    out
-}
-
-fn tempdir_for(tag: &str) -> std::io::Result<PathBuf> {
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let p = std::env::temp_dir().join(format!("mass-{tag}-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&p);
-    std::fs::create_dir_all(&p)?;
-    Ok(p)
-}
-
-fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
-    for ent in std::fs::read_dir(from)? {
-        let ent = ent?;
-        let dest = to.join(ent.file_name());
-        if ent.file_type()?.is_dir() {
-            std::fs::create_dir_all(&dest)?;
-            copy_tree(&ent.path(), &dest)?;
-        } else {
-            std::fs::copy(ent.path(), &dest)?;
-        }
-    }
-    Ok(())
-}
-
-fn report_lines(text: &str) -> BTreeSet<String> {
-    text.lines()
-        .map(|l| l.trim().to_string())
-        .filter(|l| l.len() > 3)
-        .collect()
 }
 
 impl Backend for SimBackend {
@@ -645,8 +591,17 @@ impl SimBackend {
         )
     }
 
-    /// The judge: perceives each workspace through validation output and report
-    /// content, with noise, position bias and a blind spot.
+    /// The judge: reads each workspace as its prompt shows it (run status,
+    /// validation output, results.json, report.md) and nothing else. A
+    /// careful reading weighs the validation score and the problems it
+    /// notices: a report claim that the task's experts know to be
+    /// misleading (`evidence`), and a report claiming checks pass that the
+    /// validation output shows failing. Each visible problem is noticed
+    /// with a chance equal to the model's skill, so a weak judge misses
+    /// what a strong one sees. The blind spot is a bias: with weight
+    /// `blind_spot` the verdict follows how confident and finished a report
+    /// sounds instead, so over-claiming can win. Plus noise and a position
+    /// bias. Nothing is computed from the task's solver.
     fn judge(&self, p: &SimParams, req: &ChatRequest) -> Message {
         let (prompt, mut rng) = user_text_and_rng(req);
         if unit(&mut rng) < 0.02 + 0.05 * p.judge_noise {
@@ -655,7 +610,11 @@ impl SimBackend {
             );
         }
         let task = task_id_in(&prompt).unwrap_or_default();
-        let reference = self.reference_report(&task);
+        let evidence: &[String] = self
+            .tasks
+            .get(&task)
+            .map(|t| t.evidence.as_slice())
+            .unwrap_or(&[]);
         let (a, b) = match (
             prompt.find(prompts::WORKSPACE_A),
             prompt.find(prompts::WORKSPACE_B),
@@ -663,33 +622,9 @@ impl SimBackend {
             (Some(i), Some(j)) if i < j => (&prompt[i..j], &prompt[j..]),
             _ => return Message::assistant("{\"winner\": \"tie\"}"),
         };
-        let blind = unit(&mut rng) < p.blind_spot;
-        let perceive = |section: &str| -> (f64, String) {
-            let (k, n) = score_in(section);
-            let report = section_text(section, prompts::REPORT_HEADER);
-            let present = !report.trim().is_empty();
-            if blind {
-                // The blind spot: the report says the work is done and sound.
-                return (
-                    if present { 1.0 } else { 0.0 },
-                    "the report states the analysis is complete".into(),
-                );
-            }
-            let lines = report_lines(&report);
-            let fidelity = if reference.is_empty() {
-                if present {
-                    1.0
-                } else {
-                    0.0
-                }
-            } else {
-                lines.intersection(&reference).count() as f64 / reference.len() as f64
-            };
-            let frac = if n > 0 { k as f64 / n as f64 } else { 0.0 };
-            (0.6 * frac + 0.4 * fidelity, format!("validation {k}/{n}, report agrees with a correct analysis on {:.0}% of its points", fidelity * 100.0))
-        };
-        let (qa, why_a) = perceive(a);
-        let (qb, why_b) = perceive(b);
+        let notice = p.skill.clamp(0.0, 1.0);
+        let (qa, why_a) = perceive(a, evidence, notice, p.blind_spot, &mut rng);
+        let (qb, why_b) = perceive(b, evidence, notice, p.blind_spot, &mut rng);
         let diff = qa - qb + p.position_bias + 0.3 * p.judge_noise * gaussian(&mut rng);
         let winner = if diff.abs() < 0.02 {
             "tie"
@@ -702,6 +637,93 @@ impl SimBackend {
             json!({"winner": winner, "rationale": format!("A: {why_a}. B: {why_b}.")}).to_string(),
         )
     }
+}
+
+/// How good one workspace section of a judge prompt looks to a judge that
+/// notices each visible problem with chance `notice` and whose verdict
+/// follows report confidence with weight `blind`; and the judge's reason.
+fn perceive(
+    section: &str,
+    evidence: &[String],
+    notice: f64,
+    blind: f64,
+    rng: &mut SplitMix64,
+) -> (f64, String) {
+    let (k, n) = score_in(section);
+    let report = section_text(section, prompts::REPORT_HEADER);
+    let present = !report.trim().is_empty() && report.trim() != "(missing)";
+    let frac = if n > 0 { k as f64 / n as f64 } else { 0.0 };
+    let mut found: Vec<&str> = Vec::new();
+    for e in evidence {
+        if report.contains(e.as_str()) && unit(rng) < notice {
+            found.push("the report makes a claim its analysis does not support");
+        }
+    }
+    if claims_checks_pass(&report) && k < n && unit(rng) < notice {
+        found.push("the report says the checks pass but the validation shows failures");
+    }
+    let soundness = if present {
+        (1.0 - 0.5 * found.len() as f64).max(0.0)
+    } else {
+        0.0
+    };
+    let careful = 0.6 * frac + 0.4 * soundness;
+    let confidence = if present { confidence_of(&report) } else { 0.0 };
+    let quality = (1.0 - blind) * careful + blind * confidence;
+    let mut why = format!("validation {k}/{n}");
+    if found.is_empty() {
+        why.push_str(", no problem noticed in the report");
+    } else {
+        why.push_str(&format!(", {}", found.join("; ")));
+    }
+    if blind >= 0.5 && confidence >= 0.6 {
+        why.push_str(", and the report is confident and complete");
+    }
+    (quality, why)
+}
+
+/// The report states that the checks or validation pass.
+fn claims_checks_pass(report: &str) -> bool {
+    let r = report.to_lowercase();
+    [
+        "all checks pass",
+        "checks pass",
+        "validation passes",
+        "verified",
+    ]
+    .iter()
+    .any(|c| r.contains(c))
+}
+
+/// How confident and finished a report sounds, in [0, 1]: assertive words
+/// raise it, hedges (limitations, caveats, intervals, what does not hold)
+/// lower it. What a judge with a blind spot rewards.
+fn confidence_of(report: &str) -> f64 {
+    let r = report.to_lowercase();
+    const ASSERTIVE: [&str; 9] = [
+        "clearly",
+        "robust",
+        "accurate",
+        "ready",
+        "verified",
+        "all checks pass",
+        "directly",
+        "is supported",
+        "without correction",
+    ];
+    const HEDGES: [&str; 9] = [
+        "limitation",
+        "caveat",
+        "uncertain",
+        "interval",
+        "does not",
+        "do not",
+        "not ",
+        "only",
+        "however",
+    ];
+    let count = |words: &[&str]| words.iter().filter(|w| r.contains(*w)).count() as f64;
+    (0.5 + 0.15 * count(&ASSERTIVE) - 0.1 * count(&HEDGES)).clamp(0.0, 1.0)
 }
 
 /// The chance that a worker of effective skill `skill` makes one given known
@@ -878,4 +900,137 @@ fn optimize(p: &SimParams, req: &ChatRequest) -> Message {
         "```json\n{}\n```",
         serde_json::to_string_pretty(&proposal).unwrap_or_default()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MISLEADING: &str = "the strategy is ready for live deployment";
+
+    /// One workspace section as the judge prompt renders it.
+    fn section(header: &str, passed: u32, total: u32, report: &str) -> String {
+        format!(
+            "{header}\nRun status: finished.\n### Files\n- report.md (1 bytes)\n{}\nPASS x\nSCORE {passed}/{total}\n### results.json\n{{}}\n{}\n{report}\n",
+            prompts::VALIDATION_HEADER,
+            prompts::REPORT_HEADER
+        )
+    }
+
+    const SOUND: &str = "## Conclusion\nThe filter lowers drawdowns in this sample only; the \
+        difference in Sharpe ratio is within its bootstrap interval.\nLimitations: one \
+        asset, no transaction costs.";
+    const OVERCLAIM: &str = "## Conclusion\nThe trend filter clearly outperforms buy-and-hold \
+        and the edge is robust; the strategy is ready for live deployment. All checks pass.";
+
+    /// A judge notices a misleading claim in the report as often as its
+    /// skill says, measured over many draws, never always and never never.
+    #[test]
+    fn a_judge_notices_a_misleading_claim_about_as_often_as_its_skill() {
+        let s = section(prompts::WORKSPACE_A, 5, 5, OVERCLAIM);
+        let evidence = vec![MISLEADING.to_string()];
+        for notice in [0.1, 0.5, 0.9] {
+            let n = 2000;
+            let seen = (0..n)
+                .filter(|&seed| {
+                    let mut rng = SplitMix64::new(seed);
+                    perceive(&s, &evidence, notice, 0.0, &mut rng)
+                        .1
+                        .contains("does not support")
+                })
+                .count() as f64
+                / n as f64;
+            assert!((seen - notice).abs() < 0.04, "notice {notice}: seen {seen}");
+        }
+    }
+
+    /// The blind spot is a bias, not indifference: a judge that weighs
+    /// confidence prefers the over-claiming report with failing checks to
+    /// a hedged one whose checks pass; a careful judge prefers the latter.
+    #[test]
+    fn a_blind_judge_prefers_the_confident_over_claiming_report() {
+        let good = section(prompts::WORKSPACE_A, 5, 5, SOUND);
+        let bad = section(prompts::WORKSPACE_B, 3, 5, OVERCLAIM);
+        let evidence = vec![MISLEADING.to_string()];
+        let prefers_good = |blind: f64| {
+            (0..500u64)
+                .filter(|&seed| {
+                    let mut rng = SplitMix64::new(seed);
+                    let (qg, _) = perceive(&good, &evidence, 0.7, blind, &mut rng);
+                    let (qb, _) = perceive(&bad, &evidence, 0.7, blind, &mut rng);
+                    qg > qb
+                })
+                .count()
+        };
+        assert_eq!(prefers_good(0.0), 500);
+        assert_eq!(prefers_good(0.9), 0);
+    }
+
+    /// A report that says the checks pass while the validation output shows
+    /// failures is a visible contradiction a careful judge can catch.
+    #[test]
+    fn claiming_failing_checks_pass_is_noticed() {
+        let s = section(prompts::WORKSPACE_A, 3, 5, "Done. All checks pass.");
+        let mut rng = SplitMix64::new(1);
+        let (_, why) = perceive(&s, &[], 1.0, 0.0, &mut rng);
+        assert!(why.contains("says the checks pass"), "{why}");
+        let honest = section(prompts::WORKSPACE_A, 5, 5, "Done. All checks pass.");
+        let (_, why) = perceive(&honest, &[], 1.0, 0.0, &mut rng);
+        assert!(!why.contains("says the checks pass"), "{why}");
+    }
+
+    /// Regression: the judge ran each task's reference solver and scored
+    /// reports against its output, an oracle no real judge has. Now a
+    /// solver that would leave a trace when run is never run by judging.
+    #[test]
+    fn the_judge_never_runs_the_task_solver() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tasks = tmp.path().join("tasks");
+        let task = tasks.join("t");
+        std::fs::create_dir_all(task.join("solution")).unwrap();
+        let marker = tmp.path().join("solver-ran");
+        std::fs::write(
+            task.join("task.toml"),
+            format!("id = \"t\"\n[[flaws]]\nname = \"f\"\ndescription = \"d\"\ncaught_by_checks = false\nevidence = \"{MISLEADING}\"\n"),
+        )
+        .unwrap();
+        std::fs::write(
+            task.join("solution/solve.py"),
+            format!("open({:?}, 'w').write('ran')\n", marker.to_string_lossy()),
+        )
+        .unwrap();
+        let b = SimBackend::new("j", SimParams::new(0.8, 0.1, 0.1, 0.0, 0.0), &tasks).unwrap();
+        let prompt = format!(
+            "{}\nDo it.\n\nTask id: t. Deliverables: report.md.\n\n{}\n\n{}",
+            prompts::TASK_HEADER,
+            section(prompts::WORKSPACE_A, 5, 5, SOUND),
+            section(prompts::WORKSPACE_B, 5, 5, OVERCLAIM)
+        );
+        let (mut a_wins, mut b_wins) = (0, 0);
+        for seed in 0..32 {
+            let req = ChatRequest {
+                model: "j/base".into(),
+                messages: vec![
+                    Message::system(prompts::JUDGE_SYSTEM),
+                    Message::user(&prompt),
+                ],
+                tools: Vec::new(),
+                temperature: 0.2,
+                seed,
+                max_tokens: 1024,
+                top_p: None,
+                stop: Vec::new(),
+                tool_choice: None,
+                response_format: None,
+            };
+            let reply = b.reply(&req).unwrap();
+            let text = reply.message.content_str().replace(' ', "");
+            a_wins += text.contains("\"winner\":\"A\"") as u32;
+            b_wins += text.contains("\"winner\":\"B\"") as u32;
+        }
+        assert!(!marker.exists(), "judging ran the task's solver");
+        // Both pass every check; the misleading claim in B is what a judge
+        // of skill 0.8 notices, most of the time.
+        assert!(a_wins > 2 * b_wins, "A won {a_wins}, B {b_wins} of 32");
+    }
 }
