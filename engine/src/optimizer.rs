@@ -94,12 +94,13 @@ pub async fn propose(
             .join("\n")
     };
     let prompt = format!(
-        "## Task\n{}\n\nTask id: {}.\n\n## Current champion workflow\n{}\n{}\n{}\n\n## Judge feedback on recent attempts\n{}\n\nPropose an improved workflow.",
+        "## Task\n{}\n\nTask id: {}.\n\n## Current champion workflow\n{}\n{}\n{}\n\n{}\n{}\n\nPropose an improved workflow.",
         task.prompt.trim_end(),
         task.id,
         prompts::CHAMPION_BEGIN,
         champion_json,
         prompts::CHAMPION_END,
+        prompts::FEEDBACK_HEADER,
         feedback_text
     );
     let mut st = crate::exec::ledger(|| session.stream(rel))?;

@@ -45,3 +45,5 @@ pub const WORKSPACE_B: &str = "## Workspace B";
 pub const VALIDATION_HEADER: &str = "### Validation output";
 pub const REPORT_HEADER: &str = "### report.md";
 pub const TASK_HEADER: &str = "## Task";
+/// Where the optimizer's prompt lists the judge's verdicts and reasons.
+pub const FEEDBACK_HEADER: &str = "## Judge feedback on recent attempts";

@@ -6,8 +6,12 @@
 //!
 //! The simulated trainer reads the exported dataset (OpenAI chat JSONL) and
 //! moves the simulated model's parameters toward what the selected examples
-//! show: how often orchestrators delegate, how often the checks are run, and
-//! how many known mistakes the solver runs carried. It sees only the dataset.
+//! show, and only those: how often orchestrators delegate, how often the
+//! checks are run, how often delegations ask for them, how many known
+//! mistakes the solver runs carried (skill, which is also the judge's
+//! understanding) and how many runs kept one (the blind spot). Judge noise
+//! and position bias stay as they were: no example shows them. It sees only
+//! the dataset.
 
 use std::path::Path;
 
@@ -43,6 +47,8 @@ pub struct DatasetStats {
     pub solver_runs: u32,
     pub flaws_in_final_runs: u32,
     pub final_runs: u32,
+    /// Final solver runs that kept at least one known mistake.
+    pub flawed_final_runs: u32,
     /// Delegations, and those whose contract asks for the checks.
     pub delegations: u32,
     pub delegations_with_checks: u32,
@@ -115,6 +121,7 @@ pub fn dataset_stats(jsonl: &str) -> Result<DatasetStats, String> {
         if let Some(f) = last_solve {
             s.final_runs += 1;
             s.flaws_in_final_runs += f;
+            s.flawed_final_runs += (f > 0) as u32;
         }
     }
     Ok(s)
@@ -142,6 +149,11 @@ pub fn sim_train(
     let target_verification = ratio(t.validating_examples, t.examples, base.verification);
     let target_contracts = ratio(t.delegations_with_checks, t.delegations, base.contracts);
     let mean_flaws = ratio(t.flaws_in_final_runs, t.final_runs, 0.0);
+    // The blind spot moves toward the share of examples whose work kept a
+    // mistake yet was selected as good: a model trained on them learns that
+    // such work passes (and cleaner data teaches the opposite). With no
+    // solver runs in the data it stays.
+    let target_blind = ratio(t.flawed_final_runs, t.final_runs, base.blind_spot);
     // The skill the examples demonstrate: the inverse of the simulated model's
     // mistake rate per known mistake (three per task in the example suite, the
     // trainer's assumption), so examples cleaner than the model's own work pull
@@ -157,8 +169,9 @@ pub fn sim_train(
         p.verification += step * (target_verification - p.verification);
         p.contracts += step * (target_contracts - p.contracts);
         p.skill += step * (target_skill - p.skill);
-        p.judge_noise *= 1.0 - 0.25 * step;
-        p.blind_spot += step * 0.2 * (mean_flaws.min(1.0) - p.blind_spot).min(0.0);
+        // Nothing in a dataset of team work shows judging noise or a
+        // position preference: those stay as the base model has them.
+        p.blind_spot += step * (target_blind - p.blind_spot);
         // Validation loss: distance between what the checkpoint does and what the
         // validation examples show, plus an overfitting term that grows with the step.
         let vd = ratio(
@@ -250,9 +263,10 @@ mod tests {
                 s.delegating_orchestrators,
                 s.validating_examples,
                 s.final_runs,
-                s.flaws_in_final_runs
+                s.flaws_in_final_runs,
+                s.flawed_final_runs
             ),
-            (2, 1, 1, 1, 1, 2)
+            (2, 1, 1, 1, 1, 2, 1)
         );
         assert_eq!((s.delegations, s.delegations_with_checks), (1, 0));
         assert!(dataset_stats("{not json").unwrap_err().contains("line 1"));

@@ -13,8 +13,8 @@
 //! (a claim the task's experts know to be misleading, checks claimed to pass
 //! that fail) as often as its skill lets it, with noise, a position bias and
 //! a blind spot (a preference for confident, finished-sounding reports); it
-//! never runs a solver. As an optimizer it edits workflows in ways that may
-//! help or hurt. Nothing here looks at a cycle number: trained parameters
+//! never runs a solver. As an optimizer it reads the judge's reasons and
+//! aims its edits at the problems they name; its edits may help or hurt. Nothing here looks at a cycle number: trained parameters
 //! arrive as adapters written by the (simulated) trainer from the exported
 //! dataset.
 
@@ -426,10 +426,10 @@ impl SimBackend {
         };
         let first = first_user(req);
         let mut plan = SplitMix64::new(req.seed ^ hash_str(first) ^ hash_str(&w.role));
-        let skill = (p.skill
-            + if w.is_orchestrator { -0.05 } else { 0.05 }
-            + if w.contract_checks { 0.05 } else { 0.0 })
-        .clamp(0.0, 1.0);
+        // Whoever does the work has the model's skill; a contract that asks
+        // for the checks makes it a little more careful. (Delegating is worth
+        // only what the workflow and the contracts bring.)
+        let skill = (p.skill + if w.contract_checks { 0.05 } else { 0.0 }).clamp(0.0, 1.0);
         let p_flaw = flaw_probability(skill);
         let mut flaws: Vec<String> = Vec::new();
         for (name, caught) in &task.flaws {
@@ -772,7 +772,55 @@ fn section_text(section: &str, header: &str) -> String {
     }
 }
 
-/// The optimizer: edits the champion workflow; skill decides how often an edit helps.
+/// What the judge feedback in an optimizer prompt points at.
+struct Feedback {
+    /// A workspace in a recent comparison failed checks.
+    failing_checks: bool,
+    /// The judge noticed claims the analysis does not support.
+    unsupported_claims: bool,
+    /// The feedback lines that named a problem.
+    lines: Vec<String>,
+}
+
+fn read_feedback(prompt: &str) -> Feedback {
+    let section = prompt
+        .find(prompts::FEEDBACK_HEADER)
+        .map(|i| &prompt[i..])
+        .unwrap_or("");
+    let mut fb = Feedback {
+        failing_checks: false,
+        unsupported_claims: false,
+        lines: Vec::new(),
+    };
+    for line in section.lines().filter(|l| l.starts_with("- ")) {
+        let failing = line.split("validation ").skip(1).any(|rest| {
+            let score: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '/')
+                .collect();
+            let mut it = score.split('/');
+            match (it.next(), it.next()) {
+                (Some(k), Some(n)) => match (k.parse::<u64>(), n.parse::<u64>()) {
+                    (Ok(k), Ok(n)) => k < n,
+                    _ => false,
+                },
+                _ => false,
+            }
+        });
+        let unsupported =
+            line.contains("does not support") || line.contains("says the checks pass");
+        if failing || unsupported {
+            fb.lines.push(line[2..].to_string());
+        }
+        fb.failing_checks |= failing;
+        fb.unsupported_claims |= unsupported;
+    }
+    fb
+}
+
+/// The optimizer: edits the champion workflow from the judge's feedback;
+/// skill decides how often an edit helps, and feedback that names a
+/// problem points the edit at it.
 fn optimize(p: &SimParams, req: &ChatRequest) -> Message {
     let (prompt, mut rng) = user_text_and_rng(req);
     let champion: Workflow = prompt
@@ -787,12 +835,28 @@ fn optimize(p: &SimParams, req: &ChatRequest) -> Message {
     if unit(&mut rng) < 0.06 {
         return Message::assistant("Proposal: {\"improved_design\": {\"agents\": [{\"agent_id\": \"solver\", \"role\": \"analyst\"");
     }
+    let fb = read_feedback(&prompt);
+    let informed = fb.failing_checks || fb.unsupported_claims;
     let mut w = champion.clone();
     let mut changes = Vec::new();
     let edits = 1 + (rng.next_u64() % 2) as usize;
     for _ in 0..edits {
-        let helpful = unit(&mut rng) < 0.45 + 0.4 * p.skill;
-        let op = rng.next_u64() % 3;
+        // Feedback that names a problem lets the optimizer aim its edit at
+        // it; without it (no comparisons yet, or verdicts without reasons)
+        // it guesses, and guesses help less often.
+        let p_help = if informed {
+            0.45 + 0.4 * p.skill
+        } else {
+            0.3 + 0.3 * p.skill
+        };
+        let helpful = unit(&mut rng) < p_help;
+        let guess = rng.next_u64() % 3;
+        let op = match (helpful, fb.failing_checks, fb.unsupported_claims) {
+            (true, true, false) => 1,
+            (true, false, true) => 2,
+            (true, true, true) => 1 + guess % 2,
+            _ => guess,
+        };
         if helpful {
             match op {
                 0 if w.agents.is_empty() => {
@@ -888,11 +952,17 @@ fn optimize(p: &SimParams, req: &ChatRequest) -> Message {
             a.instruction = format!("{} State assumptions explicitly.", a.instruction);
         }
     }
+    let why = match (fb.failing_checks, fb.unsupported_claims) {
+        (true, true) => "The judge saw failing checks and claims the numbers do not support; contracts that require the checks and a review that sends such work back address both.",
+        (true, false) => "The judge saw failing checks; contracts that require the checks address that.",
+        (false, true) => "The judge saw claims the analysis does not support; a review that sends such work back addresses that.",
+        (false, false) => "No judge feedback names a problem yet; this is a guess at what makes the work more reliable.",
+    };
     let proposal = json!({
         "improved_design": w,
         "changes_from_previous": changes,
-        "why_it_should_improve": "The judge's feedback points at unverified results; putting verification into contracts and hops addresses that.",
-        "evidence_used": ["judge rationales of the last comparisons"],
+        "why_it_should_improve": why,
+        "evidence_used": fb.lines,
         "expected_impact": "fewer failing checks and fewer unsupported claims",
         "verification_checks": ["run_checks"],
     });
@@ -1032,5 +1102,77 @@ mod tests {
         // Both pass every check; the misleading claim in B is what a judge
         // of skill 0.8 notices, most of the time.
         assert!(a_wins > 2 * b_wins, "A won {a_wins}, B {b_wins} of 32");
+    }
+
+    /// The optimizer reads the judge's reasons: failing checks and
+    /// unsupported claims are what it aims at; positions and passing
+    /// scores are not problems.
+    #[test]
+    fn the_optimizer_reads_what_the_judge_found() {
+        let prompt = |lines: &str| {
+            format!(
+                "## Task\nx\n\n{}\n{lines}\n\nPropose.",
+                prompts::FEEDBACK_HEADER
+            )
+        };
+        let fb = read_feedback(&prompt("- iteration 1: candidate rejected — 0 win(s), 1 loss(es) against the champion: A: validation 3/5, no problem noticed in the report. B: validation 5/5, no problem noticed in the report."));
+        assert!(fb.failing_checks && !fb.unsupported_claims);
+        let fb = read_feedback(&prompt("- iteration 2: candidate accepted — A: validation 5/5, the report makes a claim its analysis does not support. B: validation 5/5, no problem noticed in the report."));
+        assert!(!fb.failing_checks && fb.unsupported_claims);
+        assert_eq!(fb.lines.len(), 1);
+        let fb = read_feedback(&prompt(
+            "(no comparisons yet: the champion is the bare task)",
+        ));
+        assert!(!fb.failing_checks && !fb.unsupported_claims && fb.lines.is_empty());
+        // A score outside the feedback section is not feedback.
+        let fb = read_feedback("validation 1/5\n- validation 1/5");
+        assert!(!fb.failing_checks);
+    }
+
+    /// Over many proposals, informed feedback makes helpful edits more
+    /// often than none: the share of proposals that add verification
+    /// (checks in a contract or a review hop) is higher.
+    #[test]
+    fn feedback_that_names_a_problem_makes_edits_better() {
+        let helpful_share = |feedback: &str| {
+            let n = 400u64;
+            let mut helped = 0;
+            for seed in 0..n {
+                let text = format!(
+                    "## Task\nx\n\nTask id: t.\n\n## Current champion workflow\n{}\n{{\"agents\":[],\"contracts\":[],\"hops\":[]}}\n{}\n\n{}\n{feedback}\n\nPropose an improved workflow.",
+                    prompts::CHAMPION_BEGIN,
+                    prompts::CHAMPION_END,
+                    prompts::FEEDBACK_HEADER
+                );
+                let req = ChatRequest {
+                    model: "m".into(),
+                    messages: vec![
+                        Message::system(prompts::OPTIMIZER_SYSTEM),
+                        Message::user(&text),
+                    ],
+                    tools: Vec::new(),
+                    temperature: 0.7,
+                    seed,
+                    max_tokens: 1024,
+                    top_p: None,
+                    stop: Vec::new(),
+                    tool_choice: None,
+                    response_format: None,
+                };
+                let p = SimParams::new(0.5, 0.1, 0.1, 0.0, 0.0);
+                let out = optimize(&p, &req).content_str().to_string();
+                helped += (out.contains("requires run_checks")
+                    || out.contains("requires the checks")
+                    || out.contains("review hop")) as u32;
+            }
+            helped as f64 / n as f64
+        };
+        let informed =
+            helpful_share("- iteration 1: A: validation 2/5, no problem noticed in the report.");
+        let blind = helpful_share("(no comparisons yet: the champion is the bare task)");
+        assert!(
+            informed > blind + 0.1,
+            "informed {informed:.2} vs uninformed {blind:.2}"
+        );
     }
 }
