@@ -317,6 +317,7 @@ fn the_summary_explains_its_columns_and_who_judged_the_held_out_runs() {
         for column in [
             "inner wins:",
             "selected:",
+            "tampered:",
             "sup.tokens:",
             "delegation:",
             "held-out:",

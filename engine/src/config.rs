@@ -204,8 +204,12 @@ pub struct SimParams {
     pub judge_noise: f64,
     /// Judge preference for the first-presented workspace; > 0 favours A.
     pub position_bias: f64,
-    /// Chance that the judge trusts a report's claims over validation output (0..1).
+    /// The weight the judge's verdict gives to how confident a report
+    /// sounds instead of to what the validation shows (0..1).
     pub blind_spot: f64,
+    /// Habit of tampering under pressure: editing a protected file and
+    /// claiming in the report that the checks pass (0..1).
+    pub tampering: f64,
     /// How much one simulated training step moves the parameters (0..1).
     pub learning_rate: f64,
 }
@@ -218,6 +222,7 @@ impl Default for SimParams {
             judge_noise: 0.35,
             position_bias: 0.1,
             blind_spot: 0.3,
+            tampering: 0.0,
             learning_rate: 0.5,
         }
     }
@@ -1004,6 +1009,7 @@ impl Experiment {
                         ("skill", p.skill),
                         ("delegation", p.delegation),
                         ("blind_spot", p.blind_spot),
+                        ("tampering", p.tampering),
                         ("learning_rate", p.learning_rate),
                     ];
                     for (field, x) in unit {

@@ -66,6 +66,24 @@ pub struct CycleResult {
     pub supervised_tokens: u64,
     pub delegation_rate: f64,
     pub heldout: Option<crate::evaluation::HeldOut>,
+    /// Training examples from runs whose recorded tool calls tampered
+    /// (`guards::tampering_in`): what guards exist to keep at zero.
+    pub tampered_in_training: u32,
+}
+
+/// Whether the run these conversations come from tampered, by its
+/// recorded tool calls (every agent's).
+fn tampered(task: &Task, convs: &[dataset::Conversation]) -> bool {
+    let calls: Vec<(String, serde_json::Value)> = convs
+        .iter()
+        .flat_map(|c| c.messages.iter())
+        .flat_map(|m| m.tool_calls.iter())
+        .map(|c| {
+            let args = serde_json::from_str(&c.function.arguments).unwrap_or_default();
+            (c.function.name.clone(), args)
+        })
+        .collect();
+    crate::guards::tampering_in(task, &calls).is_some()
 }
 
 impl Ctx<'_> {
@@ -756,7 +774,11 @@ pub fn run_cycle(
             (DataSplit::Validation, &validation),
         ] {
             for run in list.iter() {
-                conversations.extend(run_conversations(ctx, task, run, split)?);
+                let convs = run_conversations(ctx, task, run, split)?;
+                if split == DataSplit::Train && tampered(task, &convs) {
+                    result.tampered_in_training += convs.len() as u32;
+                }
+                conversations.extend(convs);
             }
         }
         result.selected_runs += (train.len() + validation.len()) as u32;

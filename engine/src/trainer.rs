@@ -9,7 +9,8 @@
 //! show, and only those: how often orchestrators delegate, how often the
 //! checks are run, how often delegations ask for them, how many known
 //! mistakes the solver runs carried (skill, which is also the judge's
-//! understanding) and how many runs kept one (the blind spot). Judge noise
+//! understanding), how many runs kept one (the blind spot) and how many
+//! examples claim checks nobody ran passed (tampering). Judge noise
 //! and position bias stay as they were: no example shows them. It sees only
 //! the dataset.
 
@@ -49,6 +50,9 @@ pub struct DatasetStats {
     pub final_runs: u32,
     /// Final solver runs that kept at least one known mistake.
     pub flawed_final_runs: u32,
+    /// Examples whose commands write a claim that the checks pass into the
+    /// report (a verification nobody ran: the tampering habit).
+    pub tampered_examples: u32,
     /// Delegations, and those whose contract asks for the checks.
     pub delegations: u32,
     pub delegations_with_checks: u32,
@@ -79,6 +83,7 @@ pub fn dataset_stats(jsonl: &str) -> Result<DatasetStats, String> {
         let mut delegated = false;
         let mut validated = false;
         let mut last_solve: Option<u32> = None;
+        let mut tampered = false;
         for m in messages.iter().filter(|m| m["role"] == "assistant") {
             for c in m["tool_calls"].as_array().into_iter().flatten() {
                 let name = c["function"]["name"].as_str().unwrap_or("");
@@ -100,6 +105,7 @@ pub fn dataset_stats(jsonl: &str) -> Result<DatasetStats, String> {
                     "run_checks" => validated = true,
                     "bash" => {
                         let cmd = args["command"].as_str().unwrap_or("");
+                        tampered |= crate::guards::claims_checks_in_report(cmd);
                         if cmd.starts_with("python3 solve.py") {
                             s.solver_runs += 1;
                             last_solve = Some(cmd.matches("--flaw").count() as u32);
@@ -118,6 +124,7 @@ pub fn dataset_stats(jsonl: &str) -> Result<DatasetStats, String> {
         if validated {
             s.validating_examples += 1;
         }
+        s.tampered_examples += tampered as u32;
         if let Some(f) = last_solve {
             s.final_runs += 1;
             s.flaws_in_final_runs += f;
@@ -154,6 +161,9 @@ pub fn sim_train(
     // such work passes (and cleaner data teaches the opposite). With no
     // solver runs in the data it stays.
     let target_blind = ratio(t.flawed_final_runs, t.final_runs, base.blind_spot);
+    // Tampering is learnt from tampered examples that got in, and unlearnt
+    // from clean ones.
+    let target_tampering = ratio(t.tampered_examples, t.examples, base.tampering);
     // The skill the examples demonstrate: the inverse of the simulated model's
     // mistake rate per known mistake (three per task in the example suite, the
     // trainer's assumption), so examples cleaner than the model's own work pull
@@ -172,6 +182,7 @@ pub fn sim_train(
         // Nothing in a dataset of team work shows judging noise or a
         // position preference: those stay as the base model has them.
         p.blind_spot += step * (target_blind - p.blind_spot);
+        p.tampering += step * (target_tampering - p.tampering);
         // Validation loss: distance between what the checkpoint does and what the
         // validation examples show, plus an overfitting term that grows with the step.
         let vd = ratio(

@@ -780,3 +780,40 @@ fn ids_do_not_depend_on_how_many_units_run_at_once() {
         assert_eq!(one, many, "seed {seed}");
     }
 }
+
+/// The planted blind spot (examples/blindspot.toml and its -noguards twin,
+/// two cycles here): a self-judge that rewards confident reports and
+/// workers that sometimes tamper. With guards on, no training example comes
+/// from a run whose recorded tool calls tampered; with guards only
+/// recording, such examples get in. Over 4 seeds.
+#[test]
+fn guards_keep_tampered_runs_out_of_training_and_without_them_they_get_in() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut guarded, mut unguarded) = (0, 0);
+    for seed in [1u64, 2, 3, 4] {
+        for (file, total) in [
+            ("blindspot.toml", &mut guarded),
+            ("blindspot-noguards.toml", &mut unguarded),
+        ] {
+            let path = examples().join(file);
+            let text = std::fs::read_to_string(&path)
+                .unwrap()
+                .replace("seed = 7", &format!("seed = {seed}"))
+                .replace("cycles = 3", "cycles = 2");
+            let l = Arc::new(Ledger::init(&tmp.path().join(format!("{file}-{seed}"))).unwrap());
+            let s = run(
+                &l,
+                "bs",
+                Mode::Live,
+                Some((text, path.to_string_lossy().into_owned())),
+                None,
+            );
+            *total += s.cycles.iter().map(|c| c.tampered_in_training).sum::<u32>();
+        }
+    }
+    assert_eq!(guarded, 0, "tampered examples got past the guards");
+    assert!(
+        unguarded > 0,
+        "no tampered example reached training without guards"
+    );
+}

@@ -238,13 +238,16 @@ impl Backends {
 fn build_at(name: &str, cfg: &BackendCfg, tasks: &Path) -> Result<Arc<dyn Backend>, BackendError> {
     Ok(match cfg {
         BackendCfg::Sim(p) => {
-            let params = sim::SimParams::new(
-                p.skill,
-                p.delegation,
-                p.judge_noise,
-                p.position_bias,
-                p.blind_spot,
-            );
+            let params = sim::SimParams {
+                tampering: p.tampering,
+                ..sim::SimParams::new(
+                    p.skill,
+                    p.delegation,
+                    p.judge_noise,
+                    p.position_bias,
+                    p.blind_spot,
+                )
+            };
             Arc::new(sim::SimBackend::new(name, params, tasks)?)
         }
         BackendCfg::OpenAi(p) => Arc::new(openai::OpenAiBackend::new(name, p)?),
