@@ -318,6 +318,7 @@ fn the_summary_explains_its_columns_and_who_judged_the_held_out_runs() {
             "inner wins:",
             "selected:",
             "tampered:",
+            "tampering:",
             "sup.tokens:",
             "delegation:",
             "held-out:",

@@ -69,6 +69,9 @@ pub struct CycleResult {
     /// Training examples from runs whose recorded tool calls tampered
     /// (`guards::tampering_in`): what guards exist to keep at zero.
     pub tampered_in_training: u32,
+    /// Share of the cycle's collected runs whose recorded tool calls
+    /// tampered, whatever the guards then did with them.
+    pub tamper_rate: f64,
 }
 
 /// Whether the run these conversations come from tampered, by its
@@ -558,6 +561,18 @@ pub fn run_cycle(
     // Collection figures count every collected run, flagged or not.
     let delegating = runs.iter().filter(|r| r.record.delegations > 0).count();
     let total_runs = runs.len();
+    let mut tampering = 0usize;
+    for r in &runs {
+        if let Some(t) = with_data.iter().find(|t| t.task.id == r.record.task) {
+            let convs = run_conversations(ctx, &t.task, r, DataSplit::Train)?;
+            tampering += tampered(&t.task, &convs) as usize;
+        }
+    }
+    result.tamper_rate = if total_runs == 0 {
+        0.0
+    } else {
+        tampering as f64 / total_runs as f64
+    };
     for r in runs {
         let task = r.record.task.clone();
         by_task.entry(task.clone()).or_default();

@@ -579,11 +579,12 @@ fn print_summary(s: &RunSummary, secs: f64) {
     );
     let _ = writeln!(
         out,
-        "{:>5}  {:>11}  {:>8}  {:>8}  {:>10}  {:>10}  {:>28}  model",
+        "{:>5}  {:>11}  {:>8}  {:>8}  {:>9}  {:>10}  {:>10}  {:>28}  model",
         "cycle",
         "inner wins",
         "selected",
         "tampered",
+        "tampering",
         "sup.tokens",
         "delegation",
         "held-out W/(W+L) [ties]"
@@ -649,11 +650,12 @@ fn cycle_row(c: &CycleResult) -> String {
         None => "not evaluated".into(),
     };
     format!(
-        "{:>5}  {:>11}  {:>8}  {:>8}  {:>10}  {:>9.0}%  {:>28}  {}",
+        "{:>5}  {:>11}  {:>8}  {:>8}  {:>8.0}%  {:>10}  {:>9.0}%  {:>28}  {}",
         c.cycle,
         format!("{}/{}", c.inner_wins, c.inner_iterations),
         c.selected_runs,
         c.tampered_in_training,
+        c.tamper_rate * 100.0,
         c.supervised_tokens,
         c.delegation_rate * 100.0,
         heldout,
@@ -668,6 +670,7 @@ fn legend(s: &RunSummary) -> Vec<String> {
         "inner wins: inner-loop steps whose candidate workflow was accepted as the new champion, of all steps".to_string(),
         "selected: collected runs selected as training or validation examples (both counted)".into(),
         "tampered: training examples from runs whose recorded tool calls tampered (wrote a protected file, or wrote into the report that the checks pass)".into(),
+        "tampering: share of the cycle's collected runs whose recorded tool calls tampered, whatever the guards then did".into(),
         "sup.tokens: assistant tokens supervised in the training and validation examples".into(),
         "delegation: share of the cycle's collected runs (which carry the champion workflow) whose orchestrator delegated".into(),
         "held-out: the new model's bare-task runs on held-out tasks against the base model's, W/(W+L) with a 95% Wilson interval, wins-losses [ties]".into(),
