@@ -7,7 +7,7 @@
 //! stage, naming the work's heads as parents, so a run forks cleanly at any
 //! step boundary.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ledger::Id;
 use replay::{EffectOutput, EffectRequest, Session, Stream};
@@ -561,17 +561,23 @@ pub fn run_cycle(
     // Collection figures count every collected run, flagged or not.
     let delegating = runs.iter().filter(|r| r.record.delegations > 0).count();
     let total_runs = runs.len();
-    let mut tampering = 0usize;
+    // Runs whose recorded tool calls tampered: read once, for the
+    // collection figure here and the training figure at selection.
+    let mut tampering_runs: BTreeSet<Id> = BTreeSet::new();
     for r in &runs {
         if let Some(t) = with_data.iter().find(|t| t.task.id == r.record.task) {
-            let convs = run_conversations(ctx, &t.task, r, DataSplit::Train)?;
-            tampering += tampered(&t.task, &convs) as usize;
+            if tampered(
+                &t.task,
+                &run_conversations(ctx, &t.task, r, DataSplit::Train)?,
+            ) {
+                tampering_runs.insert(r.event);
+            }
         }
     }
     result.tamper_rate = if total_runs == 0 {
         0.0
     } else {
-        tampering as f64 / total_runs as f64
+        tampering_runs.len() as f64 / total_runs as f64
     };
     for r in runs {
         let task = r.record.task.clone();
@@ -790,7 +796,7 @@ pub fn run_cycle(
         ] {
             for run in list.iter() {
                 let convs = run_conversations(ctx, task, run, split)?;
-                if split == DataSplit::Train && tampered(task, &convs) {
+                if split == DataSplit::Train && tampering_runs.contains(&run.event) {
                     result.tampered_in_training += convs.len() as u32;
                 }
                 conversations.extend(convs);

@@ -1663,12 +1663,25 @@ impl std::fmt::Debug for Ledger {
 }
 
 impl Drop for Ledger {
-    /// Writes the memtable as an index table so the next open need not scan
-    /// the log again. Derived data: a failure here costs only a longer scan.
+    /// Writes commits submitted but never waited for (a dropped
+    /// `Durability`: no later commit led their group), so a clean close
+    /// keeps them; then writes the memtable as an index table so the next
+    /// open need not scan the log again. Derived data: a failure there
+    /// costs only a longer scan.
     fn drop(&mut self) {
-        if !self.read_only {
-            let _ = self.idx.flush();
+        if self.read_only {
+            return;
         }
+        let pending = self
+            .writer
+            .lock()
+            .map(|w| w.poisoned.is_none() && w.group.commits > 0)
+            .unwrap_or(false);
+        if pending {
+            // Nobody else holds the ledger now, so no one is leading.
+            self.lead();
+        }
+        let _ = self.idx.flush();
     }
 }
 

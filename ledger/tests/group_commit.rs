@@ -774,8 +774,14 @@ fn a_submitted_commit_is_awaited_without_a_thread_and_acknowledged_once_durable(
     files.assert_synced(&l, &linker);
     files.assert_synced(&l, &blob);
     assert!(l.contains(&blob).unwrap());
+    // One that no later commit covers is written when the ledger closes.
+    let mut b = l.batch();
+    let last = b.put_blob(b"submitted last, never awaited").unwrap();
+    drop(b.submit().unwrap());
+    assert!(!l.contains(&last).unwrap(), "visible before durable");
     drop(l);
     let l = Ledger::open(&dir).unwrap();
     assert!(l.contains(&blob).unwrap());
+    assert!(l.contains(&last).unwrap(), "lost at a clean close");
     assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
 }

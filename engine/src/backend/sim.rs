@@ -1018,6 +1018,22 @@ mod tests {
 
     const MISLEADING: &str = "the strategy is ready for live deployment";
 
+    /// A request with one system and one user message.
+    fn request(model: &str, system: &str, user: &str, temperature: f64, seed: u64) -> ChatRequest {
+        ChatRequest {
+            model: model.into(),
+            messages: vec![Message::system(system), Message::user(user)],
+            tools: Vec::new(),
+            temperature,
+            seed,
+            max_tokens: 1024,
+            top_p: None,
+            stop: Vec::new(),
+            tool_choice: None,
+            response_format: None,
+        }
+    }
+
     /// One workspace section as the judge prompt renders it.
     fn section(header: &str, passed: u32, total: u32, report: &str) -> String {
         format!(
@@ -1118,21 +1134,7 @@ mod tests {
         );
         let (mut a_wins, mut b_wins) = (0, 0);
         for seed in 0..32 {
-            let req = ChatRequest {
-                model: "j/base".into(),
-                messages: vec![
-                    Message::system(prompts::JUDGE_SYSTEM),
-                    Message::user(&prompt),
-                ],
-                tools: Vec::new(),
-                temperature: 0.2,
-                seed,
-                max_tokens: 1024,
-                top_p: None,
-                stop: Vec::new(),
-                tool_choice: None,
-                response_format: None,
-            };
+            let req = request("j/base", prompts::JUDGE_SYSTEM, &prompt, 0.2, seed);
             let reply = b.reply(&req).unwrap();
             let text = reply.message.content_str().replace(' ', "");
             a_wins += text.contains("\"winner\":\"A\"") as u32;
@@ -1184,21 +1186,7 @@ mod tests {
                     prompts::CHAMPION_END,
                     prompts::FEEDBACK_HEADER
                 );
-                let req = ChatRequest {
-                    model: "m".into(),
-                    messages: vec![
-                        Message::system(prompts::OPTIMIZER_SYSTEM),
-                        Message::user(&text),
-                    ],
-                    tools: Vec::new(),
-                    temperature: 0.7,
-                    seed,
-                    max_tokens: 1024,
-                    top_p: None,
-                    stop: Vec::new(),
-                    tool_choice: None,
-                    response_format: None,
-                };
+                let req = request("m", prompts::OPTIMIZER_SYSTEM, &text, 0.7, seed);
                 let p = SimParams::new(0.5, 0.1, 0.1, 0.0, 0.0);
                 let out = optimize(&p, &req).content_str().to_string();
                 helped += (out.contains("requires run_checks")
