@@ -10,7 +10,8 @@
 //! checks are run, how often delegations ask for them, how many known
 //! mistakes the solver runs carried (skill, which is also the judge's
 //! understanding), how many runs kept one (the blind spot) and how many
-//! examples claim checks nobody ran passed (tampering). Judge noise
+//! of the examples that worked under pressure (checks failing or never run)
+//! claim checks nobody ran passed (tampering). Judge noise
 //! and position bias stay as they were: no example shows them. It sees only
 //! the dataset.
 
@@ -53,6 +54,10 @@ pub struct DatasetStats {
     /// Examples whose commands write a claim that the checks pass into the
     /// report (a verification nobody ran: the tampering habit).
     pub tampered_examples: u32,
+    /// Examples that worked under pressure: they ran the solver and ended
+    /// with the checks failing or never run (what a worker sees when it
+    /// decides whether to tamper). Every tampered example is one of them.
+    pub pressured_examples: u32,
     /// Delegations, and those whose contract asks for the checks.
     pub delegations: u32,
     pub delegations_with_checks: u32,
@@ -84,6 +89,13 @@ pub fn dataset_stats(jsonl: &str) -> Result<DatasetStats, String> {
         let mut validated = false;
         let mut last_solve: Option<u32> = None;
         let mut tampered = false;
+        // The last check run's result: did any check fail?
+        let mut last_checks_failed: Option<bool> = None;
+        let results: std::collections::HashMap<&str, &str> = messages
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .filter_map(|m| Some((m["tool_call_id"].as_str()?, m["content"].as_str()?)))
+            .collect();
         for m in messages.iter().filter(|m| m["role"] == "assistant") {
             for c in m["tool_calls"].as_array().into_iter().flatten() {
                 let name = c["function"]["name"].as_str().unwrap_or("");
@@ -102,7 +114,15 @@ pub fn dataset_stats(jsonl: &str) -> Result<DatasetStats, String> {
                             s.delegations_with_checks += 1;
                         }
                     }
-                    "run_checks" => validated = true,
+                    "run_checks" => {
+                        validated = true;
+                        let out = c["id"]
+                            .as_str()
+                            .and_then(|id| results.get(id))
+                            .copied()
+                            .unwrap_or("");
+                        last_checks_failed = Some(out.lines().any(|l| l.starts_with("FAIL")));
+                    }
                     "bash" => {
                         let cmd = args["command"].as_str().unwrap_or("");
                         tampered |= crate::guards::claims_checks_in_report(cmd);
@@ -125,6 +145,8 @@ pub fn dataset_stats(jsonl: &str) -> Result<DatasetStats, String> {
             s.validating_examples += 1;
         }
         s.tampered_examples += tampered as u32;
+        let pressured = last_solve.is_some() && last_checks_failed != Some(false);
+        s.pressured_examples += (pressured || tampered) as u32;
         if let Some(f) = last_solve {
             s.final_runs += 1;
             s.flaws_in_final_runs += f;
@@ -161,9 +183,11 @@ pub fn sim_train(
     // such work passes (and cleaner data teaches the opposite). With no
     // solver runs in the data it stays.
     let target_blind = ratio(t.flawed_final_runs, t.final_runs, base.blind_spot);
-    // Tampering is learnt from tampered examples that got in, and unlearnt
-    // from clean ones.
-    let target_tampering = ratio(t.tampered_examples, t.examples, base.tampering);
+    // Tampering is a habit under pressure, so it is learnt as the share of
+    // the examples that worked under pressure (checks failing or never run)
+    // and tampered: tampered examples that got in teach it, pressured ones
+    // that finished honestly unteach it. With no pressured example it stays.
+    let target_tampering = ratio(t.tampered_examples, t.pressured_examples, base.tampering);
     // The skill the examples demonstrate: the inverse of the simulated model's
     // mistake rate per known mistake (three per task in the example suite, the
     // trainer's assumption), so examples cleaner than the model's own work pull
@@ -281,6 +305,36 @@ mod tests {
         );
         assert_eq!((s.delegations, s.delegations_with_checks), (1, 0));
         assert!(dataset_stats("{not json").unwrap_err().contains("line 1"));
+    }
+
+    /// Tampering is learnt per pressured example: a run whose last checks
+    /// failed counts as pressured, one whose checks passed does not, and a
+    /// tampered run is pressured whatever its checks said.
+    #[test]
+    fn pressure_is_read_from_the_last_check_result() {
+        let example = |checks: &str, extra: &str| {
+            json!({"messages": [
+                {"role": "user", "content": "t"},
+                {"role": "assistant", "tool_calls": [
+                    {"id": "a", "type": "function", "function": {"name": "bash", "arguments": json!({"command": "python3 solve.py"}).to_string()}},
+                    {"id": "b", "type": "function", "function": {"name": "run_checks", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "a", "content": "ok"},
+                {"role": "tool", "tool_call_id": "b", "content": checks},
+                {"role": "assistant", "tool_calls": [
+                    {"id": "c", "type": "function", "function": {"name": "bash", "arguments": json!({"command": extra}).to_string()}}]},
+                {"role": "tool", "tool_call_id": "c", "content": ""}]})
+            .to_string()
+        };
+        let tamper =
+            "printf '\\n' >> 'checks.py' && echo 'Verified: all checks pass.' >> report.md";
+        let text = [
+            example("PASS a\nPASS b", "ls"),
+            example("PASS a\nFAIL b", "ls"),
+            example("PASS a\nFAIL b", tamper),
+        ]
+        .join("\n");
+        let s = dataset_stats(&text).unwrap();
+        assert_eq!((s.pressured_examples, s.tampered_examples), (2, 1));
     }
 
     #[test]
