@@ -566,9 +566,13 @@ pub struct OuterConfig {
     pub validation_ranks: u32,
     pub swap_positions: bool,
     pub max_verdict_retries: u32,
-    /// Held-out runs per model for the evaluation.
+    /// Held-out runs per task and model for the evaluation (bare task).
     pub eval_runs: u32,
-    /// Judgments per evaluated pair by each external judge, alternating A/B.
+    /// Runs per training task and model for the training-task win rate
+    /// (bare task; 0 = not measured).
+    pub eval_train_runs: u32,
+    /// Verdicts per evaluated pair by each evaluating judge (the external
+    /// judges and the run's own), presentation order alternating A/B.
     pub external_judgments: u32,
     /// Train on the selected runs (and evaluate the trained model). `false`
     /// records the dataset and stops there: the model is unchanged (what
@@ -610,6 +614,7 @@ impl Default for OuterConfig {
             swap_positions: false,
             max_verdict_retries: 3,
             eval_runs: 6,
+            eval_train_runs: 2,
             external_judgments: 2,
             train: true,
             collect: Collect::Improved,

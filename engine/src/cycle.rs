@@ -65,13 +65,22 @@ pub struct CycleResult {
     pub selected_runs: u32,
     pub supervised_tokens: u64,
     pub delegation_rate: f64,
-    pub heldout: Option<crate::evaluation::HeldOut>,
+    /// The evaluation of the trained model (none when the model did not
+    /// change).
+    pub evaluation: Option<crate::evaluation::Outcome>,
     /// Training examples from runs whose recorded tool calls tampered
     /// (`guards::tampering_in`): what guards exist to keep at zero.
     pub tampered_in_training: u32,
     /// Share of the cycle's collected runs whose recorded tool calls
     /// tampered, whatever the guards then did with them.
     pub tamper_rate: f64,
+    /// The cycle's figures as recorded (`mass.cycle` and its evaluations),
+    /// exactly what `mass status --json` shows for it.
+    pub figures: crate::status::CycleFigures,
+    /// Collected runs, those that delegated and those that tampered.
+    pub collected_runs: u32,
+    pub delegating_runs: u32,
+    pub tampered_runs: u32,
 }
 
 /// Whether the run these conversations come from tampered, by its
@@ -506,6 +515,7 @@ pub fn run_cycle(
     exp: &mut Experiment,
     cycle: u32,
     m: &Models,
+    eval_runs: &mut crate::evaluation::EvalRuns,
 ) -> Result<(CycleResult, Models)> {
     let inner = inner_loop(ctx, main, exp, cycle, m)?;
     let mut result = CycleResult {
@@ -574,6 +584,9 @@ pub fn run_cycle(
             }
         }
     }
+    result.collected_runs = total_runs as u32;
+    result.delegating_runs = delegating as u32;
+    result.tampered_runs = tampering_runs.len() as u32;
     result.tamper_rate = if total_runs == 0 {
         0.0
     } else {
@@ -854,17 +867,14 @@ pub fn run_cycle(
     };
     result.next_model = next.orchestrator.clone();
 
-    // Held-out evaluation of the new model against the base model.
+    // Evaluation of the new model against the base model and the model
+    // this cycle started from.
     if !ctx.heldout.is_empty() && next.orchestrator != m.orchestrator {
-        result.heldout = Some(crate::evaluation::evaluate(
-            ctx,
-            main,
-            exp,
-            cycle,
-            &next,
-            &base_models(ctx)?,
+        result.evaluation = Some(crate::evaluation::evaluate(
+            ctx, main, exp, cycle, m, &next, eval_runs,
         )?);
     }
+    let ev = result.evaluation.clone().unwrap_or_default();
     let rec = schemas::Cycle {
         cycle,
         model: m.orchestrator.clone(),
@@ -873,9 +883,17 @@ pub fn run_cycle(
         inner_iterations: result.inner_iterations,
         selected_runs: result.selected_runs,
         supervised_tokens: result.supervised_tokens,
-        delegation_rate: result.delegation_rate,
-        evaluation: None,
+        collected_runs: result.collected_runs,
+        delegating_runs: result.delegating_runs,
+        tampered_runs: result.tampered_runs,
+        tampered_in_training: result.tampered_in_training,
+        bare_delegation: ev.delegation,
+        agreement: ev.agreement,
+        evaluations: ev.evaluations.iter().map(|(id, _)| Hash32(id.0)).collect(),
     };
+    let evaluations: Vec<schemas::Evaluation> =
+        ev.evaluations.iter().map(|(_, e)| e.clone()).collect();
+    result.figures = crate::status::CycleFigures::of(&rec, &evaluations);
     step(main, exp, schemas::to_event(&rec)?)?;
     Ok((result, next))
 }

@@ -23,8 +23,10 @@ use crate::task::load_suite;
 /// run's tasks from the ledger (version 1 read them from disk); version 3
 /// runs the checks outside the workspace (the `run_checks` tool) and records
 /// the tamper guards' findings (`mass.guard`) before every rollout, so a
-/// version-2 run would not replay under it.
-pub const DRIVER: &str = "mass-engine/3";
+/// version-2 run would not replay under it. Version 4 evaluates against the
+/// previous cycle's model and on training tasks too, with the self-judge as
+/// well as the external ones (`mass.evaluation` v2, `mass.cycle` v2).
+pub const DRIVER: &str = "mass-engine/4";
 
 /// What to run.
 pub struct RunRequest<'a> {
@@ -331,6 +333,9 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
     // go on from there.
     let mut roles = exp.roles.clone();
     let mut cycle = 1;
+    // Evaluation runs, reused by later cycles (rebuilt by the replay of
+    // earlier cycles when a run resumes or forks).
+    let mut eval_runs = crate::evaluation::EvalRuns::default();
     loop {
         apply_forks(&mut main, &mut exp)?;
         // A fork that changed or added a backend takes effect from here.
@@ -351,7 +356,8 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
                 heldout: &sel.heldout,
                 progress: req.progress,
             };
-            let (result, next) = run_cycle(&ctx, &mut main, &mut exp, cycle, &models)?;
+            let (result, next) =
+                run_cycle(&ctx, &mut main, &mut exp, cycle, &models, &mut eval_runs)?;
             summary.cycles.push(result);
             models = next;
             cycle += 1;

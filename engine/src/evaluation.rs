@@ -1,59 +1,219 @@
-//! Held-out evaluation: runs of the new model and of the base model on the
-//! held-out tasks (bare task, no workflow), paired and judged by the external
-//! judges with alternating presentation order; W/(W+L) with ties reported.
+//! A cycle's evaluation: bare-task runs (no workflow) of the new model, the
+//! base model and the model the cycle started from, paired on the same task
+//! and index and judged by every evaluating judge in alternating order. It
+//! measures what the MASS articles report: the held-out win rate against the
+//! base model and against the previous cycle's model, the training-task win
+//! rate, how often each judge's verdict followed the presentation position,
+//! how often the self-judge agreed with each external judge on the same
+//! pairs, and how often bare runs delegated. One `mass.evaluation` record per
+//! comparison and judge; the cycle record carries agreement and delegation.
+//!
+//! A pair's outcome is the majority of its verdicts (equal counts: a tie),
+//! so the unit of a win rate and its Wilson interval is the pair, whose runs
+//! are independent of every other pair's; the two orders of one pair are
+//! not counted as two samples.
+//!
+//! Runs are kept in [`EvalRuns`] for the whole run: a model's runs on a task
+//! are made once and reused by later cycles (the base model's, and the new
+//! model's as the next cycle's "previous"), keyed by everything that makes a
+//! run what it is (backends, models, sampling, rules), so a fork that
+//! changes one of those runs them again.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ledger::Id;
-use schemas::{Evaluation, Hash32};
+use schemas::{Agreement, Delegation, Evaluation, Hash32};
 
 use crate::config::Experiment;
 use crate::cycle::{step, Ctx, Models};
 use crate::error::Result;
 use crate::exec;
 use crate::harness::{run_team, RunRules, RunSpec};
-use crate::judge::{judge_pair, RunRef};
+use crate::judge::{judge_pair, Judge, RunRef};
+use crate::task::Task;
 use crate::workflow::Workflow;
 
-/// The held-out comparison of a cycle's new model with the base model.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeldOut {
-    /// Verdicts for the new model, for the base model, and ties.
-    pub wins: u32,
-    pub losses: u32,
-    pub ties: u32,
-    /// The backends that judged, comma-separated: the external judges, or
-    /// the run's own judge when there are none.
-    pub judge: String,
-    /// No external judge is configured: the run's own judge backend (its
-    /// base model) judged, not an independent judge.
-    pub self_judged: bool,
+/// Evaluation runs made so far in this run, by team, task and index.
+#[derive(Default)]
+pub struct EvalRuns {
+    runs: HashMap<String, BTreeMap<(String, u32), RunRef>>,
+    /// Judges (backend and model) that have judged an evaluation: the
+    /// cycle's own judge is added to the roster until it has.
+    judges: BTreeSet<(String, String)>,
 }
 
-/// Runs and judges the held-out comparison of `new` against `base`.
+/// What a cycle's evaluation measured.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    /// Every comparison by every judge, with its event id.
+    pub evaluations: Vec<(Id, Evaluation)>,
+    pub agreement: Vec<Agreement>,
+    pub delegation: Vec<Delegation>,
+}
+
+impl Outcome {
+    /// The headline figure of a comparison (`split`, `against` = `base` or
+    /// `previous`): by the first external judge, else by the new model as
+    /// its own judge (records are in roster order).
+    pub fn headline(&self, split: &str, against: &str) -> Option<&Evaluation> {
+        self.evaluations
+            .iter()
+            .map(|(_, e)| e)
+            .find(|e| e.split == split && e.against == against)
+    }
+}
+
+/// W/(W+L) of an evaluation with its 95% Wilson interval, as fractions.
+pub fn win_rate(e: &Evaluation) -> Option<(f64, f64, f64)> {
+    let n = (e.wins + e.losses) as u64;
+    let ci = rank::winrate::wilson(e.wins as u64, n, rank::winrate::Z_95).ok()?;
+    Some((e.wins as f64 / n as f64, ci.lower, ci.upper))
+}
+
+/// One evaluating judge.
+struct EvalJudge {
+    backend: String,
+    model: String,
+    self_judge: bool,
+    /// Names its judgment streams.
+    tag: String,
+}
+
+/// Which runs to pair: `model` against `baseline` on `tasks`, `runs` each.
+struct Comparison<'t> {
+    split: &'static str,
+    against: &'static str,
+    model: &'t Models,
+    baseline: &'t Models,
+    tasks: &'t [Task],
+    runs: u32,
+}
+
+/// A pair to judge: the comparison it belongs to, task, index, and the two runs.
+type Pair = (usize, Task, u32, RunRef, RunRef);
+
+/// Runs and judges cycle `cycle`'s evaluation of `new` (trained from
+/// `current`) against the base model and against `current`.
 pub fn evaluate(
     ctx: &Ctx<'_>,
     main: &mut replay::Stream,
     exp: &mut Experiment,
     cycle: u32,
+    current: &Models,
+    new: &Models,
+    memory: &mut EvalRuns,
+) -> Result<Outcome> {
+    let base = crate::cycle::base_models(ctx)?;
+    let o = &ctx.exp.outer;
+    let mut comparisons = vec![Comparison {
+        split: "heldout",
+        against: "base",
+        model: new,
+        baseline: &base,
+        tasks: ctx.heldout,
+        runs: o.eval_runs,
+    }];
+    if current.orchestrator != base.orchestrator {
+        comparisons.push(Comparison {
+            split: "heldout",
+            against: "previous",
+            model: new,
+            baseline: current,
+            tasks: ctx.heldout,
+            runs: o.eval_runs,
+        });
+    }
+    if o.eval_train_runs > 0 && !ctx.train.is_empty() {
+        comparisons.push(Comparison {
+            split: "train",
+            against: "base",
+            model: new,
+            baseline: &base,
+            tasks: ctx.train,
+            runs: o.eval_train_runs,
+        });
+    }
+    make_runs(ctx, cycle, &comparisons, new, &base, memory)?;
+    let pairs = pairs(ctx, &comparisons, memory)?;
+    let judges = roster(ctx, current, new, memory)?;
+    let verdicts = judge_all(ctx, cycle, &comparisons, &pairs, &judges)?;
+    let mut out = Outcome::default();
+    for (ji, j) in judges.iter().enumerate() {
+        for (ci, c) in comparisons.iter().enumerate() {
+            let rec = tally(cycle, c, j, ci, &pairs, &verdicts[ji]);
+            let parents: Vec<Id> = rec.judgments.iter().map(|h| Id(h.0)).collect();
+            let id = step(main, exp, schemas::to_event(&rec)?.with_parents(parents))?;
+            out.evaluations.push((id, rec));
+        }
+        memory.judges.insert((j.backend.clone(), j.model.clone()));
+    }
+    out.agreement = agreement(&judges, &verdicts);
+    out.delegation = delegation(ctx, &comparisons, memory);
+    Ok(out)
+}
+
+/// Identifies what makes a bare run what it is, so runs are reused only
+/// for the same team under the same rules.
+fn team_key(ctx: &Ctx<'_>, m: &Models) -> String {
+    let r = &ctx.exp.roles;
+    format!(
+        "{}|{}|{}|{}|{:?}|{:?}",
+        r.orchestrator,
+        m.orchestrator,
+        r.subagent_backend(),
+        m.subagent,
+        ctx.exp.sampling.team,
+        RunRules::of(ctx.exp)
+    )
+}
+
+/// Makes every run the comparisons need that no earlier cycle made.
+fn make_runs(
+    ctx: &Ctx<'_>,
+    cycle: u32,
+    comparisons: &[Comparison<'_>],
     new: &Models,
     base: &Models,
-) -> Result<HeldOut> {
-    let teams = [("new", ctx.team(new)?), ("base", ctx.team(base)?)];
-    let mut jobs = Vec::new();
-    for task in ctx.heldout {
-        for i in 0..exp.outer.eval_runs {
-            for (who, team) in &teams {
-                jobs.push((task, i, *who, team.clone()));
+    memory: &mut EvalRuns,
+) -> Result<()> {
+    let tag = |m: &Models| {
+        if m == new {
+            "new"
+        } else if m == base {
+            "base"
+        } else {
+            "previous"
+        }
+    };
+    let mut needed: BTreeMap<(String, String, u32), (&'static str, &Models, &Task)> =
+        BTreeMap::new();
+    for c in comparisons {
+        for m in [c.model, c.baseline] {
+            let key = team_key(ctx, m);
+            for task in c.tasks {
+                for i in 0..c.runs {
+                    let have = memory
+                        .runs
+                        .get(&key)
+                        .is_some_and(|r| r.contains_key(&(task.id.clone(), i)));
+                    if !have {
+                        needed.insert((key.clone(), task.id.clone(), i), (tag(m), m, task));
+                    }
+                }
             }
         }
     }
-    let stage = format!("cycle {cycle}: held-out evaluation runs");
+    let mut jobs = Vec::new();
+    for ((key, _, i), (who, m, task)) in needed {
+        jobs.push((key, task.clone(), i, who, ctx.team(m)?));
+    }
+    let stage = format!("cycle {cycle}: evaluation runs");
     ctx.progress.stage(&stage, jobs.len() as u64);
-    let runs = exec::all(
+    let made = exec::all(
         ctx.threads(),
         jobs,
-        |(task, i, who, team)| {
+        |(key, task, i, who, team)| {
             let (session, rules) = (ctx.session.clone(), RunRules::of(ctx.exp));
-            let task = task.clone();
             async move {
                 let spec = RunSpec {
                     task: &task,
@@ -64,95 +224,266 @@ pub fn evaluate(
                     index: i,
                 };
                 let r = run_team(&session, &spec, &team, &rules).await?;
-                Ok((
-                    task.id.clone(),
-                    i,
-                    who,
-                    RunRef {
-                        event: r.event,
-                        record: r.record,
-                        violations: r.guard.violations,
-                    },
-                ))
+                let run = RunRef {
+                    event: r.event,
+                    record: r.record,
+                    violations: r.guard.violations,
+                };
+                Ok((key, task.id.clone(), i, run))
             }
         },
         || ctx.progress.tick(&stage),
     )?;
     ctx.progress.done(&stage);
-    let self_judged = exp.roles.external_judges.is_empty();
-    let judges: Vec<String> = if self_judged {
-        vec![exp.roles.judge.clone()]
-    } else {
-        exp.roles.external_judges.clone()
+    for (key, task, i, run) in made {
+        memory.runs.entry(key).or_default().insert((task, i), run);
+    }
+    Ok(())
+}
+
+/// Every pair of every comparison, in a fixed order.
+fn pairs(ctx: &Ctx<'_>, comparisons: &[Comparison<'_>], memory: &EvalRuns) -> Result<Vec<Pair>> {
+    let mut out = Vec::new();
+    for (ci, c) in comparisons.iter().enumerate() {
+        let (mk, bk) = (team_key(ctx, c.model), team_key(ctx, c.baseline));
+        for task in c.tasks {
+            for i in 0..c.runs {
+                let find = |k: &str| {
+                    memory
+                        .runs
+                        .get(k)
+                        .and_then(|r| r.get(&(task.id.clone(), i)))
+                        .cloned()
+                };
+                let (Some(a), Some(b)) = (find(&mk), find(&bk)) else {
+                    return Err(crate::error::EngineError::Invalid(format!(
+                        "evaluation run {} #{i} is missing after the evaluation runs were made",
+                        task.id
+                    )));
+                };
+                out.push((ci, task.clone(), i, a, b));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The external judges (their base models), the run's own judge as the new
+/// model, and the model that judged this cycle if it never judged an
+/// evaluation (so cycle 1 measures the base model as a judge too).
+fn roster(
+    ctx: &Ctx<'_>,
+    current: &Models,
+    new: &Models,
+    memory: &EvalRuns,
+) -> Result<Vec<EvalJudge>> {
+    let r = &ctx.exp.roles;
+    let mut out: Vec<EvalJudge> = Vec::new();
+    for name in &r.external_judges {
+        out.push(EvalJudge {
+            backend: name.clone(),
+            model: ctx.backends.get(name)?.base_model(),
+            self_judge: false,
+            tag: format!("ext-{name}"),
+        });
+    }
+    out.push(EvalJudge {
+        backend: r.judge.clone(),
+        model: new.judge.clone(),
+        self_judge: true,
+        tag: "self-new".into(),
+    });
+    let seen = memory
+        .judges
+        .contains(&(r.judge.clone(), current.judge.clone()));
+    if !seen && current.judge != new.judge {
+        out.push(EvalJudge {
+            backend: r.judge.clone(),
+            model: current.judge.clone(),
+            self_judge: true,
+            tag: "self-current".into(),
+        });
+    }
+    Ok(out)
+}
+
+/// Every judge's verdicts on every pair: `verdicts[judge][pair][k]` is the
+/// winner (`a` = the comparison's model, `b` = its baseline, `tie`,
+/// `invalid`) of the k-th judgment, shown swapped when k is odd, with the
+/// judgment's event id.
+type Verdicts = Vec<Vec<Vec<(Id, String)>>>;
+
+fn judge_all(
+    ctx: &Ctx<'_>,
+    cycle: u32,
+    comparisons: &[Comparison<'_>],
+    pairs: &[Pair],
+    judges: &[EvalJudge],
+) -> Result<Verdicts> {
+    let per_pair = ctx.exp.outer.external_judgments.max(1);
+    let mut jobs = Vec::new();
+    for (ji, _) in judges.iter().enumerate() {
+        for (pi, _) in pairs.iter().enumerate() {
+            for k in 0..per_pair {
+                jobs.push((ji, pi, k));
+            }
+        }
+    }
+    let stage = format!("cycle {cycle}: evaluation judging");
+    ctx.progress.stage(&stage, jobs.len() as u64);
+    let done = exec::all(
+        ctx.threads(),
+        jobs,
+        |(ji, pi, k)| {
+            let j = &judges[ji];
+            let (ci, task, i, a, b) = &pairs[pi];
+            let c = &comparisons[*ci];
+            let judge = ctx.backends.get(&j.backend).map(|backend| Judge {
+                model: j.model.clone(),
+                backend: backend.clone(),
+                max_retries: ctx.exp.outer.max_verdict_retries,
+                sampling: ctx.exp.sampling.judge.clone(),
+            });
+            let rel = format!(
+                "c{cycle}/eval/{}-{}/{}/judge-{}/{i:02}-{k}",
+                c.split, c.against, task.id, j.tag
+            );
+            let (session, task, a, b) = (ctx.session.clone(), task.clone(), a.clone(), b.clone());
+            async move {
+                let judge = judge?;
+                let (id, v) = judge_pair(&session, &rel, &task, &a, &b, k % 2 == 1, &judge).await?;
+                Ok((ji, pi, id, v.winner))
+            }
+        },
+        || ctx.progress.tick(&stage),
+    )?;
+    ctx.progress.done(&stage);
+    let mut out: Verdicts = vec![vec![Vec::new(); pairs.len()]; judges.len()];
+    // `exec::all` returns results in job order, so k ascends within a pair.
+    for (ji, pi, id, winner) in done {
+        out[ji][pi].push((id, winner));
+    }
+    Ok(out)
+}
+
+/// One judge's figures on one comparison.
+fn tally(
+    cycle: u32,
+    c: &Comparison<'_>,
+    j: &EvalJudge,
+    ci: usize,
+    pairs: &[Pair],
+    verdicts: &[Vec<(Id, String)>],
+) -> Evaluation {
+    let mut e = Evaluation {
+        cycle,
+        split: c.split.into(),
+        against: c.against.into(),
+        model: c.model.orchestrator.clone(),
+        baseline: c.baseline.orchestrator.clone(),
+        judge: j.backend.clone(),
+        judge_model: j.model.clone(),
+        self_judge: j.self_judge,
+        pairs: 0,
+        wins: 0,
+        losses: 0,
+        ties: 0,
+        verdicts: 0,
+        swapped: 0,
+        same_position: 0,
+        judgments: Vec::new(),
     };
-    let mut pair_jobs = Vec::new();
-    for jname in &judges {
-        for task in ctx.heldout {
-            for i in 0..exp.outer.eval_runs {
-                let find = |w: &str| {
-                    runs.iter()
-                        .find(|r| r.0 == task.id && r.1 == i && r.2 == w)
-                        .map(|r| r.3.clone())
-                };
-                let (Some(a), Some(b)) = (find("new"), find("base")) else {
-                    continue;
-                };
-                for j in 0..exp.outer.external_judgments.max(1) {
-                    pair_jobs.push((jname.clone(), task, i, j, a.clone(), b.clone()));
+    for (pi, _) in pairs.iter().enumerate().filter(|(_, p)| p.0 == ci) {
+        let vs = &verdicts[pi];
+        e.pairs += 1;
+        let count = |w: &str| vs.iter().filter(|(_, v)| v == w).count();
+        let (a, b) = (count("a"), count("b"));
+        e.verdicts += (a + b + count("tie")) as u32;
+        match a.cmp(&b) {
+            std::cmp::Ordering::Greater => e.wins += 1,
+            std::cmp::Ordering::Less => e.losses += 1,
+            std::cmp::Ordering::Equal => e.ties += 1,
+        }
+        // Judgment 2k shows the model first, 2k+1 the baseline first: the
+        // same position twice means the winner changed with the order.
+        for two in vs.chunks_exact(2) {
+            let decided = |w: &str| w == "a" || w == "b";
+            if decided(&two[0].1) && decided(&two[1].1) {
+                e.swapped += 1;
+                e.same_position += (two[0].1 != two[1].1) as u32;
+            }
+        }
+        e.judgments.extend(vs.iter().map(|(id, _)| Hash32(id.0)));
+    }
+    e
+}
+
+/// Agreement of every pair of judges over the verdicts both gave (same
+/// pair, same order), invalid verdicts left out.
+fn agreement(judges: &[EvalJudge], verdicts: &Verdicts) -> Vec<Agreement> {
+    let mut out = Vec::new();
+    for (x, jx) in judges.iter().enumerate() {
+        for (y, jy) in judges.iter().enumerate().skip(x + 1) {
+            let (mut compared, mut agreed) = (0, 0);
+            for (px, py) in verdicts[x].iter().zip(&verdicts[y]) {
+                for ((_, vx), (_, vy)) in px.iter().zip(py) {
+                    if vx == "invalid" || vy == "invalid" {
+                        continue;
+                    }
+                    compared += 1;
+                    agreed += (vx == vy) as u32;
+                }
+            }
+            out.push(Agreement {
+                judge: jx.backend.clone(),
+                judge_model: jx.model.clone(),
+                other: jy.backend.clone(),
+                other_model: jy.model.clone(),
+                compared,
+                agreed,
+            });
+        }
+    }
+    out
+}
+
+/// How often each evaluated model's bare runs in this evaluation delegated.
+fn delegation(ctx: &Ctx<'_>, comparisons: &[Comparison<'_>], memory: &EvalRuns) -> Vec<Delegation> {
+    let mut per_model: BTreeMap<String, BTreeSet<Id>> = BTreeMap::new();
+    let mut delegated: BTreeSet<Id> = BTreeSet::new();
+    let mut order: Vec<String> = Vec::new();
+    for c in comparisons {
+        for m in [c.baseline, c.model] {
+            let key = team_key(ctx, m);
+            if !order.contains(&m.orchestrator) {
+                order.push(m.orchestrator.clone());
+            }
+            let runs = per_model.entry(m.orchestrator.clone()).or_default();
+            for task in c.tasks {
+                for i in 0..c.runs {
+                    if let Some(r) = memory
+                        .runs
+                        .get(&key)
+                        .and_then(|r| r.get(&(task.id.clone(), i)))
+                    {
+                        runs.insert(r.event);
+                        if r.record.delegations > 0 {
+                            delegated.insert(r.event);
+                        }
+                    }
                 }
             }
         }
     }
-    let stage = format!("cycle {cycle}: held-out judging");
-    ctx.progress.stage(&stage, pair_jobs.len() as u64);
-    let verdicts = exec::all(
-        ctx.threads(),
-        pair_jobs,
-        |(jname, task, i, j, a, b)| {
-            let judge = ctx.backends.get(&jname).map(|backend| crate::judge::Judge {
-                model: backend.base_model(),
-                backend,
-                max_retries: ctx.exp.outer.max_verdict_retries,
-                sampling: ctx.exp.sampling.judge.clone(),
-            });
-            let (session, task) = (ctx.session.clone(), task.clone());
-            async move {
-                let judge = judge?;
-                let rel = format!("c{cycle}/eval/{}/judge-{jname}/{i:02}-{j}", task.id);
-                let (id, v) = judge_pair(&session, &rel, &task, &a, &b, j % 2 == 1, &judge).await?;
-                Ok((id, v.winner))
+    order
+        .into_iter()
+        .map(|model| {
+            let runs = &per_model[&model];
+            Delegation {
+                runs: runs.len() as u32,
+                delegated: runs.iter().filter(|r| delegated.contains(r)).count() as u32,
+                model,
             }
-        },
-        || ctx.progress.tick(&stage),
-    )?;
-    ctx.progress.done(&stage);
-    let (mut w, mut l, mut t) = (0, 0, 0);
-    for (_, v) in &verdicts {
-        match v.as_str() {
-            "a" => w += 1,
-            "b" => l += 1,
-            "tie" => t += 1,
-            _ => {}
-        }
-    }
-    let ids: Vec<Id> = verdicts.iter().map(|v| v.0).collect();
-    let rec = Evaluation {
-        cycle,
-        split: "heldout".into(),
-        model: new.orchestrator.clone(),
-        baseline: base.orchestrator.clone(),
-        judge: judges.join(","),
-        wins: w,
-        losses: l,
-        ties: t,
-        judgments: ids.iter().map(|i| Hash32(i.0)).collect(),
-    };
-    step(main, exp, schemas::to_event(&rec)?.with_parents(ids))?;
-    Ok(HeldOut {
-        wins: w,
-        losses: l,
-        ties: t,
-        judge: judges.join(","),
-        self_judged,
-    })
+        })
+        .collect()
 }

@@ -3,7 +3,7 @@
 //! and what its recorded definition says (name, planned cycles).
 
 use ledger::{Event, Ledger};
-use schemas::{Effect, EffectStatus};
+use schemas::{Effect, EffectStatus, Record};
 
 use crate::error::{EngineError, Result};
 
@@ -22,11 +22,174 @@ pub struct RunStatus {
     /// `mass.selection` records): a run flagged by several guards counts
     /// once under each.
     pub exclusions: std::collections::BTreeMap<String, u32>,
+    /// Each finished cycle's figures, from its `mass.cycle` record and the
+    /// `mass.evaluation` records it links.
+    pub cycles: Vec<CycleFigures>,
+}
+
+/// A finished cycle's figures as `mass status --json` and the run summary
+/// show them: the recorded counts plus the rates and intervals they give.
+/// Figures a `mass.cycle` v1 record did not carry are absent (null).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct CycleFigures {
+    pub cycle: u32,
+    pub model: String,
+    pub next_model: String,
+    pub inner_wins: u32,
+    pub inner_iterations: u32,
+    pub selected_runs: u32,
+    pub supervised_tokens: u64,
+    pub collected_runs: Option<u32>,
+    /// Share of collected runs (with the champion workflow) that delegated.
+    pub delegation_rate: Option<f64>,
+    /// Training examples from runs whose recorded tool calls tampered.
+    pub tampered_in_training: Option<u32>,
+    /// Share of collected runs whose recorded tool calls tampered.
+    pub tampering_rate: Option<f64>,
+    /// Delegation in bare-task evaluation runs, per model.
+    pub bare_delegation: Vec<DelegationFigure>,
+    pub agreement: Vec<AgreementFigure>,
+    pub evaluations: Vec<EvaluationFigure>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DelegationFigure {
+    pub model: String,
+    pub runs: u32,
+    pub delegated: u32,
+    pub rate: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct AgreementFigure {
+    pub judge: String,
+    pub judge_model: String,
+    pub other: String,
+    pub other_model: String,
+    pub compared: u32,
+    pub agreed: u32,
+    pub rate: Option<f64>,
+}
+
+/// One judge's verdicts on one comparison (`mass.evaluation`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct EvaluationFigure {
+    /// `heldout` or `train`.
+    pub split: String,
+    /// `base` or `previous`.
+    pub against: String,
+    pub model: String,
+    pub baseline: String,
+    pub judge: String,
+    pub judge_model: String,
+    /// The judge is the model being trained, not an independent one.
+    pub self_judge: bool,
+    /// Pair outcomes (majority of each pair's verdicts).
+    pub pairs: u32,
+    pub wins: u32,
+    pub losses: u32,
+    pub ties: u32,
+    /// W/(W+L) and its 95% Wilson interval (null when every pair tied).
+    pub win_rate: Option<f64>,
+    pub interval: Option<[f64; 2]>,
+    /// Pairs judged in both orders and the share where the judge picked
+    /// the same position both times.
+    pub swapped: u32,
+    pub same_position: u32,
+    pub position_bias: Option<f64>,
+}
+
+fn share(part: u32, whole: u32) -> Option<f64> {
+    (whole > 0).then(|| part as f64 / whole as f64)
+}
+
+impl EvaluationFigure {
+    pub fn of(e: &schemas::Evaluation) -> EvaluationFigure {
+        let wr = crate::evaluation::win_rate(e);
+        EvaluationFigure {
+            split: e.split.clone(),
+            against: e.against.clone(),
+            model: e.model.clone(),
+            baseline: e.baseline.clone(),
+            judge: e.judge.clone(),
+            judge_model: e.judge_model.clone(),
+            self_judge: e.self_judge,
+            pairs: e.pairs,
+            wins: e.wins,
+            losses: e.losses,
+            ties: e.ties,
+            win_rate: wr.map(|w| w.0),
+            interval: wr.map(|w| [w.1, w.2]),
+            swapped: e.swapped,
+            same_position: e.same_position,
+            position_bias: share(e.same_position, e.swapped),
+        }
+    }
+}
+
+impl CycleFigures {
+    /// From a `mass.cycle` v2 record and the evaluations it links.
+    pub fn of(c: &schemas::Cycle, evaluations: &[schemas::Evaluation]) -> CycleFigures {
+        CycleFigures {
+            cycle: c.cycle,
+            model: c.model.clone(),
+            next_model: c.next_model.clone(),
+            inner_wins: c.inner_wins,
+            inner_iterations: c.inner_iterations,
+            selected_runs: c.selected_runs,
+            supervised_tokens: c.supervised_tokens,
+            collected_runs: Some(c.collected_runs),
+            delegation_rate: Some(share(c.delegating_runs, c.collected_runs).unwrap_or(0.0)),
+            tampered_in_training: Some(c.tampered_in_training),
+            tampering_rate: Some(share(c.tampered_runs, c.collected_runs).unwrap_or(0.0)),
+            bare_delegation: c
+                .bare_delegation
+                .iter()
+                .map(|d| DelegationFigure {
+                    model: d.model.clone(),
+                    runs: d.runs,
+                    delegated: d.delegated,
+                    rate: share(d.delegated, d.runs),
+                })
+                .collect(),
+            agreement: c
+                .agreement
+                .iter()
+                .map(|a| AgreementFigure {
+                    judge: a.judge.clone(),
+                    judge_model: a.judge_model.clone(),
+                    other: a.other.clone(),
+                    other_model: a.other_model.clone(),
+                    compared: a.compared,
+                    agreed: a.agreed,
+                    rate: share(a.agreed, a.compared),
+                })
+                .collect(),
+            evaluations: evaluations.iter().map(EvaluationFigure::of).collect(),
+        }
+    }
+
+    /// From a `mass.cycle` v1 record, which carried no evaluation figures.
+    fn of_v1(c: &schemas::CycleV1) -> CycleFigures {
+        CycleFigures {
+            cycle: c.cycle,
+            model: c.model.clone(),
+            next_model: c.next_model.clone(),
+            inner_wins: c.inner_wins,
+            inner_iterations: c.inner_iterations,
+            selected_runs: c.selected_runs,
+            supervised_tokens: c.supervised_tokens,
+            delegation_rate: Some(c.delegation_rate),
+            ..CycleFigures::default()
+        }
+    }
 }
 
 /// Folds a main stream, oldest event first.
 pub fn fold(events: &[Event]) -> Result<RunStatus> {
     let mut s = RunStatus::default();
+    // Evaluations come before the cycle record that links them.
+    let mut evaluations: Vec<(ledger::Id, schemas::Evaluation)> = Vec::new();
     for ev in events {
         match ev.kind.as_str() {
             // The experiment's name and plan are in the recorded definition
@@ -68,10 +231,31 @@ pub fn fold(events: &[Event]) -> Result<RunStatus> {
                 }
                 s.last_step = ev.kind.clone();
             }
+            "mass.evaluation" if ev.version == schemas::Evaluation::VERSION => {
+                evaluations.push((ev.id, schemas::decode_event(ev)?));
+                s.last_step = ev.kind.clone();
+            }
             "mass.cycle" => {
-                let c: schemas::Cycle = schemas::decode_event(ev)?;
-                s.cycles_done = c.cycle;
-                s.last_step = format!("cycle {} done (next model {})", c.cycle, c.next_model);
+                let figures = if ev.version == schemas::CycleV1::VERSION {
+                    CycleFigures::of_v1(&schemas::decode_event(ev)?)
+                } else {
+                    let c: schemas::Cycle = schemas::decode_event(ev)?;
+                    let linked: Vec<schemas::Evaluation> = evaluations
+                        .iter()
+                        .filter(|(id, _)| c.evaluations.contains(&schemas::Hash32(id.0)))
+                        .map(|(_, e)| e.clone())
+                        .collect();
+                    CycleFigures::of(&c, &linked)
+                };
+                evaluations.clear();
+                s.cycles_done = figures.cycle;
+                s.last_step = format!(
+                    "cycle {} done (next model {})",
+                    figures.cycle, figures.next_model
+                );
+                // A fork that re-ran a cycle replaces its figures.
+                s.cycles.retain(|c| c.cycle < figures.cycle);
+                s.cycles.push(figures);
             }
             other => s.last_step = other.to_string(),
         }

@@ -106,7 +106,7 @@ fn an_external_trainer_is_recorded_and_its_best_checkpoint_used() {
         assert!(out.get("metrics.jsonl").is_some() && out.get("ckpt-2/adapter.json").is_some());
         // The trained model was served to the held-out evaluation.
         assert_eq!(s.cycles[0].next_model, t.new_model);
-        assert!(s.cycles[0].heldout.is_some());
+        assert!(s.cycles[0].evaluation.is_some());
     }
     assert!(trained > 0, "no seed in {SEEDS:?} produced training data");
 }

@@ -415,11 +415,12 @@ record!(
     }
 );
 
-/// `mass.evaluation` v1: held-out (or train) win rate of one model against another.
+/// `mass.evaluation` v1 (read only; v2 replaced it): held-out win rate of
+/// one model against another, verdicts counted one by one.
 #[derive(
     rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
 )]
-pub struct Evaluation {
+pub struct EvaluationV1 {
     pub cycle: u32,
     /// `heldout` or `train`.
     pub split: String,
@@ -433,11 +434,11 @@ pub struct Evaluation {
 }
 
 record!(
-    Evaluation,
+    EvaluationV1,
     "mass.evaluation",
     1,
     |s| s.judgments.clone(),
-    Evaluation {
+    EvaluationV1 {
         cycle: 1,
         split: "heldout".into(),
         model: "sim/c1".into(),
@@ -450,11 +451,72 @@ record!(
     }
 );
 
-/// `mass.cycle` v1: the end of a cycle, with the figures the summary table shows.
+/// `mass.evaluation` v2: one judge's verdicts on one comparison of a
+/// cycle's evaluation: `model`'s bare-task runs paired with `baseline`'s on
+/// the `split`'s tasks, each pair judged `verdicts / pairs` times with the
+/// presentation order alternating. A pair's outcome is the majority of its
+/// verdicts (equal counts: a tie), so the unit of the win rate is the pair.
 #[derive(
     rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
 )]
-pub struct Cycle {
+pub struct Evaluation {
+    pub cycle: u32,
+    /// `heldout` or `train`.
+    pub split: String,
+    /// `base` (the run's base model) or `previous` (the model the cycle
+    /// started from).
+    pub against: String,
+    pub model: String,
+    pub baseline: String,
+    /// The judge's backend name and the model it ran.
+    pub judge: String,
+    pub judge_model: String,
+    /// The judge is the model being trained (the run's own judge role), not
+    /// an independent one.
+    pub self_judge: bool,
+    pub pairs: u32,
+    /// Pair outcomes for `model`, for `baseline`, and ties.
+    pub wins: u32,
+    pub losses: u32,
+    pub ties: u32,
+    pub verdicts: u32,
+    /// Pairs judged in both orders (verdicts 2k and 2k+1), and of those the
+    /// ones where the judge picked the same position both times.
+    pub swapped: u32,
+    pub same_position: u32,
+    pub judgments: Vec<Hash32>,
+}
+
+record!(
+    Evaluation,
+    "mass.evaluation",
+    2,
+    |s| s.judgments.clone(),
+    Evaluation {
+        cycle: 1,
+        split: "heldout".into(),
+        against: "base".into(),
+        model: "sim/c1".into(),
+        baseline: "sim/base".into(),
+        judge: "external".into(),
+        judge_model: "external/base".into(),
+        self_judge: false,
+        pairs: 18,
+        wins: 10,
+        losses: 6,
+        ties: 2,
+        verdicts: 36,
+        swapped: 18,
+        same_position: 3,
+        judgments: vec![Hash32([1; 32])],
+    }
+);
+
+/// `mass.cycle` v1 (read only; v2 replaced it): the end of a cycle.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct CycleV1 {
     pub cycle: u32,
     pub model: String,
     pub next_model: String,
@@ -467,11 +529,11 @@ pub struct Cycle {
 }
 
 record!(
-    Cycle,
+    CycleV1,
     "mass.cycle",
     1,
     |s| s.evaluation.iter().copied().collect(),
-    Cycle {
+    CycleV1 {
         cycle: 1,
         model: "sim/base".into(),
         next_model: "sim/c1".into(),
@@ -481,5 +543,91 @@ record!(
         supervised_tokens: 90000,
         delegation_rate: 0.25,
         evaluation: Some(Hash32([1; 32])),
+    }
+);
+
+/// How often one model's bare-task evaluation runs delegated.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct Delegation {
+    pub model: String,
+    pub runs: u32,
+    pub delegated: u32,
+}
+
+/// How often two judges gave the same verdict (same winner, or both a tie)
+/// on the same pair in the same order.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct Agreement {
+    /// Backend name and model of each judge.
+    pub judge: String,
+    pub judge_model: String,
+    pub other: String,
+    pub other_model: String,
+    pub compared: u32,
+    pub agreed: u32,
+}
+
+/// `mass.cycle` v2: the end of a cycle, with the figures the summary shows
+/// and links to the cycle's `mass.evaluation` records.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct Cycle {
+    pub cycle: u32,
+    pub model: String,
+    pub next_model: String,
+    pub inner_wins: u32,
+    pub inner_iterations: u32,
+    /// Collected runs selected as training or validation examples.
+    pub selected_runs: u32,
+    pub supervised_tokens: u64,
+    /// Collected runs (with the champion workflow), those whose orchestrator
+    /// delegated, and those whose recorded tool calls tampered.
+    pub collected_runs: u32,
+    pub delegating_runs: u32,
+    pub tampered_runs: u32,
+    /// Training examples from runs whose recorded tool calls tampered.
+    pub tampered_in_training: u32,
+    /// Delegation in bare-task evaluation runs, per model evaluated.
+    pub bare_delegation: Vec<Delegation>,
+    pub agreement: Vec<Agreement>,
+    pub evaluations: Vec<Hash32>,
+}
+
+record!(
+    Cycle,
+    "mass.cycle",
+    2,
+    |s| s.evaluations.clone(),
+    Cycle {
+        cycle: 1,
+        model: "sim/base".into(),
+        next_model: "sim/c1".into(),
+        inner_wins: 7,
+        inner_iterations: 36,
+        selected_runs: 128,
+        supervised_tokens: 90000,
+        collected_runs: 162,
+        delegating_runs: 40,
+        tampered_runs: 3,
+        tampered_in_training: 1,
+        bare_delegation: vec![Delegation {
+            model: "sim/base".into(),
+            runs: 36,
+            delegated: 2,
+        }],
+        agreement: vec![Agreement {
+            judge: "sim".into(),
+            judge_model: "sim/c1".into(),
+            other: "external".into(),
+            other_model: "external/base".into(),
+            compared: 72,
+            agreed: 55,
+        }],
+        evaluations: vec![Hash32([1; 32]), Hash32([2; 32])],
     }
 );

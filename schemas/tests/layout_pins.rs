@@ -74,6 +74,16 @@ const PINS: &[(&str, u32, &str)] = &[
         "ad3791f13c6db4a38f5a3e5663b510a7ce4c23aa106dbe09f46a3226574a9e00",
     ),
     (
+        "mass.evaluation",
+        2,
+        "961c0ed1f2705a604b6aa013f1f07183b3c3cf6afc905da824e8b86694085839",
+    ),
+    (
+        "mass.cycle",
+        2,
+        "ca2c5ddde4fe9c73e1250a94f03abcfe4536d4d8548eb444441b08e63f4f37e9",
+    ),
+    (
         "note",
         1,
         "befd1f7ba49999fc67fd317fc810137c4c78c341b7d251035f6706b73103a904",
@@ -124,6 +134,10 @@ fn sample_hash(kind: &str, version: u32) -> String {
     let bytes = match (kind, version) {
         ("run.started", 1) => encode(&RunStartedV1::sample()),
         ("run.started", 2) => encode(&RunStarted::sample()),
+        ("mass.evaluation", 1) => encode(&schemas::EvaluationV1::sample()),
+        ("mass.evaluation", 2) => encode(&schemas::Evaluation::sample()),
+        ("mass.cycle", 1) => encode(&schemas::CycleV1::sample()),
+        ("mass.cycle", 2) => encode(&schemas::Cycle::sample()),
         (_, v) if v != 1 => panic!("{kind} v{version} has no sample in this test: add it"),
         ("note", _) => encode(&Note::sample()),
         ("model.call", _) => encode(&ModelCall::sample()),
@@ -141,8 +155,6 @@ fn sample_hash(kind: &str, version: u32) -> String {
         ("mass.guard", _) => encode(&schemas::GuardCheck::sample()),
         ("mass.dataset", _) => encode(&schemas::Dataset::sample()),
         ("mass.training", _) => encode(&schemas::Training::sample()),
-        ("mass.evaluation", _) => encode(&schemas::Evaluation::sample()),
-        ("mass.cycle", _) => encode(&schemas::Cycle::sample()),
         (other, _) => panic!("kind {other} has no sample in this test: add it"),
     }
     .unwrap();

@@ -12,6 +12,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use engine::cycle::{CycleResult, Progress};
 use engine::driver::{drive, RunRequest, RunSummary};
+use engine::status::EvaluationFigure;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ledger::{Id, Ledger};
 use replay::{Mode, SourceRun, MAIN};
@@ -592,8 +593,13 @@ fn print_summary(s: &RunSummary, secs: f64) {
     for c in &s.cycles {
         let _ = writeln!(out, "{}", cycle_row(c));
     }
-    for line in legend(s) {
+    for line in legend() {
         let _ = writeln!(out, "  {line}");
+    }
+    for c in &s.cycles {
+        for line in evaluation_lines(c) {
+            let _ = writeln!(out, "  {line}");
+        }
     }
     // A cycle without training data is a normal outcome; say why.
     for c in s.cycles.iter().filter(|c| c.selected_runs == 0) {
@@ -633,22 +639,38 @@ fn print_summary(s: &RunSummary, secs: f64) {
     let _ = writeln!(out, "effects: {}", parts.join("; "));
 }
 
+/// `70.6% (54-83%) 24-10 [2]`: W/(W+L), 95% Wilson interval, wins-losses [ties].
+fn win_rate_text(e: &EvaluationFigure) -> String {
+    let (w, l, t) = (e.wins, e.losses, e.ties);
+    match (e.win_rate, e.interval) {
+        (Some(r), Some([lo, hi])) => format!(
+            "{:.1}% ({:.0}-{:.0}%) {w}-{l} [{t}]",
+            r * 100.0,
+            lo * 100.0,
+            hi * 100.0
+        ),
+        _ => format!("n/a {w}-{l} [{t}]"),
+    }
+}
+
+fn judge_name(backend: &str, model: &str, self_judge: bool) -> String {
+    format!(
+        "{backend} ({model}{})",
+        if self_judge { ", self" } else { "" }
+    )
+}
+
+fn percent(rate: Option<f64>) -> String {
+    rate.map_or("n/a".into(), |r| format!("{:.0}%", r * 100.0))
+}
+
 fn cycle_row(c: &CycleResult) -> String {
-    let heldout = match &c.heldout {
-        Some(h) => {
-            let (w, l, t) = (h.wins, h.losses, h.ties);
-            let rate = if w + l > 0 {
-                format!("{:.1}%", 100.0 * w as f64 / (w + l) as f64)
-            } else {
-                "n/a".into()
-            };
-            let ci = rank::winrate::wilson(w as u64, (w + l) as u64, rank::winrate::Z_95)
-                .map(|i| format!(" ({:.0}-{:.0}%)", i.lower * 100.0, i.upper * 100.0))
-                .unwrap_or_default();
-            format!("{rate}{ci} {w}-{l} [{t}]")
-        }
-        None => "not evaluated".into(),
-    };
+    let heldout = c
+        .figures
+        .evaluations
+        .iter()
+        .find(|e| e.split == "heldout" && e.against == "base")
+        .map_or("not evaluated".into(), win_rate_text);
     format!(
         "{:>5}  {:>11}  {:>8}  {:>8}  {:>8.0}%  {:>10}  {:>9.0}%  {:>28}  {}",
         c.cycle,
@@ -663,30 +685,77 @@ fn cycle_row(c: &CycleResult) -> String {
     )
 }
 
-/// One line per column of the summary table, then who judged the held-out
-/// figures (a model judging itself is said so).
-fn legend(s: &RunSummary) -> Vec<String> {
-    let mut lines = vec![
+/// One line per column of the summary table.
+fn legend() -> Vec<String> {
+    vec![
         "inner wins: inner-loop steps whose candidate workflow was accepted as the new champion, of all steps".to_string(),
         "selected: collected runs selected as training or validation examples (both counted)".into(),
         "tampered: training examples from runs whose recorded tool calls tampered (wrote a protected file, or wrote into the report that the checks pass)".into(),
         "tampering: share of the cycle's collected runs whose recorded tool calls tampered, whatever the guards then did".into(),
         "sup.tokens: assistant tokens supervised in the training and validation examples".into(),
         "delegation: share of the cycle's collected runs (which carry the champion workflow) whose orchestrator delegated".into(),
-        "held-out: the new model's bare-task runs on held-out tasks against the base model's, W/(W+L) with a 95% Wilson interval, wins-losses [ties]".into(),
+        "held-out: the new model against the base model on held-out tasks, by the first external judge (else the run's own judge, marked self below): pairs of bare-task runs, a pair won by the majority of its verdicts, W/(W+L) with a 95% Wilson interval, wins-losses [ties]".into(),
         "model: the model the next cycle uses".into(),
-    ];
-    for c in &s.cycles {
-        if let Some(h) = &c.heldout {
-            lines.push(if h.self_judged {
+    ]
+}
+
+/// The evaluation block: every comparison by every judge, position bias,
+/// judge agreement and delegation in bare runs, each line saying who judged.
+fn evaluation_lines(c: &CycleResult) -> Vec<String> {
+    let f = &c.figures;
+    let mut lines = Vec::new();
+    for e in &f.evaluations {
+        let what = match (e.split.as_str(), e.against.as_str()) {
+            ("heldout", "base") => "held-out vs base".to_string(),
+            ("heldout", "previous") => format!("held-out vs previous ({})", e.baseline),
+            ("train", "base") => "training tasks vs base".to_string(),
+            (s, a) => format!("{s} vs {a}"),
+        };
+        lines.push(format!(
+            "cycle {}: {what}, {} pairs, judged by {}: {}; position bias {} of {} pairs judged in both orders",
+            f.cycle,
+            e.pairs,
+            judge_name(&e.judge, &e.judge_model, e.self_judge),
+            win_rate_text(e),
+            percent(e.position_bias),
+            e.swapped
+        ));
+    }
+    if f.evaluations.iter().all(|e| e.self_judge) && !f.evaluations.is_empty() {
+        lines.push(format!(
+            "cycle {}: no external judge is configured: every figure above is the model judging its own runs, not an independent judge",
+            f.cycle
+        ));
+    }
+    for a in &f.agreement {
+        lines.push(format!(
+            "cycle {}: agreement of {} with {}: {} of {} verdicts on the same pairs in the same order",
+            f.cycle,
+            judge_name(&a.judge, &a.judge_model, false),
+            judge_name(&a.other, &a.other_model, false),
+            percent(a.rate),
+            a.compared
+        ));
+    }
+    if !f.bare_delegation.is_empty() {
+        let parts: Vec<String> = f
+            .bare_delegation
+            .iter()
+            .map(|d| {
                 format!(
-                    "cycle {}: held-out verdicts by {}, the run's own judge backend (no external judge is configured, so no independent one)",
-                    c.cycle, h.judge
+                    "{} {} of {} ({})",
+                    d.model,
+                    d.delegated,
+                    d.runs,
+                    percent(d.rate)
                 )
-            } else {
-                format!("cycle {}: held-out verdicts by {}", c.cycle, h.judge)
-            });
-        }
+            })
+            .collect();
+        lines.push(format!(
+            "cycle {}: delegation in bare-task evaluation runs (no workflow): {}",
+            f.cycle,
+            parts.join(", ")
+        ));
     }
     lines
 }
@@ -727,7 +796,7 @@ pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
     if json {
         let v: Vec<_> = rows
             .iter()
-            .map(|(n, h, st, p, never)| serde_json::json!({"run": n, "head": h.to_hex(), "experiment": st.experiment, "cycles_planned": st.cycles_planned, "cycles_done": st.cycles_done, "last_step": st.last_step, "finished": st.finished, "never_started": never, "forked_from": st.forked_from, "exclusions": st.exclusions, "unfinished_effects": p}))
+            .map(|(n, h, st, p, never)| serde_json::json!({"run": n, "head": h.to_hex(), "experiment": st.experiment, "cycles_planned": st.cycles_planned, "cycles_done": st.cycles_done, "last_step": st.last_step, "finished": st.finished, "never_started": never, "forked_from": st.forked_from, "exclusions": st.exclusions, "unfinished_effects": p, "cycles": st.cycles}))
             .collect();
         serde_json::to_writer_pretty(&mut out, &v)?;
         writeln!(out)?;
