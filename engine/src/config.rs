@@ -172,7 +172,7 @@ fn default_one() -> u32 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "RawBackend", into = "RawBackend")]
 pub enum Backend {
-    Sim(SimParams),
+    Sim(SimConfig),
     OpenAi(OpenAiParams),
 }
 
@@ -192,10 +192,12 @@ pub enum BackendKind {
     OpenAi,
 }
 
-/// Parameters of the built-in deterministic simulated model.
+/// `[backends.NAME.sim]`: the starting point of a built-in simulated model
+/// (the base model its backend serves; `backend::sim::SimParams` are the
+/// latent parameters a model has, which training moves).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct SimParams {
+pub struct SimConfig {
     /// Probability-like competence of the executor (0..1).
     pub skill: f64,
     /// Propensity to delegate without workflow instructions (0..1).
@@ -214,9 +216,9 @@ pub struct SimParams {
     pub learning_rate: f64,
 }
 
-impl Default for SimParams {
+impl Default for SimConfig {
     fn default() -> Self {
-        SimParams {
+        SimConfig {
             skill: 0.45,
             delegation: 0.1,
             judge_noise: 0.35,
@@ -277,7 +279,7 @@ pub enum StructuredOutput {
 struct RawBackend {
     kind: BackendKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    sim: Option<SimParams>,
+    sim: Option<SimConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     base_url: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1644,7 +1646,7 @@ optimizer = "sim"
         assert_eq!(e.limits.max_tokens, 60_000);
         assert_eq!(e.trainer, TrainerConfig::default());
         assert_eq!(e.roles.subagent_backend(), "sim");
-        assert_eq!(e.backend("sim"), Some(&Backend::Sim(SimParams::default())));
+        assert_eq!(e.backend("sim"), Some(&Backend::Sim(SimConfig::default())));
         assert_eq!(e.tasks_path, PathBuf::from("dir/tasks"));
     }
 
@@ -1844,7 +1846,7 @@ optimizer = "sim"
     fn overrides_apply_and_revalidate() {
         let mut e = minimal();
         e.backends
-            .insert("external".into(), Backend::Sim(SimParams::default()));
+            .insert("external".into(), Backend::Sim(SimConfig::default()));
         e.apply_override("inner.iterations", "3")
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(e.inner.iterations, 3);
@@ -1855,9 +1857,9 @@ optimizer = "sim"
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             e.backend("sim"),
-            Some(&Backend::Sim(SimParams {
+            Some(&Backend::Sim(SimConfig {
                 skill: 0.6,
-                ..SimParams::default()
+                ..SimConfig::default()
             }))
         );
         e.apply_override("outer.prior", "0")

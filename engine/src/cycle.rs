@@ -15,7 +15,7 @@ use schemas::{Hash32, Note, Promotion, RankedRun, Ranking, Selection};
 
 use crate::backend::Backends;
 use crate::config::{Acceptance, Collect, Experiment, GuardAction};
-use crate::dataset::{self, AgentKind, Conversation, Format, Split as DataSplit};
+use crate::dataset::{self, AgentKind, Example, ExampleSplit as DataSplit, Format};
 use crate::error::{EngineError, Result};
 use crate::exec;
 use crate::harness::{run_team, RunRules, RunSpec, Team};
@@ -85,7 +85,7 @@ pub struct CycleResult {
 
 /// Whether the run these conversations come from tampered, by its
 /// recorded tool calls (every agent's).
-fn tampered(task: &Task, convs: &[dataset::Conversation]) -> bool {
+fn tampered(task: &Task, convs: &[dataset::Example]) -> bool {
     let calls: Vec<(String, serde_json::Value)> = convs
         .iter()
         .flat_map(|c| c.messages.iter())
@@ -916,7 +916,7 @@ fn run_conversations(
     task: &Task,
     run: &RunRef,
     split: DataSplit,
-) -> Result<Vec<Conversation>> {
+) -> Result<Vec<Example>> {
     ctx.assert_trainable(task, "the dataset")?;
     let ledger = ctx.session.ledger();
     let bare = format!(
@@ -935,7 +935,7 @@ fn run_conversations(
         let Some(t) = crate::transcript::stream_conversation(ledger, head)? else {
             continue;
         };
-        let mut conv = Conversation {
+        let mut conv = Example {
             id: format!("{}#{n}", run.event.short(16)),
             run: run.event.to_hex(),
             agent,

@@ -1,7 +1,7 @@
 //! Training-data export: the end of the MASS outer loop (MASS.md steps 4-6).
 //!
-//! Selected runs arrive here as [`Conversation`]s (one per agent of a run: the
-//! orchestrator's and each subagent's) already assigned to a [`Split`]. This module
+//! Selected runs arrive here as [`Example`]s (one per agent of a run: the
+//! orchestrator's and each subagent's) already assigned to an [`ExampleSplit`]. This module
 //!
 //! * removes the workflow text from an orchestrator's first prompt
 //!   ([`strip_orchestrator_workflow`], step 5), so the model learns to organise the
@@ -73,14 +73,14 @@ pub enum AgentKind {
 /// Train (ranks 1-15) or validation (rank 16, used for checkpoint selection).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Split {
+pub enum ExampleSplit {
     Train,
     Validation,
 }
 
 /// One agent's conversation from one selected run: one training example.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Conversation {
+pub struct Example {
     /// Unique within a dataset; named in every error and warning.
     pub id: String,
     /// The run this conversation came from; all conversations of a run must share a split.
@@ -89,7 +89,7 @@ pub struct Conversation {
     pub messages: Vec<Message>,
     /// The tools offered to the agent: the chat template renders them into the prompt.
     pub tools: Vec<ToolDef>,
-    pub split: Split,
+    pub split: ExampleSplit,
 }
 
 /// Output wire format.
@@ -263,7 +263,7 @@ pub enum DatasetError {
 /// is untouched, and subagent conversations keep their instructions (MASS.md step 5).
 /// Returns whether a message was replaced: `false` for a subagent or for an
 /// orchestrator without a user message (which the caller should treat as broken).
-pub fn strip_orchestrator_workflow(conv: &mut Conversation, bare_task_prompt: &str) -> bool {
+pub fn strip_orchestrator_workflow(conv: &mut Example, bare_task_prompt: &str) -> bool {
     if conv.agent != AgentKind::Orchestrator {
         return false;
     }
@@ -292,7 +292,7 @@ pub fn strip_orchestrator_workflow(conv: &mut Conversation, bare_task_prompt: &s
 /// assistant message. An id may be reused once its call is answered (some
 /// backends number calls per turn). Calls left unanswered are allowed (a run may
 /// stop on a call), see [`warnings`]. Tools must be functions with OpenAI-valid names.
-pub fn validate(conv: &Conversation) -> Result<(), DatasetError> {
+pub fn validate(conv: &Example) -> Result<(), DatasetError> {
     let fail = |at: Location, problem: Problem| DatasetError::Invalid {
         conversation: conv.id.clone(),
         at,
@@ -492,7 +492,7 @@ fn number_is_lossy(literal: &str) -> bool {
 /// * TRL only: number literals the object normalisation may change (see module docs);
 /// * tool calls never answered although the conversation went on (chat APIs
 ///   reject such histories; a call in the last message may legitimately be open).
-pub fn warnings(conv: &Conversation, format: Format) -> Vec<String> {
+pub fn warnings(conv: &Example, format: Format) -> Vec<String> {
     let mut out = Vec::new();
     let prefix = |i: usize, k: usize, call: &ToolCall| {
         format!(
@@ -579,7 +579,7 @@ fn tools_value(tools: &[ToolDef]) -> Value {
     )
 }
 
-fn messages_value(conv: &Conversation, format: Format) -> Value {
+fn messages_value(conv: &Example, format: Format) -> Value {
     // id -> function name of calls not yet answered, to name TRL tool messages.
     let mut open: HashMap<&str, &str> = HashMap::new();
     let mut out = Vec::with_capacity(conv.messages.len());
@@ -630,7 +630,7 @@ fn messages_value(conv: &Conversation, format: Format) -> Value {
 
 /// One line (no trailing newline) of an OpenAI supervised fine-tuning JSONL file.
 /// Validates first (see [`validate`]).
-pub fn to_openai_line(conv: &Conversation) -> Result<String, DatasetError> {
+pub fn to_openai_line(conv: &Example) -> Result<String, DatasetError> {
     validate(conv)?;
     let mut line = Map::new();
     line.insert("messages".into(), messages_value(conv, Format::OpenAi));
@@ -645,7 +645,7 @@ pub fn to_openai_line(conv: &Conversation) -> Result<String, DatasetError> {
 /// One line (no trailing newline) of a TRL conversational JSONL file with a `tools`
 /// column. Validates first. Arguments that are not a JSON object are written as
 /// strings; [`warnings`] reports them.
-pub fn to_trl_line(conv: &Conversation) -> Result<String, DatasetError> {
+pub fn to_trl_line(conv: &Example) -> Result<String, DatasetError> {
     validate(conv)?;
     let mut line = Map::new();
     line.insert("messages".into(), messages_value(conv, Format::Trl));
@@ -655,7 +655,7 @@ pub fn to_trl_line(conv: &Conversation) -> Result<String, DatasetError> {
 }
 
 /// Renders one line in `format`.
-pub fn to_line(conv: &Conversation, format: Format) -> Result<String, DatasetError> {
+pub fn to_line(conv: &Example, format: Format) -> Result<String, DatasetError> {
     match format {
         Format::OpenAi => to_openai_line(conv),
         Format::Trl => to_trl_line(conv),
@@ -974,7 +974,7 @@ fn message_tokens(m: &Message) -> u64 {
 /// Estimated tokens the model is trained on: assistant turns only (content, tool
 /// call names and arguments); system, user and tool turns are masked (MASS.md
 /// step 6). Chat-template markers are not counted.
-pub fn supervised_tokens(conv: &Conversation) -> u64 {
+pub fn supervised_tokens(conv: &Example) -> u64 {
     conv.messages
         .iter()
         .filter(|m| m.role == Role::Assistant)
@@ -985,7 +985,7 @@ pub fn supervised_tokens(conv: &Conversation) -> u64 {
 /// Estimated tokens of the whole example: every message (as in
 /// [`supervised_tokens`]) plus the tool definitions as JSON, which the chat
 /// template puts in the prompt. Chat-template markers are not counted.
-pub fn total_tokens(conv: &Conversation) -> u64 {
+pub fn total_tokens(conv: &Example) -> u64 {
     let tools = if conv.tools.is_empty() {
         0
     } else {
@@ -1005,11 +1005,11 @@ pub fn total_tokens(conv: &Conversation) -> u64 {
 /// whose conversations sit in both splits (it would leak training data into the
 /// validation loss). Non-fatal problems go to `warnings`, including an empty split.
 pub fn render_dataset(
-    conversations: &[Conversation],
+    conversations: &[Example],
     format: Format,
 ) -> Result<(String, String, DatasetSummary), DatasetError> {
     let mut seen: BTreeSet<&str> = BTreeSet::new();
-    let mut run_split: BTreeMap<&str, (Split, &str)> = BTreeMap::new();
+    let mut run_split: BTreeMap<&str, (ExampleSplit, &str)> = BTreeMap::new();
     for conv in conversations {
         if !seen.insert(&conv.id) {
             return Err(DatasetError::DuplicateConversation(conv.id.clone()));
@@ -1017,8 +1017,8 @@ pub fn render_dataset(
         match run_split.get(conv.run.as_str()) {
             Some(&(split, other)) if split != conv.split => {
                 let (train, validation) = match conv.split {
-                    Split::Train => (conv.id.clone(), other.to_owned()),
-                    Split::Validation => (other.to_owned(), conv.id.clone()),
+                    ExampleSplit::Train => (conv.id.clone(), other.to_owned()),
+                    ExampleSplit::Validation => (other.to_owned(), conv.id.clone()),
                 };
                 return Err(DatasetError::RunInBothSplits {
                     run: conv.run.clone(),
@@ -1039,12 +1039,12 @@ pub fn render_dataset(
         let line = to_line(conv, format)?;
         let tokens = supervised_tokens(conv);
         let (text, examples, supervised) = match conv.split {
-            Split::Train => (
+            ExampleSplit::Train => (
                 &mut train,
                 &mut summary.train_examples,
                 &mut summary.train_supervised_tokens,
             ),
-            Split::Validation => (
+            ExampleSplit::Validation => (
                 &mut validation,
                 &mut summary.validation_examples,
                 &mut summary.validation_supervised_tokens,
@@ -1071,7 +1071,7 @@ pub fn render_dataset(
 /// train and validation data separately. Each file is written to `<path>.tmp` and
 /// renamed, so a crash never leaves a truncated file under the final name.
 pub fn write_dataset(
-    conversations: &[Conversation],
+    conversations: &[Example],
     format: Format,
     train_path: &Path,
     validation_path: &Path,
@@ -1107,7 +1107,7 @@ pub fn openai_to_trl(jsonl: &str) -> Result<String, DatasetError> {
         .filter(|(_, l)| !l.trim().is_empty())
     {
         let p = parse_openai_line(line)?;
-        let conv = Conversation {
+        let conv = Example {
             id: format!("line-{}", i + 1),
             run: String::new(),
             agent: if p.tools.iter().any(|t| t.function.name == "delegate") {
@@ -1117,7 +1117,7 @@ pub fn openai_to_trl(jsonl: &str) -> Result<String, DatasetError> {
             },
             messages: p.messages,
             tools: p.tools,
-            split: Split::Train,
+            split: ExampleSplit::Train,
         };
         out.push_str(&to_trl_line(&conv)?);
         out.push('\n');
@@ -1143,8 +1143,8 @@ mod tests {
         )
     }
 
-    fn conv(id: &str, run: &str, split: Split, messages: Vec<Message>) -> Conversation {
-        Conversation {
+    fn conv(id: &str, run: &str, split: ExampleSplit, messages: Vec<Message>) -> Example {
+        Example {
             id: id.into(),
             run: run.into(),
             agent: AgentKind::Subagent,
@@ -1156,8 +1156,8 @@ mod tests {
 
     /// A realistic orchestrator conversation: text + call, two parallel calls (one
     /// with invalid arguments), unicode and newlines, a final answer.
-    fn sample() -> Conversation {
-        Conversation {
+    fn sample() -> Example {
+        Example {
             id: "run1/orchestrator".into(),
             run: "run1".into(),
             agent: AgentKind::Orchestrator,
@@ -1184,7 +1184,7 @@ mod tests {
                 Message::assistant("Done: the report is in report.md.\n\"quoted\""),
             ],
             tools: vec![read_tool()],
-            split: Split::Train,
+            split: ExampleSplit::Train,
         }
     }
 
@@ -1231,7 +1231,7 @@ mod tests {
         let c = conv(
             "c",
             "r",
-            Split::Train,
+            ExampleSplit::Train,
             vec![
                 Message::user("Please read the file"),
                 Message {
@@ -1294,7 +1294,7 @@ mod tests {
         let mut c = conv(
             "c",
             "r",
-            Split::Train,
+            ExampleSplit::Train,
             vec![Message::user("hi"), Message::assistant("hello")],
         );
         let v: Value = serde_json::from_str(&to_openai_line(&c).unwrap()).unwrap();
@@ -1330,13 +1330,13 @@ mod tests {
             parsed.messages[1].tool_calls[0].function.name,
             "get_current_weather"
         );
-        let c = Conversation {
+        let c = Example {
             id: "spec".into(),
             run: "spec".into(),
             agent: AgentKind::Subagent,
             messages: parsed.messages,
             tools: parsed.tools,
-            split: Split::Train,
+            split: ExampleSplit::Train,
         };
         let rendered: Value = serde_json::from_str(&to_openai_line(&c).unwrap()).unwrap();
         assert_eq!(rendered, example);
@@ -1406,7 +1406,7 @@ mod tests {
         let c = conv(
             "c",
             "r",
-            Split::Train,
+            ExampleSplit::Train,
             vec![
                 Message::user("go"),
                 Message::tool_calls(vec![ToolCall::new("a", "read_file", "[1, 2]")]),
@@ -1436,7 +1436,7 @@ mod tests {
             r#"{"room":"living room","state":"on"}"#
         );
         assert_eq!(parsed.messages[2].tool_call_id.as_deref(), Some("call_1_0"));
-        let c = Conversation {
+        let c = Example {
             id: "trl-docs".into(),
             run: "trl-docs".into(),
             agent: AgentKind::Subagent,
@@ -1446,7 +1446,7 @@ mod tests {
                 "Controls the lights in a room.",
                 json!({"type": "object", "properties": {"room": {"type": "string"}, "state": {"type": "string"}}}),
             )],
-            split: Split::Train,
+            split: ExampleSplit::Train,
         };
         let mut rendered: Value = serde_json::from_str(&to_trl_line(&c).unwrap()).unwrap();
         // Our extra keys (id, tool_call_id) aside, the messages are the docs' own.
@@ -1529,7 +1529,7 @@ mod tests {
         let c = conv(
             "c",
             "r",
-            Split::Train,
+            ExampleSplit::Train,
             vec![
                 Message::user("go"),
                 Message::tool_calls(vec![ToolCall::new(
@@ -1566,7 +1566,7 @@ mod tests {
         let c = conv(
             "c",
             "r",
-            Split::Train,
+            ExampleSplit::Train,
             vec![
                 Message::user("go"),
                 Message::tool_calls(vec![
@@ -1600,14 +1600,14 @@ mod tests {
             ]
         };
         let check = |messages: Vec<Message>| {
-            let c = conv("bad-conv", "r", Split::Train, messages);
+            let c = conv("bad-conv", "r", ExampleSplit::Train, messages);
             let openai = to_openai_line(&c).unwrap_err();
             assert!(openai.to_string().contains("\"bad-conv\""), "{openai}");
             let trl = to_trl_line(&c).unwrap_err();
             assert_eq!(trl.to_string(), openai.to_string());
             problem_of(openai)
         };
-        assert!(validate(&conv("c", "r", Split::Train, ok())).is_ok());
+        assert!(validate(&conv("c", "r", ExampleSplit::Train, ok())).is_ok());
 
         assert_eq!(check(vec![]), (Location::Whole, Problem::NoMessages));
 
@@ -1624,7 +1624,8 @@ mod tests {
 
         let mut m = ok();
         m[3].tool_call_id = Some("zz".into());
-        let err = to_openai_line(&conv("bad-conv", "r", Split::Train, m.clone())).unwrap_err();
+        let err =
+            to_openai_line(&conv("bad-conv", "r", ExampleSplit::Train, m.clone())).unwrap_err();
         assert_eq!(
             err.to_string(),
             "conversation \"bad-conv\": message 3: tool message answers tool_call_id \"zz\", which no earlier assistant message issued"
@@ -1757,7 +1758,7 @@ mod tests {
             )
         );
 
-        let mut c = conv("bad-tool", "r", Split::Train, ok());
+        let mut c = conv("bad-tool", "r", ExampleSplit::Train, ok());
         c.tools.push(ToolDef::new("has space", "", json!({})));
         let err = to_openai_line(&c).unwrap_err();
         assert!(
@@ -1776,7 +1777,7 @@ mod tests {
         let c = conv(
             "c",
             "r",
-            Split::Train,
+            ExampleSplit::Train,
             vec![
                 Message::user("u"),
                 Message::tool_calls(vec![ToolCall::new("call_0", "read_file", "{}")]),
@@ -1857,12 +1858,12 @@ mod tests {
 
     // --- whole datasets --------------------------------------------------------
 
-    fn dataset() -> Vec<Conversation> {
+    fn dataset() -> Vec<Example> {
         let mut orchestrator = sample();
         let sub = conv(
             "run1/sub-a",
             "run1",
-            Split::Train,
+            ExampleSplit::Train,
             vec![
                 Message::user("Compute the volatility."),
                 Message::assistant("It is 0.2"),
@@ -1871,11 +1872,11 @@ mod tests {
         let mut val = conv(
             "run16/orchestrator",
             "run16",
-            Split::Validation,
+            ExampleSplit::Validation,
             vec![Message::user("Task"), Message::assistant("Answer")],
         );
         val.agent = AgentKind::Orchestrator;
-        orchestrator.split = Split::Train;
+        orchestrator.split = ExampleSplit::Train;
         vec![orchestrator, sub, val]
     }
 
@@ -1922,7 +1923,7 @@ mod tests {
         ));
 
         let mut data = dataset();
-        data[1].split = Split::Validation;
+        data[1].split = ExampleSplit::Validation;
         match render_dataset(&data, Format::Trl) {
             Err(DatasetError::RunInBothSplits {
                 run,
@@ -2007,7 +2008,7 @@ mod tests {
         let mut sub = conv(
             "s",
             "r",
-            Split::Train,
+            ExampleSplit::Train,
             vec![Message::user("instructions"), Message::assistant("ok")],
         );
         let sub_before = sub.clone();
@@ -2017,7 +2018,7 @@ mod tests {
         let mut no_user = conv(
             "o",
             "r",
-            Split::Train,
+            ExampleSplit::Train,
             vec![Message::system("s"), Message::assistant("a")],
         );
         no_user.agent = AgentKind::Orchestrator;
@@ -2031,13 +2032,13 @@ mod tests {
         let c = conv(
             "c",
             "r",
-            Split::Validation,
+            ExampleSplit::Validation,
             vec![Message::user("u"), Message::assistant("a")],
         );
         let v = serde_json::to_value(&c).unwrap();
         assert_eq!(v["agent"], json!("subagent"));
         assert_eq!(v["split"], json!("validation"));
-        let back: Conversation = serde_json::from_value(v).unwrap();
+        let back: Example = serde_json::from_value(v).unwrap();
         assert_eq!(back, c);
     }
 }

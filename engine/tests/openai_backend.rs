@@ -484,7 +484,7 @@ fn examples() -> PathBuf {
 /// The simulated model's default parameters, as an experiment's
 /// `[backends.X] kind = "sim"` gets them.
 fn sim_params() -> SimParams {
-    let p = engine::config::SimParams::default();
+    let p = engine::config::SimConfig::default();
     SimParams::new(
         p.skill,
         p.delegation,
