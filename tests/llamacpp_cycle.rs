@@ -333,11 +333,22 @@ fn the_example_cycle_completes_on_the_real_server_and_replays_offline() {
         judgments.iter().filter(valid).count() >= 2,
         "too few parsed verdicts: {judgments:?}"
     );
+    // The held-out pair judged twice by the trained model as its own judge
+    // and twice by the base model (which judged cycle 1).
     let eval = payloads("mass.evaluation");
-    assert_eq!(eval.len(), 1, "{eval:?}");
-    assert_eq!(eval[0]["model"], "smollm2-135m+c1");
-    assert_eq!(eval[0]["baseline"], "smollm2-135m");
-    assert_eq!(eval[0]["judgments"].as_array().unwrap().len(), 2);
+    assert_eq!(eval.len(), 2, "{eval:?}");
+    for (e, judge) in eval.iter().zip(["smollm2-135m+c1", "smollm2-135m"]) {
+        assert_eq!(e["model"], "smollm2-135m+c1");
+        assert_eq!(e["baseline"], "smollm2-135m");
+        assert_eq!(
+            (&e["split"], &e["against"]),
+            (&"heldout".into(), &"base".into())
+        );
+        assert_eq!(e["judge_model"], judge, "{e}");
+        assert_eq!(e["self_judge"], true);
+        assert_eq!(e["pairs"], 1);
+        assert_eq!(e["judgments"].as_array().unwrap().len(), 2);
+    }
 
     // The dataset: training examples whose assistant turn is a parsed
     // `finish` tool call, exported as TRL JSONL.

@@ -68,11 +68,14 @@ pub struct CycleResult {
     /// The evaluation of the trained model (none when the model did not
     /// change).
     pub evaluation: Option<crate::evaluation::Outcome>,
-    /// Training examples from runs whose recorded tool calls tampered
-    /// (`guards::tampering_in`): what guards exist to keep at zero.
+    /// Training examples from runs that tampered, as the record shows it:
+    /// tool calls that write a protected file or claim passing checks in
+    /// the report (`guards::tampering_in`), or a final workspace whose
+    /// protected files changed (the guard's finding on the snapshots).
+    /// What guards exist to keep at zero.
     pub tampered_in_training: u32,
-    /// Share of the cycle's collected runs whose recorded tool calls
-    /// tampered, whatever the guards then did with them.
+    /// Share of the cycle's collected runs that tampered (as above),
+    /// whatever the guards then did with them.
     pub tamper_rate: f64,
     /// The cycle's figures as recorded (`mass.cycle` and its evaluations),
     /// exactly what `mass status --json` shows for it.
@@ -571,10 +574,15 @@ pub fn run_cycle(
     // Collection figures count every collected run, flagged or not.
     let delegating = runs.iter().filter(|r| r.record.delegations > 0).count();
     let total_runs = runs.len();
-    // Runs whose recorded tool calls tampered: read once, for the
-    // collection figure here and the training figure at selection.
+    // Runs that tampered, by their guard findings or their recorded tool
+    // calls: read once, for the collection figure here and the training
+    // figure at selection.
     let mut tampering_runs: BTreeSet<Id> = BTreeSet::new();
     for r in &runs {
+        if crate::guards::changed_protected(&r.violations) {
+            tampering_runs.insert(r.event);
+            continue;
+        }
         if let Some(t) = with_data.iter().find(|t| t.task.id == r.record.task) {
             if tampered(
                 &t.task,

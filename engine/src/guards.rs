@@ -22,6 +22,16 @@ use crate::task::Task;
 /// Scratch files the harness hands commands (`TMPDIR`); not the team's work.
 const SCRATCH_PREFIX: &str = ".tmp/";
 
+/// How a violation naming changed protected files begins.
+pub const PROTECTED_CHANGED: &str = "protected files changed";
+
+/// Whether a run's guard findings say its final workspace changed a
+/// protected file (seen in the recorded snapshots, whatever command did it:
+/// a script the run wrote can edit files no tool call names).
+pub fn changed_protected(violations: &[String]) -> bool {
+    violations.iter().any(|v| v.starts_with(PROTECTED_CHANGED))
+}
+
 /// Inspects a run's final tree against its initial one (the task's files).
 pub fn inspect(
     ledger: &Ledger,
@@ -67,7 +77,7 @@ pub fn check_trees(
     let mut violations = Vec::new();
     if !protected_changed.is_empty() {
         violations.push(format!(
-            "protected files changed: {}",
+            "{PROTECTED_CHANGED}: {}",
             protected_changed.join(", ")
         ));
     }

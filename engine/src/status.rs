@@ -42,9 +42,10 @@ pub struct CycleFigures {
     pub collected_runs: Option<u32>,
     /// Share of collected runs (with the champion workflow) that delegated.
     pub delegation_rate: Option<f64>,
-    /// Training examples from runs whose recorded tool calls tampered.
+    /// Training examples from runs that tampered (recorded tool calls, or
+    /// protected files changed in the final workspace).
     pub tampered_in_training: Option<u32>,
-    /// Share of collected runs whose recorded tool calls tampered.
+    /// Share of collected runs that tampered.
     pub tampering_rate: Option<f64>,
     /// Delegation in bare-task evaluation runs, per model.
     pub bare_delegation: Vec<DelegationFigure>,

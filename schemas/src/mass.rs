@@ -586,11 +586,13 @@ pub struct Cycle {
     pub selected_runs: u32,
     pub supervised_tokens: u64,
     /// Collected runs (with the champion workflow), those whose orchestrator
-    /// delegated, and those whose recorded tool calls tampered.
+    /// delegated, and those that tampered (recorded tool calls that write a
+    /// protected file or claim passing checks in the report, or protected
+    /// files changed in the final workspace).
     pub collected_runs: u32,
     pub delegating_runs: u32,
     pub tampered_runs: u32,
-    /// Training examples from runs whose recorded tool calls tampered.
+    /// Training examples from runs that tampered.
     pub tampered_in_training: u32,
     /// Delegation in bare-task evaluation runs, per model evaluated.
     pub bare_delegation: Vec<Delegation>,

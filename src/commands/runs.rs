@@ -690,8 +690,8 @@ fn legend() -> Vec<String> {
     vec![
         "inner wins: inner-loop steps whose candidate workflow was accepted as the new champion, of all steps".to_string(),
         "selected: collected runs selected as training or validation examples (both counted)".into(),
-        "tampered: training examples from runs whose recorded tool calls tampered (wrote a protected file, or wrote into the report that the checks pass)".into(),
-        "tampering: share of the cycle's collected runs whose recorded tool calls tampered, whatever the guards then did".into(),
+        "tampered: training examples from runs that tampered: recorded tool calls that wrote a protected file or wrote into the report that the checks pass, or a final workspace whose protected files changed".into(),
+        "tampering: share of the cycle's collected runs that tampered (as above), whatever the guards then did".into(),
         "sup.tokens: assistant tokens supervised in the training and validation examples".into(),
         "delegation: share of the cycle's collected runs (which carry the champion workflow) whose orchestrator delegated".into(),
         "held-out: the new model against the base model on held-out tasks, by the first external judge (else the run's own judge, marked self below): pairs of bare-task runs, a pair won by the majority of its verdicts, W/(W+L) with a 95% Wilson interval, wins-losses [ties]".into(),
