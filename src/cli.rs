@@ -159,6 +159,17 @@ pub enum Command {
         #[arg(last = true)]
         command: Vec<String>,
     },
+    /// Why a rollout is where it is: its evidence chain (guard findings,
+    /// workflow lineage, tool calls, every judgment, its Bradley-Terry rank,
+    /// the selection decision, the dataset lines it became, the training
+    /// step that consumed them), each link with its event id. ID is a
+    /// rollout (or a unique prefix), a conversation `<rollout>#<n>`, or an
+    /// agent stream's head.
+    Why {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Where runs stand.
     Status {
         run: Option<String>,

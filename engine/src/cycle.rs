@@ -714,6 +714,8 @@ pub fn run_cycle(
 
     // Bradley-Terry per task, selection, stripping, dataset.
     let mut conversations = Vec::new();
+    // Where each conversation comes from: (rollout, selection, ranking).
+    let mut origins: Vec<(&RunRef, Id, Id)> = Vec::new();
     let mut selections = Vec::new();
     for (task_id, runs) in &by_task {
         let task = tasks_by_id[task_id.as_str()];
@@ -810,7 +812,8 @@ pub fn run_cycle(
             validation: validation.iter().map(|r| r.event.into()).collect(),
             excluded,
         };
-        selections.push(step(main, exp, schemas::to_event(&sel)?)?);
+        let selection_id = step(main, exp, schemas::to_event(&sel)?)?;
+        selections.push(selection_id);
         for (split, list) in [
             (DataSplit::Train, &train),
             (DataSplit::Validation, &validation),
@@ -820,6 +823,7 @@ pub fn run_cycle(
                 if split == DataSplit::Train && tampering_runs.contains(&run.event) {
                     result.tampered_in_training += convs.len() as u32;
                 }
+                origins.extend(convs.iter().map(|_| (*run, selection_id, ranking_id)));
                 conversations.extend(convs);
             }
         }
@@ -834,6 +838,7 @@ pub fn run_cycle(
         ledger.put_blob(train_jsonl.as_bytes())?,
         ledger.put_blob(val_jsonl.as_bytes())?,
     );
+    let provenance = ledger.put_blob(provenance_jsonl(&conversations, &origins).as_bytes())?;
     let ds = schemas::Dataset {
         cycle,
         format: "openai".into(),
@@ -844,6 +849,7 @@ pub fn run_cycle(
         train_supervised_tokens: summary.train_supervised_tokens,
         validation_supervised_tokens: summary.validation_supervised_tokens,
         selections: selections.iter().map(|s| Hash32(s.0)).collect(),
+        provenance: provenance.into(),
     };
     let dataset_id = step(main, exp, schemas::to_event(&ds)?)?;
 
@@ -904,6 +910,45 @@ pub fn run_cycle(
     result.figures = crate::status::CycleFigures::of(&rec, &evaluations);
     step(main, exp, schemas::to_event(&rec)?)?;
     Ok((result, next))
+}
+
+/// The dataset's provenance sidecar (`mass.dataset` v2): one JSON object
+/// per example, in the order `dataset::render_dataset` writes the lines of
+/// each file, naming the rollout, conversation, agent stream, selection and
+/// ranking it came from.
+fn provenance_jsonl(conversations: &[Example], origins: &[(&RunRef, Id, Id)]) -> String {
+    let mut line = [0u32; 2];
+    let mut out = String::new();
+    for (conv, (run, selection, ranking)) in conversations.iter().zip(origins) {
+        let (file, n) = match conv.split {
+            DataSplit::Train => ("train", &mut line[0]),
+            DataSplit::Validation => ("validation", &mut line[1]),
+        };
+        *n += 1;
+        // `run_conversations` names conversation n after the n-th stream
+        // head: the orchestrator's, then each subagent's.
+        let index: usize = conv
+            .id
+            .rsplit_once('#')
+            .and_then(|(_, n)| n.parse().ok())
+            .unwrap_or(0);
+        let head = std::iter::once(run.record.orchestrator)
+            .chain(run.record.subagents.iter().copied())
+            .nth(index);
+        let v = serde_json::json!({
+            "file": file,
+            "line": *n,
+            "rollout": run.event.to_hex(),
+            "conversation": conv.id,
+            "agent": conv.agent,
+            "stream_head": head.map(|h| Id(h.0).to_hex()),
+            "selection": selection.to_hex(),
+            "ranking": ranking.to_hex(),
+        });
+        out.push_str(&v.to_string());
+        out.push('\n');
+    }
+    out
 }
 
 /// The base model of each role.

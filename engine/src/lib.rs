@@ -6,6 +6,7 @@
 //! datasets, training steps, evaluations) is an event, so a run can be replayed,
 //! resumed, re-judged and forked.
 
+pub mod audit;
 pub mod backend;
 pub mod chat;
 pub mod checks;

@@ -7,8 +7,8 @@
 //! - **Tables** (`index/*.idx`): immutable files, each covering one contiguous
 //!   range of the log, written whole (temp file, rename) and never changed.
 //!   Objects sorted by id under a 256-entry fan-out (binary search through
-//!   an mmap), events in log order and by kind, children links sorted by
-//!   parent, the ref heads at the end of the range, and a BLAKE3 footer over
+//!   an mmap), events in log order and by kind, links sorted by target
+//!   (every event's prev, parents and refs: the referrers index), the ref heads at the end of the range, and a BLAKE3 footer over
 //!   the file. A table that fails its checksum is ignored (and deleted by a
 //!   writer): the log past the last good table is simply scanned again.
 //! - **The memtable**: the same information for the log past the last table,
@@ -33,7 +33,10 @@ use crate::id::{Id, ObjectKind};
 
 /// The memtable becomes a table at this many objects.
 pub const FLUSH_OBJECTS: usize = 100_000;
-const TABLE_MAGIC: &[u8; 8] = b"MASSIDX1";
+/// Version 2: the links table holds every link of an event (prev, parents
+/// and refs); version 1 held prev and parents only, so a version-1 table is
+/// ignored like a damaged one and its range scanned again.
+const TABLE_MAGIC: &[u8; 8] = b"MASSIDX2";
 const HEADER_LEN: usize = 72;
 const FANOUT_LEN: usize = 256 * 4;
 const OBJ_ENTRY: usize = 32 + ObjLoc::LEN;
@@ -130,7 +133,8 @@ pub(crate) enum IndexItem {
 #[derive(Clone)]
 pub(crate) struct EventIndex {
     pub kind: String,
-    /// Event-to-event links (prev and parents): the children index.
+    /// Everything the event links to (prev, parents and refs), each once:
+    /// the referrers index.
     pub links: Vec<Id>,
 }
 
@@ -759,8 +763,8 @@ impl Index {
         out
     }
 
-    /// Events that name `id` as prev or parent (any order).
-    pub fn children(&self, id: &Id) -> Vec<Id> {
+    /// Events that link to `id` as prev, parent or ref (any order).
+    pub fn referrers(&self, id: &Id) -> Vec<Id> {
         let mut out = Vec::new();
         for t in self.tables().iter() {
             t.children(id, &mut out);
@@ -979,7 +983,7 @@ mod tests {
                     idx.events_newest_first(None, 10),
                     idx.events_newest_first(Some("a"), 10),
                     {
-                        let mut c = idx.children(&Id([3; 32]));
+                        let mut c = idx.referrers(&Id([3; 32]));
                         c.sort();
                         c
                     },

@@ -385,7 +385,7 @@ pub(crate) fn index_item(
                 let env = EventEnvelope::from_bytes(&h.id, &raw)?;
                 let ev = Event::from_envelope(h.id, env);
                 Some(index::EventIndex {
-                    links: ev.prev.iter().chain(ev.parents.iter()).copied().collect(),
+                    links: crate::store::referred_by_event(ev.prev, &ev.parents, &ev.refs),
                     kind: ev.kind,
                 })
             } else {

@@ -849,9 +849,12 @@ impl Ledger {
         }
     }
 
-    /// Events that name `id` as prev or parent, in log order.
-    pub fn children(&self, id: &Id) -> Result<Vec<Id>> {
-        let out = self.idx.children(id);
+    /// Events that link to `id`, in log order: as their `prev` (the next
+    /// event of a stream), as a parent, or as a ref (a record's links to
+    /// rollouts, trees, blobs). An index lookup, not a scan: what audits
+    /// walk backwards ("which judgments name this rollout").
+    pub fn referrers(&self, id: &Id) -> Result<Vec<Id>> {
+        let out = self.idx.referrers(id);
         let mut with_ord = Vec::with_capacity(out.len());
         for c in out {
             let ord = self.locate(&c)?.map(|l| l.ordinal).unwrap_or(u64::MAX);
@@ -1863,8 +1866,8 @@ impl<'a> Batch<'a> {
             .copied()
             .collect();
         let meta = serde_json::to_vec(&Meta::now(ev.meta)).map_err(LedgerError::index)?;
-        // The children index covers event-to-event links (prev and parents).
-        let children_of: Vec<Id> = expected.iter().chain(ev.parents.iter()).copied().collect();
+        // The referrers index covers every link: prev, parents and refs.
+        let referred: Vec<Id> = referred_by_event(expected, &ev.parents, &ev.refs);
         self.push(Pending {
             kind: ObjectKind::Event,
             id,
@@ -1873,7 +1876,7 @@ impl<'a> Batch<'a> {
             links,
             event_links: Some(EventIndex {
                 kind: ev.kind,
-                links: children_of,
+                links: referred,
             }),
             similar: None,
         });
@@ -2299,4 +2302,18 @@ fn create_segment(files: &dyn FileLayer, seg_dir: &Path, seg_no: u32) -> Result<
         .create_durably(&path, &segment::segment_header(seg_no))
         .map_err(|e| LedgerError::io(&path, e))?;
     Ok(path)
+}
+
+/// Everything an event links to (prev, parents, refs), each once: the keys
+/// under which the index finds it as a referrer.
+pub(crate) fn referred_by_event(prev: Option<Id>, parents: &[Id], refs: &[Id]) -> Vec<Id> {
+    let mut out: Vec<Id> = prev
+        .iter()
+        .chain(parents.iter())
+        .chain(refs.iter())
+        .copied()
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }

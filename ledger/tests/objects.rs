@@ -78,8 +78,10 @@ fn event_round_trip_with_links_and_meta() {
     assert_eq!(meta.extra.get("latency_ms").map(String::as_str), Some("41"));
     assert_eq!(meta.pid, std::process::id());
     assert!(meta.wall_ms > 0);
-    assert_eq!(l.children(&e0).unwrap(), vec![e1]);
-    assert_eq!(l.children(&other).unwrap(), vec![e1]);
+    assert_eq!(l.referrers(&e0).unwrap(), vec![e1]);
+    assert_eq!(l.referrers(&other).unwrap(), vec![e1]);
+    // A ref is a link too: the blob e0 names finds e0.
+    assert_eq!(l.referrers(&blob).unwrap(), vec![e0]);
     assert_eq!(
         l.events_newest_first(Some("k.one"), 10).unwrap(),
         vec![e1, e0]
@@ -406,9 +408,41 @@ fn reindex_rebuilds_the_same_index() {
     assert_eq!(report.reindexed_records, 6); // 3 objects + 3 ref updates
     assert_eq!(l.refs().unwrap(), refs);
     assert_eq!(l.locations().unwrap(), locs);
-    assert_eq!(l.children(&e0).unwrap(), vec![e1]);
+    assert_eq!(l.referrers(&e0).unwrap(), vec![e1]);
+    assert_eq!(l.referrers(&b).unwrap(), vec![e0]);
     assert_eq!(l.events_newest_first(Some("k2"), 5).unwrap(), vec![e1]);
     assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
+}
+
+/// Index tables written before refs were indexed (`MASSIDX1`) are not
+/// trusted: they are ignored like damaged ones and their range scanned
+/// again, so a referrer lookup on an old ledger still finds refs.
+#[test]
+fn an_index_table_from_before_refs_were_indexed_is_rebuilt_not_trusted() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("l");
+    let l = Ledger::init(&p).unwrap();
+    let b = l.put_blob(b"x").unwrap();
+    let e0 = l
+        .append("s", None, NewEvent::new("k", 1, vec![]).with_refs(vec![b]))
+        .unwrap();
+    drop(l);
+    let mut tables = 0;
+    for e in std::fs::read_dir(p.join("index")).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_some_and(|x| x == "idx") {
+            let mut bytes = std::fs::read(&path).unwrap();
+            assert_eq!(&bytes[..8], b"MASSIDX2");
+            bytes[7] = b'1';
+            std::fs::write(&path, bytes).unwrap();
+            tables += 1;
+        }
+    }
+    assert!(tables > 0, "closing the ledger writes a table");
+    for open in [Ledger::open_read_only, Ledger::open] {
+        let l = open(&p).unwrap();
+        assert_eq!(l.referrers(&b).unwrap(), vec![e0]);
+    }
 }
 
 #[test]

@@ -344,7 +344,7 @@ fn readers_work_while_a_writer_holds_the_lock() {
     let r2 = Ledger::open_read_only(&dir).unwrap();
     assert_eq!(r2.head("run").unwrap(), Some(next));
     assert_eq!(r2.events_newest_first(None, 1).unwrap(), vec![next]);
-    assert_eq!(r2.children(&head).unwrap(), vec![next]);
+    assert_eq!(r2.referrers(&head).unwrap(), vec![next]);
     assert!(matches!(
         r2.put_blob(b"x"),
         Err(LedgerError::ReadOnly { .. })

@@ -141,6 +141,27 @@ where
     })
 }
 
+/// A record type that can be decoded from an event (every [`Record`] type):
+/// lets generic code outside this crate decode without naming rkyv.
+pub trait Decodable: Sized {
+    /// As [`Record::KIND`] and [`Record::VERSION`].
+    const KIND: &'static str;
+    const VERSION: u32;
+    fn from_event(ev: &ledger::Event) -> Result<Self, SchemaError>;
+}
+
+impl<T: Record> Decodable for T
+where
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
+        + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rancor::Error>>,
+{
+    const KIND: &'static str = <T as Record>::KIND;
+    const VERSION: u32 = <T as Record>::VERSION;
+    fn from_event(ev: &ledger::Event) -> Result<Self, SchemaError> {
+        decode_event(ev)
+    }
+}
+
 /// Decodes a ledger event as `T`.
 pub fn decode_event<T: Record>(ev: &ledger::Event) -> Result<T, SchemaError>
 where

@@ -335,7 +335,51 @@ record!(
     }
 );
 
-/// `mass.dataset` v1: the exported training data of a cycle.
+/// `mass.dataset` v1 (read only; v2 replaced it): a cycle's training data
+/// without line provenance.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct DatasetV1 {
+    pub cycle: u32,
+    /// `openai` or `trl`.
+    pub format: String,
+    pub train: Hash32,
+    pub validation: Hash32,
+    pub train_examples: u32,
+    pub validation_examples: u32,
+    pub train_supervised_tokens: u64,
+    pub validation_supervised_tokens: u64,
+    pub selections: Vec<Hash32>,
+}
+
+record!(
+    DatasetV1,
+    "mass.dataset",
+    1,
+    |s| {
+        let mut v = vec![s.train, s.validation];
+        v.extend(s.selections.iter().copied());
+        v
+    },
+    DatasetV1 {
+        cycle: 1,
+        format: "openai".into(),
+        train: Hash32([1; 32]),
+        validation: Hash32([2; 32]),
+        train_examples: 120,
+        validation_examples: 8,
+        train_supervised_tokens: 90000,
+        validation_supervised_tokens: 6000,
+        selections: vec![Hash32([3; 32])],
+    }
+);
+
+/// `mass.dataset` v2: the exported training data of a cycle, with the
+/// provenance of every line: a JSONL blob, one object per example in file
+/// order (`file` = `train` or `validation`, `line` from 1, `rollout`,
+/// `conversation`, `agent`, `stream_head`, `selection`, `ranking`; ids in
+/// hex), since the OpenAI format forbids extra keys in the examples.
 #[derive(
     rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
 )]
@@ -350,15 +394,17 @@ pub struct Dataset {
     pub train_supervised_tokens: u64,
     pub validation_supervised_tokens: u64,
     pub selections: Vec<Hash32>,
+    pub provenance: Hash32,
 }
 
 record!(
     Dataset,
     "mass.dataset",
-    1,
+    2,
     |s| {
         let mut v = vec![s.train, s.validation];
         v.extend(s.selections.iter().copied());
+        v.push(s.provenance);
         v
     },
     Dataset {
@@ -371,6 +417,7 @@ record!(
         train_supervised_tokens: 90000,
         validation_supervised_tokens: 6000,
         selections: vec![Hash32([3; 32])],
+        provenance: Hash32([4; 32]),
     }
 );
 

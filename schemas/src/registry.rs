@@ -4,9 +4,10 @@
 //! so a ledger written by an older build must still verify and display.
 
 use crate::{
-    decode, Cycle, CycleV1, Dataset, Effect, Evaluation, EvaluationV1, GuardCheck, Judgment,
-    ModelCall, Note, Promotion, ProposalRecord, Ranking, Record, Rollout, RunForked, RunMixed,
-    RunRemoved, RunStarted, RunStartedV1, SchemaError, Selection, Training, WorkspaceSnapshot,
+    decode, Cycle, CycleV1, Dataset, DatasetV1, Effect, Evaluation, EvaluationV1, GuardCheck,
+    Judgment, ModelCall, Note, Promotion, ProposalRecord, Ranking, Record, Rollout, RunForked,
+    RunMixed, RunRemoved, RunStarted, RunStartedV1, SchemaError, Selection, Training,
+    WorkspaceSnapshot,
 };
 
 /// A known kind and its current version.
@@ -92,7 +93,7 @@ registry!(
         Evaluation,
         Cycle,
     ],
-    older: [RunStartedV1, EvaluationV1, CycleV1],
+    older: [RunStartedV1, EvaluationV1, CycleV1, DatasetV1],
 );
 
 /// Validates a payload against its kind and version.

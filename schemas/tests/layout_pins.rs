@@ -79,6 +79,11 @@ const PINS: &[(&str, u32, &str)] = &[
         "961c0ed1f2705a604b6aa013f1f07183b3c3cf6afc905da824e8b86694085839",
     ),
     (
+        "mass.dataset",
+        2,
+        "1a81ba1070ad8abbffc1aa2a129375f3031e203756208d6574cfd0aa31e2aba4",
+    ),
+    (
         "mass.cycle",
         2,
         "ca2c5ddde4fe9c73e1250a94f03abcfe4536d4d8548eb444441b08e63f4f37e9",
@@ -138,6 +143,8 @@ fn sample_hash(kind: &str, version: u32) -> String {
         ("mass.evaluation", 2) => encode(&schemas::Evaluation::sample()),
         ("mass.cycle", 1) => encode(&schemas::CycleV1::sample()),
         ("mass.cycle", 2) => encode(&schemas::Cycle::sample()),
+        ("mass.dataset", 1) => encode(&schemas::DatasetV1::sample()),
+        ("mass.dataset", 2) => encode(&schemas::Dataset::sample()),
         (_, v) if v != 1 => panic!("{kind} v{version} has no sample in this test: add it"),
         ("note", _) => encode(&Note::sample()),
         ("model.call", _) => encode(&ModelCall::sample()),
@@ -153,7 +160,6 @@ fn sample_hash(kind: &str, version: u32) -> String {
         ("mass.ranking", _) => encode(&schemas::Ranking::sample()),
         ("mass.selection", _) => encode(&schemas::Selection::sample()),
         ("mass.guard", _) => encode(&schemas::GuardCheck::sample()),
-        ("mass.dataset", _) => encode(&schemas::Dataset::sample()),
         ("mass.training", _) => encode(&schemas::Training::sample()),
         (other, _) => panic!("kind {other} has no sample in this test: add it"),
     }

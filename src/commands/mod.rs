@@ -1,5 +1,6 @@
 //! Command implementations: each opens the ledger, does one thing, prints.
 
+mod audit;
 mod demo;
 mod export;
 mod inspect;
@@ -97,6 +98,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             },
             quiet,
         ),
+        Command::Why { id, json } => {
+            let l = open_read(&dir)?;
+            note_quarantine(&dir);
+            audit::why(&l, &id, json)
+        }
         Command::Status { run, json } => {
             let l = open_read(&dir)?;
             note_quarantine(&dir);

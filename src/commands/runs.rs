@@ -862,7 +862,24 @@ pub fn export_dataset(
     for ev in l.chain(head) {
         let ev = ev?;
         if ev.kind == "mass.dataset" {
-            let d: schemas::Dataset = schemas::decode_event(&ev)?;
+            // Version 1 datasets carry no provenance.
+            let d: schemas::Dataset = if ev.version == 1 {
+                let v1: schemas::DatasetV1 = schemas::decode_event(&ev)?;
+                schemas::Dataset {
+                    cycle: v1.cycle,
+                    format: v1.format,
+                    train: v1.train,
+                    validation: v1.validation,
+                    train_examples: v1.train_examples,
+                    validation_examples: v1.validation_examples,
+                    train_supervised_tokens: v1.train_supervised_tokens,
+                    validation_supervised_tokens: v1.validation_supervised_tokens,
+                    selections: v1.selections,
+                    provenance: schemas::Hash32([0; 32]),
+                }
+            } else {
+                schemas::decode_event(&ev)?
+            };
             if d.cycle == cycle {
                 found = Some(d);
                 break;
@@ -898,10 +915,26 @@ pub fn export_dataset(
         d.validation_examples,
         d.validation_supervised_tokens
     );
+    if d.provenance.0 != [0; 32] {
+        let prov_path = sidecar_path(out, "provenance");
+        std::fs::write(&prov_path, l.get_blob(&Id(d.provenance.0))?)
+            .with_context(|| format!("cannot write {}", prov_path.display()))?;
+        println!(
+            "{}: where each line of both files came from (rollout, conversation, selection, ranking)",
+            prov_path.display()
+        );
+    } else {
+        println!("(this dataset was recorded by an older mass, without line provenance)");
+    }
     Ok(ExitCode::SUCCESS)
 }
 
 fn validation_path(out: &Path) -> std::path::PathBuf {
+    sidecar_path(out, "validation")
+}
+
+/// `dir/name.jsonl` -> `dir/name.<what>.jsonl`.
+fn sidecar_path(out: &Path, what: &str) -> std::path::PathBuf {
     let stem = out
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
@@ -910,5 +943,5 @@ fn validation_path(out: &Path) -> std::path::PathBuf {
         .extension()
         .map(|e| format!(".{}", e.to_string_lossy()))
         .unwrap_or_default();
-    out.with_file_name(format!("{stem}.validation{ext}"))
+    out.with_file_name(format!("{stem}.{what}{ext}"))
 }

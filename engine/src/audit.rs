@@ -1,0 +1,468 @@
+//! Audit: why a rollout is where it is, answered by walking the ledger's
+//! links backwards through its referrers index (`Ledger::referrers`), never
+//! by scanning. From a rollout: its guard findings (a parent), the workflow
+//! it ran and the inner-loop step that made that workflow champion (events
+//! that name the workflow blob), every judgment that names the rollout, the
+//! Bradley-Terry fit that ranked it, the selection that read that ranking,
+//! the dataset lines it became (the dataset's provenance sidecar), and the
+//! training step that consumed the dataset. Each link carries its event id,
+//! so every statement can be checked with `mass show`.
+//!
+//! Content-addressed blobs are shared: the same workflow text may appear in
+//! other runs. Lineage therefore picks, among the events naming the blob,
+//! the last accepted promotion for the rollout's task that precedes the
+//! rollout in the log.
+
+use ledger::{Event, Id, Ledger};
+use schemas::{
+    Dataset, Decodable, GuardCheck, Judgment, Promotion, ProposalRecord, Ranking, Rollout,
+    Selection, Training,
+};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::{EngineError, Result};
+
+/// The evidence chain of one rollout.
+#[derive(Debug, Clone, Serialize)]
+pub struct Why {
+    pub rollout: RolloutFacts,
+    pub guard: Option<GuardFacts>,
+    pub workflow: WorkflowFacts,
+    pub agents: Vec<AgentFacts>,
+    pub judgments: Vec<JudgmentFacts>,
+    pub ranking: Option<RankingFacts>,
+    pub selection: Option<SelectionFacts>,
+    pub dataset_lines: Vec<DatasetLine>,
+    pub training: Option<TrainingFacts>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RolloutFacts {
+    pub event: String,
+    pub stream: String,
+    pub task: String,
+    /// `reference`, `inner`, `collect` or `eval`.
+    pub purpose: String,
+    pub cycle: u32,
+    pub index: u32,
+    pub status: String,
+    pub detail: String,
+    pub checks_passed: u32,
+    pub checks_total: u32,
+    pub delegations: u32,
+    pub turns: u32,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub orchestrator_model: String,
+    pub subagent_model: String,
+    /// Final workspace tree (`mass checkout` it) and the checks' output blob.
+    pub tree: String,
+    pub validation: String,
+    pub report: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GuardFacts {
+    pub event: String,
+    pub violations: Vec<String>,
+    pub action: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkflowFacts {
+    /// Blob of the workflow JSON (the empty workflow: the bare task).
+    pub blob: String,
+    pub bare: bool,
+    /// The proposal that produced it (inner-loop iteration), if any.
+    pub proposal: Option<Link>,
+    /// The promotion that made it champion, with its reason and judgments.
+    pub promotion: Option<PromotionFacts>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Link {
+    pub event: String,
+    pub summary: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PromotionFacts {
+    pub event: String,
+    pub iteration: u32,
+    pub reason: String,
+    pub beat_reference: bool,
+    pub judgments: Vec<String>,
+}
+
+/// One agent of the rollout: its stream head and the tool calls it made.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentFacts {
+    pub conversation: String,
+    pub stream_head: String,
+    pub tool_calls: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct JudgmentFacts {
+    pub event: String,
+    pub stream: String,
+    pub opponent: String,
+    /// The rollout was shown as Workspace A (first) or B.
+    pub shown_first: bool,
+    /// `won`, `lost`, `tie` or `invalid`, for this rollout.
+    pub outcome: String,
+    pub judge_model: String,
+    pub rationale: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RankingFacts {
+    pub event: String,
+    pub score: f64,
+    pub rank: u32,
+    pub of: u32,
+    pub wins: u32,
+    pub losses: u32,
+    pub ties: u32,
+    pub prior: f64,
+    pub iterations: u32,
+    pub converged: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SelectionFacts {
+    pub event: String,
+    /// `train`, `validation`, `excluded` or `not selected`.
+    pub decision: String,
+    pub why: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DatasetLine {
+    pub dataset: String,
+    pub cycle: u32,
+    /// `train` or `validation` (the file; `mass export dataset` writes them).
+    pub file: String,
+    pub line: u64,
+    pub conversation: String,
+    pub agent: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainingFacts {
+    pub event: String,
+    pub base_model: String,
+    pub new_model: String,
+    pub checkpoint: String,
+    pub validation_loss: f64,
+    pub exit_status: i32,
+}
+
+fn hex(id: &Id) -> String {
+    id.to_hex()
+}
+
+fn id_of(h: schemas::Hash32) -> Id {
+    Id(h.0)
+}
+
+fn decode<T: Decodable>(ev: &Event) -> Result<T> {
+    T::from_event(ev).map_err(|e| EngineError::recording(T::KIND, e))
+}
+
+/// Referrers of `id` of one kind (current version), decoded, in log order.
+fn referrers_of<T: Decodable>(l: &Ledger, id: &Id) -> Result<Vec<(Event, T)>> {
+    let mut out = Vec::new();
+    for r in l.referrers(id)? {
+        let ev = l.get_event(&r)?;
+        if ev.kind == T::KIND && ev.version == T::VERSION {
+            let t = decode::<T>(&ev)?;
+            out.push((ev, t));
+        }
+    }
+    Ok(out)
+}
+
+/// Turns what the user typed into a rollout event: a rollout id (or a
+/// unique prefix), a conversation id `<rollout prefix>#<n>`, or the head
+/// of one of a rollout's agent streams.
+pub fn find_rollout(l: &Ledger, what: &str) -> Result<Id> {
+    let prefix = what.split_once('#').map_or(what, |(p, _)| p);
+    let id = l.resolve(prefix)?;
+    let ev = l.get_event(&id)?;
+    if ev.kind == Rollout::KIND {
+        return Ok(id);
+    }
+    for r in l.referrers(&id)? {
+        if l.get_event(&r)?.kind == Rollout::KIND {
+            return Ok(r);
+        }
+    }
+    Err(EngineError::Invalid(format!(
+        "{what} is a {} event, not a rollout, a conversation of one (<rollout>#<n>) or an agent stream's head; \
+         `mass runs RUN` lists a run's rollouts",
+        ev.kind
+    )))
+}
+
+/// The evidence chain of rollout `id`.
+pub fn why(l: &Ledger, id: Id) -> Result<Why> {
+    let ev = l.get_event(&id)?;
+    let r: Rollout = decode(&ev)?;
+    let order =
+        |e: &Id| -> Result<u64> { Ok(l.locate(e)?.map(|loc| loc.ordinal).unwrap_or(u64::MAX)) };
+    let own_order = order(&id)?;
+    let guard = ev
+        .parents
+        .iter()
+        .map(|p| l.get_event(p))
+        .collect::<std::result::Result<Vec<_>, _>>()?
+        .into_iter()
+        .find(|p| p.kind == GuardCheck::KIND)
+        .map(|g| -> Result<GuardFacts> {
+            let c: GuardCheck = decode(&g)?;
+            Ok(GuardFacts {
+                event: hex(&g.id),
+                violations: c.violations,
+                action: c.action,
+            })
+        })
+        .transpose()?;
+    let workflow = workflow_facts(l, &r, own_order, &order)?;
+    let agents = agent_facts(l, &id, &r)?;
+    let mut judgments = Vec::new();
+    for (jev, j) in referrers_of::<Judgment>(l, &id)? {
+        let mine_a = id_of(j.a) == id;
+        let opponent = if mine_a { j.b } else { j.a };
+        let outcome = match (j.winner.as_str(), mine_a) {
+            ("tie", _) => "tie",
+            ("a", true) | ("b", false) => "won",
+            ("a", false) | ("b", true) => "lost",
+            _ => "invalid",
+        };
+        judgments.push(JudgmentFacts {
+            event: hex(&jev.id),
+            stream: jev.stream.clone(),
+            opponent: hex(&id_of(opponent)),
+            shown_first: mine_a != j.swapped,
+            outcome: outcome.into(),
+            judge_model: j.judge_model,
+            rationale: j.rationale,
+        });
+    }
+    let ranked = referrers_of::<Ranking>(l, &id)?.into_iter().last();
+    let ranking = ranked.as_ref().and_then(|(rev, rk)| {
+        let me = rk.runs.iter().find(|x| id_of(x.rollout) == id)?;
+        Some(RankingFacts {
+            event: hex(&rev.id),
+            score: me.score,
+            rank: me.rank,
+            of: rk.runs.len() as u32,
+            wins: me.wins,
+            losses: me.losses,
+            ties: me.ties,
+            prior: rk.prior,
+            iterations: rk.iterations,
+            converged: rk.converged,
+        })
+    });
+    let mut selection = None;
+    let mut dataset_lines = Vec::new();
+    let mut training = None;
+    if let Some((rev, _)) = &ranked {
+        if let Some((sev, sel)) = referrers_of::<Selection>(l, &rev.id)?.into_iter().last() {
+            selection = Some(selection_facts(&sev, &sel, &id, ranking.as_ref()));
+            if let Some((dev, ds)) = referrers_of::<Dataset>(l, &sev.id)?.into_iter().last() {
+                dataset_lines = dataset_lines_of(l, &dev, &ds, &id)?;
+                if let Some((tev, t)) = referrers_of::<Training>(l, &dev.id)?.into_iter().last() {
+                    training = Some(TrainingFacts {
+                        event: hex(&tev.id),
+                        base_model: t.base_model,
+                        new_model: t.new_model,
+                        checkpoint: t.checkpoint,
+                        validation_loss: t.validation_loss,
+                        exit_status: t.exit_status,
+                    });
+                }
+            }
+        }
+    }
+    Ok(Why {
+        rollout: RolloutFacts {
+            event: hex(&id),
+            stream: ev.stream.clone(),
+            task: r.task.clone(),
+            purpose: r.purpose.clone(),
+            cycle: r.cycle,
+            index: r.index,
+            status: r.status.clone(),
+            detail: r.detail.clone(),
+            checks_passed: r.score_passed,
+            checks_total: r.score_total,
+            delegations: r.delegations,
+            turns: r.turns,
+            prompt_tokens: r.prompt_tokens,
+            completion_tokens: r.completion_tokens,
+            orchestrator_model: r.orchestrator_model.clone(),
+            subagent_model: r.subagent_model.clone(),
+            tree: hex(&id_of(r.tree)),
+            validation: hex(&id_of(r.validation)),
+            report: r.report.clone(),
+        },
+        guard,
+        workflow,
+        agents,
+        judgments,
+        ranking,
+        selection,
+        dataset_lines,
+        training,
+    })
+}
+
+fn workflow_facts(
+    l: &Ledger,
+    r: &Rollout,
+    own_order: u64,
+    order: &dyn Fn(&Id) -> Result<u64>,
+) -> Result<WorkflowFacts> {
+    let blob = id_of(r.workflow);
+    let text = l.get_blob(&blob)?;
+    let bare = serde_json::from_slice::<crate::workflow::Workflow>(&text)
+        .map(|w| w == crate::workflow::Workflow::bare())
+        .unwrap_or(false);
+    let mut proposal = None;
+    let mut promotion = None;
+    if !bare {
+        for (pev, p) in referrers_of::<ProposalRecord>(l, &blob)? {
+            if p.task == r.task && p.valid && order(&pev.id)? < own_order {
+                proposal = Some(Link {
+                    event: hex(&pev.id),
+                    summary: format!("proposed at inner-loop iteration {}", p.iteration),
+                });
+            }
+        }
+        for (mev, m) in referrers_of::<Promotion>(l, &blob)? {
+            if m.task == r.task
+                && m.accepted
+                && id_of(m.candidate) == blob
+                && order(&mev.id)? < own_order
+            {
+                promotion = Some(PromotionFacts {
+                    event: hex(&mev.id),
+                    iteration: m.iteration,
+                    reason: m.reason,
+                    beat_reference: m.beat_reference,
+                    judgments: m.judgments.iter().map(|j| hex(&id_of(*j))).collect(),
+                });
+            }
+        }
+    }
+    Ok(WorkflowFacts {
+        blob: hex(&blob),
+        bare,
+        proposal,
+        promotion,
+    })
+}
+
+fn agent_facts(l: &Ledger, id: &Id, r: &Rollout) -> Result<Vec<AgentFacts>> {
+    let heads = std::iter::once(r.orchestrator).chain(r.subagents.iter().copied());
+    let mut out = Vec::new();
+    for (n, head) in heads.enumerate() {
+        let head = id_of(head);
+        let mut calls = Vec::new();
+        if let Some(t) = crate::transcript::stream_conversation(l, head)? {
+            for m in &t.messages {
+                for c in &m.tool_calls {
+                    let mut args = c.function.arguments.clone();
+                    if args.len() > 120 {
+                        let cut = (0..=120)
+                            .rev()
+                            .find(|i| args.is_char_boundary(*i))
+                            .unwrap_or(0);
+                        args.truncate(cut);
+                        args.push_str("...");
+                    }
+                    calls.push(format!("{}({args})", c.function.name));
+                }
+            }
+        }
+        out.push(AgentFacts {
+            conversation: format!("{}#{n}", id.short(16)),
+            stream_head: hex(&head),
+            tool_calls: calls,
+        });
+    }
+    Ok(out)
+}
+
+fn selection_facts(
+    sev: &Event,
+    sel: &Selection,
+    id: &Id,
+    ranking: Option<&RankingFacts>,
+) -> SelectionFacts {
+    let me = schemas::Hash32(id.0);
+    let short = id.short(12);
+    let (decision, why) = if sel.train.contains(&me) {
+        (
+            "train",
+            format!(
+                "ranked {} of the task's runs: within the training ranks",
+                rank_text(ranking)
+            ),
+        )
+    } else if sel.validation.contains(&me) {
+        (
+            "validation",
+            format!(
+                "ranked {}: the rank after the training ranks validates",
+                rank_text(ranking)
+            ),
+        )
+    } else if let Some(line) = sel.excluded.iter().find(|l| l.contains(&short)) {
+        ("excluded", line.clone())
+    } else {
+        (
+            "not selected",
+            format!(
+                "ranked {}; the selection took {} training and {} validation runs from higher ranks",
+                rank_text(ranking),
+                sel.train.len(),
+                sel.validation.len()
+            ),
+        )
+    };
+    SelectionFacts {
+        event: hex(&sev.id),
+        decision: decision.into(),
+        why,
+    }
+}
+
+fn rank_text(r: Option<&RankingFacts>) -> String {
+    r.map_or("(not ranked)".into(), |r| format!("{} of {}", r.rank, r.of))
+}
+
+fn dataset_lines_of(l: &Ledger, dev: &Event, ds: &Dataset, id: &Id) -> Result<Vec<DatasetLine>> {
+    let text = l.get_blob(&id_of(ds.provenance))?;
+    let me = id.to_hex();
+    let mut out = Vec::new();
+    for line in String::from_utf8_lossy(&text).lines() {
+        let v: Value =
+            serde_json::from_str(line).map_err(|e| EngineError::recording("provenance", e))?;
+        if v["rollout"].as_str() == Some(me.as_str()) {
+            out.push(DatasetLine {
+                dataset: hex(&dev.id),
+                cycle: ds.cycle,
+                file: v["file"].as_str().unwrap_or_default().to_string(),
+                line: v["line"].as_u64().unwrap_or(0),
+                conversation: v["conversation"].as_str().unwrap_or_default().to_string(),
+                agent: v["agent"].as_str().unwrap_or_default().to_string(),
+            });
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,198 @@
+//! `mass why`: the evidence chain of a rollout, as text or one JSON document
+//! (`engine::audit` walks the ledger's referrers index; this renders it).
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use engine::audit::Why;
+use ledger::Ledger;
+
+use super::resolve;
+
+pub fn why(l: &Ledger, what: &str, json: bool) -> Result<ExitCode> {
+    // `<rollout>#<n>` names one conversation of a rollout.
+    let (prefix, conversation) = match what.split_once('#') {
+        Some((p, n)) => (p, Some(n)),
+        None => (what, None),
+    };
+    let id = resolve(l, prefix)?;
+    let rollout =
+        engine::audit::find_rollout(l, &id.to_hex()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut w = engine::audit::why(l, rollout).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if let Some(n) = conversation {
+        let name = format!("{}#{n}", rollout.short(16));
+        w.agents.retain(|a| a.conversation == name);
+        w.dataset_lines.retain(|d| d.conversation == name);
+        if w.agents.is_empty() {
+            anyhow::bail!(super::CliError::NotFound(format!(
+                "rollout {} has no conversation #{n}",
+                rollout.short(12)
+            )));
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, &w)?;
+        writeln!(out)?;
+    } else {
+        for line in text(&w) {
+            writeln!(out, "{line}")?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn short(hex: &str) -> &str {
+    &hex[..hex.len().min(12)]
+}
+
+/// The chain as lines, each naming the event it comes from.
+fn text(w: &Why) -> Vec<String> {
+    let r = &w.rollout;
+    let mut l = vec![
+        format!(
+            "rollout {} ({} run {} of task {}, cycle {}) in stream {}",
+            short(&r.event),
+            r.purpose,
+            r.index,
+            r.task,
+            r.cycle,
+            r.stream
+        ),
+        format!(
+            "  status {}{}; checks {}/{}; {} delegation(s), {} turn(s), {} prompt + {} completion tokens; models {} / {}",
+            r.status,
+            if r.detail.is_empty() { String::new() } else { format!(" ({})", r.detail) },
+            r.checks_passed,
+            r.checks_total,
+            r.delegations,
+            r.turns,
+            r.prompt_tokens,
+            r.completion_tokens,
+            r.orchestrator_model,
+            r.subagent_model
+        ),
+        format!(
+            "  final workspace tree {} (`mass checkout {} DIR`), checks output {}",
+            short(&r.tree),
+            short(&r.tree),
+            short(&r.validation)
+        ),
+    ];
+    match &w.guard {
+        Some(g) if g.violations.is_empty() => l.push(format!(
+            "guards: nothing flagged (event {})",
+            short(&g.event)
+        )),
+        Some(g) => l.push(format!(
+            "guards: {} — action {} (event {})",
+            g.violations.join("; "),
+            g.action,
+            short(&g.event)
+        )),
+        None => l.push("guards: no guard record".into()),
+    }
+    let wf = &w.workflow;
+    if wf.bare {
+        l.push(format!(
+            "workflow: none, the bare task (blob {})",
+            short(&wf.blob)
+        ));
+    } else {
+        l.push(format!(
+            "workflow: blob {} (`mass cat {}`)",
+            short(&wf.blob),
+            short(&wf.blob)
+        ));
+        if let Some(p) = &wf.proposal {
+            l.push(format!("  {} (event {})", p.summary, short(&p.event)));
+        }
+        match &wf.promotion {
+            Some(m) => l.push(format!(
+                "  made champion at iteration {}{}: {} (event {}; {} judgment(s))",
+                m.iteration,
+                if m.beat_reference {
+                    ", beating the bare-task reference"
+                } else {
+                    ""
+                },
+                m.reason,
+                short(&m.event),
+                m.judgments.len()
+            )),
+            None => l.push("  no accepted promotion of it before this rollout".into()),
+        }
+    }
+    for a in &w.agents {
+        l.push(format!(
+            "conversation {} (stream head {}): {} tool call(s)",
+            a.conversation,
+            short(&a.stream_head),
+            a.tool_calls.len()
+        ));
+        for c in &a.tool_calls {
+            l.push(format!("  {c}"));
+        }
+    }
+    l.push(format!("judgments: {}", w.judgments.len()));
+    for j in &w.judgments {
+        l.push(format!(
+            "  {} vs {} (shown {}): {} — judge {} (event {}): {}",
+            j.outcome,
+            short(&j.opponent),
+            if j.shown_first { "first" } else { "second" },
+            j.stream,
+            j.judge_model,
+            short(&j.event),
+            j.rationale
+        ));
+    }
+    match &w.ranking {
+        Some(k) => l.push(format!(
+            "ranking: rank {} of {}, Bradley-Terry score {:.3} ({}-{}-{} W-L-T; prior {}, {} iteration(s){}) (event {})",
+            k.rank,
+            k.of,
+            k.score,
+            k.wins,
+            k.losses,
+            k.ties,
+            k.prior,
+            k.iterations,
+            if k.converged { "" } else { ", not converged" },
+            short(&k.event)
+        )),
+        None => l.push("ranking: not ranked (only collected runs are)".into()),
+    }
+    if let Some(s) = &w.selection {
+        l.push(format!(
+            "selection: {} — {} (event {})",
+            s.decision,
+            s.why,
+            short(&s.event)
+        ));
+    }
+    for d in &w.dataset_lines {
+        l.push(format!(
+            "dataset: cycle {} {} file line {} ({}, conversation {}) (event {})",
+            d.cycle,
+            d.file,
+            d.line,
+            d.agent,
+            d.conversation,
+            short(&d.dataset)
+        ));
+    }
+    if let Some(t) = &w.training {
+        l.push(format!(
+            "training: {} -> {} (checkpoint {}, validation loss {:.4}, exit {}) (event {})",
+            t.base_model,
+            t.new_model,
+            t.checkpoint,
+            t.validation_loss,
+            t.exit_status,
+            short(&t.event)
+        ));
+    }
+    l
+}

@@ -1,0 +1,172 @@
+//! `mass why` and the dataset's provenance sidecar, through the binary, on
+//! smoke runs over several seeds: every exported dataset line leads back to
+//! its rollout, and the rollout's evidence chain leads forward to that line,
+//! its selection, ranking and the training step, each link an event that
+//! names the previous one.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn mass(ledger: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mass"))
+        .arg("--ledger")
+        .arg(ledger)
+        .args(args)
+        .env_remove("MASS_LEDGER")
+        .output()
+        .expect("run mass")
+}
+
+fn ok(ledger: &Path, args: &[&str]) -> Output {
+    let o = mass(ledger, args);
+    assert!(
+        o.status.success(),
+        "mass {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+fn json(ledger: &Path, args: &[&str]) -> Value {
+    serde_json::from_slice(&ok(ledger, args).stdout).expect("json output")
+}
+
+/// Runs the smoke experiment under `seed` (every task collected, so each
+/// seed has training data).
+fn smoke(dir: &Path, seed: u64) -> PathBuf {
+    let tasks = repo().join("examples/tasks");
+    let s = std::fs::read_to_string(repo().join("examples/smoke.toml")).expect("smoke.toml");
+    let s = s
+        .replace(
+            "tasks_dir = \"tasks\"",
+            &format!("tasks_dir = {:?}", tasks.to_string_lossy()),
+        )
+        .replace("seed = 8", &format!("seed = {seed}"))
+        .replace("[outer]\n", "[outer]\ncollect = \"every\"\n");
+    let exp = dir.join("smoke.toml");
+    std::fs::write(&exp, s).expect("write experiment");
+    let ledger = dir.join("ledger");
+    ok(
+        &ledger,
+        &["run", "--quiet", exp.to_str().expect("utf-8 path")],
+    );
+    ledger
+}
+
+#[test]
+fn every_dataset_line_leads_to_its_rollout_and_back() {
+    for seed in [1u64, 2, 3, 4] {
+        let d = tempfile::tempdir().expect("tempdir");
+        let ledger = smoke(d.path(), seed);
+        let out = d.path().join("train.jsonl");
+        let o = ok(
+            &ledger,
+            &[
+                "export",
+                "dataset",
+                "smoke",
+                "--cycle",
+                "1",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        );
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("train.provenance.jsonl"),
+            "seed {seed}"
+        );
+        let read = |p: &Path| -> Vec<String> {
+            std::fs::read_to_string(p)
+                .expect("exported file")
+                .lines()
+                .map(str::to_string)
+                .collect()
+        };
+        let train = read(&out);
+        let validation = read(&d.path().join("train.validation.jsonl"));
+        let provenance: Vec<Value> = read(&d.path().join("train.provenance.jsonl"))
+            .iter()
+            .map(|l| serde_json::from_str(l).expect("provenance line"))
+            .collect();
+        assert_eq!(
+            provenance.len(),
+            train.len() + validation.len(),
+            "seed {seed}: one provenance line per example"
+        );
+        let mut trained_model = None;
+        for p in &provenance {
+            let rollout = p["rollout"].as_str().expect("rollout id");
+            let file = p["file"].as_str().expect("file");
+            let line = p["line"].as_u64().expect("line") as usize;
+            let lines = if file == "train" { &train } else { &validation };
+            assert!(line >= 1 && line <= lines.len(), "seed {seed}: {p}");
+            let w = json(&ledger, &["why", rollout, "--json"]);
+            assert_eq!(w["rollout"]["event"], rollout);
+            assert_eq!(w["selection"]["decision"], file, "seed {seed}: {w}");
+            assert_eq!(w["selection"]["event"], p["selection"]);
+            assert_eq!(w["ranking"]["event"], p["ranking"]);
+            let back = w["dataset_lines"].as_array().expect("dataset lines");
+            assert!(
+                back.iter()
+                    .any(|b| b["file"] == file && b["line"] == line as u64),
+                "seed {seed}: why {rollout} does not name {file} line {line}: {w}"
+            );
+            // Every judgment named the rollout, and the ranking counted them.
+            let judged = w["judgments"].as_array().expect("judgments");
+            let r = &w["ranking"];
+            let decided = judged.iter().filter(|j| j["outcome"] != "invalid").count() as u64;
+            assert!(
+                r["wins"].as_u64().unwrap()
+                    + r["losses"].as_u64().unwrap()
+                    + r["ties"].as_u64().unwrap()
+                    <= decided,
+                "seed {seed}: {w}"
+            );
+            // The conversation form names the same rollout.
+            let conv = p["conversation"].as_str().expect("conversation");
+            let wc = json(&ledger, &["why", conv, "--json"]);
+            assert_eq!(wc["rollout"]["event"], rollout);
+            assert_eq!(wc["agents"].as_array().map(Vec::len), Some(1));
+            let model = w["training"]["new_model"]
+                .as_str()
+                .expect("trained")
+                .to_string();
+            assert!(trained_model.get_or_insert(model.clone()) == &model);
+        }
+        let st = json(&ledger, &["status", "smoke", "--json"]);
+        assert_eq!(
+            st[0]["cycles"][0]["next_model"].as_str(),
+            trained_model.as_deref(),
+            "seed {seed}"
+        );
+    }
+}
+
+/// A judgment, a blob or a ref is not a rollout: `why` says what it is and
+/// where rollouts are listed, and an unknown id is "not found" (exit 4 per
+/// the README's table).
+#[test]
+fn why_refuses_what_is_not_a_rollout_and_names_it() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let ledger = smoke(d.path(), 8);
+    let log = json(
+        &ledger,
+        &["log", "--kind", "mass.judgment", "--limit", "1", "--json"],
+    );
+    let judgment = log[0]["id"].as_str().expect("judgment id");
+    let o = mass(&ledger, &["why", judgment]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("is a mass.judgment event, not a rollout"),
+        "{err}"
+    );
+    let o = mass(&ledger, &["why", "0123456789abcdef"]);
+    assert!(!o.status.success());
+}
