@@ -79,9 +79,20 @@ pub enum Command {
         from: Option<String>,
     },
     /// Manage runs as a whole.
+    #[command(args_conflicts_with_subcommands = true)]
     Runs {
         #[command(subcommand)]
-        what: RunsWhat,
+        what: Option<RunsWhat>,
+        /// List this run's rollouts: id, task, cycle, kind (reference,
+        /// search candidate, collection, evaluation), status, checks,
+        /// Bradley-Terry score, rank and selection.
+        run: Option<String>,
+        #[arg(long)]
+        cycle: Option<u32>,
+        #[arg(long)]
+        task: Option<String>,
+        #[arg(long)]
+        json: bool,
     },
     /// Run a MASS experiment (all cycles), or continue the run if it exists.
     Run {

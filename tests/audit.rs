@@ -139,6 +139,34 @@ fn every_dataset_line_leads_to_its_rollout_and_back() {
                 .to_string();
             assert!(trained_model.get_or_insert(model.clone()) == &model);
         }
+        // `mass runs` lists the same decisions, and every kind of rollout.
+        let rows = json(&ledger, &["runs", "smoke", "--json"]);
+        let rows = rows.as_array().expect("rows");
+        let count = |k: &str| rows.iter().filter(|r| r["kind"] == k).count();
+        assert_eq!(count("collection"), 6 * 2, "seed {seed}: 6 runs of 2 tasks");
+        assert!(
+            count("reference") >= 2 && count("search candidate") > 0,
+            "seed {seed}"
+        );
+        assert!(count("evaluation") > 0, "seed {seed}");
+        for p in &provenance {
+            let row = rows
+                .iter()
+                .find(|r| r["event"] == p["rollout"])
+                .expect("the rollout is listed");
+            assert_eq!(row["selection"], p["file"], "seed {seed}: {row}");
+            assert_eq!(row["kind"], "collection");
+        }
+        let task = rows[0]["task"].as_str().expect("task").to_string();
+        let one = json(
+            &ledger,
+            &["runs", "smoke", "--task", &task, "--cycle", "1", "--json"],
+        );
+        assert!(one
+            .as_array()
+            .expect("rows")
+            .iter()
+            .all(|r| r["task"] == task.as_str()));
         let st = json(&ledger, &["status", "smoke", "--json"]);
         assert_eq!(
             st[0]["cycles"][0]["next_model"].as_str(),
@@ -168,5 +196,16 @@ fn why_refuses_what_is_not_a_rollout_and_names_it() {
         "{err}"
     );
     let o = mass(&ledger, &["why", "0123456789abcdef"]);
-    assert!(!o.status.success());
+    assert_eq!(
+        o.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = mass(&ledger, &["runs", "no-such-run"]);
+    assert_eq!(o.status.code(), Some(4));
+    // `mass runs rm` still removes a run.
+    ok(&ledger, &["runs", "rm", "smoke"]);
+    let o = mass(&ledger, &["runs", "smoke"]);
+    assert_eq!(o.status.code(), Some(4));
 }

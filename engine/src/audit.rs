@@ -206,6 +206,107 @@ pub fn find_rollout(l: &Ledger, what: &str) -> Result<Id> {
     )))
 }
 
+/// One rollout of a run, as `mass runs RUN` lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RolloutRow {
+    pub event: String,
+    pub task: String,
+    pub cycle: u32,
+    pub index: u32,
+    /// `reference`, `search candidate`, `collection` or `evaluation`.
+    pub kind: String,
+    /// `completed`, `halted`, `infrastructure failure` or `excluded by a
+    /// guard` (flagged, and the experiment excluded such runs).
+    pub status: String,
+    pub checks_passed: u32,
+    pub checks_total: u32,
+    /// The orchestrator's model (evaluation runs compare models).
+    pub model: String,
+    pub score: Option<f64>,
+    pub rank: Option<u32>,
+    /// `train`, `validation`, `excluded`, `not selected`, or none (not a
+    /// collected run).
+    pub selection: Option<String>,
+}
+
+/// Every rollout of run `run`, found from its refs (each rollout ends its
+/// orchestrator stream) and described through index lookups; sorted by
+/// cycle, task, kind and index.
+pub fn rollouts(l: &Ledger, run: &str) -> Result<Vec<RolloutRow>> {
+    let prefix = format!("{run}/");
+    let mut out = Vec::new();
+    for (name, head) in l.refs()? {
+        if !name.starts_with(&prefix) {
+            continue;
+        }
+        let ev = l.get_event(&head)?;
+        if ev.kind != <Rollout as Decodable>::KIND {
+            continue;
+        }
+        let r: Rollout = decode(&ev)?;
+        let guard_excluded = ev
+            .parents
+            .iter()
+            .map(|p| l.get_event(p))
+            .collect::<std::result::Result<Vec<_>, _>>()?
+            .into_iter()
+            .filter(|p| p.kind == <GuardCheck as Decodable>::KIND)
+            .map(|g| decode::<GuardCheck>(&g))
+            .collect::<Result<Vec<_>>>()?
+            .iter()
+            .any(|g| !g.violations.is_empty() && g.action == "exclude");
+        let ranked = referrers_of::<Ranking>(l, &head)?.into_iter().last();
+        let me = ranked
+            .as_ref()
+            .and_then(|(_, rk)| rk.runs.iter().find(|x| id_of(x.rollout) == head).cloned());
+        let mut selection = None;
+        if let Some((rev, _)) = &ranked {
+            if let Some((sev, sel)) = referrers_of::<Selection>(l, &rev.id)?.into_iter().last() {
+                // The decision does not depend on the rank's wording.
+                selection = Some(selection_facts(&sev, &sel, &head, None).decision);
+            }
+        }
+        if selection.is_none() && guard_excluded && r.purpose == "collect" {
+            selection = Some("excluded".into());
+        }
+        out.push(RolloutRow {
+            event: hex(&head),
+            task: r.task.clone(),
+            cycle: r.cycle,
+            index: r.index,
+            kind: match r.purpose.as_str() {
+                "reference" => "reference",
+                "inner" => "search candidate",
+                "collect" => "collection",
+                "eval" => "evaluation",
+                other => other,
+            }
+            .to_string(),
+            status: if guard_excluded {
+                "excluded by a guard".to_string()
+            } else {
+                match r.status.as_str() {
+                    "finished" => "completed",
+                    "failed" => "infrastructure failure",
+                    other => other,
+                }
+                .to_string()
+            },
+            checks_passed: r.score_passed,
+            checks_total: r.score_total,
+            model: r.orchestrator_model.clone(),
+            score: me.as_ref().map(|m| m.score),
+            rank: me.as_ref().map(|m| m.rank),
+            selection,
+        });
+    }
+    out.sort_by(|a, b| {
+        (a.cycle, &a.task, &a.kind, &a.model, a.index, &a.event)
+            .cmp(&(b.cycle, &b.task, &b.kind, &b.model, b.index, &b.event))
+    });
+    Ok(out)
+}
+
 /// The evidence chain of rollout `id`.
 pub fn why(l: &Ledger, id: Id) -> Result<Why> {
     let ev = l.get_event(&id)?;

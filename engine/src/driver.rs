@@ -26,7 +26,8 @@ use crate::task::load_suite;
 /// version-2 run would not replay under it. Version 4 evaluates against the
 /// previous cycle's model and on training tasks too, with the self-judge as
 /// well as the external ones (`mass.evaluation` v2, `mass.cycle` v2).
-pub const DRIVER: &str = "mass-engine/4";
+/// Version 5 records each dataset line's provenance (`mass.dataset` v2).
+pub const DRIVER: &str = "mass-engine/5";
 
 /// What to run.
 pub struct RunRequest<'a> {

@@ -196,3 +196,64 @@ fn text(w: &Why) -> Vec<String> {
     }
     l
 }
+
+/// `mass runs RUN`: one line per rollout (or a JSON array), filtered by
+/// cycle and task.
+pub fn runs(
+    l: &Ledger,
+    run: &str,
+    cycle: Option<u32>,
+    task: Option<&str>,
+    json: bool,
+) -> Result<ExitCode> {
+    if l.head(run)?.is_none() {
+        anyhow::bail!(super::CliError::NotFound(format!(
+            "no run named {run:?} (`mass status` lists runs)"
+        )));
+    }
+    let rows: Vec<_> = engine::audit::rollouts(l, run)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .into_iter()
+        .filter(|r| cycle.is_none_or(|c| r.cycle == c))
+        .filter(|r| task.is_none_or(|t| r.task == t))
+        .collect();
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, &rows)?;
+        writeln!(out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    writeln!(
+        out,
+        "{:<12}  {:>5}  {:<24}  {:<16}  {:>5}  {:<20}  {:>7}  {:>8}  {:>5}  {:<12}  model",
+        "rollout",
+        "cycle",
+        "task",
+        "kind",
+        "index",
+        "status",
+        "checks",
+        "BT score",
+        "rank",
+        "selection"
+    )?;
+    for r in &rows {
+        writeln!(
+            out,
+            "{:<12}  {:>5}  {:<24}  {:<16}  {:>5}  {:<20}  {:>7}  {:>8}  {:>5}  {:<12}  {}",
+            short(&r.event),
+            r.cycle,
+            r.task,
+            r.kind,
+            r.index,
+            r.status,
+            format!("{}/{}", r.checks_passed, r.checks_total),
+            r.score.map_or("-".into(), |s| format!("{s:.3}")),
+            r.rank.map_or("-".into(), |k| k.to_string()),
+            r.selection.as_deref().unwrap_or("-"),
+            r.model
+        )?;
+    }
+    writeln!(out, "{} rollout(s); `mass why ID` explains one", rows.len())?;
+    Ok(ExitCode::SUCCESS)
+}

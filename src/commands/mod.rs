@@ -69,8 +69,25 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             from,
         } => runs::fork(&open(&dir)?, &id, &name, &set, from.as_deref()),
         Command::Runs {
-            what: RunsWhat::Rm { run },
+            what: Some(RunsWhat::Rm { run }),
+            ..
         } => runs::remove(&open(&dir)?, &run),
+        Command::Runs {
+            what: None,
+            run,
+            cycle,
+            task,
+            json,
+        } => {
+            let Some(run) = run else {
+                anyhow::bail!(CliError::Usage(
+                    "`mass runs RUN` lists a run's rollouts; `mass runs rm RUN` removes a run; `mass status` lists runs".into()
+                ));
+            };
+            let l = open_read(&dir)?;
+            note_quarantine(&dir);
+            audit::runs(&l, &run, cycle, task.as_deref(), json)
+        }
         Command::Run {
             experiment,
             name,
