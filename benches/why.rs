@@ -245,7 +245,9 @@ fn main() {
     } else {
         &[10_000, 1_000_000]
     };
-    println!("mass why: the evidence chain of one rollout, {QUERIES} queries per ledger (medians, ms)");
+    println!(
+        "mass why: the evidence chain of one rollout, {QUERIES} queries per ledger (medians, ms)"
+    );
     println!(
         "{:>9}  {:>9}  {:>10}  {:>9}  {:>12}  {:>10}",
         "events", "build s", "why median", "why p90", "scan median", "why/scan"
