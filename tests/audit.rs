@@ -61,6 +61,7 @@ fn smoke(dir: &Path, seed: u64) -> PathBuf {
 
 #[test]
 fn every_dataset_line_leads_to_its_rollout_and_back() {
+    let mut with_lineage = 0;
     for seed in [1u64, 2, 3, 4] {
         let d = tempfile::tempdir().expect("tempdir");
         let ledger = smoke(d.path(), seed);
@@ -133,6 +134,22 @@ fn every_dataset_line_leads_to_its_rollout_and_back() {
             let wc = json(&ledger, &["why", conv, "--json"]);
             assert_eq!(wc["rollout"]["event"], rollout);
             assert_eq!(wc["agents"].as_array().map(Vec::len), Some(1));
+            // A workflow that is not the bare task has its lineage: the
+            // proposal and the promotion that made it champion.
+            if w["workflow"]["bare"] == false {
+                with_lineage += 1;
+                let m = &w["workflow"]["promotion"];
+                assert!(m["iteration"].as_u64().unwrap() >= 1, "seed {seed}: {w}");
+                assert!(
+                    w["workflow"]["proposal"]["event"].is_string(),
+                    "seed {seed}: {w}"
+                );
+                let c = json(
+                    &ledger,
+                    &["why", m["candidate_run"].as_str().unwrap(), "--json"],
+                );
+                assert_eq!(c["rollout"]["purpose"], "inner");
+            }
             let model = w["training"]["new_model"]
                 .as_str()
                 .expect("trained")
@@ -174,6 +191,7 @@ fn every_dataset_line_leads_to_its_rollout_and_back() {
             "seed {seed}"
         );
     }
+    assert!(with_lineage > 0, "no seed trained on a searched workflow");
 }
 
 /// A judgment, a blob or a ref is not a rollout: `why` says what it is and

@@ -9,9 +9,9 @@
 //! so every statement can be checked with `mass show`.
 //!
 //! Content-addressed blobs are shared: the same workflow text may appear in
-//! other runs. Lineage therefore picks, among the events naming the blob,
-//! the last accepted promotion for the rollout's task that precedes the
-//! rollout in the log.
+//! other runs. Lineage therefore picks, among the inner-loop runs of the
+//! rollout's task that ran the workflow before the rollout (in log order),
+//! the last one an accepted promotion names as its candidate.
 
 use ledger::{Event, Id, Ledger};
 use schemas::{
@@ -89,6 +89,8 @@ pub struct Link {
 #[derive(Debug, Clone, Serialize)]
 pub struct PromotionFacts {
     pub event: String,
+    /// The inner-loop run of the workflow that won the promotion.
+    pub candidate_run: String,
     pub iteration: u32,
     pub reason: String,
     pub beat_reference: bool,
@@ -444,19 +446,23 @@ fn workflow_facts(
                 });
             }
         }
-        for (mev, m) in referrers_of::<Promotion>(l, &blob)? {
-            if m.task == r.task
-                && m.accepted
-                && id_of(m.candidate) == blob
-                && order(&mev.id)? < own_order
-            {
-                promotion = Some(PromotionFacts {
-                    event: hex(&mev.id),
-                    iteration: m.iteration,
-                    reason: m.reason,
-                    beat_reference: m.beat_reference,
-                    judgments: m.judgments.iter().map(|j| hex(&id_of(*j))).collect(),
-                });
+        // The inner-loop run that tried this workflow, and the promotion
+        // that accepted that run as champion.
+        for (cev, c) in referrers_of::<Rollout>(l, &blob)? {
+            if c.task != r.task || c.purpose != "inner" || order(&cev.id)? >= own_order {
+                continue;
+            }
+            for (mev, m) in referrers_of::<Promotion>(l, &cev.id)? {
+                if m.accepted && id_of(m.candidate) == cev.id {
+                    promotion = Some(PromotionFacts {
+                        event: hex(&mev.id),
+                        candidate_run: hex(&cev.id),
+                        iteration: m.iteration,
+                        reason: m.reason,
+                        beat_reference: m.beat_reference,
+                        judgments: m.judgments.iter().map(|j| hex(&id_of(*j))).collect(),
+                    });
+                }
             }
         }
     }

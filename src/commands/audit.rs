@@ -110,8 +110,9 @@ fn text(w: &Why) -> Vec<String> {
         }
         match &wf.promotion {
             Some(m) => l.push(format!(
-                "  made champion at iteration {}{}: {} (event {}; {} judgment(s))",
+                "  made champion at iteration {} (candidate run {}){}: {} (event {}; {} judgment(s))",
                 m.iteration,
+                short(&m.candidate_run),
                 if m.beat_reference {
                     ", beating the bare-task reference"
                 } else {
