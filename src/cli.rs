@@ -191,7 +191,10 @@ pub enum Command {
     Snapshot { dir: PathBuf },
     /// Materialise a tree into a new or empty directory.
     Checkout { tree: String, dir: PathBuf },
-    /// List paths added (A), removed (D) or modified (M) from one tree to another.
+    /// Two trees: the paths added (A), removed (D) or modified (M). Two
+    /// runs: where their streams diverge, then what differs in champions,
+    /// verdicts, rankings, selections, datasets and training (e.g. a
+    /// re-judged run against its source).
     Diff {
         a: String,
         b: String,

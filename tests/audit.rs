@@ -227,3 +227,90 @@ fn why_refuses_what_is_not_a_rollout_and_names_it() {
     let o = mass(&ledger, &["runs", "smoke"]);
     assert_eq!(o.status.code(), Some(4));
 }
+
+/// `mass diff RUN_A RUN_B` on a run and itself finds nothing; on a run and
+/// a re-judge of it by a judge that always prefers the first workspace it
+/// finds changed verdicts, and its figures are consistent: the runs share
+/// their start, changed verdicts are among the compared ones, and training
+/// data that differs shows in the dataset line. Two trees still diff as
+/// trees.
+#[test]
+fn diffing_a_run_with_its_rejudge_shows_changed_verdicts_and_decisions() {
+    let mut changed = 0;
+    for seed in [1u64, 2, 3, 4] {
+        let d = tempfile::tempdir().expect("tempdir");
+        let ledger = smoke(d.path(), seed);
+        let same = json(&ledger, &["diff", "smoke", "smoke", "--json"]);
+        assert_eq!(same["diverged_streams"], 0, "seed {seed}: {same}");
+        assert_eq!(
+            (&same["only_in_a"], &same["only_in_b"]),
+            (&0.into(), &0.into())
+        );
+        for c in same["cycles"].as_array().expect("cycles") {
+            assert_eq!(c["verdicts_changed"], 0);
+            assert!(c["rankings"].as_array().unwrap().is_empty());
+            assert!(c["selections"].as_array().unwrap().is_empty());
+            assert_eq!(c["dataset"], "identical");
+        }
+        ok(
+            &ledger,
+            &[
+                "rejudge",
+                "smoke",
+                "--name",
+                "rj",
+                "--set",
+                "backends.sim.sim.position_bias=1",
+                "--set",
+                "backends.sim.sim.judge_noise=0",
+            ],
+        );
+        let diff = json(&ledger, &["diff", "smoke", "rj", "--json"]);
+        assert!(
+            diff["main"]["shared"].as_u64().unwrap() >= 1,
+            "seed {seed}: {diff}"
+        );
+        for c in diff["cycles"].as_array().expect("cycles") {
+            let (n, of) = (
+                c["verdicts_changed"].as_u64().unwrap(),
+                c["verdicts_compared"].as_u64().unwrap(),
+            );
+            assert!(n <= of, "seed {seed}: {c}");
+            changed += n;
+            if !c["selections"].as_array().unwrap().is_empty() {
+                assert!(
+                    c["dataset"]
+                        .as_str()
+                        .is_some_and(|s| s.starts_with("differs")),
+                    "seed {seed}: selections differ but the dataset does not: {c}"
+                );
+            }
+        }
+        let text =
+            String::from_utf8_lossy(&ok(&ledger, &["diff", "smoke", "rj"]).stdout).to_string();
+        assert!(text.starts_with("main streams: "), "{text}");
+    }
+    assert!(
+        changed > 0,
+        "a judge that follows the position changed no verdict"
+    );
+    // Trees still diff as trees.
+    let d = tempfile::tempdir().expect("tempdir");
+    let ledger = d.path().join("l");
+    ok(&ledger, &["init"]);
+    std::fs::create_dir_all(d.path().join("w")).unwrap();
+    std::fs::write(d.path().join("w/a.txt"), "a").unwrap();
+    let t1 = String::from_utf8_lossy(
+        &ok(&ledger, &["snapshot", d.path().join("w").to_str().unwrap()]).stdout,
+    )
+    .trim()
+    .to_string();
+    std::fs::write(d.path().join("w/a.txt"), "b").unwrap();
+    let t2 = String::from_utf8_lossy(
+        &ok(&ledger, &["snapshot", d.path().join("w").to_str().unwrap()]).stdout,
+    )
+    .trim()
+    .to_string();
+    let o = ok(&ledger, &["diff", &t1, &t2]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("M a.txt"));
+}

@@ -64,7 +64,7 @@ pub enum LedgerError {
     #[error("abbreviation {prefix} is ambiguous: it matches {}", candidates.iter().map(|c| c.short(16)).collect::<Vec<_>>().join(", "))]
     Ambiguous { prefix: String, candidates: Vec<Id> },
 
-    #[error("{id} is a {actual}, not a {expected}")]
+    #[error("{id} is {}, not {}", actual.with_article(), expected.with_article())]
     WrongKind {
         id: Id,
         expected: ObjectKind,

@@ -34,6 +34,15 @@ impl ObjectKind {
         }
     }
 
+    /// The name with its indefinite article, for messages ("an event").
+    pub fn with_article(self) -> &'static str {
+        match self {
+            ObjectKind::Blob => "a blob",
+            ObjectKind::Tree => "a tree",
+            ObjectKind::Event => "an event",
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             ObjectKind::Blob => "blob",

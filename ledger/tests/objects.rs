@@ -103,6 +103,10 @@ fn wrong_kind_reads_are_refused() {
         })
     ));
     assert!(matches!(l.get_tree(&b), Err(LedgerError::WrongKind { .. })));
+    // Regression: the message said "is a event".
+    let e = l.append("s", None, NewEvent::new("k", 1, vec![])).unwrap();
+    let msg = l.get_tree(&e).unwrap_err().to_string();
+    assert!(msg.ends_with(" is an event, not a tree"), "{msg}");
 }
 
 #[test]

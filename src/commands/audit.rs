@@ -258,3 +258,79 @@ pub fn runs(
     writeln!(out, "{} rollout(s); `mass why ID` explains one", rows.len())?;
     Ok(ExitCode::SUCCESS)
 }
+
+/// Whether `name` is a run: a ref whose stream starts with `run.started`.
+pub fn is_run(l: &Ledger, name: &str) -> Result<bool> {
+    let Some(head) = l.head(name)? else {
+        return Ok(false);
+    };
+    let mut first = None;
+    for ev in l.chain(head) {
+        first = Some(ev?.kind);
+    }
+    Ok(first.as_deref() == Some("run.started"))
+}
+
+/// `mass diff RUN_A RUN_B`.
+pub fn diff_runs(l: &Ledger, a: &str, b: &str, json: bool) -> Result<ExitCode> {
+    let d = engine::audit::diff::diff(l, a, b).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, &d)?;
+        writeln!(out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let side = |s: &Option<String>| s.clone().unwrap_or_else(|| "(ends)".into());
+    writeln!(
+        out,
+        "main streams: {} event(s) shared from the start; then {a}: {}, {b}: {}",
+        d.main.shared,
+        side(&d.main.a),
+        side(&d.main.b)
+    )?;
+    writeln!(
+        out,
+        "streams: {} identical, {} diverged, {} only in {a}, {} only in {b}",
+        d.identical_streams, d.diverged_streams, d.only_in_a, d.only_in_b
+    )?;
+    for s in &d.diverged {
+        writeln!(
+            out,
+            "  {}: {} shared, then {a}: {}, {b}: {}",
+            s.stream,
+            s.shared,
+            side(&s.a),
+            side(&s.b)
+        )?;
+    }
+    for c in &d.cycles {
+        writeln!(out, "cycle {}:", c.cycle)?;
+        writeln!(
+            out,
+            "  verdicts: {} of {} judgment streams name another winner",
+            c.verdicts_changed, c.verdicts_compared
+        )?;
+        for v in &c.changed_verdicts {
+            writeln!(out, "    {v}")?;
+        }
+        for (what, lines) in [
+            ("champions", &c.champions),
+            ("rankings", &c.rankings),
+            ("selections", &c.selections),
+        ] {
+            if lines.is_empty() {
+                writeln!(out, "  {what}: no difference")?;
+            }
+            for line in lines {
+                writeln!(out, "  {what}: {line}")?;
+            }
+        }
+        if let Some(ds) = &c.dataset {
+            writeln!(out, "  dataset: {ds}")?;
+        }
+        if let Some(t) = &c.training {
+            writeln!(out, "  training: {t}")?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -136,7 +136,14 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         } => runs::export_dataset(&open_read(&dir)?, &run, cycle, format, &out),
         Command::Snapshot { dir: d } => objects::snapshot(&open(&dir)?, &d),
         Command::Checkout { tree, dir: d } => objects::checkout(&open_read(&dir)?, &tree, &d),
-        Command::Diff { a, b, json } => objects::diff(&open_read(&dir)?, &a, &b, json),
+        Command::Diff { a, b, json } => {
+            let l = open_read(&dir)?;
+            if audit::is_run(&l, &a)? && audit::is_run(&l, &b)? {
+                audit::diff_runs(&l, &a, &b, json)
+            } else {
+                objects::diff(&l, &a, &b, json)
+            }
+        }
         Command::Verify { log_only, json } => {
             // The index check needs the persistent index, which only the
             // lock holder may open; the log alone can be checked any time.

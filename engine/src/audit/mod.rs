@@ -23,6 +23,8 @@ use serde_json::Value;
 
 use crate::error::{EngineError, Result};
 
+pub mod diff;
+
 /// The evidence chain of one rollout.
 #[derive(Debug, Clone, Serialize)]
 pub struct Why {
