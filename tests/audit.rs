@@ -213,6 +213,21 @@ fn why_refuses_what_is_not_a_rollout_and_names_it() {
         err.contains("is a mass.judgment event, not a rollout"),
         "{err}"
     );
+    // `mass show` puts the payload first and summarises long link lists
+    // (a ranking names every judgment it fitted).
+    let log = json(
+        &ledger,
+        &["log", "--kind", "mass.ranking", "--limit", "1", "--json"],
+    );
+    let ranking = log[0]["id"].as_str().expect("ranking id");
+    let shown = String::from_utf8_lossy(&ok(&ledger, &["show", ranking]).stdout).to_string();
+    let (payload, stream) = (shown.find("\"runs\""), shown.find("\nstream  "));
+    assert!(payload.is_some() && payload < stream, "{shown}");
+    assert!(shown.contains("ref     ... and "), "{shown}");
+    assert!(
+        shown.lines().filter(|l| l.starts_with("ref     ")).count() <= 9,
+        "{shown}"
+    );
     let o = mass(&ledger, &["why", "0123456789abcdef"]);
     assert_eq!(
         o.status.code(),

@@ -357,3 +357,43 @@ fn a_log_cut_short_is_reported_by_every_kind_of_open() {
     }
     assert!(!tree.is_empty());
 }
+
+/// Regressions: `mass status` on a ledger whose only run's head was
+/// damaged said "no runs yet" and exited 0; `mass status NAME` of a run
+/// that does not exist exited 1 instead of 4.
+#[test]
+fn status_names_a_run_whose_head_cannot_be_read() {
+    let (_d, l) = fresh();
+    {
+        let ledger = ledger::Ledger::init(&l).unwrap();
+        ledger
+            .append("exp", None, ledger::NewEvent::new("note", 1, vec![7; 64]))
+            .unwrap();
+    }
+    let seg = l.join("segments/00000001.seg");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[16 + 52 + 10] ^= 0xff;
+    std::fs::write(&seg, bytes).unwrap();
+    let o = mass(&l, &["status"]);
+    assert_eq!(o.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("exp: its head") && err.contains("mass verify"),
+        "{err}"
+    );
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("no runs yet"));
+    let o = mass(&l, &["status", "nope"]);
+    assert_eq!(o.status.code(), Some(4));
+}
+
+/// Regression: a failed snapshot said "cannot snapshot X: cannot snapshot X: ...".
+#[test]
+fn a_failed_snapshot_names_the_path_once() {
+    let (d, l) = fresh();
+    ok(&l, &["init"]);
+    let missing = d.path().join("no-such-dir");
+    let o = mass(&l, &["snapshot", missing.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("cannot snapshot").count(), 1, "{err}");
+}

@@ -376,3 +376,33 @@ fn the_summary_explains_its_columns_and_who_judged_the_held_out_runs() {
     // Both wordings were seen (seeds 1, 2 and 4 collect data with either judge).
     assert!(judged[0] > 0 && judged[1] > 0, "{judged:?}");
 }
+
+/// Regressions: with stderr not a terminal, a run printed no progress at
+/// all (the bars hid themselves); and running a finished run again, which
+/// replays it from the ledger, claimed "1 cycle(s) in 0s" as if it had run.
+#[test]
+fn progress_is_plain_lines_off_a_terminal_and_a_replay_says_it_replayed() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let ledger = d.path().join("ledger");
+    let exp = experiment(d.path(), "smoke.toml", |s| s);
+    let o = ok(&ledger, &["run", &exp]);
+    let err = text(&o.stderr);
+    for stage in ["reference runs", "collection", "judging"] {
+        assert!(
+            err.lines()
+                .any(|l| l.contains(stage) && l.contains(": done, ")),
+            "no progress line for {stage}:\n{err}"
+        );
+    }
+    assert!(!text(&o.stdout).contains("replayed from the ledger"));
+    let o = ok(&ledger, &["run", &exp, "--quiet"]);
+    assert!(
+        !text(&o.stderr).contains(": done, "),
+        "--quiet printed progress"
+    );
+    let out = text(&o.stdout);
+    assert!(
+        out.contains("cycle(s) replayed from the ledger in") && out.contains("nothing ran live"),
+        "{out}"
+    );
+}

@@ -17,9 +17,8 @@ pub fn why(l: &Ledger, what: &str, json: bool) -> Result<ExitCode> {
         None => (what, None),
     };
     let id = resolve(l, prefix)?;
-    let rollout =
-        engine::audit::find_rollout(l, &id.to_hex()).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut w = engine::audit::why(l, rollout).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let rollout = engine::audit::find_rollout(l, &id.to_hex()).map_err(anyhow::Error::new)?;
+    let mut w = engine::audit::why(l, rollout).map_err(anyhow::Error::new)?;
     if let Some(n) = conversation {
         let name = format!("{}#{n}", rollout.short(16));
         w.agents.retain(|a| a.conversation == name);
@@ -213,7 +212,7 @@ pub fn runs(
         )));
     }
     let rows: Vec<_> = engine::audit::rollouts(l, run)
-        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .map_err(anyhow::Error::new)?
         .into_iter()
         .filter(|r| cycle.is_none_or(|c| r.cycle == c))
         .filter(|r| task.is_none_or(|t| r.task == t))
@@ -273,7 +272,7 @@ pub fn is_run(l: &Ledger, name: &str) -> Result<bool> {
 
 /// `mass diff RUN_A RUN_B`.
 pub fn diff_runs(l: &Ledger, a: &str, b: &str, json: bool) -> Result<ExitCode> {
-    let d = engine::audit::diff::diff(l, a, b).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let d = engine::audit::diff::diff(l, a, b).map_err(anyhow::Error::new)?;
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer_pretty(&mut out, &d)?;

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use ledger::{Id, Ledger};
 use schemas::{Hash32, ModelCall, Note, WorkspaceSnapshot};
 use serde_json::{json, Value};
@@ -34,9 +34,7 @@ pub fn run(dir: &Path, workspace: Option<&Path>) -> Result<ExitCode> {
             text: "scripted demo: fixed messages, no model".into(),
         })?,
     )?;
-    let initial = l
-        .snapshot_dir(&ws)
-        .with_context(|| format!("cannot snapshot {}", ws.display()))?;
+    let initial = l.snapshot_dir(&ws)?;
     let snap = l.append(
         &run,
         Some(note),

@@ -55,6 +55,9 @@ pub fn log(
     Ok(ExitCode::SUCCESS)
 }
 
+/// Parents or refs listed one by one before `mass show` summarises the rest.
+const LINKS_SHOWN: usize = 8;
+
 pub fn show(l: &Ledger, s: &str, json: bool) -> Result<ExitCode> {
     let id = resolve(l, s)?;
     let loc = l.require(&id)?;
@@ -67,18 +70,45 @@ pub fn show(l: &Ledger, s: &str, json: bool) -> Result<ExitCode> {
                 serde_json::to_writer_pretty(&mut out, &v)?;
                 writeln!(out)?;
             } else {
-                writeln!(out, "event   {}", ev.id)?;
+                // The payload first (what the event says), then where it
+                // sits and what it links; long link lists are summarised.
+                writeln!(out, "event   {} ({} v{})", ev.id, ev.kind, ev.version)?;
+                match v.get("payload_error") {
+                    Some(e) => writeln!(
+                        out,
+                        "payload cannot be decoded: {}",
+                        e.as_str().unwrap_or("")
+                    )?,
+                    None => writeln!(out, "{}", serde_json::to_string_pretty(&v["payload"])?)?,
+                }
                 writeln!(out, "kind    {} v{}", ev.kind, ev.version)?;
                 writeln!(out, "stream  {} #{}", ev.stream, ev.seq)?;
                 if let Some(p) = ev.prev {
                     writeln!(out, "prev    {p}")?;
                 }
-                for p in &ev.parents {
+                let shown = |n: usize| if n > LINKS_SHOWN + 1 { LINKS_SHOWN } else { n };
+                for p in ev.parents.iter().take(shown(ev.parents.len())) {
                     writeln!(out, "parent  {p}")?;
                 }
-                for r in &ev.refs {
+                if ev.parents.len() > shown(ev.parents.len()) {
+                    writeln!(
+                        out,
+                        "parent  ... and {} more (`mass show {} --json` lists all)",
+                        ev.parents.len() - LINKS_SHOWN,
+                        ev.id.short(12)
+                    )?;
+                }
+                for r in ev.refs.iter().take(shown(ev.refs.len())) {
                     let k = l.kind_of(r)?.map(|k| k.name()).unwrap_or("missing");
                     writeln!(out, "ref     {r} ({k})")?;
+                }
+                if ev.refs.len() > shown(ev.refs.len()) {
+                    writeln!(
+                        out,
+                        "ref     ... and {} more (`mass show {} --json` lists all)",
+                        ev.refs.len() - LINKS_SHOWN,
+                        ev.id.short(12)
+                    )?;
                 }
                 if let Some(ms) = v["meta"]["wall_ms"].as_u64() {
                     writeln!(
@@ -93,14 +123,6 @@ pub fn show(l: &Ledger, s: &str, json: bool) -> Result<ExitCode> {
                     for (k, val) in extra {
                         writeln!(out, "meta    {k}={}", val.as_str().unwrap_or(""))?;
                     }
-                }
-                match v.get("payload_error") {
-                    Some(e) => writeln!(
-                        out,
-                        "payload cannot be decoded: {}",
-                        e.as_str().unwrap_or("")
-                    )?,
-                    None => writeln!(out, "{}", serde_json::to_string_pretty(&v["payload"])?)?,
                 }
             }
         }

@@ -11,9 +11,8 @@ use serde_json::json;
 use super::resolve;
 
 pub fn snapshot(l: &Ledger, dir: &Path) -> Result<ExitCode> {
-    let id = l
-        .snapshot_dir(dir)
-        .with_context(|| format!("cannot snapshot {}", dir.display()))?;
+    // The ledger's error already names the path ("cannot snapshot X: ...").
+    let id = l.snapshot_dir(dir)?;
     println!("{id}");
     Ok(ExitCode::SUCCESS)
 }

@@ -26,16 +26,55 @@ struct Bars {
     bars: Mutex<BTreeMap<String, ProgressBar>>,
 }
 
+/// How a run reports progress: bars on a terminal, plain lines (stage
+/// started, stage done with its count and time) when stderr is a file or a
+/// pipe, nothing with `--quiet`.
+fn progress(quiet: bool) -> Box<dyn Progress> {
+    use std::io::IsTerminal;
+    if quiet {
+        Box::new(engine::cycle::NoProgress)
+    } else if std::io::stderr().is_terminal() {
+        Box::new(Bars::new())
+    } else {
+        Box::new(Lines::default())
+    }
+}
+
 impl Bars {
-    fn new(quiet: bool) -> Bars {
-        let multi = MultiProgress::with_draw_target(if quiet {
-            ProgressDrawTarget::hidden()
-        } else {
-            ProgressDrawTarget::stderr()
-        });
+    fn new() -> Bars {
         Bars {
-            multi,
+            multi: MultiProgress::with_draw_target(ProgressDrawTarget::stderr()),
             bars: Mutex::new(BTreeMap::new()),
+        }
+    }
+}
+
+/// Progress as plain lines on stderr, for logs and CI.
+#[derive(Default)]
+struct Lines {
+    stages: Mutex<BTreeMap<String, (u64, u64, Instant)>>,
+}
+
+impl Progress for Lines {
+    fn stage(&self, name: &str, total: u64) {
+        if let Ok(mut s) = self.stages.lock() {
+            s.insert(name.to_string(), (0, total, Instant::now()));
+        }
+        eprintln!("{name}: {total} unit(s)");
+    }
+    fn tick(&self, name: &str) {
+        if let Ok(mut s) = self.stages.lock() {
+            if let Some(e) = s.get_mut(name) {
+                e.0 += 1;
+            }
+        }
+    }
+    fn done(&self, name: &str) {
+        if let Some((n, total, t)) = self.stages.lock().ok().and_then(|mut s| s.remove(name)) {
+            eprintln!(
+                "{name}: done, {n}/{total} in {:.1}s",
+                t.elapsed().as_secs_f64()
+            );
         }
     }
 }
@@ -110,7 +149,7 @@ pub fn run(dir: &Path, experiment: &Path, name: Option<&str>, quiet: bool) -> Re
             experiment: Some((text, origin)),
             mode: Mode::Live,
             source: None,
-            progress: &Bars::new(quiet),
+            progress: progress(quiet).as_ref(),
         },
     )
 }
@@ -127,7 +166,7 @@ pub fn resume(dir: &Path, run: &str, quiet: bool) -> Result<ExitCode> {
             experiment: None,
             mode: Mode::Live,
             source: None,
-            progress: &Bars::new(quiet),
+            progress: progress(quiet).as_ref(),
         },
     )
 }
@@ -148,7 +187,7 @@ pub fn replay_check(dir: &Path, run: &str, check: bool) -> Result<ExitCode> {
             experiment: None,
             mode: Mode::Check,
             source: None,
-            progress: &Bars::new(true),
+            progress: &engine::cycle::NoProgress,
         },
     )
     .map_err(|e| anyhow::anyhow!("{e}"))
@@ -254,7 +293,7 @@ pub fn rejudge(
             experiment: None,
             mode: Mode::Live,
             source: Some(src),
-            progress: &Bars::new(quiet),
+            progress: progress(quiet).as_ref(),
         },
     )?;
     let from = opts.cycle.unwrap_or(1);
@@ -569,13 +608,24 @@ fn go(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<ExitCode> {
 
 fn print_summary(s: &RunSummary, secs: f64) {
     let mut out = std::io::stdout().lock();
+    // A run served entirely from its recording did not run its cycles now.
+    let live: u64 = s
+        .counts
+        .iter()
+        .filter(|((_, how), _)| *how == replay::Served::Live)
+        .map(|(_, n)| n)
+        .sum();
+    let how = if live == 0 && !s.counts.is_empty() {
+        format!("replayed from the ledger in {secs:.1}s (nothing ran live)")
+    } else {
+        format!("in {secs:.0}s")
+    };
     let _ = writeln!(
         out,
-        "\nrun {} ({}): {} cycle(s) in {:.0}s, head {}",
+        "\nrun {} ({}): {} cycle(s) {how}, head {}",
         s.run,
         s.experiment,
         s.cycles.len(),
-        secs,
         s.head.map(|h| h.short(12)).unwrap_or_default()
     );
     let _ = writeln!(
@@ -762,12 +812,30 @@ fn evaluation_lines(c: &CycleResult) -> Vec<String> {
 
 pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
     let list = match run {
-        Some(r) => vec![(
-            r.to_string(),
-            l.head(r)?.with_context(|| format!("no run named {r:?}"))?,
-        )],
+        Some(r) => match l.head(r)? {
+            Some(h) => vec![(r.to_string(), h)],
+            None => bail!(CliError::NotFound(format!(
+                "no run named {r:?} (`mass status` lists runs)"
+            ))),
+        },
         None => runs(l)?,
     };
+    // A top-level ref whose head cannot be read is a run (or something)
+    // that cannot be listed: say so and exit 3, never "no runs yet".
+    let mut unreadable = Vec::new();
+    if run.is_none() {
+        for (name, head) in l.refs()? {
+            if name.contains('/') {
+                continue;
+            }
+            if let Err(e) = l.get_event(&head) {
+                unreadable.push(format!(
+                    "{name}: its head {} cannot be read ({e}); `mass verify` names what is damaged, `mass repair` sets it aside",
+                    head.short(12)
+                ));
+            }
+        }
+    }
     let mut rows = Vec::new();
     for (name, head) in list {
         let mut steps = Vec::new();
@@ -793,6 +861,14 @@ pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
         rows.push((name, head, st, pending, never));
     }
     let mut out = std::io::stdout().lock();
+    for u in &unreadable {
+        eprintln!("error: {u}");
+    }
+    let code = if unreadable.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    };
     if json {
         let v: Vec<_> = rows
             .iter()
@@ -800,9 +876,9 @@ pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
             .collect();
         serde_json::to_writer_pretty(&mut out, &v)?;
         writeln!(out)?;
-        return Ok(ExitCode::SUCCESS);
+        return Ok(code);
     }
-    if rows.is_empty() {
+    if rows.is_empty() && unreadable.is_empty() {
         writeln!(
             out,
             "no runs yet; start one with `mass run examples/smoke.toml`"
@@ -845,7 +921,7 @@ pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
             writeln!(out, "  unfinished: {e} (`mass resume {n}`)")?;
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(code)
 }
 
 pub fn export_dataset(
