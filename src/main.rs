@@ -28,33 +28,41 @@ fn main() -> ExitCode {
     }
 }
 
-/// Maps an error to the documented exit code by looking for a typed cause.
+/// Maps an error to the documented exit code by looking for a typed cause
+/// (a ledger error also when the engine or replay layer carries it).
 fn exit_code_for(e: &anyhow::Error) -> u8 {
+    use engine::error::EngineError as E;
+    use replay::ReplayError as R;
     for cause in e.chain() {
         if let Some(le) = cause.downcast_ref::<ledger::LedgerError>() {
-            use ledger::LedgerError as L;
-            return match le {
-                L::Corruption { .. } | L::CorruptLog { .. } | L::LogBehindIndex { .. } => 3,
-                L::NotFound { .. }
-                | L::Ambiguous { .. }
-                | L::NoSuchRef { .. }
-                | L::NotALedger { .. } => 4,
-                L::Conflict { .. } => 5,
-                L::Locked { .. } => 6,
-                L::MalformedId { .. } | L::BadRefName { .. } => 2,
-                _ => 1,
-            };
+            return ledger_code(le);
         }
         if let Some(c) = cause.downcast_ref::<commands::CliError>() {
             return c.exit_code();
         }
-        match cause.downcast_ref::<engine::error::EngineError>() {
-            Some(engine::error::EngineError::Infrastructure { .. }) => return 7,
-            Some(engine::error::EngineError::Sandbox(_)) => return 8,
+        match cause.downcast_ref::<E>() {
+            Some(E::Infrastructure { .. }) => return 7,
+            Some(E::Sandbox(_)) => return 8,
+            Some(E::Ledger(le)) | Some(E::Replay(R::Ledger(le))) => return ledger_code(le),
             _ => {}
+        }
+        if let Some(R::Ledger(le)) = cause.downcast_ref::<R>() {
+            return ledger_code(le);
         }
     }
     1
+}
+
+fn ledger_code(le: &ledger::LedgerError) -> u8 {
+    use ledger::LedgerError as L;
+    match le {
+        L::Corruption { .. } | L::CorruptLog { .. } | L::LogBehindIndex { .. } => 3,
+        L::NotFound { .. } | L::Ambiguous { .. } | L::NoSuchRef { .. } | L::NotALedger { .. } => 4,
+        L::Conflict { .. } => 5,
+        L::Locked { .. } => 6,
+        L::MalformedId { .. } | L::BadRefName { .. } => 2,
+        _ => 1,
+    }
 }
 
 /// A reader that closed our stdout early (`mass log | head`) is not an error.

@@ -218,6 +218,10 @@ fn errors_have_documented_exit_codes_and_say_what_to_do() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("neither a ref nor an object id"));
     let o = mass(&l, &["show", "0123456789abcdef"]);
     assert_eq!(o.status.code(), Some(4));
+    // Regression: a too-short hex id is a malformed id (2), not "not found".
+    let o = mass(&l, &["show", "abc12"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("at least 8 hex digits"));
     // A second process that wants to write gets the lock error; readers
     // do not need the lock.
     let held = ledger::Ledger::open(&l).unwrap();
@@ -382,6 +386,13 @@ fn status_names_a_run_whose_head_cannot_be_read() {
         "{err}"
     );
     assert!(!String::from_utf8_lossy(&o.stdout).contains("no runs yet"));
+    let o = mass(&l, &["status", "exp"]);
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let o = mass(&l, &["status", "nope"]);
     assert_eq!(o.status.code(), Some(4));
 }

@@ -276,6 +276,15 @@ pub fn resolve(l: &Ledger, s: &str) -> Result<Id> {
     }
     match l.resolve(s) {
         Ok(id) => Ok(id),
+        // Hex digits only, but too few: meant as an id, malformed (2).
+        Err(LedgerError::MalformedId { .. })
+            if !s.is_empty() && s.len() < 8 && s.bytes().all(|b| b.is_ascii_hexdigit()) =>
+        {
+            Err(CliError::Usage(format!(
+                "{s:?} is too short to be an id: ids are at least 8 hex digits (`mass log` shows them)"
+            ))
+            .into())
+        }
         Err(LedgerError::MalformedId { .. }) => Err(CliError::NotFound(format!(
             "{s:?} is neither a ref nor an object id (ids are at least 8 hex digits; `mass refs` lists refs)"
         ))

@@ -593,8 +593,12 @@ pub fn remove(l: &Ledger, run: &str) -> Result<ExitCode> {
 /// already in it), except an infrastructure failure, kept typed so `main`
 /// exits with its own code.
 fn engine_error(e: engine::error::EngineError) -> anyhow::Error {
+    use engine::error::EngineError as E;
     match e {
-        engine::error::EngineError::Infrastructure { .. } => anyhow::Error::new(e),
+        // Typed, so they map to their exit codes (7; 3, 4, 5, 6 for the
+        // ledger's), and displayed once.
+        E::Infrastructure { .. } => anyhow::Error::new(e),
+        E::Ledger(le) | E::Replay(replay::ReplayError::Ledger(le)) => anyhow::Error::new(le),
         other => anyhow::anyhow!("{other}"),
     }
 }
