@@ -10,6 +10,7 @@
 
 mod cli;
 mod commands;
+mod interrupt;
 mod output;
 
 use std::process::ExitCode;

@@ -125,3 +125,61 @@ fn status_and_dataset_export_work_on_a_finished_run() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("no dataset for cycle 9"));
 }
+
+/// Ctrl-C during a run prints that nothing recorded is lost and how to
+/// continue, ends the process by SIGINT as usual, and `mass resume` then
+/// finishes the run with the same head as an uninterrupted one.
+#[test]
+fn ctrl_c_says_how_to_resume_and_the_resumed_run_matches() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::ExitStatusExt;
+    let d = tempfile::tempdir().unwrap();
+    let reference = d.path().join("reference");
+    let o = mass(&reference)
+        .args(["run", "examples/smoke.toml", "--quiet"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want = head(&reference, "smoke");
+    let l = d.path().join("interrupted");
+    let mut child = mass(&l)
+        .args(["run", "examples/smoke.toml"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    // Interrupt once the first stage is done (progress lines: stderr is a pipe).
+    loop {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        seen.push_str(&line);
+        if line.contains(": done, ") {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+            break;
+        }
+    }
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    seen.push_str(&rest);
+    let status = child.wait().unwrap();
+    if status.success() {
+        // The run finished before the signal landed: nothing to check.
+        return;
+    }
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{seen}");
+    assert!(
+        seen.contains("interrupted: run smoke stops here") && seen.contains("`mass resume smoke`"),
+        "{seen}"
+    );
+    let o = mass(&l)
+        .args(["resume", "smoke", "--quiet"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(head(&l, "smoke"), want);
+}

@@ -157,7 +157,9 @@ pub fn run(dir: &Path, experiment: &Path, name: Option<&str>, quiet: bool) -> Re
 pub fn resume(dir: &Path, run: &str, quiet: bool) -> Result<ExitCode> {
     let ledger = Arc::new(open(dir)?);
     if ledger.head(run)?.is_none() {
-        bail!("no run named {run:?} (`mass status` lists runs)");
+        bail!(CliError::NotFound(format!(
+            "no run named {run:?} (`mass status` lists runs)"
+        )));
     }
     go(
         ledger,
@@ -176,9 +178,9 @@ pub fn replay_check(dir: &Path, run: &str, check: bool) -> Result<ExitCode> {
         bail!("`mass replay` needs --check (re-run the driver and compare every event id); to continue a run use `mass resume`");
     }
     let ledger = Arc::new(open(dir)?);
-    let head = ledger
-        .head(run)?
-        .with_context(|| format!("no run named {run:?}"))?;
+    let head = ledger.head(run)?.ok_or_else(|| {
+        CliError::NotFound(format!("no run named {run:?} (`mass status` lists runs)"))
+    })?;
     let start = Instant::now();
     let s = drive(
         ledger,
@@ -220,9 +222,11 @@ pub fn rejudge(
     quiet: bool,
 ) -> Result<ExitCode> {
     let ledger = Arc::new(open(dir)?);
-    let head = ledger
-        .head(source)?
-        .with_context(|| format!("no run named {source:?}"))?;
+    let head = ledger.head(source)?.ok_or_else(|| {
+        CliError::NotFound(format!(
+            "no run named {source:?} (`mass status` lists runs)"
+        ))
+    })?;
     if ledger.head(name)?.is_some() {
         return Err(CliError::Conflict(format!(
             "run {name} exists already (a re-judge that was interrupted or failed?): continue it with `mass resume {name}`, or remove it with `mass runs rm {name}` and re-judge again"
@@ -604,6 +608,10 @@ fn engine_error(e: engine::error::EngineError) -> anyhow::Error {
 }
 
 fn go(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<ExitCode> {
+    crate::interrupt::say_on_sigint(format!(
+        "\ninterrupted: run {run} stops here; everything it recorded is kept. `mass resume {run}` continues it\n",
+        run = req.run
+    ));
     let start = Instant::now();
     let s = drive(ledger.clone(), req).map_err(engine_error)?;
     print_summary(&s, start.elapsed().as_secs_f64());
@@ -935,9 +943,9 @@ pub fn export_dataset(
     format: DatasetFormat,
     out: &Path,
 ) -> Result<ExitCode> {
-    let head = l
-        .head(run)?
-        .with_context(|| format!("no run named {run:?}"))?;
+    let head = l.head(run)?.ok_or_else(|| {
+        CliError::NotFound(format!("no run named {run:?} (`mass status` lists runs)"))
+    })?;
     let mut found = None;
     for ev in l.chain(head) {
         let ev = ev?;
