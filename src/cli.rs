@@ -277,7 +277,9 @@ pub enum ExportWhat {
     },
     /// Events as JSON lines, oldest first, with ids and decoded payloads.
     Events {
-        /// Ref or event: export that stream; omit for every event in log order.
+        /// A run: all of its streams (main and every `RUN/...` stream), in
+        /// log order, each line naming its stream. Another ref or an event:
+        /// that stream. Omitted: every event in log order.
         start: Option<String>,
         #[arg(long)]
         out: PathBuf,

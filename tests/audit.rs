@@ -213,6 +213,33 @@ fn why_refuses_what_is_not_a_rollout_and_names_it() {
         err.contains("is a mass.judgment event, not a rollout"),
         "{err}"
     );
+    // Regression: `mass export events RUN` exported only the main stream.
+    let events = ledger.with_file_name("events.jsonl");
+    ok(
+        &ledger,
+        &[
+            "export",
+            "events",
+            "smoke",
+            "--out",
+            events.to_str().unwrap(),
+        ],
+    );
+    let lines: Vec<Value> = std::fs::read_to_string(&events)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("event line"))
+        .collect();
+    assert_eq!(lines[0]["kind"], "run.started");
+    let kinds: std::collections::BTreeSet<&str> =
+        lines.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    for k in ["mass.rollout", "mass.judgment", "effect", "mass.cycle"] {
+        assert!(kinds.contains(k), "no {k} in the export: {kinds:?}");
+    }
+    let ids: std::collections::BTreeSet<&str> =
+        lines.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), lines.len(), "an event exported twice");
+    assert!(lines.iter().all(|e| e["stream"].is_string()));
     // `mass show` puts the payload first and summarises long link lists
     // (a ranking names every judgment it fitted).
     let log = json(

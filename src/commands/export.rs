@@ -13,6 +13,31 @@ use crate::output::event_json_with_meta;
 
 pub fn events(l: &Ledger, start: Option<&str>, out: &Path) -> Result<ExitCode> {
     let ids: Vec<ledger::Id> = match start {
+        // A run: every one of its streams (the main stream and each
+        // `RUN/...` stream), each event once, in log order.
+        Some(s) if super::audit::is_run(l, s)? => {
+            let prefix = format!("{s}/");
+            let mut heads = vec![resolve(l, s)?];
+            for (name, h) in l.refs()? {
+                if name.starts_with(&prefix) {
+                    heads.push(h);
+                }
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            let mut v = Vec::new();
+            for h in heads {
+                for ev in l.chain(h) {
+                    let id = ev?.id;
+                    if !seen.insert(id) {
+                        break; // the rest of this chain is already in
+                    }
+                    let ord = l.locate(&id)?.map(|loc| loc.ordinal).unwrap_or(u64::MAX);
+                    v.push((ord, id));
+                }
+            }
+            v.sort();
+            v.into_iter().map(|(_, id)| id).collect()
+        }
         Some(s) => {
             let head = resolve(l, s)?;
             let mut v = Vec::new();
