@@ -181,6 +181,16 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Per cycle: inner-loop progress per task and iteration (accepted,
+    /// workflow edit size), win rates with Wilson and bootstrap intervals,
+    /// position bias, judge agreement, delegation with and without a
+    /// workflow, supervised tokens, model calls, tokens and wall time per
+    /// stage, guard exclusions by reason.
+    Report {
+        run: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Where runs stand.
     Status {
         run: Option<String>,

@@ -356,3 +356,80 @@ fn diffing_a_run_with_its_rejudge_shows_changed_verdicts_and_decisions() {
     let o = ok(&ledger, &["diff", &t1, &t2]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("M a.txt"));
 }
+
+/// `mass report RUN --json` agrees with the records it summarises, for
+/// several seeds: the cycle figures equal `mass status`'s, accepted inner
+/// steps equal the cycle's inner wins, every model call recorded in the
+/// run (team, judge and optimizer effects) is counted in exactly one stage,
+/// and each bootstrap interval brackets its win rate.
+#[test]
+fn the_report_counts_what_the_run_recorded() {
+    for seed in [1u64, 2, 3, 4] {
+        let d = tempfile::tempdir().expect("tempdir");
+        let ledger = smoke(d.path(), seed);
+        let r = json(&ledger, &["report", "smoke", "--json"]);
+        let st = json(&ledger, &["status", "smoke", "--json"]);
+        let cycles = r["cycles"].as_array().expect("cycles");
+        assert_eq!(cycles.len(), 1, "seed {seed}");
+        let c = &cycles[0];
+        assert_eq!(c["figures"], st[0]["cycles"][0], "seed {seed}");
+        let accepted: usize = c["inner"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|t| t["iterations"].as_array().unwrap())
+            .filter(|i| i["accepted"] == true)
+            .count();
+        assert_eq!(
+            accepted as u64,
+            c["figures"]["inner_wins"].as_u64().unwrap(),
+            "seed {seed}"
+        );
+        let events = d.path().join("events.jsonl");
+        ok(
+            &ledger,
+            &[
+                "export",
+                "events",
+                "smoke",
+                "--out",
+                events.to_str().unwrap(),
+            ],
+        );
+        let calls = std::fs::read_to_string(&events)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|e| {
+                e["kind"] == "effect"
+                    && ["model", "judge", "optimizer"]
+                        .contains(&e["payload"]["effect"].as_str().unwrap_or(""))
+                    && e["payload"]["status"] == "ok"
+            })
+            .count() as u64;
+        let counted: u64 = c["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["model_calls"].as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            counted, calls,
+            "seed {seed}: every recorded call in one stage"
+        );
+        let evals = c["figures"]["evaluations"].as_array().unwrap();
+        let boots = c["bootstrap"].as_array().unwrap();
+        assert_eq!(evals.len(), boots.len());
+        for (e, b) in evals.iter().zip(boots) {
+            if let (Some(rate), Some(b)) = (e["win_rate"].as_f64(), b.as_array()) {
+                let (lo, hi) = (b[0].as_f64().unwrap(), b[1].as_f64().unwrap());
+                assert!(lo <= rate && rate <= hi, "seed {seed}: {e} {b:?}");
+            }
+        }
+        let text = String::from_utf8_lossy(&ok(&ledger, &["report", "smoke"]).stdout).to_string();
+        assert!(
+            text.contains("percentile bootstrap") && text.contains("evaluation"),
+            "{text}"
+        );
+    }
+}

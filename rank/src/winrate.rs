@@ -150,4 +150,42 @@ impl WinRate {
     pub fn wilson95(&self) -> Result<Interval, RankError> {
         self.wilson(Z_95)
     }
+
+    /// Percentile-bootstrap 95 % interval of `W / (W + L)`: `resamples`
+    /// samples of `W + L + T` outcomes drawn with replacement from this
+    /// tally (ties included, so a resample's decisive count varies, as it
+    /// would in a new experiment), the 2.5th and 97.5th percentiles of their
+    /// rates (resamples without a decisive outcome are left out).
+    /// Deterministic for a given `seed` ([`crate::schedule::SplitMix64`]).
+    ///
+    /// # Errors
+    /// [`RankError::NoTrials`] when there is no decisive outcome.
+    pub fn bootstrap95(&self, resamples: usize, seed: u64) -> Result<Interval, RankError> {
+        let n = self.total();
+        if self.decisive() == 0 {
+            return Err(RankError::NoTrials);
+        }
+        let mut rng = crate::schedule::SplitMix64::new(seed);
+        let mut rates = Vec::with_capacity(resamples);
+        for _ in 0..resamples {
+            let (mut w, mut l) = (0u64, 0u64);
+            for _ in 0..n {
+                let k = rng.below(n as usize) as u64;
+                if k < self.wins {
+                    w += 1;
+                } else if k < self.wins + self.losses {
+                    l += 1;
+                }
+            }
+            if w + l > 0 {
+                rates.push(w as f64 / (w + l) as f64);
+            }
+        }
+        rates.sort_by(f64::total_cmp);
+        let at = |q: f64| rates[((rates.len() - 1) as f64 * q).round() as usize];
+        Ok(Interval {
+            lower: at(0.025),
+            upper: at(0.975),
+        })
+    }
 }

@@ -333,3 +333,121 @@ pub fn diff_runs(l: &Ledger, a: &str, b: &str, json: bool) -> Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// `mass report RUN`.
+pub fn report(l: &Ledger, run: &str, json: bool) -> Result<ExitCode> {
+    if !is_run(l, run)? {
+        anyhow::bail!(super::CliError::NotFound(format!(
+            "no run named {run:?} (`mass status` lists runs)"
+        )));
+    }
+    let r = engine::audit::report::report(l, run).map_err(anyhow::Error::new)?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, &r)?;
+        writeln!(out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{:.0}%", v * 100.0));
+    let interval = |i: Option<[f64; 2]>| {
+        i.map_or("n/a".to_string(), |[a, b]| {
+            format!("{:.0}-{:.0}%", a * 100.0, b * 100.0)
+        })
+    };
+    writeln!(out, "run {}: {} cycle(s)", r.run, r.cycles.len())?;
+    for c in &r.cycles {
+        let f = &c.figures;
+        writeln!(out, "\ncycle {} ({} -> {})", f.cycle, f.model, f.next_model)?;
+        writeln!(
+            out,
+            "  inner loop ({}/{} steps accepted):",
+            f.inner_wins, f.inner_iterations
+        )?;
+        for t in &c.inner {
+            let steps: Vec<String> = t
+                .iterations
+                .iter()
+                .map(|i| {
+                    format!(
+                        "{}:{}{} ({} lines)",
+                        i.iteration,
+                        if i.accepted { "accepted" } else { "rejected" },
+                        if i.beat_reference { "+ref" } else { "" },
+                        i.edit_lines
+                    )
+                })
+                .collect();
+            writeln!(out, "    {}: {}", t.task, steps.join(", "))?;
+        }
+        writeln!(
+            out,
+            "  win rates (pairs of bare-task runs; W/(W+L), 95% Wilson | percentile bootstrap; wins-losses [ties]):"
+        )?;
+        for (e, b) in f.evaluations.iter().zip(&c.bootstrap) {
+            writeln!(
+                out,
+                "    {} vs {} by {} ({}{}): {} [{} | {}] {}-{} [{}]; position bias {} of {} pairs judged in both orders",
+                e.split,
+                e.against,
+                e.judge,
+                e.judge_model,
+                if e.self_judge { ", self" } else { "" },
+                pct(e.win_rate),
+                interval(e.interval),
+                interval(*b),
+                e.wins,
+                e.losses,
+                e.ties,
+                pct(e.position_bias),
+                e.swapped
+            )?;
+        }
+        for a in &f.agreement {
+            writeln!(
+                out,
+                "  agreement {} ({}) with {} ({}): {} of {}",
+                a.judge,
+                a.judge_model,
+                a.other,
+                a.other_model,
+                pct(a.rate),
+                a.compared
+            )?;
+        }
+        let bare: Vec<String> = f
+            .bare_delegation
+            .iter()
+            .map(|d| format!("{} {}", d.model, pct(d.rate)))
+            .collect();
+        writeln!(
+            out,
+            "  delegation: with the champion workflow {} of collected runs; without a workflow {}",
+            pct(f.delegation_rate),
+            if bare.is_empty() {
+                "not measured".into()
+            } else {
+                bare.join(", ")
+            }
+        )?;
+        writeln!(out, "  supervised tokens: {}", f.supervised_tokens)?;
+        writeln!(
+            out,
+            "  {:<12} {:>8} {:>14} {:>14} {:>9}",
+            "stage", "calls", "prompt tok", "completion tok", "wall s"
+        )?;
+        for s in &c.stages {
+            writeln!(
+                out,
+                "  {:<12} {:>8} {:>14} {:>14} {:>9.1}",
+                s.stage, s.model_calls, s.prompt_tokens, s.completion_tokens, s.wall_seconds
+            )?;
+        }
+        if c.exclusions.is_empty() {
+            writeln!(out, "  exclusions: none")?;
+        }
+        for (why, n) in &c.exclusions {
+            writeln!(out, "  excluded: {why} {n}")?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

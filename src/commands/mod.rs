@@ -120,6 +120,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             note_quarantine(&dir);
             audit::why(&l, &id, json)
         }
+        Command::Report { run, json } => {
+            let l = open_read(&dir)?;
+            note_quarantine(&dir);
+            audit::report(&l, &run, json)
+        }
         Command::Status { run, json } => {
             let l = open_read(&dir)?;
             note_quarantine(&dir);

@@ -1,0 +1,281 @@
+//! `mass report RUN`: per cycle, what the run's records say about its
+//! search, its judges and its cost. Figures come from the records only:
+//! the cycle and evaluation records (`status::CycleFigures`, plus a
+//! percentile-bootstrap interval beside each Wilson interval), the
+//! promotions of each task's inner loop (accepted or not, and how many
+//! lines of the workflow the candidate changed), the selections (guard
+//! exclusions by reason), the usage every recorded model call returned
+//! (tokens per stage, by the stream the call was made in), and the wall
+//! clock of the main stream's milestones (time per stage; a resumed run's
+//! downtime counts in the stage it interrupted). Like `diff`, this reads
+//! every event of the run once.
+
+use std::collections::BTreeMap;
+
+use ledger::{Event, Id, Ledger};
+use schemas::{Decodable, Effect, EffectStatus, Promotion, Rollout, Selection};
+use serde::Serialize;
+
+use super::{decode, id_of};
+use crate::error::{EngineError, Result};
+use crate::status::CycleFigures;
+
+/// Resamples of each bootstrap interval, and its seed (fixed: a report is
+/// reproducible).
+const RESAMPLES: usize = 2000;
+const SEED: u64 = 0x6d61_7373;
+
+/// The stages a cycle's cost is split into.
+pub const STAGES: [&str; 5] = ["search", "collection", "judging", "training", "evaluation"];
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub run: String,
+    pub cycles: Vec<CycleReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CycleReport {
+    pub figures: CycleFigures,
+    /// Percentile-bootstrap 95% interval of each evaluation's win rate, in
+    /// the order of `figures.evaluations` (null when every pair tied).
+    pub bootstrap: Vec<Option<[f64; 2]>>,
+    pub inner: Vec<InnerTask>,
+    pub stages: Vec<StageCost>,
+    /// Runs left out of ranking or training data, by reason.
+    pub exclusions: BTreeMap<String, u32>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct InnerTask {
+    pub task: String,
+    pub iterations: Vec<Iteration>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Iteration {
+    pub iteration: u32,
+    pub accepted: bool,
+    pub beat_reference: bool,
+    /// Lines of the workflow (pretty JSON) the candidate added or removed
+    /// against the champion it challenged.
+    pub edit_lines: u32,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StageCost {
+    pub stage: String,
+    pub model_calls: u32,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub wall_seconds: f64,
+}
+
+/// The stage a stream's model calls count toward, from its name.
+fn stage_of(stream: &str) -> Option<(u32, &'static str)> {
+    let mut parts = stream.split('/');
+    let cycle: u32 = parts.next()?.strip_prefix('c')?.parse().ok()?;
+    let second = parts.next()?;
+    if second == "eval" {
+        return Some((cycle, "evaluation"));
+    }
+    if second == "train" {
+        return Some((cycle, "training"));
+    }
+    let stage = match parts.next()? {
+        "reference" | "inner" => "search",
+        "collect" => "collection",
+        "pair" => "judging",
+        _ => return None,
+    };
+    Some((cycle, stage))
+}
+
+fn workflow_lines(l: &Ledger, rollout: Id) -> Result<Vec<String>> {
+    let r: Rollout = decode(&l.get_event(&rollout)?)?;
+    let v: serde_json::Value = serde_json::from_slice(&l.get_blob(&id_of(r.workflow))?)
+        .map_err(|e| EngineError::recording("workflow", e))?;
+    let text =
+        serde_json::to_string_pretty(&v).map_err(|e| EngineError::recording("workflow", e))?;
+    Ok(text.lines().map(str::to_string).collect())
+}
+
+/// Lines in one list and not the other, counted with multiplicity.
+fn changed_lines(a: &[String], b: &[String]) -> u32 {
+    let mut count: BTreeMap<&str, i64> = BTreeMap::new();
+    for x in a {
+        *count.entry(x).or_default() += 1;
+    }
+    for x in b {
+        *count.entry(x).or_default() -= 1;
+    }
+    count.values().map(|c| c.unsigned_abs() as u32).sum()
+}
+
+pub fn report(l: &Ledger, run: &str) -> Result<Report> {
+    let head = l
+        .head(run)?
+        .ok_or_else(|| EngineError::Invalid(format!("no run named {run:?}")))?;
+    let mut main: Vec<Event> = l.chain(head).collect::<std::result::Result<_, _>>()?;
+    main.reverse();
+    let status = crate::status::fold(&main)?;
+    let mut cycles: BTreeMap<u32, CycleReport> = BTreeMap::new();
+    for f in status.cycles {
+        let bootstrap = f
+            .evaluations
+            .iter()
+            .map(|e| {
+                rank::winrate::WinRate::new(e.wins as u64, e.losses as u64, e.ties as u64)
+                    .bootstrap95(RESAMPLES, SEED)
+                    .ok()
+                    .map(|i| [i.lower, i.upper])
+            })
+            .collect();
+        cycles.insert(
+            f.cycle,
+            CycleReport {
+                figures: f,
+                bootstrap,
+                inner: Vec::new(),
+                stages: STAGES
+                    .iter()
+                    .map(|s| StageCost {
+                        stage: s.to_string(),
+                        ..StageCost::default()
+                    })
+                    .collect(),
+                exclusions: BTreeMap::new(),
+            },
+        );
+    }
+    walltimes(l, &main, &mut cycles)?;
+    for ev in &main {
+        if ev.kind == <Selection as Decodable>::KIND
+            && ev.version == <Selection as Decodable>::VERSION
+        {
+            let s: Selection = decode(ev)?;
+            if let Some(c) = cycles.get_mut(&s.cycle) {
+                for line in &s.excluded {
+                    for reason in crate::status::exclusion_reasons(line) {
+                        *c.exclusions.entry(reason).or_default() += 1;
+                    }
+                }
+            }
+        }
+    }
+    let prefix = format!("{run}/");
+    for (name, h) in l.refs()? {
+        let Some(rel) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        let Some((cycle, stage)) = stage_of(rel) else {
+            continue;
+        };
+        let Some(c) = cycles.get_mut(&cycle) else {
+            continue;
+        };
+        let is_decisions = rel.ends_with("/inner") && rel.matches('/').count() == 2;
+        let mut promotions = Vec::new();
+        for ev in l.chain(h) {
+            let ev = ev?;
+            if ev.kind == <Effect as Decodable>::KIND
+                && ev.version == <Effect as Decodable>::VERSION
+            {
+                let e: Effect = decode(&ev)?;
+                // Model calls are recorded as `model` (team), `judge` and
+                // `optimizer` effects; each output carries the usage.
+                let call = matches!(e.effect.as_str(), "model" | "judge" | "optimizer");
+                if let (true, Some(output)) = (call && e.status == EffectStatus::Ok, e.output) {
+                    let out: serde_json::Value =
+                        serde_json::from_slice(&l.get_blob(&id_of(output))?)
+                            .map_err(|x| EngineError::recording("model output", x))?;
+                    if let Some(s) = c.stages.iter_mut().find(|s| s.stage == stage) {
+                        s.model_calls += 1;
+                        s.prompt_tokens += out["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+                        s.completion_tokens +=
+                            out["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+                    }
+                }
+            }
+            if is_decisions && ev.kind == <Promotion as Decodable>::KIND {
+                promotions.push(decode::<Promotion>(&ev)?);
+            }
+        }
+        if is_decisions {
+            promotions.reverse();
+            let task = rel.split('/').nth(1).unwrap_or_default().to_string();
+            let mut iterations = Vec::new();
+            for p in promotions {
+                let edit = changed_lines(
+                    &workflow_lines(l, id_of(p.candidate))?,
+                    &workflow_lines(l, id_of(p.champion))?,
+                );
+                iterations.push(Iteration {
+                    iteration: p.iteration,
+                    accepted: p.accepted,
+                    beat_reference: p.beat_reference,
+                    edit_lines: edit,
+                    reason: p.reason,
+                });
+            }
+            c.inner.push(InnerTask { task, iterations });
+        }
+    }
+    for c in cycles.values_mut() {
+        c.inner.sort_by(|a, b| a.task.cmp(&b.task));
+    }
+    Ok(Report {
+        run: run.into(),
+        cycles: cycles.into_values().collect(),
+    })
+}
+
+/// Time per stage from the main stream's milestones: each stage ends at
+/// its milestone and starts where the previous one ended.
+fn walltimes(l: &Ledger, main: &[Event], cycles: &mut BTreeMap<u32, CycleReport>) -> Result<()> {
+    let mut cycle = 1u32;
+    let mut last_ms: Option<u64> = None;
+    let mut stage_start: Option<u64> = None;
+    for ev in main {
+        let ms = l.get_meta(&ev.id)?.wall_ms;
+        if stage_start.is_none() {
+            stage_start = Some(ms);
+        }
+        let text = if ev.kind == "note" {
+            schemas::decode_event::<schemas::Note>(ev)
+                .map(|n| n.text)
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let ended = if text.contains("inner iteration") {
+            Some("search")
+        } else if text.contains("collection done") {
+            Some("collection")
+        } else if text.contains("judged") {
+            Some("judging")
+        } else if ev.kind == "mass.training" {
+            Some("training")
+        } else if ev.kind == "mass.cycle" {
+            Some("evaluation")
+        } else {
+            None
+        };
+        if let (Some(stage), Some(c)) = (ended, cycles.get_mut(&cycle)) {
+            let from = last_ms.or(stage_start).unwrap_or(ms);
+            if let Some(s) = c.stages.iter_mut().find(|s| s.stage == stage) {
+                s.wall_seconds += ms.saturating_sub(from) as f64 / 1000.0;
+            }
+            last_ms = Some(ms);
+        } else if ev.kind == "mass.dataset" {
+            // Ranking, selection and the dataset are bookkeeping: the time
+            // up to here belongs to no stage.
+            last_ms = Some(ms);
+        }
+        if ev.kind == "mass.cycle" {
+            cycle += 1;
+        }
+    }
+    Ok(())
+}
