@@ -8,6 +8,9 @@
 //!
 //!     cargo bench --bench why            # 10k and 1M events
 //!     cargo bench --bench why -- --quick # 10k and 100k events
+//!
+//! Under `cargo test --all-targets` (no `--bench` argument) it is a smoke
+//! run at 2k and 10k events.
 
 use std::time::Instant;
 
@@ -239,8 +242,13 @@ fn scan_judgments(l: &Ledger, id: Id) -> usize {
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let sizes: &[usize] = if quick {
+    let args: Vec<String> = std::env::args().collect();
+    // `cargo test --all-targets` runs this binary without `--bench`: a smoke run.
+    let smoke = !args.iter().any(|a| a == "--bench");
+    let quick = args.iter().any(|a| a == "--quick");
+    let sizes: &[usize] = if smoke {
+        &[2_000, 10_000]
+    } else if quick {
         &[10_000, 100_000]
     } else {
         &[10_000, 1_000_000]
