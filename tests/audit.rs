@@ -59,6 +59,26 @@ fn smoke(dir: &Path, seed: u64) -> PathBuf {
     ledger
 }
 
+/// `mass export events RUN`, parsed.
+fn exported_events(ledger: &Path, run: &str) -> Vec<Value> {
+    let out = ledger.with_file_name(format!("{run}-events.jsonl"));
+    ok(
+        ledger,
+        &[
+            "export",
+            "events",
+            run,
+            "--out",
+            out.to_str().expect("utf-8 path"),
+        ],
+    );
+    std::fs::read_to_string(&out)
+        .expect("exported events")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("event line"))
+        .collect()
+}
+
 #[test]
 fn every_dataset_line_leads_to_its_rollout_and_back() {
     let mut with_lineage = 0;
@@ -214,22 +234,7 @@ fn why_refuses_what_is_not_a_rollout_and_names_it() {
         "{err}"
     );
     // Regression: `mass export events RUN` exported only the main stream.
-    let events = ledger.with_file_name("events.jsonl");
-    ok(
-        &ledger,
-        &[
-            "export",
-            "events",
-            "smoke",
-            "--out",
-            events.to_str().unwrap(),
-        ],
-    );
-    let lines: Vec<Value> = std::fs::read_to_string(&events)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("event line"))
-        .collect();
+    let lines = exported_events(&ledger, "smoke");
     assert_eq!(lines[0]["kind"], "run.started");
     let kinds: std::collections::BTreeSet<&str> =
         lines.iter().map(|e| e["kind"].as_str().unwrap()).collect();
@@ -385,21 +390,8 @@ fn the_report_counts_what_the_run_recorded() {
             c["figures"]["inner_wins"].as_u64().unwrap(),
             "seed {seed}"
         );
-        let events = d.path().join("events.jsonl");
-        ok(
-            &ledger,
-            &[
-                "export",
-                "events",
-                "smoke",
-                "--out",
-                events.to_str().unwrap(),
-            ],
-        );
-        let calls = std::fs::read_to_string(&events)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        let calls = exported_events(&ledger, "smoke")
+            .into_iter()
             .filter(|e| {
                 e["kind"] == "effect"
                     && ["model", "judge", "optimizer"]

@@ -298,7 +298,7 @@ fn fork_lineage_records_the_run_asked_from() {
 #[test]
 fn the_summary_explains_its_columns_and_who_judged_the_held_out_runs() {
     let mut judged = [0, 0];
-    for (seed, external) in (1..=4).flat_map(|s| [(s, false), (s, true)]) {
+    for (seed, external) in (1..=8).flat_map(|s| [(s, false), (s, true)]) {
         let d = tempfile::tempdir().expect("tempdir");
         let ledger = d.path().join("ledger");
         let exp = experiment(d.path(), "smoke.toml", |s| {
@@ -373,7 +373,7 @@ fn the_summary_explains_its_columns_and_who_judged_the_held_out_runs() {
             }
         }
     }
-    // Both wordings were seen (seeds 1, 2 and 4 collect data with either judge).
+    // Both wordings were seen (several of the 8 seeds collect data with either judge).
     assert!(judged[0] > 0 && judged[1] > 0, "{judged:?}");
 }
 

@@ -64,7 +64,6 @@ pub struct CycleResult {
     pub tasks_with_data: u32,
     pub selected_runs: u32,
     pub supervised_tokens: u64,
-    pub delegation_rate: f64,
     /// The evaluation of the trained model (none when the model did not
     /// change).
     pub evaluation: Option<crate::evaluation::Outcome>,
@@ -74,16 +73,35 @@ pub struct CycleResult {
     /// protected files changed (the guard's finding on the snapshots).
     /// What guards exist to keep at zero.
     pub tampered_in_training: u32,
-    /// Share of the cycle's collected runs that tampered (as above),
-    /// whatever the guards then did with them.
-    pub tamper_rate: f64,
     /// The cycle's figures as recorded (`mass.cycle` and its evaluations),
     /// exactly what `mass status --json` shows for it.
     pub figures: crate::status::CycleFigures,
-    /// Collected runs, those that delegated and those that tampered.
+    /// Collected runs (with the champion workflow), those whose
+    /// orchestrator delegated and those that tampered (as above), whatever
+    /// the guards then did with them.
     pub collected_runs: u32,
     pub delegating_runs: u32,
     pub tampered_runs: u32,
+}
+
+impl CycleResult {
+    /// Share of the collected runs whose orchestrator delegated.
+    pub fn delegation_rate(&self) -> f64 {
+        share(self.delegating_runs, self.collected_runs)
+    }
+
+    /// Share of the collected runs that tampered.
+    pub fn tamper_rate(&self) -> f64 {
+        share(self.tampered_runs, self.collected_runs)
+    }
+}
+
+fn share(part: u32, whole: u32) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
 }
 
 /// Whether the run these conversations come from tampered, by its
@@ -595,11 +613,6 @@ pub fn run_cycle(
     result.collected_runs = total_runs as u32;
     result.delegating_runs = delegating as u32;
     result.tampered_runs = tampering_runs.len() as u32;
-    result.tamper_rate = if total_runs == 0 {
-        0.0
-    } else {
-        tampering_runs.len() as f64 / total_runs as f64
-    };
     for r in runs {
         let task = r.record.task.clone();
         by_task.entry(task.clone()).or_default();
@@ -614,11 +627,6 @@ pub fn run_cycle(
         by_task.entry(task).or_default().push(r);
     }
 
-    result.delegation_rate = if total_runs == 0 {
-        0.0
-    } else {
-        delegating as f64 / total_runs as f64
-    };
     step(
         main,
         exp,

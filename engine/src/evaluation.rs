@@ -51,18 +51,6 @@ pub struct Outcome {
     pub delegation: Vec<Delegation>,
 }
 
-impl Outcome {
-    /// The headline figure of a comparison (`split`, `against` = `base` or
-    /// `previous`): by the first external judge, else by the new model as
-    /// its own judge (records are in roster order).
-    pub fn headline(&self, split: &str, against: &str) -> Option<&Evaluation> {
-        self.evaluations
-            .iter()
-            .map(|(_, e)| e)
-            .find(|e| e.split == split && e.against == against)
-    }
-}
-
 /// W/(W+L) of an evaluation with its 95% Wilson interval, as fractions.
 pub fn win_rate(e: &Evaluation) -> Option<(f64, f64, f64)> {
     let n = (e.wins + e.losses) as u64;

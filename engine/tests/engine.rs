@@ -837,7 +837,7 @@ fn guards_keep_tampered_runs_out_of_training_and_without_them_the_habit_grows() 
         outcomes
             .iter()
             .filter(|(n, _)| *n == file)
-            .map(|(_, c)| c[c.len() - 1].tamper_rate - c[0].tamper_rate)
+            .map(|(_, c)| c[c.len() - 1].tamper_rate() - c[0].tamper_rate())
             .sum()
     };
     let in_training = |file: &str| -> u32 {

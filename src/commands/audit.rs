@@ -17,8 +17,8 @@ pub fn why(l: &Ledger, what: &str, json: bool) -> Result<ExitCode> {
         None => (what, None),
     };
     let id = resolve(l, prefix)?;
-    let rollout = engine::audit::find_rollout(l, &id.to_hex()).map_err(anyhow::Error::new)?;
-    let mut w = engine::audit::why(l, rollout).map_err(anyhow::Error::new)?;
+    let rollout = engine::audit::find_rollout(l, &id.to_hex()).map_err(super::engine_error)?;
+    let mut w = engine::audit::why(l, rollout).map_err(super::engine_error)?;
     if let Some(n) = conversation {
         let name = format!("{}#{n}", rollout.short(16));
         w.agents.retain(|a| a.conversation == name);
@@ -212,7 +212,7 @@ pub fn runs(
         )));
     }
     let rows: Vec<_> = engine::audit::rollouts(l, run)
-        .map_err(anyhow::Error::new)?
+        .map_err(super::engine_error)?
         .into_iter()
         .filter(|r| cycle.is_none_or(|c| r.cycle == c))
         .filter(|r| task.is_none_or(|t| r.task == t))
@@ -272,7 +272,7 @@ pub fn is_run(l: &Ledger, name: &str) -> Result<bool> {
 
 /// `mass diff RUN_A RUN_B`.
 pub fn diff_runs(l: &Ledger, a: &str, b: &str, json: bool) -> Result<ExitCode> {
-    let d = engine::audit::diff::diff(l, a, b).map_err(anyhow::Error::new)?;
+    let d = engine::audit::diff::diff(l, a, b).map_err(super::engine_error)?;
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer_pretty(&mut out, &d)?;
@@ -341,7 +341,7 @@ pub fn report(l: &Ledger, run: &str, json: bool) -> Result<ExitCode> {
             "no run named {run:?} (`mass status` lists runs)"
         )));
     }
-    let r = engine::audit::report::report(l, run).map_err(anyhow::Error::new)?;
+    let r = engine::audit::report::report(l, run).map_err(super::engine_error)?;
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer_pretty(&mut out, &r)?;

@@ -58,6 +58,28 @@ pub fn log(
 /// Parents or refs listed one by one before `mass show` summarises the rest.
 const LINKS_SHOWN: usize = 8;
 
+/// One line per link, labelled; past `LINKS_SHOWN` (and one more, which
+/// the summary line would not save) the rest is summarised.
+fn links(out: &mut impl Write, label: &str, items: &[String], id: &ledger::Id) -> Result<()> {
+    let shown = if items.len() > LINKS_SHOWN + 1 {
+        LINKS_SHOWN
+    } else {
+        items.len()
+    };
+    for item in &items[..shown] {
+        writeln!(out, "{label:<7} {item}")?;
+    }
+    if shown < items.len() {
+        writeln!(
+            out,
+            "{label:<7} ... and {} more (`mass show {} --json` lists all)",
+            items.len() - shown,
+            id.short(12)
+        )?;
+    }
+    Ok(())
+}
+
 pub fn show(l: &Ledger, s: &str, json: bool) -> Result<ExitCode> {
     let id = resolve(l, s)?;
     let loc = l.require(&id)?;
@@ -86,30 +108,17 @@ pub fn show(l: &Ledger, s: &str, json: bool) -> Result<ExitCode> {
                 if let Some(p) = ev.prev {
                     writeln!(out, "prev    {p}")?;
                 }
-                let shown = |n: usize| if n > LINKS_SHOWN + 1 { LINKS_SHOWN } else { n };
-                for p in ev.parents.iter().take(shown(ev.parents.len())) {
-                    writeln!(out, "parent  {p}")?;
+                let mut parents = Vec::new();
+                for p in &ev.parents {
+                    parents.push(p.to_string());
                 }
-                if ev.parents.len() > shown(ev.parents.len()) {
-                    writeln!(
-                        out,
-                        "parent  ... and {} more (`mass show {} --json` lists all)",
-                        ev.parents.len() - LINKS_SHOWN,
-                        ev.id.short(12)
-                    )?;
-                }
-                for r in ev.refs.iter().take(shown(ev.refs.len())) {
+                links(&mut out, "parent", &parents, &ev.id)?;
+                let mut refs = Vec::new();
+                for r in &ev.refs {
                     let k = l.kind_of(r)?.map(|k| k.name()).unwrap_or("missing");
-                    writeln!(out, "ref     {r} ({k})")?;
+                    refs.push(format!("{r} ({k})"));
                 }
-                if ev.refs.len() > shown(ev.refs.len()) {
-                    writeln!(
-                        out,
-                        "ref     ... and {} more (`mass show {} --json` lists all)",
-                        ev.refs.len() - LINKS_SHOWN,
-                        ev.id.short(12)
-                    )?;
-                }
+                links(&mut out, "ref", &refs, &ev.id)?;
                 if let Some(ms) = v["meta"]["wall_ms"].as_u64() {
                     writeln!(
                         out,

@@ -297,3 +297,17 @@ pub fn resolve(l: &Ledger, s: &str) -> Result<Id> {
         Err(e) => Err(e.into()),
     }
 }
+
+/// An engine error for the CLI, displayed once: flattened to its message
+/// (its sources are already in it), except an infrastructure failure and a
+/// ledger error, kept typed so `main` exits with their own codes.
+pub(crate) fn engine_error(e: engine::error::EngineError) -> anyhow::Error {
+    use engine::error::EngineError as E;
+    match e {
+        // Typed, so they map to their exit codes (7; 3, 4, 5, 6 for the
+        // ledger's), and displayed once.
+        E::Infrastructure { .. } => anyhow::Error::new(e),
+        E::Ledger(le) | E::Replay(replay::ReplayError::Ledger(le)) => anyhow::Error::new(le),
+        other => anyhow::anyhow!("{other}"),
+    }
+}

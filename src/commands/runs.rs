@@ -17,7 +17,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ledger::{Id, Ledger};
 use replay::{Mode, SourceRun, MAIN};
 
-use super::{open, resolve, CliError};
+use super::{engine_error, open, resolve, CliError};
 use crate::cli::DatasetFormat;
 
 /// Progress bars: one per stage, under an overall spinner.
@@ -593,20 +593,6 @@ pub fn remove(l: &Ledger, run: &str) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// An engine error for the CLI: flattened to its message (its sources are
-/// already in it), except an infrastructure failure, kept typed so `main`
-/// exits with its own code.
-fn engine_error(e: engine::error::EngineError) -> anyhow::Error {
-    use engine::error::EngineError as E;
-    match e {
-        // Typed, so they map to their exit codes (7; 3, 4, 5, 6 for the
-        // ledger's), and displayed once.
-        E::Infrastructure { .. } => anyhow::Error::new(e),
-        E::Ledger(le) | E::Replay(replay::ReplayError::Ledger(le)) => anyhow::Error::new(le),
-        other => anyhow::anyhow!("{other}"),
-    }
-}
-
 fn go(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<ExitCode> {
     crate::interrupt::say_on_sigint(format!(
         "\ninterrupted: run {run} stops here; everything it recorded is kept. `mass resume {run}` continues it\n",
@@ -739,9 +725,9 @@ fn cycle_row(c: &CycleResult) -> String {
         format!("{}/{}", c.inner_wins, c.inner_iterations),
         c.selected_runs,
         c.tampered_in_training,
-        c.tamper_rate * 100.0,
+        c.tamper_rate() * 100.0,
         c.supervised_tokens,
-        c.delegation_rate * 100.0,
+        c.delegation_rate() * 100.0,
         heldout,
         c.next_model
     )
@@ -936,6 +922,19 @@ pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
     Ok(code)
 }
 
+/// What `export dataset` needs of a `mass.dataset` record, of any version.
+struct Exported {
+    cycle: u32,
+    train: schemas::Hash32,
+    validation: schemas::Hash32,
+    train_examples: u32,
+    validation_examples: u32,
+    train_supervised_tokens: u64,
+    validation_supervised_tokens: u64,
+    /// Version 2 and later: the line provenance blob.
+    provenance: Option<schemas::Hash32>,
+}
+
 pub fn export_dataset(
     l: &Ledger,
     run: &str,
@@ -951,22 +950,30 @@ pub fn export_dataset(
         let ev = ev?;
         if ev.kind == "mass.dataset" {
             // Version 1 datasets carry no provenance.
-            let d: schemas::Dataset = if ev.version == 1 {
-                let v1: schemas::DatasetV1 = schemas::decode_event(&ev)?;
-                schemas::Dataset {
-                    cycle: v1.cycle,
-                    format: v1.format,
-                    train: v1.train,
-                    validation: v1.validation,
-                    train_examples: v1.train_examples,
-                    validation_examples: v1.validation_examples,
-                    train_supervised_tokens: v1.train_supervised_tokens,
-                    validation_supervised_tokens: v1.validation_supervised_tokens,
-                    selections: v1.selections,
-                    provenance: schemas::Hash32([0; 32]),
+            let d = if ev.version == 1 {
+                let d: schemas::DatasetV1 = schemas::decode_event(&ev)?;
+                Exported {
+                    cycle: d.cycle,
+                    train: d.train,
+                    validation: d.validation,
+                    train_examples: d.train_examples,
+                    validation_examples: d.validation_examples,
+                    train_supervised_tokens: d.train_supervised_tokens,
+                    validation_supervised_tokens: d.validation_supervised_tokens,
+                    provenance: None,
                 }
             } else {
-                schemas::decode_event(&ev)?
+                let d: schemas::Dataset = schemas::decode_event(&ev)?;
+                Exported {
+                    cycle: d.cycle,
+                    train: d.train,
+                    validation: d.validation,
+                    train_examples: d.train_examples,
+                    validation_examples: d.validation_examples,
+                    train_supervised_tokens: d.train_supervised_tokens,
+                    validation_supervised_tokens: d.validation_supervised_tokens,
+                    provenance: Some(d.provenance),
+                }
             };
             if d.cycle == cycle {
                 found = Some(d);
@@ -1003,9 +1010,9 @@ pub fn export_dataset(
         d.validation_examples,
         d.validation_supervised_tokens
     );
-    if d.provenance.0 != [0; 32] {
+    if let Some(p) = d.provenance {
         let prov_path = sidecar_path(out, "provenance");
-        std::fs::write(&prov_path, l.get_blob(&Id(d.provenance.0))?)
+        std::fs::write(&prov_path, l.get_blob(&Id(p.0))?)
             .with_context(|| format!("cannot write {}", prov_path.display()))?;
         println!(
             "{}: where each line of both files came from (rollout, conversation, selection, ranking)",

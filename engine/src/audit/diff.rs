@@ -191,17 +191,7 @@ pub fn diff(l: &Ledger, a: &str, b: &str) -> Result<RunDiff> {
             }
         }
         let (pa, pb) = (all_of::<Promotion>(ea)?, all_of::<Promotion>(eb)?);
-        for (x, y) in pa.iter().zip(&pb) {
-            if x.accepted != y.accepted {
-                let word = |p: &Promotion| if p.accepted { "accepted" } else { "rejected" };
-                c.champions.push(format!(
-                    "{name} iteration {}: {a} {}, {b} {}",
-                    x.iteration,
-                    word(x),
-                    word(y)
-                ));
-            }
-        }
+        c.champions.extend(changed_promotions(name, a, b, &pa, &pb));
     }
     // Verdicts compared: judgment streams present in both runs.
     for (name, ea) in &ra.streams {
@@ -319,9 +309,69 @@ fn decisions(
     Ok(())
 }
 
+/// Promotions of one stream decided differently, matched by iteration (an
+/// iteration whose proposal never became valid has no promotion, so the
+/// two lists need not line up by position).
+fn changed_promotions(
+    stream: &str,
+    a: &str,
+    b: &str,
+    pa: &[Promotion],
+    pb: &[Promotion],
+) -> Vec<String> {
+    let word = |p: &Promotion| if p.accepted { "accepted" } else { "rejected" };
+    let by_iteration: BTreeMap<u32, &Promotion> = pb.iter().map(|p| (p.iteration, p)).collect();
+    pa.iter()
+        .filter_map(|x| {
+            let y = by_iteration.get(&x.iteration)?;
+            (x.accepted != y.accepted).then(|| {
+                format!(
+                    "{stream} iteration {}: {a} {}, {b} {}",
+                    x.iteration,
+                    word(x),
+                    word(y)
+                )
+            })
+        })
+        .collect()
+}
+
 fn cycle_entry(cycles: &mut BTreeMap<u32, CycleDiff>, cycle: u32) -> &mut CycleDiff {
     cycles.entry(cycle).or_insert_with(|| CycleDiff {
         cycle,
         ..CycleDiff::default()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn promotion(iteration: u32, accepted: bool) -> Promotion {
+        Promotion {
+            iteration,
+            accepted,
+            ..<Promotion as schemas::Record>::sample()
+        }
+    }
+
+    /// Regression: promotions were paired by position, so a run whose
+    /// iteration 3 had no valid proposal compared its iteration 4 with the
+    /// other run's iteration 3.
+    #[test]
+    fn promotions_are_matched_by_iteration_not_position() {
+        let a = [promotion(1, false), promotion(2, false), promotion(4, true)];
+        let b = [
+            promotion(1, false),
+            promotion(2, false),
+            promotion(3, false),
+            promotion(4, true),
+        ];
+        assert!(changed_promotions("s", "A", "B", &a, &b).is_empty());
+        let b = [promotion(2, true), promotion(4, true)];
+        assert_eq!(
+            changed_promotions("s", "A", "B", &a, &b),
+            ["s iteration 2: A rejected, B accepted"]
+        );
+    }
 }
