@@ -21,6 +21,11 @@ cargo test -p engine --test llamacpp -- --ignored
 # restarts (a few minutes on 2 cores; one test at a time: the server answers
 # one request at a time).
 cargo test --test llamacpp_cycle -- --ignored --test-threads=1 --nocapture
+# The HTML report in a real headless browser (Debian's chromium, installed
+# once; playwright-core cached in ~/.cache/mass/browser); screenshots are
+# kept in target/report-html/.
+eval "$(scripts/browser-env.sh | sed 's/^/export /')"
+cargo test --test audit -- --ignored --nocapture
 if [ -x examples/tasks/selftest.sh ] || [ -f examples/tasks/selftest.sh ]; then
   bash examples/tasks/selftest.sh
 fi

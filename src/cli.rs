@@ -185,11 +185,15 @@ pub enum Command {
     /// workflow edit size), win rates with Wilson and bootstrap intervals,
     /// position bias, judge agreement, delegation with and without a
     /// workflow, supervised tokens, model calls, tokens and wall time per
-    /// stage, guard exclusions by reason.
+    /// stage, guard exclusions by reason, Bradley-Terry scores per task.
     Report {
         run: String,
         #[arg(long)]
         json: bool,
+        /// Also write the report as one self-contained HTML page with plots
+        /// (inline SVG; opens offline) to FILE.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
     },
     /// Where runs stand.
     Status {

@@ -40,6 +40,11 @@ fn json(ledger: &Path, args: &[&str]) -> Value {
 /// Runs the smoke experiment under `seed` (every task collected, so each
 /// seed has training data).
 fn smoke(dir: &Path, seed: u64) -> PathBuf {
+    smoke_cycles(dir, seed, 1)
+}
+
+/// The smoke experiment under `seed`, run for `cycles` cycles.
+fn smoke_cycles(dir: &Path, seed: u64, cycles: u32) -> PathBuf {
     let tasks = repo().join("examples/tasks");
     let s = std::fs::read_to_string(repo().join("examples/smoke.toml")).expect("smoke.toml");
     let s = s
@@ -48,6 +53,7 @@ fn smoke(dir: &Path, seed: u64) -> PathBuf {
             &format!("tasks_dir = {:?}", tasks.to_string_lossy()),
         )
         .replace("seed = 8", &format!("seed = {seed}"))
+        .replace("cycles = 1", &format!("cycles = {cycles}"))
         .replace("[outer]\n", "[outer]\ncollect = \"every\"\n");
     let exp = dir.join("smoke.toml");
     std::fs::write(&exp, s).expect("write experiment");
@@ -418,10 +424,174 @@ fn the_report_counts_what_the_run_recorded() {
                 assert!(lo <= rate && rate <= hi, "seed {seed}: {e} {b:?}");
             }
         }
+        // The scores are the ranked collected runs `mass runs` lists.
+        let runs = json(&ledger, &["runs", "smoke", "--json"]);
+        let mut ranked: Vec<(String, f64)> = runs
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["kind"] == "collection" && r["score"].is_number())
+            .map(|r| {
+                (
+                    r["event"].as_str().unwrap().to_string(),
+                    r["score"].as_f64().unwrap(),
+                )
+            })
+            .collect();
+        let mut scored: Vec<(String, f64)> = c["scores"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|t| t["runs"].as_array().unwrap())
+            .map(|r| {
+                (
+                    r["rollout"].as_str().unwrap().to_string(),
+                    r["score"].as_f64().unwrap(),
+                )
+            })
+            .collect();
+        ranked.sort_by(|a, b| a.0.cmp(&b.0));
+        scored.sort_by(|a, b| a.0.cmp(&b.0));
+        assert!(!scored.is_empty(), "seed {seed}: every task is collected");
+        assert_eq!(scored, ranked, "seed {seed}");
         let text = String::from_utf8_lossy(&ok(&ledger, &["report", "smoke"]).stdout).to_string();
         assert!(
             text.contains("percentile bootstrap") && text.contains("evaluation"),
             "{text}"
         );
+        let html = d.path().join("report.html");
+        ok(
+            &ledger,
+            &["report", "smoke", "--html", html.to_str().unwrap()],
+        );
+        let page = std::fs::read_to_string(&html).expect("html report");
+        for (chart, want) in expected_marks(&r).into_iter().map(|(_, c, n)| (c, n)) {
+            assert_eq!(
+                marks_in(&page, 1, &chart),
+                Some(want),
+                "seed {seed}: {chart}"
+            );
+        }
+        assert_offline(&page);
+    }
+}
+
+/// Per cycle and plot, how many marks the HTML report must draw for the
+/// report's JSON (the browser test's rule, in tests/browser/report_check.cjs).
+fn expected_marks(r: &Value) -> Vec<(u64, String, usize)> {
+    let mut out = Vec::new();
+    for c in r["cycles"].as_array().unwrap() {
+        let cycle = c["figures"]["cycle"].as_u64().unwrap();
+        let arr = |v: &Value| v.as_array().unwrap().clone();
+        let iterations: usize = arr(&c["inner"])
+            .iter()
+            .map(|t| arr(&t["iterations"]).len())
+            .sum();
+        let with = |v: &Value, key: &str| arr(v).iter().filter(|x| !x[key].is_null()).count();
+        let stages = arr(&c["stages"]);
+        let tokens = stages
+            .iter()
+            .map(|s| {
+                usize::from(s["prompt_tokens"].as_u64().unwrap() > 0)
+                    + usize::from(s["completion_tokens"].as_u64().unwrap() > 0)
+            })
+            .sum();
+        let wall = stages
+            .iter()
+            .filter(|s| s["wall_seconds"].as_f64().unwrap() > 0.0)
+            .count();
+        for (chart, n) in [
+            ("search", iterations),
+            ("edits", iterations),
+            ("winrates", with(&c["figures"]["evaluations"], "win_rate")),
+            (
+                "scores",
+                arr(&c["scores"])
+                    .iter()
+                    .map(|t| arr(&t["runs"]).len())
+                    .sum(),
+            ),
+            ("agreement", with(&c["figures"]["agreement"], "rate")),
+            ("tokens", tokens),
+            ("walltime", wall),
+        ] {
+            out.push((cycle, chart.to_string(), n));
+        }
+    }
+    out
+}
+
+/// The marks inside the page's one `svg` for `chart` of `cycle` (None when
+/// the page has no such plot, or more than one).
+fn marks_in(page: &str, cycle: u64, chart: &str) -> Option<usize> {
+    let open = format!("data-chart=\"{chart}\" data-cycle=\"{cycle}\"");
+    let mut plots = page.match_indices(&open).map(|(i, _)| {
+        let end = i + page[i..].find("</svg>").expect("a closed svg");
+        page[i..end].matches("class=\"mark\"").count()
+    });
+    let n = plots.next()?;
+    plots.next().is_none().then_some(n)
+}
+
+/// The page names no resource to fetch: no script, stylesheet, image or
+/// font from anywhere (the SVG namespace is an identifier, not a fetch).
+fn assert_offline(page: &str) {
+    let without_ns = page.replace("xmlns=\"http://www.w3.org/2000/svg\"", "");
+    for needle in [
+        "http:", "https:", "src=", "href=", "url(", "@import", "<script",
+    ] {
+        assert!(
+            !without_ns.contains(needle),
+            "the report references {needle}"
+        );
+    }
+}
+
+/// The HTML report in a real headless browser (Debian's chromium through
+/// playwright-core; `scripts/browser-env.sh` installs both and names them
+/// in MASS_CHROMIUM and MASS_PLAYWRIGHT): two-cycle runs under two seeds,
+/// every plot drawn with one mark per datum of `report --json`, marks where
+/// their values say, nothing fetched; the screenshots are kept in
+/// target/report-html/.
+#[test]
+#[ignore = "needs chromium and playwright-core: scripts/browser-env.sh (run by scripts/test.sh)"]
+fn the_html_report_renders_its_plots_in_a_headless_browser() {
+    let checker = repo().join("tests/browser/report_check.cjs");
+    let shots = repo().join("target/report-html");
+    std::fs::create_dir_all(&shots).expect("screenshot dir");
+    for seed in [5u64, 6] {
+        let d = tempfile::tempdir().expect("tempdir");
+        let ledger = smoke_cycles(d.path(), seed, 2);
+        let html = shots.join(format!("smoke-seed{seed}.html"));
+        let json_path = d.path().join("report.json");
+        let o = ok(
+            &ledger,
+            &[
+                "report",
+                "smoke",
+                "--json",
+                "--html",
+                html.to_str().unwrap(),
+            ],
+        );
+        std::fs::write(&json_path, &o.stdout).expect("report json");
+        let r: Value = serde_json::from_slice(&o.stdout).expect("report json");
+        assert_eq!(r["cycles"].as_array().unwrap().len(), 2, "seed {seed}");
+        let shot = shots.join(format!("smoke-seed{seed}.png"));
+        let _ = std::fs::remove_file(&shot);
+        let node = Command::new("node")
+            .arg(&checker)
+            .args([&html, &json_path, &shot])
+            .output()
+            .expect("run node (node 20 or later)");
+        assert!(
+            node.status.success(),
+            "seed {seed}: the browser check failed:\n{}{}",
+            String::from_utf8_lossy(&node.stdout),
+            String::from_utf8_lossy(&node.stderr)
+        );
+        let png = std::fs::read(&shot).expect("a screenshot");
+        assert!(png.starts_with(b"\x89PNG"), "seed {seed}: not a PNG");
+        eprintln!("{}", String::from_utf8_lossy(&node.stdout).trim());
     }
 }

@@ -2,9 +2,10 @@
 //! (`engine::audit` walks the ledger's referrers index; this renders it).
 
 use std::io::Write;
+use std::path::Path;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use engine::audit::Why;
 use ledger::Ledger;
 
@@ -335,13 +336,18 @@ pub fn diff_runs(l: &Ledger, a: &str, b: &str, json: bool) -> Result<ExitCode> {
 }
 
 /// `mass report RUN`.
-pub fn report(l: &Ledger, run: &str, json: bool) -> Result<ExitCode> {
+pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<ExitCode> {
     if !is_run(l, run)? {
         anyhow::bail!(super::CliError::NotFound(format!(
             "no run named {run:?} (`mass status` lists runs)"
         )));
     }
     let r = engine::audit::report::report(l, run).map_err(super::engine_error)?;
+    if let Some(path) = html {
+        std::fs::write(path, engine::audit::html::render(&r))
+            .with_context(|| format!("cannot write the HTML report to {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer_pretty(&mut out, &r)?;
@@ -440,6 +446,30 @@ pub fn report(l: &Ledger, run: &str, json: bool) -> Result<ExitCode> {
                 out,
                 "  {:<12} {:>8} {:>14} {:>14} {:>9.1}",
                 s.stage, s.model_calls, s.prompt_tokens, s.completion_tokens, s.wall_seconds
+            )?;
+        }
+        for t in &c.scores {
+            let scores: Vec<String> = t
+                .runs
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{:.2}{}",
+                        r.score,
+                        match r.selection.as_str() {
+                            "train" => "T",
+                            "validation" => "V",
+                            "excluded" => "x",
+                            _ => "",
+                        }
+                    )
+                })
+                .collect();
+            writeln!(
+                out,
+                "  Bradley-Terry scores, {} (by rank; T train, V validation, x excluded): {}",
+                t.task,
+                scores.join(" ")
             )?;
         }
         if c.exclusions.is_empty() {

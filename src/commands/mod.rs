@@ -120,10 +120,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             note_quarantine(&dir);
             audit::why(&l, &id, json)
         }
-        Command::Report { run, json } => {
+        Command::Report { run, json, html } => {
             let l = open_read(&dir)?;
             note_quarantine(&dir);
-            audit::report(&l, &run, json)
+            audit::report(&l, &run, json, html.as_deref())
         }
         Command::Status { run, json } => {
             let l = open_read(&dir)?;

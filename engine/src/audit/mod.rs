@@ -24,6 +24,7 @@ use serde_json::Value;
 use crate::error::{EngineError, Result};
 
 pub mod diff;
+pub mod html;
 pub mod report;
 
 /// The evidence chain of one rollout.

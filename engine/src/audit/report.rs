@@ -44,6 +44,24 @@ pub struct CycleReport {
     pub stages: Vec<StageCost>,
     /// Runs left out of ranking or training data, by reason.
     pub exclusions: BTreeMap<String, u32>,
+    /// Per task, the Bradley-Terry score of every ranked collected run.
+    pub scores: Vec<TaskScores>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskScores {
+    pub task: String,
+    pub runs: Vec<ScoredRun>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ScoredRun {
+    pub rollout: String,
+    pub index: u32,
+    pub score: f64,
+    pub rank: Option<u32>,
+    /// `train`, `validation`, `not selected` or `excluded`.
+    pub selection: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -146,10 +164,12 @@ pub fn report(l: &Ledger, run: &str) -> Result<Report> {
                     })
                     .collect(),
                 exclusions: BTreeMap::new(),
+                scores: Vec::new(),
             },
         );
     }
     walltimes(l, &main, &mut cycles)?;
+    bt_scores(l, run, &mut cycles)?;
     for ev in &main {
         if ev.kind == <Selection as Decodable>::KIND
             && ev.version == <Selection as Decodable>::VERSION
@@ -229,6 +249,38 @@ pub fn report(l: &Ledger, run: &str) -> Result<Report> {
         run: run.into(),
         cycles: cycles.into_values().collect(),
     })
+}
+
+/// The Bradley-Terry score of every ranked collected run, per cycle and
+/// task, sorted by rank.
+fn bt_scores(l: &Ledger, run: &str, cycles: &mut BTreeMap<u32, CycleReport>) -> Result<()> {
+    for r in super::rollouts(l, run)? {
+        let (Some(score), Some(c)) = (r.score, cycles.get_mut(&r.cycle)) else {
+            continue;
+        };
+        let scored = ScoredRun {
+            rollout: r.event,
+            index: r.index,
+            score,
+            rank: r.rank,
+            selection: r.selection.unwrap_or_else(|| "not selected".into()),
+        };
+        match c.scores.iter_mut().find(|t| t.task == r.task) {
+            Some(t) => t.runs.push(scored),
+            None => c.scores.push(TaskScores {
+                task: r.task,
+                runs: vec![scored],
+            }),
+        }
+    }
+    for c in cycles.values_mut() {
+        c.scores.sort_by(|a, b| a.task.cmp(&b.task));
+        for t in &mut c.scores {
+            t.runs
+                .sort_by_key(|r| (r.rank.unwrap_or(u32::MAX), r.index));
+        }
+    }
+    Ok(())
 }
 
 /// Time per stage from the main stream's milestones: each stage ends at
