@@ -174,8 +174,10 @@ pub enum Command {
     /// workflow lineage, tool calls, every judgment, its Bradley-Terry rank,
     /// the selection decision, the dataset lines it became, the training
     /// step that consumed them), each link with its event id. ID is a
-    /// rollout (or a unique prefix), a conversation `<rollout>#<n>`, or an
-    /// agent stream's head.
+    /// rollout (or a unique prefix), a conversation `<rollout>#<n>`, an
+    /// agent stream's head, a line of an exported dataset file `FILE:LINE`
+    /// (through its `*.provenance.jsonl` sidecar), a trained model's name
+    /// (or its `mass.training` event), or a `mass.dataset` event.
     Why {
         id: String,
         #[arg(long)]

@@ -43,15 +43,18 @@ fn smoke(dir: &Path, seed: u64) -> PathBuf {
     smoke_cycles(dir, seed, 1)
 }
 
-/// The smoke experiment under `seed`, run for `cycles` cycles.
+/// The smoke experiment under `seed`, run for `cycles` cycles. The task
+/// suite is copied beside the experiment and named relatively, so the
+/// recorded experiment (and every id after it) does not depend on where
+/// the repository is checked out: the golden test below relies on it.
 fn smoke_cycles(dir: &Path, seed: u64, cycles: u32) -> PathBuf {
-    let tasks = repo().join("examples/tasks");
+    copy_dir(&repo().join("examples/tasks"), &dir.join("tasks"));
     let s = std::fs::read_to_string(repo().join("examples/smoke.toml")).expect("smoke.toml");
+    assert!(
+        s.contains("tasks_dir = \"tasks\""),
+        "smoke.toml names its tasks relatively"
+    );
     let s = s
-        .replace(
-            "tasks_dir = \"tasks\"",
-            &format!("tasks_dir = {:?}", tasks.to_string_lossy()),
-        )
         .replace("seed = 8", &format!("seed = {seed}"))
         .replace("cycles = 1", &format!("cycles = {cycles}"))
         .replace("[outer]\n", "[outer]\ncollect = \"every\"\n");
@@ -63,6 +66,24 @@ fn smoke_cycles(dir: &Path, seed: u64, cycles: u32) -> PathBuf {
         &["run", "--quiet", exp.to_str().expect("utf-8 path")],
     );
     ledger
+}
+
+/// Copies a directory tree, leaving out Python's byte-code caches (a
+/// local task self-test may leave them; a clean checkout has none).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create dir");
+    for e in std::fs::read_dir(from).expect("read dir") {
+        let e = e.expect("dir entry");
+        if e.file_name() == "__pycache__" {
+            continue;
+        }
+        let target = to.join(e.file_name());
+        if e.file_type().expect("file type").is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).expect("copy file");
+        }
+    }
 }
 
 /// `mass export events RUN`, parsed.
@@ -181,7 +202,55 @@ fn every_dataset_line_leads_to_its_rollout_and_back() {
                 .expect("trained")
                 .to_string();
             assert!(trained_model.get_or_insert(model.clone()) == &model);
+            // The exported file's line leads to the same rollout and
+            // conversation, and is the recorded line (exported as openai).
+            let path = d.path().join(if file == "train" {
+                "train.jsonl"
+            } else {
+                "train.validation.jsonl"
+            });
+            let at = format!("{}:{line}", path.display());
+            let wl = json(&ledger, &["why", &at, "--json"]);
+            assert_eq!(wl["dataset_line"]["rollout"], rollout, "seed {seed}");
+            assert_eq!(wl["dataset_line"]["conversation"], p["conversation"]);
+            assert_eq!(wl["dataset_line"]["content"], "openai", "seed {seed}");
+            assert_eq!(wl["rollout"]["rollout"]["event"], rollout);
+            assert_eq!(wl["rollout"]["agents"].as_array().map(Vec::len), Some(1));
         }
+        // The trained model, by name and by its training event, names every
+        // line of the dataset and where it came from.
+        let model = trained_model.clone().expect("a trained model");
+        let m = json(&ledger, &["why", &model, "--json"]);
+        assert_eq!(m["model"], model.as_str());
+        assert_eq!(m["runs"], serde_json::json!(["smoke"]));
+        let origins = m["dataset"]["examples"].as_array().expect("examples");
+        assert_eq!(origins.len(), provenance.len(), "seed {seed}");
+        for (o, p) in origins.iter().zip(&provenance) {
+            for k in [
+                "file",
+                "line",
+                "rollout",
+                "conversation",
+                "selection",
+                "ranking",
+            ] {
+                assert_eq!(o[k], p[k], "seed {seed}: {k}");
+            }
+        }
+        assert_eq!(
+            m["dataset"]["trained_by"], m["training"]["event"],
+            "seed {seed}"
+        );
+        let by_event = json(
+            &ledger,
+            &["why", m["training"]["event"].as_str().unwrap(), "--json"],
+        );
+        assert_eq!(by_event["dataset"], m["dataset"], "seed {seed}");
+        let ds = json(
+            &ledger,
+            &["why", m["dataset"]["event"].as_str().unwrap(), "--json"],
+        );
+        assert_eq!(ds, m["dataset"], "seed {seed}");
         // `mass runs` lists the same decisions, and every kind of rollout.
         let rows = json(&ledger, &["runs", "smoke", "--json"]);
         let rows = rows.as_array().expect("rows");
@@ -218,6 +287,95 @@ fn every_dataset_line_leads_to_its_rollout_and_back() {
         );
     }
     assert!(with_lineage > 0, "no seed trained on a searched workflow");
+}
+
+/// `mass why FILE:LINE` on a file edited after export says the line
+/// differs from the recorded one (and still names its origin); a TRL export
+/// matches as `trl`; a line past the end, or a file without its sidecar, is
+/// "not found" (exit 4) and says what is missing.
+#[test]
+fn why_of_a_dataset_line_checks_the_line_against_the_ledger() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let ledger = smoke(d.path(), 2);
+    let out = d.path().join("trl.jsonl");
+    let export = |format: &str| {
+        ok(
+            &ledger,
+            &[
+                "export",
+                "dataset",
+                "smoke",
+                "--cycle",
+                "1",
+                "--format",
+                format,
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        )
+    };
+    export("trl");
+    let at = format!("{}:1", out.display());
+    let w = json(&ledger, &["why", &at, "--json"]);
+    assert_eq!(w["dataset_line"]["content"], "trl");
+    let text = std::fs::read_to_string(&out).unwrap();
+    std::fs::write(&out, text.replacen("\"messages\"", "\"messages\" ", 1)).unwrap();
+    let w = json(&ledger, &["why", &at, "--json"]);
+    assert_eq!(w["dataset_line"]["content"], "differs");
+    let plain = String::from_utf8_lossy(&ok(&ledger, &["why", &at]).stdout).to_string();
+    assert!(plain.contains("DIFFERS"), "{plain}");
+    let past = format!("{}:999", out.display());
+    let o = mass(&ledger, &["why", &past]);
+    assert_eq!(o.status.code(), Some(4));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("there is no line 999"));
+    std::fs::remove_file(d.path().join("trl.provenance.jsonl")).unwrap();
+    let o = mass(&ledger, &["why", &at]);
+    assert_eq!(o.status.code(), Some(4));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("provenance sidecar"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    export("openai");
+}
+
+/// Golden: on a fixed seeded run (the simulation is deterministic and ids
+/// never hash time) `why` of the first training line's rollout, `why` of the
+/// trained model and `report --json` (wall times redacted) are pinned, so a
+/// change to what the audit says, or to any id it names, shows up here.
+#[test]
+fn golden_why_and_report_of_a_fixed_run() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let ledger = smoke(d.path(), 1);
+    let out = d.path().join("golden.jsonl");
+    ok(
+        &ledger,
+        &[
+            "export",
+            "dataset",
+            "smoke",
+            "--cycle",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    let at = format!("{}:1", out.display());
+    let line = json(&ledger, &["why", &at, "--json"]);
+    insta::assert_json_snapshot!("why_rollout_of_train_line_1", line["rollout"]);
+    let model = json(&ledger, &["status", "smoke", "--json"])[0]["cycles"][0]["next_model"]
+        .as_str()
+        .expect("trained model")
+        .to_string();
+    insta::assert_json_snapshot!(
+        "why_trained_model",
+        json(&ledger, &["why", &model, "--json"])
+    );
+    insta::assert_json_snapshot!(
+        "report",
+        json(&ledger, &["report", "smoke", "--json"]),
+        { ".cycles[].stages[].wall_seconds" => "[wall seconds]" }
+    );
 }
 
 /// A judgment, a blob or a ref is not a rollout: `why` says what it is and

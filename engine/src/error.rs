@@ -27,6 +27,9 @@ pub enum EngineError {
     Recording { what: String, detail: String },
     #[error("{0}")]
     Invalid(String),
+    /// What the user named does not exist (a file, a line, a record).
+    #[error("{0}")]
+    NotFound(String),
     /// An effect failed for a reason outside the run (a transient failure):
     /// the run stops, the attempt stays recorded, and `mass resume` retries it.
     #[error("{what} failed: {detail} (an infrastructure failure: the attempt is recorded; fix the cause, then `mass resume` retries it)")]

@@ -12,13 +12,42 @@ use ledger::Ledger;
 use super::resolve;
 
 pub fn why(l: &Ledger, what: &str, json: bool) -> Result<ExitCode> {
+    // `FILE:LINE`: a line of an exported dataset file.
+    if let Some((file, line)) = what.rsplit_once(':') {
+        if let (true, Ok(line)) = (Path::new(file).is_file(), line.parse::<u64>()) {
+            return why_line(l, Path::new(file), line, json);
+        }
+    }
     // `<rollout>#<n>` names one conversation of a rollout.
     let (prefix, conversation) = match what.split_once('#') {
         Some((p, n)) => (p, Some(n)),
         None => (what, None),
     };
-    let id = resolve(l, prefix)?;
+    let id = match resolve(l, prefix) {
+        Ok(id) => id,
+        Err(e) => {
+            // Not an id or a ref: perhaps a trained model's name.
+            return match engine::audit::data::find_model(l, what).map_err(super::engine_error)? {
+                Some((training, runs)) => why_model(l, training, runs, json),
+                None => Err(e),
+            };
+        }
+    };
+    let kind = l.get_event(&id).map(|e| e.kind).unwrap_or_default();
+    if kind == "mass.training" {
+        return why_model(l, id, Vec::new(), json);
+    }
+    if kind == "mass.dataset" {
+        let d = engine::audit::data::dataset_why(l, id).map_err(super::engine_error)?;
+        return emit(&d, dataset_text(&d), json);
+    }
     let rollout = engine::audit::find_rollout(l, &id.to_hex()).map_err(super::engine_error)?;
+    let w = rollout_why(l, rollout, conversation)?;
+    emit(&w, text(&w), json)
+}
+
+/// The chain of `rollout`, narrowed to conversation `#n` when one is named.
+fn rollout_why(l: &Ledger, rollout: ledger::Id, conversation: Option<&str>) -> Result<Why> {
     let mut w = engine::audit::why(l, rollout).map_err(super::engine_error)?;
     if let Some(n) = conversation {
         let name = format!("{}#{n}", rollout.short(16));
@@ -31,16 +60,127 @@ pub fn why(l: &Ledger, what: &str, json: bool) -> Result<ExitCode> {
             )));
         }
     }
+    Ok(w)
+}
+
+/// Writes `value` as one JSON document, or `lines` as text.
+fn emit<T: serde::Serialize>(value: &T, lines: Vec<String>, json: bool) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     if json {
-        serde_json::to_writer_pretty(&mut out, &w)?;
+        serde_json::to_writer_pretty(&mut out, value)?;
         writeln!(out)?;
     } else {
-        for line in text(&w) {
+        for line in lines {
             writeln!(out, "{line}")?;
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `mass why FILE:LINE`: the line's origin, then its conversation's chain.
+fn why_line(l: &Ledger, path: &Path, line: u64, json: bool) -> Result<ExitCode> {
+    let lw = engine::audit::data::line_why(l, path, line).map_err(super::engine_error)?;
+    let rollout: ledger::Id = lw.rollout.parse()?;
+    let n = lw.conversation.rsplit_once('#').map(|(_, n)| n.to_string());
+    let w = rollout_why(l, rollout, n.as_deref())?;
+    let mut lines = vec![
+        format!(
+            "{} line {}: {} line {} of dataset {} ({}), conversation {} ({}) of rollout {} (from {})",
+            lw.path,
+            lw.line,
+            lw.file,
+            lw.line,
+            short(&lw.dataset),
+            match lw.content.as_str() {
+                "differs" => "the line DIFFERS from the recorded one: edited after export, or another dataset's file".to_string(),
+                f => format!("the line is the recorded one, {f} format"),
+            },
+            lw.conversation,
+            lw.agent,
+            short(&lw.rollout),
+            lw.sidecar
+        ),
+        String::new(),
+    ];
+    lines.extend(text(&w));
+    emit(
+        &serde_json::json!({"dataset_line": lw, "rollout": w}),
+        lines,
+        json,
+    )
+}
+
+fn why_model(l: &Ledger, training: ledger::Id, runs: Vec<String>, json: bool) -> Result<ExitCode> {
+    let m = engine::audit::data::model_why(l, training, runs).map_err(super::engine_error)?;
+    let t = &m.training;
+    let mut lines = vec![
+        format!(
+            "model {}: trained in cycle {} from {} (event {}){}",
+            m.model,
+            t.cycle,
+            t.base_model,
+            short(&t.event),
+            if m.runs.is_empty() {
+                String::new()
+            } else {
+                format!(", recorded by run(s) {}", m.runs.join(", "))
+            }
+        ),
+        format!("  trainer: {} (exit {})", t.command, t.exit_status),
+        format!(
+            "  chosen checkpoint {} with validation loss {:.4}; output tree {} (`mass checkout {} DIR`), log {}",
+            t.checkpoint,
+            t.validation_loss,
+            short(&t.output),
+            short(&t.output),
+            short(&t.log)
+        ),
+    ];
+    if m.used_by_cycles.is_empty() {
+        lines.push(format!(
+            "  no later cycle of these runs played it (cycle {}'s evaluation compared its runs with the base model's)",
+            t.cycle
+        ));
+    } else {
+        lines.push(format!("  used by {}", m.used_by_cycles.join(", ")));
+    }
+    lines.extend(dataset_text(&m.dataset));
+    emit(&m, lines, json)
+}
+
+fn dataset_text(d: &engine::audit::data::DatasetWhy) -> Vec<String> {
+    let mut lines = vec![
+        format!(
+            "dataset {} (cycle {}, recorded as {}): {} train example(s), {} supervised tokens; {} validation example(s), {} supervised tokens",
+            short(&d.event),
+            d.cycle,
+            d.format,
+            d.train_examples,
+            d.train_supervised_tokens,
+            d.validation_examples,
+            d.validation_supervised_tokens
+        ),
+        format!(
+            "  selections: {}; trained by: {}",
+            d.selections.iter().map(|s| short(s)).collect::<Vec<_>>().join(", "),
+            d.trained_by.as_deref().map_or("no training step", short)
+        ),
+    ];
+    for e in &d.examples {
+        lines.push(format!(
+            "  {} line {}: task {}, rollout {}, conversation {} ({}), selection {}, ranking {}",
+            e.file,
+            e.line,
+            e.task,
+            short(&e.rollout),
+            e.conversation,
+            e.agent,
+            short(&e.selection),
+            short(&e.ranking)
+        ));
+    }
+    lines.push("(`mass why ROLLOUT` for any rollout's full chain)".into());
+    lines
 }
 
 fn short(hex: &str) -> &str {

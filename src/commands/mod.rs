@@ -308,6 +308,7 @@ pub(crate) fn engine_error(e: engine::error::EngineError) -> anyhow::Error {
         // ledger's), and displayed once.
         E::Infrastructure { .. } => anyhow::Error::new(e),
         E::Ledger(le) | E::Replay(replay::ReplayError::Ledger(le)) => anyhow::Error::new(le),
+        E::NotFound(what) => anyhow::Error::new(CliError::NotFound(what)),
         other => anyhow::anyhow!("{other}"),
     }
 }

@@ -23,6 +23,7 @@ use serde_json::Value;
 
 use crate::error::{EngineError, Result};
 
+pub mod data;
 pub mod diff;
 pub mod html;
 pub mod report;
