@@ -289,6 +289,74 @@ fn every_dataset_line_leads_to_its_rollout_and_back() {
     assert!(with_lineage > 0, "no seed trained on a searched workflow");
 }
 
+/// Regression (found on the real-server cycle): a one-cycle re-judge ranks
+/// its source's rollouts again and records a dataset of its own, which is
+/// never trained. `why` of a trained rollout followed the last ranking that
+/// named it, the re-judge's, and said the rollout reached no training;
+/// `runs` could show another run's ranking. Over several seeds: `why` names
+/// the source's training step, and `runs` of each run shows that run's own
+/// decisions.
+#[test]
+fn why_still_names_the_training_after_a_one_cycle_rejudge_ranks_the_rollout_again() {
+    for seed in [1u64, 2, 3] {
+        let d = tempfile::tempdir().expect("tempdir");
+        let ledger = smoke(d.path(), seed);
+        // A one-cycle re-judge stops after the dataset: nothing trains it.
+        ok(
+            &ledger,
+            &[
+                "rejudge", "smoke", "--name", "again", "--cycle", "1", "--judge", "sim",
+            ],
+        );
+        let out = d.path().join("data.jsonl");
+        ok(
+            &ledger,
+            &[
+                "export",
+                "dataset",
+                "smoke",
+                "--cycle",
+                "1",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        );
+        let model = json(&ledger, &["status", "smoke", "--json"])[0]["cycles"][0]["next_model"]
+            .as_str()
+            .expect("trained")
+            .to_string();
+        let provenance = std::fs::read_to_string(d.path().join("data.provenance.jsonl")).unwrap();
+        let again = json(&ledger, &["runs", "again", "--json"]);
+        let source = json(&ledger, &["runs", "smoke", "--json"]);
+        for line in provenance.lines() {
+            let p: Value = serde_json::from_str(line).unwrap();
+            let rollout = p["rollout"].as_str().unwrap();
+            let w = json(&ledger, &["why", rollout, "--json"]);
+            assert_eq!(
+                w["training"]["new_model"],
+                model.as_str(),
+                "seed {seed}: {rollout} reached training in run smoke"
+            );
+            let datasets: std::collections::BTreeSet<&str> = w["dataset_lines"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| l["dataset"].as_str().unwrap())
+                .collect();
+            assert!(!datasets.is_empty(), "seed {seed}");
+            for rows in [&source, &again] {
+                let row = rows
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|r| r["event"] == rollout)
+                    .expect("listed in both runs");
+                assert_eq!(row["selection"], p["file"], "seed {seed}: {row}");
+            }
+        }
+    }
+}
+
 /// `mass why FILE:LINE` on a file edited after export says the line
 /// differs from the recorded one (and still names its origin); a TRL export
 /// matches as `trl`; a line past the end, or a file without its sidecar, is

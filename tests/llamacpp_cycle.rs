@@ -466,6 +466,66 @@ fn the_example_cycle_completes_on_the_real_server_and_replays_offline() {
         text(&log)
     );
 
+    // The audit commands on the real-server run, with the server out of
+    // reach (they read the ledger only): every collected run listed with a
+    // Bradley-Terry score; the exported line's `why` reaches its rollout and
+    // the trained model; the report counts every recorded model call and
+    // draws one score mark per ranked run on its HTML page.
+    let json_of = |what: &str, args: &[&str]| -> Value {
+        let o = c.run(what, mass(l, NOWHERE).args(args));
+        assert!(o.status.success(), "{}", text(&o));
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{what}: {e}"))
+    };
+    let rows = json_of("runs", &["runs", RUN, "--json"]);
+    let collected: Vec<&Value> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "collection")
+        .collect();
+    assert_eq!(collected.len(), 4, "{rows}");
+    assert!(collected.iter().all(|r| r["score"].is_number()), "{rows}");
+    let at = format!("{}:1", openai.display());
+    let w = json_of("why line", &["why", &at, "--json"]);
+    assert_eq!(w["dataset_line"]["content"], "openai", "{w}");
+    assert_eq!(
+        w["rollout"]["training"]["new_model"], "smollm2-135m+c1",
+        "{w}"
+    );
+    let m = json_of("why model", &["why", "smollm2-135m+c1", "--json"]);
+    assert_eq!(
+        m["dataset"]["train_examples"].as_u64(),
+        Some(train_examples)
+    );
+    let html = c.dir.join("report.html");
+    let r = json_of(
+        "report",
+        &["report", RUN, "--json", "--html", html.to_str().unwrap()],
+    );
+    let counted: u64 = r["cycles"][0]["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["model_calls"].as_u64().unwrap())
+        .sum();
+    let recorded = events
+        .values()
+        .filter(|e| {
+            e["kind"] == "effect"
+                && ["model", "judge", "optimizer"]
+                    .contains(&e["payload"]["effect"].as_str().unwrap_or(""))
+                && e["payload"]["status"] == "ok"
+        })
+        .count() as u64;
+    assert_eq!(counted, recorded, "every recorded call counted once");
+    let page = std::fs::read_to_string(&html).unwrap();
+    let scores = page
+        .split("data-chart=\"scores\"")
+        .nth(1)
+        .and_then(|s| s.split("</svg>").next())
+        .expect("a scores plot");
+    assert_eq!(scores.matches("class=\"mark\"").count(), 4);
+
     // Replayed with the server unreachable and the trainer gone: every id
     // reproduced, nothing run.
     let t = Instant::now();

@@ -262,13 +262,26 @@ pub fn rollouts(l: &Ledger, run: &str) -> Result<Vec<RolloutRow>> {
             .collect::<Result<Vec<_>>>()?
             .iter()
             .any(|g| !g.violations.is_empty() && g.action == "exclude");
-        let ranked = referrers_of::<Ranking>(l, &head)?.into_iter().last();
+        // A rollout shared with another run (a fork, a re-judge) may be
+        // ranked and selected there too: only this run's decisions count.
+        let mut ranked = None;
+        for (rev, rk) in referrers_of::<Ranking>(l, &head)? {
+            if in_run(l, run, &rev)? {
+                ranked = Some((rev, rk));
+            }
+        }
         let me = ranked
             .as_ref()
             .and_then(|(_, rk)| rk.runs.iter().find(|x| id_of(x.rollout) == head).cloned());
         let mut selection = None;
         if let Some((rev, _)) = &ranked {
-            if let Some((sev, sel)) = referrers_of::<Selection>(l, &rev.id)?.into_iter().last() {
+            let mut selected = None;
+            for (sev, sel) in referrers_of::<Selection>(l, &rev.id)? {
+                if in_run(l, run, &sev)? {
+                    selected = Some((sev, sel));
+                }
+            }
+            if let Some((sev, sel)) = selected {
                 // The decision does not depend on the rank's wording.
                 selection = Some(selection_facts(&sev, &sel, &head, None).decision);
             }
@@ -312,6 +325,30 @@ pub fn rollouts(l: &Ledger, run: &str) -> Result<Vec<RolloutRow>> {
             .cmp(&(b.cycle, &b.task, &b.kind, &b.model, b.index, &b.event))
     });
     Ok(out)
+}
+
+/// Whether event `ev` is on one of run `run`'s streams: the stream's ref
+/// under the run (`RUN` for the main stream, `RUN/<stream>` otherwise)
+/// reaches it walking back from its head.
+fn in_run(l: &Ledger, run: &str, ev: &Event) -> Result<bool> {
+    let name = if ev.stream == "main" {
+        run.to_string()
+    } else {
+        format!("{run}/{}", ev.stream)
+    };
+    let Some(head) = l.head(&name)? else {
+        return Ok(false);
+    };
+    for e in l.chain(head) {
+        let e = e?;
+        if e.id == ev.id {
+            return Ok(true);
+        }
+        if e.seq <= ev.seq {
+            return Ok(false);
+        }
+    }
+    Ok(false)
 }
 
 /// The evidence chain of rollout `id`.
@@ -359,43 +396,27 @@ pub fn why(l: &Ledger, id: Id) -> Result<Why> {
             rationale: j.rationale,
         });
     }
-    let ranked = referrers_of::<Ranking>(l, &id)?.into_iter().last();
-    let ranking = ranked.as_ref().and_then(|(rev, rk)| {
-        let me = rk.runs.iter().find(|x| id_of(x.rollout) == id)?;
-        Some(RankingFacts {
-            event: hex(&rev.id),
-            score: me.score,
-            rank: me.rank,
-            of: rk.runs.len() as u32,
-            wins: me.wins,
-            losses: me.losses,
-            ties: me.ties,
-            prior: rk.prior,
-            iterations: rk.iterations,
-            converged: rk.converged,
-        })
-    });
-    let mut selection = None;
-    let mut dataset_lines = Vec::new();
-    let mut training = None;
-    if let Some((rev, _)) = &ranked {
-        if let Some((sev, sel)) = referrers_of::<Selection>(l, &rev.id)?.into_iter().last() {
-            selection = Some(selection_facts(&sev, &sel, &id, ranking.as_ref()));
-            if let Some((dev, ds)) = referrers_of::<Dataset>(l, &sev.id)?.into_iter().last() {
-                dataset_lines = dataset_lines_of(l, &dev, &ds, &id)?;
-                if let Some((tev, t)) = referrers_of::<Training>(l, &dev.id)?.into_iter().last() {
-                    training = Some(TrainingFacts {
-                        event: hex(&tev.id),
-                        base_model: t.base_model,
-                        new_model: t.new_model,
-                        checkpoint: t.checkpoint,
-                        validation_loss: t.validation_loss,
-                        exit_status: t.exit_status,
-                    });
-                }
-            }
-        }
+    // Runs share events: a fork or a re-judge ranks the same rollout again
+    // and takes its own decisions. Each ranking that names the rollout
+    // starts a chain (selection, dataset, training); the chain shown is the
+    // last one that reached training, or else the last one, and the dataset
+    // lines of every chain are listed (each names its dataset).
+    let mut chains = Vec::new();
+    for (rev, rk) in referrers_of::<Ranking>(l, &id)? {
+        chains.push(decision_chain(l, &id, &rev, &rk)?);
     }
+    let dataset_lines: Vec<DatasetLine> = chains
+        .iter()
+        .flat_map(|c| c.dataset_lines.iter().cloned())
+        .collect();
+    let chosen = match chains.iter().rposition(|c| c.training.is_some()) {
+        Some(i) => Some(chains.swap_remove(i)),
+        None => chains.pop(),
+    };
+    let (ranking, selection, training) = match chosen {
+        Some(c) => (c.ranking, c.selection, c.training),
+        None => (None, None, None),
+    };
     Ok(Why {
         rollout: RolloutFacts {
             event: hex(&id),
@@ -427,6 +448,59 @@ pub fn why(l: &Ledger, id: Id) -> Result<Why> {
         dataset_lines,
         training,
     })
+}
+
+/// What one ranking of a rollout led to.
+struct DecisionChain {
+    ranking: Option<RankingFacts>,
+    selection: Option<SelectionFacts>,
+    dataset_lines: Vec<DatasetLine>,
+    training: Option<TrainingFacts>,
+}
+
+fn decision_chain(l: &Ledger, id: &Id, rev: &Event, rk: &Ranking) -> Result<DecisionChain> {
+    let ranking = rk
+        .runs
+        .iter()
+        .find(|x| id_of(x.rollout) == *id)
+        .map(|me| RankingFacts {
+            event: hex(&rev.id),
+            score: me.score,
+            rank: me.rank,
+            of: rk.runs.len() as u32,
+            wins: me.wins,
+            losses: me.losses,
+            ties: me.ties,
+            prior: rk.prior,
+            iterations: rk.iterations,
+            converged: rk.converged,
+        });
+    let mut chain = DecisionChain {
+        ranking,
+        selection: None,
+        dataset_lines: Vec::new(),
+        training: None,
+    };
+    let Some((sev, sel)) = referrers_of::<Selection>(l, &rev.id)?.into_iter().last() else {
+        return Ok(chain);
+    };
+    chain.selection = Some(selection_facts(&sev, &sel, id, chain.ranking.as_ref()));
+    for (dev, ds) in referrers_of::<Dataset>(l, &sev.id)? {
+        chain
+            .dataset_lines
+            .extend(dataset_lines_of(l, &dev, &ds, id)?);
+        if let Some((tev, t)) = referrers_of::<Training>(l, &dev.id)?.into_iter().last() {
+            chain.training = Some(TrainingFacts {
+                event: hex(&tev.id),
+                base_model: t.base_model,
+                new_model: t.new_model,
+                checkpoint: t.checkpoint,
+                validation_loss: t.validation_loss,
+                exit_status: t.exit_status,
+            });
+        }
+    }
+    Ok(chain)
 }
 
 fn workflow_facts(
