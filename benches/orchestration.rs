@@ -248,6 +248,7 @@ fn backend(url: &str, n: usize) -> OpenAiBackend {
             temperature: 0.7,
             max_tokens: 256,
             lora_adapter: None,
+            serve: None,
         },
     )
     .expect("backend")

@@ -208,6 +208,11 @@ fn task_block(l: &Ledger, t: usize) -> (Vec<Id>, usize) {
             checkpoint: "checkpoint-3".into(),
             validation_loss: 0.9,
             effect: h(dataset),
+            hyperparameters: h(tree),
+            checkpoint_reason: "lowest".into(),
+            adapter: h(tree),
+            trainer_version: String::new(),
+            steps: 0,
         }),
     )
     .expect("append");

@@ -21,6 +21,16 @@ cargo test -p engine --test llamacpp -- --ignored
 # restarts (a few minutes on 2 cores; one test at a time: the server answers
 # one request at a time).
 cargo test --test llamacpp_cycle -- --ignored --test-threads=1 --nocapture
+# The real LoRA trainer (trainers/lora_sft.py): its environment built once
+# (scripts/train-env.sh: ~2 minutes and 6.5 GB in ~/.cache/mass the first
+# time), then a few training steps on CPU checked end to end, the adapter
+# served by the llama.cpp build above changing the model's greedy output.
+scripts/llamacpp-server.sh stop
+bash trainers/selftest.sh
+# The real loop (examples/real-cpu.toml): two cycles of SmolLM2-135M with
+# real LoRA training between them, the adapter served to cycle 2 by servers
+# mass starts itself, then replayed offline (several minutes on 2 cores).
+cargo test --test real_cpu -- --ignored --nocapture
 # The HTML report in a real headless browser (Debian's chromium, installed
 # once; playwright-core cached in ~/.cache/mass/browser); screenshots are
 # kept in target/report-html/.

@@ -726,6 +726,13 @@ fn expected_marks(r: &Value) -> Vec<(u64, String, usize)> {
             .iter()
             .filter(|s| s["wall_seconds"].as_f64().unwrap() > 0.0)
             .count();
+        let loss = arr(&c["loss"])
+            .iter()
+            .map(|p| {
+                usize::from(!p["train_loss"].is_null())
+                    + usize::from(!p["validation_loss"].is_null())
+            })
+            .sum();
         for (chart, n) in [
             ("search", iterations),
             ("edits", iterations),
@@ -740,6 +747,7 @@ fn expected_marks(r: &Value) -> Vec<(u64, String, usize)> {
             ("agreement", with(&c["figures"]["agreement"], "rate")),
             ("tokens", tokens),
             ("walltime", wall),
+            ("loss", loss),
         ] {
             out.push((cycle, chart.to_string(), n));
         }

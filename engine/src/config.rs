@@ -23,7 +23,14 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::task::{Split, Task};
 
 /// Placeholders a `[trainer] command` may use.
-pub const TRAINER_PLACEHOLDERS: [&str; 4] = ["train", "validation", "base_model", "output_dir"];
+pub const TRAINER_PLACEHOLDERS: [&str; 6] = [
+    "train",
+    "validation",
+    "base_model",
+    "output_dir",
+    "hyperparameters",
+    "base_adapter",
+];
 
 // ---------------------------------------------------------------------------
 // Errors
@@ -256,7 +263,38 @@ pub struct OpenAiParams {
     pub temperature: f64,
     pub max_tokens: u32,
     pub lora_adapter: Option<String>,
+    /// How `mass` starts this backend's model server itself; `None`: the
+    /// server is already running at `base_url`.
+    pub serve: Option<ServeParams>,
 }
+
+/// `[backends.NAME.serve]`: the commands that serve the base model and a
+/// trained adapter (run through `bash -c`; placeholders `{port}`,
+/// `{model}` and, in `adapter_command`, `{adapter}`: the directory of the
+/// chosen checkpoint's files), and how to tell the server is ready.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeParams {
+    pub command: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter_command: Option<String>,
+    /// Path on the server that answers HTTP 200 once it is ready.
+    #[serde(default = "default_ready_path")]
+    pub ready_path: String,
+    #[serde(default = "default_start_timeout")]
+    pub start_timeout_secs: u64,
+}
+
+fn default_ready_path() -> String {
+    "/v1/models".into()
+}
+
+fn default_start_timeout() -> u64 {
+    300
+}
+
+/// Placeholders of `serve.command` and `serve.adapter_command`.
+pub const SERVE_PLACEHOLDERS: [&str; 3] = ["port", "model", "adapter"];
 
 /// The `response_format` dialect a server speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -304,6 +342,8 @@ struct RawBackend {
     max_tokens: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     lora_adapter: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    serve: Option<ServeParams>,
     /// Present only to give a literal key a pointed error (located at the
     /// value by the toml deserialiser) instead of a generic "unknown field".
     #[serde(default, deserialize_with = "reject_api_key", skip_serializing)]
@@ -342,6 +382,7 @@ impl TryFrom<RawBackend> for Backend {
                     ("temperature", raw.temperature.is_some()),
                     ("max_tokens", raw.max_tokens.is_some()),
                     ("lora_adapter", raw.lora_adapter.is_some()),
+                    ("serve", raw.serve.is_some()),
                 ]
                 .into_iter()
                 .filter_map(|(k, set)| set.then_some(k))
@@ -367,14 +408,20 @@ impl TryFrom<RawBackend> for Backend {
                             .into(),
                     );
                 }
+                // A server `mass` starts itself has no address until then.
+                let base_url = raw.base_url.or_else(|| {
+                    raw.serve
+                        .as_ref()
+                        .map(|_| "http://127.0.0.1/v1".to_string())
+                });
                 let missing: Vec<&str> = [
-                    ("base_url", raw.base_url.is_none()),
+                    ("base_url", base_url.is_none()),
                     ("model", raw.model.is_none()),
                 ]
                 .into_iter()
                 .filter_map(|(k, m)| m.then_some(k))
                 .collect();
-                match (raw.base_url, raw.model) {
+                match (base_url, raw.model) {
                     (Some(base_url), Some(model)) => Ok(Backend::OpenAi(OpenAiParams {
                         base_url,
                         base_url_env: raw.base_url_env,
@@ -390,6 +437,7 @@ impl TryFrom<RawBackend> for Backend {
                         temperature: raw.temperature.unwrap_or(0.7),
                         max_tokens: raw.max_tokens.unwrap_or(4096),
                         lora_adapter: raw.lora_adapter,
+                        serve: raw.serve,
                     })),
                     _ => Err(format!(
                         "backend of kind \"openai\" requires {}",
@@ -418,6 +466,7 @@ impl From<Backend> for RawBackend {
             temperature: None,
             max_tokens: None,
             lora_adapter: None,
+            serve: None,
             api_key: None,
         };
         match b {
@@ -436,6 +485,7 @@ impl From<Backend> for RawBackend {
                 raw.temperature = Some(p.temperature);
                 raw.max_tokens = Some(p.max_tokens);
                 raw.lora_adapter = p.lora_adapter;
+                raw.serve = p.serve;
             }
         }
         raw
@@ -726,6 +776,14 @@ pub struct TrainerConfig {
     pub command: Option<String>,
     /// Metrics written by the trainer, relative to the output directory.
     pub metrics_file: String,
+    /// Wall-clock limit of one trainer attempt; past it the trainer's
+    /// process group is killed and the attempt recorded as an
+    /// infrastructure failure (`mass resume` runs it again).
+    pub timeout_secs: u64,
+    /// Handed to the trainer as a JSON file (the `{hyperparameters}`
+    /// placeholder names it) and recorded with the training step.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub hyperparameters: BTreeMap<String, serde_json::Value>,
 }
 
 impl Default for TrainerConfig {
@@ -734,6 +792,8 @@ impl Default for TrainerConfig {
             kind: TrainerKind::Sim,
             command: None,
             metrics_file: "metrics.jsonl".into(),
+            timeout_secs: 6 * 3600,
+            hyperparameters: BTreeMap::new(),
         }
     }
 }
@@ -745,6 +805,10 @@ pub struct TrainerArgs<'a> {
     pub validation: &'a Path,
     pub base_model: &'a str,
     pub output_dir: &'a Path,
+    pub hyperparameters: &'a Path,
+    /// The adapter files of the model being trained when it is itself a
+    /// trained adapter (to continue from), or empty for a base model.
+    pub base_adapter: Option<&'a Path>,
 }
 
 impl TrainerConfig {
@@ -759,6 +823,11 @@ impl TrainerConfig {
                 "validation" => args.validation.to_string_lossy().into_owned(),
                 "base_model" => args.base_model.to_string(),
                 "output_dir" => args.output_dir.to_string_lossy().into_owned(),
+                "hyperparameters" => args.hyperparameters.to_string_lossy().into_owned(),
+                "base_adapter" => args
+                    .base_adapter
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
                 _ => return None,
             };
             Some(shell_quote(&value))
@@ -770,7 +839,7 @@ impl TrainerConfig {
 /// name the unknown placeholder or the unbalanced brace.
 pub fn expand_placeholders(
     template: &str,
-    lookup: impl Fn(&str) -> Option<String>,
+    mut lookup: impl FnMut(&str) -> Option<String>,
 ) -> Result<String, String> {
     let mut out = String::with_capacity(template.len());
     let mut rest = template;
@@ -792,16 +861,7 @@ pub fn expand_placeholders(
             let name = &tail[1..close];
             match lookup(name) {
                 Some(v) => out.push_str(&v),
-                None => {
-                    return Err(format!(
-                        "unknown placeholder \"{{{name}}}\", expected one of {}",
-                        TRAINER_PLACEHOLDERS
-                            .iter()
-                            .map(|p| format!("\"{{{p}}}\""))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ))
-                }
+                None => return Err(format!("unknown placeholder \"{{{name}}}\"")),
             }
             rest = &tail[close + 1..];
         }
@@ -811,7 +871,7 @@ pub fn expand_placeholders(
 }
 
 /// POSIX single-quoting, only when needed so simple commands stay readable.
-fn shell_quote(s: &str) -> String {
+pub fn shell_quote(s: &str) -> String {
     let plain = !s.is_empty()
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || "_-./=:,+@%".contains(c));
@@ -1159,6 +1219,12 @@ impl Experiment {
 
     fn check_trainer(&self, v: &mut Validator) {
         let t = &self.trainer;
+        if t.timeout_secs == 0 {
+            v.add(
+                "trainer.timeout_secs",
+                "trainer.timeout_secs must be at least 1",
+            );
+        }
         match (t.kind, &t.command) {
             (TrainerKind::Command, None) => v.add(
                 "trainer.command",
@@ -1174,7 +1240,17 @@ impl Experiment {
                 } else if let Err(e) = expand_placeholders(cmd, |name| {
                     TRAINER_PLACEHOLDERS.contains(&name).then(String::new)
                 }) {
-                    v.add("trainer.command", format!("trainer.command: {e}"));
+                    v.add(
+                        "trainer.command",
+                        format!(
+                            "trainer.command: {e}, expected one of {}",
+                            TRAINER_PLACEHOLDERS
+                                .iter()
+                                .map(|p| format!("\"{{{p}}}\""))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    );
                 }
             }
             (TrainerKind::Sim, None) => {}
@@ -1435,6 +1511,57 @@ fn check_openai(key: &str, p: &OpenAiParams, v: &mut Validator) {
             format!("{key}.lora_adapter"),
             format!("{key}.lora_adapter must not be empty when given"),
         );
+    }
+    if let Some(serve) = &p.serve {
+        let commands = [
+            ("command", Some(&serve.command)),
+            ("adapter_command", serve.adapter_command.as_ref()),
+        ];
+        for (name, cmd) in commands {
+            let Some(cmd) = cmd else { continue };
+            let mut used = Vec::new();
+            let checked = expand_placeholders(cmd, |n| {
+                used.push(n.to_string());
+                SERVE_PLACEHOLDERS.contains(&n).then(String::new)
+            });
+            let field = format!("{key}.serve.{name}");
+            if cmd.trim().is_empty() {
+                v.add(field, format!("{key}.serve.{name} must not be empty"));
+            } else if let Err(e) = checked {
+                v.add(
+                    field,
+                    format!(
+                        "{key}.serve.{name}: {e}; the placeholders are {}",
+                        quote_list(
+                            &SERVE_PLACEHOLDERS
+                                .map(|p| format!("{{{p}}}"))
+                                .iter()
+                                .map(String::as_str)
+                                .collect::<Vec<_>>()
+                        )
+                    ),
+                );
+            } else if !used.iter().any(|u| u == "port") {
+                v.add(
+                    field,
+                    format!("{key}.serve.{name} must use {{port}}: mass picks the port"),
+                );
+            } else if name == "adapter_command" && !used.iter().any(|u| u == "adapter") {
+                v.add(field, format!("{key}.serve.adapter_command must use {{adapter}}, the directory of the adapter files"));
+            }
+        }
+        if serve.start_timeout_secs == 0 {
+            v.add(
+                format!("{key}.serve.start_timeout_secs"),
+                format!("{key}.serve.start_timeout_secs must be at least 1"),
+            );
+        }
+        if !serve.ready_path.starts_with('/') {
+            v.add(
+                format!("{key}.serve.ready_path"),
+                format!("{key}.serve.ready_path must start with '/'"),
+            );
+        }
     }
 }
 
@@ -1815,7 +1942,7 @@ optimizer = "sim"
         assert!(msg.contains("unclosed"), "{msg}");
         let e = Experiment::parse(
             &format!(
-                "{base}command = \"awk '{{{{print}}}}' {{train}} && lora --val {{validation}} --base {{base_model}} --out {{output_dir}}\"\n"
+                "{base}command = \"awk '{{{{print}}}}' {{train}} && lora --val {{validation}} --base {{base_model}} --out {{output_dir}} --config {{hyperparameters}}\"\n"
             ),
             "exp.toml",
         )
@@ -1825,12 +1952,14 @@ optimizer = "sim"
             validation: Path::new("/d/my val.jsonl"),
             base_model: "Qwen/Qwen3",
             output_dir: Path::new("/o"),
+            hyperparameters: Path::new("/d/hp.json"),
+            base_adapter: None,
         };
         let cmd = e.trainer.expand_command(&args);
         assert_eq!(
             cmd,
             Some(Ok(
-                "awk '{print}' /d/train.jsonl && lora --val '/d/my val.jsonl' --base Qwen/Qwen3 --out /o"
+                "awk '{print}' /d/train.jsonl && lora --val '/d/my val.jsonl' --base Qwen/Qwen3 --out /o --config /d/hp.json"
                     .to_string()
             ))
         );

@@ -27,7 +27,7 @@ use crate::task::load_suite;
 /// previous cycle's model and on training tasks too, with the self-judge as
 /// well as the external ones (`mass.evaluation` v2, `mass.cycle` v2).
 /// Version 5 records each dataset line's provenance (`mass.dataset` v2).
-pub const DRIVER: &str = "mass-engine/5";
+pub const DRIVER: &str = "mass-engine/6";
 
 /// What to run.
 pub struct RunRequest<'a> {

@@ -37,6 +37,16 @@ pub struct TrainOutput {
     pub log: String,
     /// Blob of the adapter the backend loads (hex id), if any.
     pub adapter: Option<String>,
+    /// Why the checkpoint was chosen.
+    pub checkpoint_reason: String,
+    /// Tree of the chosen checkpoint's directory, if the trainer made one.
+    pub adapter_tree: Option<String>,
+    /// Blobs: the hyperparameters handed over (JSON) and the metrics file
+    /// as written (empty when there was none).
+    pub hyperparameters: String,
+    pub metrics: String,
+    /// From the trainer's `trainer.json`, or empty.
+    pub trainer_version: String,
 }
 
 /// Statistics the simulated trainer reads from a dataset file.
@@ -219,6 +229,13 @@ pub fn sim_train(
             1.0 + (p.delegation - vd).abs() + (p.verification - vv).abs() + 0.15 * frac * frac
                 - 0.2 * frac;
         let name = format!("checkpoint-{k}");
+        // Training loss: the same distance, to what the training examples
+        // show (the targets), without the overfitting term.
+        let train_loss = 1.0
+            + (p.delegation - target_delegation).abs()
+            + (p.verification - target_verification).abs();
+        metrics.push_str(&json!({"step": k, "train_loss": train_loss}).to_string());
+        metrics.push('\n');
         metrics
             .push_str(&json!({"checkpoint": name, "step": k, "validation_loss": loss}).to_string());
         metrics.push('\n');
@@ -244,9 +261,12 @@ pub fn sim_train(
 }
 
 /// Picks the checkpoint with the lowest validation loss from a metrics JSONL
-/// file (`{"checkpoint": ..., "validation_loss": ...}` per line).
-pub fn best_checkpoint(metrics: &str) -> Option<(String, f64)> {
+/// file (`{"checkpoint": ..., "validation_loss": ...}` per line; other lines,
+/// such as per-step training losses, are skipped), and says how many
+/// checkpoint lines there were.
+pub fn best_checkpoint(metrics: &str) -> Option<(String, f64, usize)> {
     let mut best: Option<(String, f64)> = None;
+    let mut count = 0;
     for line in metrics.lines() {
         let Ok(v) = serde_json::from_str::<Value>(line) else {
             continue;
@@ -255,11 +275,12 @@ pub fn best_checkpoint(metrics: &str) -> Option<(String, f64)> {
         else {
             continue;
         };
+        count += 1;
         if best.as_ref().is_none_or(|(_, l)| loss < *l) {
             best = Some((name.to_string(), loss));
         }
     }
-    best
+    best.map(|(name, loss)| (name, loss, count))
 }
 
 #[cfg(test)]
@@ -340,6 +361,6 @@ mod tests {
     #[test]
     fn lowest_validation_loss_wins() {
         let m = "{\"checkpoint\":\"a\",\"validation_loss\":0.9}\n{\"checkpoint\":\"b\",\"validation_loss\":0.7}\nnot json\n{\"checkpoint\":\"c\",\"validation_loss\":0.8}\n";
-        assert_eq!(best_checkpoint(m), Some(("b".to_string(), 0.7)));
+        assert_eq!(best_checkpoint(m), Some(("b".to_string(), 0.7, 3)));
     }
 }

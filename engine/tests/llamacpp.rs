@@ -47,6 +47,7 @@ fn backend() -> OpenAiBackend {
             temperature: 0.0,
             max_tokens: 32,
             lora_adapter: None,
+            serve: None,
         },
     )
     .unwrap()
@@ -206,6 +207,7 @@ fn a_recorded_call_replays_without_the_server() {
                 temperature: 0.0,
                 max_tokens: 16,
                 lora_adapter: None,
+                serve: None,
             },
         )
         .unwrap(),

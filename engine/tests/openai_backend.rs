@@ -215,6 +215,7 @@ fn params(url: &str) -> OpenAiParams {
         temperature: 0.7,
         max_tokens: 256,
         lora_adapter: None,
+        serve: None,
     }
 }
 

@@ -421,11 +421,12 @@ record!(
     }
 );
 
-/// `mass.training` v1: a training step and the model it produced.
+/// `mass.training` v1 (read only; v2 replaced it): a training step and the
+/// model it produced.
 #[derive(
     rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
 )]
-pub struct Training {
+pub struct TrainingV1 {
     pub cycle: u32,
     pub dataset: Hash32,
     pub base_model: String,
@@ -443,10 +444,76 @@ pub struct Training {
 }
 
 record!(
-    Training,
+    TrainingV1,
     "mass.training",
     1,
     |s| vec![s.dataset, s.output, s.log, s.effect],
+    TrainingV1 {
+        cycle: 1,
+        dataset: Hash32([1; 32]),
+        base_model: "sim/base".into(),
+        new_model: "sim/c1-abcd".into(),
+        command: "builtin:sim".into(),
+        exit_status: 0,
+        output: Hash32([2; 32]),
+        log: Hash32([3; 32]),
+        checkpoint: "checkpoint-2".into(),
+        validation_loss: 0.8125,
+        effect: Hash32([4; 32]),
+    }
+);
+
+/// `mass.training` v2: a training step and the model it produced, with
+/// what the trainer was given and why its checkpoint was chosen. The
+/// trainer's per-step metrics precede it as `mass.train_step` events on the
+/// cycle's `train` stream.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct Training {
+    pub cycle: u32,
+    pub dataset: Hash32,
+    pub base_model: String,
+    pub new_model: String,
+    /// The trainer command template (placeholders unexpanded) or
+    /// `builtin:sim`.
+    pub command: String,
+    pub exit_status: i32,
+    /// Tree of the trainer's output directory; blob of its log.
+    pub output: Hash32,
+    pub log: Hash32,
+    pub checkpoint: String,
+    pub validation_loss: f64,
+    /// The trainer effect that ran it.
+    pub effect: Hash32,
+    /// Blob: the hyperparameters handed to the trainer (a JSON object;
+    /// `{}` when the experiment sets none).
+    pub hyperparameters: Hash32,
+    /// Why the checkpoint was chosen (e.g. the lowest validation loss of
+    /// how many checkpoints).
+    pub checkpoint_reason: String,
+    /// Tree of the chosen checkpoint's directory (the adapter files); the
+    /// empty tree when the trainer wrote none.
+    pub adapter: Hash32,
+    /// The trainer's own account of its code, from `trainer.json` in its
+    /// output (`name`, `version`, `script_sha256`), or empty.
+    pub trainer_version: String,
+    /// How many `mass.train_step` events were recorded for it.
+    pub steps: u32,
+}
+
+record!(
+    Training,
+    "mass.training",
+    2,
+    |s| vec![
+        s.dataset,
+        s.output,
+        s.log,
+        s.effect,
+        s.hyperparameters,
+        s.adapter
+    ],
     Training {
         cycle: 1,
         dataset: Hash32([1; 32]),
@@ -459,6 +526,75 @@ record!(
         checkpoint: "checkpoint-2".into(),
         validation_loss: 0.8125,
         effect: Hash32([4; 32]),
+        hyperparameters: Hash32([5; 32]),
+        checkpoint_reason: "lowest validation loss of 3 checkpoints".into(),
+        adapter: Hash32([6; 32]),
+        trainer_version: "lora_sft 1 sha256:ab12".into(),
+        steps: 12,
+    }
+);
+
+impl From<TrainingV1> for Training {
+    /// A v1 record read as v2: what v1 did not record is empty (the
+    /// hyperparameters and adapter links point at the output tree, which
+    /// held them if anything did).
+    fn from(t: TrainingV1) -> Self {
+        Training {
+            cycle: t.cycle,
+            dataset: t.dataset,
+            base_model: t.base_model,
+            new_model: t.new_model,
+            command: t.command,
+            exit_status: t.exit_status,
+            output: t.output,
+            log: t.log,
+            checkpoint: t.checkpoint,
+            validation_loss: t.validation_loss,
+            effect: t.effect,
+            hyperparameters: t.output,
+            checkpoint_reason: String::new(),
+            adapter: t.output,
+            trainer_version: String::new(),
+            steps: 0,
+        }
+    }
+}
+
+/// `mass.train_step` v1: one line of the trainer's metrics file, as
+/// recorded on the cycle's `train` stream (a step's training loss, or a
+/// checkpoint's validation loss). Fields the trainer did not write are
+/// absent; `line` keeps the line as written.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct TrainStep {
+    pub cycle: u32,
+    pub step: u64,
+    pub epoch: Option<f64>,
+    pub train_loss: Option<f64>,
+    pub validation_loss: Option<f64>,
+    pub learning_rate: Option<f64>,
+    pub tokens: Option<u64>,
+    /// The checkpoint this line evaluated, or empty.
+    pub checkpoint: String,
+    pub line: String,
+}
+
+record!(
+    TrainStep,
+    "mass.train_step",
+    1,
+    |_s| vec![],
+    TrainStep {
+        cycle: 1,
+        step: 4,
+        epoch: Some(0.5),
+        train_loss: Some(1.75),
+        validation_loss: None,
+        learning_rate: Some(0.0002),
+        tokens: Some(4096),
+        checkpoint: String::new(),
+        line: r#"{"step":4,"train_loss":1.75}"#.into(),
     }
 );
 

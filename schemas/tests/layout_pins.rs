@@ -133,6 +133,16 @@ const PINS: &[(&str, u32, &str)] = &[
         1,
         "b119bf211a219395b735df14121a61932cf9c0b590c1c299d735d1eaee077e52",
     ),
+    (
+        "mass.training",
+        2,
+        "3e2e191d0c4db1a5504061f7814111363394a46b33ed790e575a4c0be9982e46",
+    ),
+    (
+        "mass.train_step",
+        1,
+        "8adaabd44261f2e6f481be646e5f8b60ce4b21c567983f0feceeee9cc03fb4ef",
+    ),
 ];
 
 fn sample_hash(kind: &str, version: u32) -> String {
@@ -145,6 +155,8 @@ fn sample_hash(kind: &str, version: u32) -> String {
         ("mass.cycle", 2) => encode(&schemas::Cycle::sample()),
         ("mass.dataset", 1) => encode(&schemas::DatasetV1::sample()),
         ("mass.dataset", 2) => encode(&schemas::Dataset::sample()),
+        ("mass.training", 1) => encode(&schemas::TrainingV1::sample()),
+        ("mass.training", 2) => encode(&schemas::Training::sample()),
         (_, v) if v != 1 => panic!("{kind} v{version} has no sample in this test: add it"),
         ("note", _) => encode(&Note::sample()),
         ("model.call", _) => encode(&ModelCall::sample()),
@@ -160,7 +172,7 @@ fn sample_hash(kind: &str, version: u32) -> String {
         ("mass.ranking", _) => encode(&schemas::Ranking::sample()),
         ("mass.selection", _) => encode(&schemas::Selection::sample()),
         ("mass.guard", _) => encode(&schemas::GuardCheck::sample()),
-        ("mass.training", _) => encode(&schemas::Training::sample()),
+        ("mass.train_step", _) => encode(&schemas::TrainStep::sample()),
         (other, _) => panic!("kind {other} has no sample in this test: add it"),
     }
     .unwrap();

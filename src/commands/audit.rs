@@ -576,6 +576,29 @@ pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<
             }
         )?;
         writeln!(out, "  supervised tokens: {}", f.supervised_tokens)?;
+        let train: Vec<f64> = c.loss.iter().filter_map(|p| p.train_loss).collect();
+        let best = c
+            .loss
+            .iter()
+            .filter_map(|p| p.validation_loss.map(|l| (l, p)))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        match (train.first(), train.last(), best) {
+            (Some(a), Some(b), Some((l, p))) => writeln!(
+                out,
+                "  training: {} recorded step line(s); training loss {a:.4} -> {b:.4}; lowest validation loss {l:.4} at step {}{}",
+                c.loss.len(),
+                p.step,
+                if p.checkpoint.is_empty() { String::new() } else { format!(" ({})", p.checkpoint) }
+            )?,
+            (_, _, Some((l, p))) => writeln!(
+                out,
+                "  training: {} recorded step line(s); lowest validation loss {l:.4} at step {}{}",
+                c.loss.len(),
+                p.step,
+                if p.checkpoint.is_empty() { String::new() } else { format!(" ({})", p.checkpoint) }
+            )?,
+            _ => writeln!(out, "  training: no metrics recorded")?,
+        }
         writeln!(
             out,
             "  {:<12} {:>8} {:>14} {:>14} {:>9}",

@@ -6,7 +6,8 @@
 //     (search and edit plots: inner-loop iterations; win rates: evaluations
 //     with a win rate; scores: ranked runs; agreement: judge pairs with a
 //     rate; tokens: stages x {prompt, completion} with tokens; wall time:
-//     stages with time), every mark laid out inside its plot;
+//     stages with time; loss: recorded training and validation losses),
+//     every mark laid out inside its plot;
 //   - marks sit where their values say: a win-rate dot's centre and an
 //     agreement bar's right end are at the value's share of the x axis
 //     (within 1% of the axis), and token bars are ordered as their counts;
@@ -31,6 +32,7 @@ function expected(report) {
     out.push([cyc, 'agreement', c.figures.agreement.filter((a) => a.rate !== null).length]);
     out.push([cyc, 'tokens', c.stages.reduce((n, s) => n + (s.prompt_tokens > 0) + (s.completion_tokens > 0), 0)]);
     out.push([cyc, 'walltime', c.stages.filter((s) => s.wall_seconds > 0).length]);
+    out.push([cyc, 'loss', c.loss.reduce((n, p) => n + (p.train_loss !== null) + (p.validation_loss !== null), 0)]);
   }
   return out;
 }

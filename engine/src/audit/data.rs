@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use ledger::{Event, Id, Ledger};
-use schemas::{Dataset, Decodable, Training};
+use schemas::{Dataset, Training};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -137,8 +137,8 @@ pub fn find_model(l: &Ledger, name: &str) -> Result<Option<(Id, Vec<String>)>> {
     for (run, head) in run_names(l)? {
         for ev in l.chain(head) {
             let ev = ev?;
-            if ev.kind == Training::KIND && ev.version == Training::VERSION {
-                let t: Training = decode(&ev)?;
+            if let Some(t) = Training::read(&ev) {
+                let t = t.map_err(|e| EngineError::recording("mass.training", e))?;
                 if t.new_model == name && found.is_none_or(|f| f == ev.id) {
                     found = Some(ev.id);
                     runs.push(run.clone());
@@ -152,7 +152,9 @@ pub fn find_model(l: &Ledger, name: &str) -> Result<Option<(Id, Vec<String>)>> {
 /// Why the model trained by training event `id` exists.
 pub fn model_why(l: &Ledger, id: Id, runs: Vec<String>) -> Result<ModelWhy> {
     let ev = l.get_event(&id)?;
-    let t: Training = decode(&ev)?;
+    let t = Training::read(&ev)
+        .ok_or_else(|| EngineError::Invalid(format!("{} is not a training step", id.short(12))))?
+        .map_err(|e| EngineError::recording("mass.training", e))?;
     let dataset = dataset_why(l, id_of(t.dataset))?;
     let mut used_by_cycles = Vec::new();
     for run in &runs {
@@ -197,7 +199,7 @@ pub fn dataset_why(l: &Ledger, id: Id) -> Result<DatasetWhy> {
             ranking: v["ranking"].as_str().unwrap_or_default().into(),
         });
     }
-    let trained_by = referrers_of::<Training>(l, &id)?
+    let trained_by = super::trainings_of(l, &id)?
         .into_iter()
         .last()
         .map(|(tev, _)| hex(&tev.id));

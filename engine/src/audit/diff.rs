@@ -121,6 +121,15 @@ fn last_of<T: Decodable>(events: &[Event]) -> Result<Option<T>> {
     }
 }
 
+/// Every training step in `events`, of any recorded version.
+fn trainings(events: &[Event]) -> Result<Vec<Training>> {
+    events
+        .iter()
+        .filter_map(Training::read)
+        .map(|t| t.map_err(|e| EngineError::recording("mass.training", e)))
+        .collect()
+}
+
 fn all_of<T: Decodable>(events: &[Event]) -> Result<Vec<T>> {
     events
         .iter()
@@ -290,11 +299,8 @@ fn decisions(
             });
         }
     }
-    let tr_b: BTreeMap<u32, Training> = all_of::<Training>(mb)?
-        .into_iter()
-        .map(|t| (t.cycle, t))
-        .collect();
-    for x in all_of::<Training>(ma)? {
+    let tr_b: BTreeMap<u32, Training> = trainings(mb)?.into_iter().map(|t| (t.cycle, t)).collect();
+    for x in trainings(ma)? {
         if let Some(y) = tr_b.get(&x.cycle) {
             cycle_entry(cycles, x.cycle).training = Some(if x.new_model == y.new_model {
                 format!("same model {}", x.new_model)

@@ -496,6 +496,114 @@ fn wall_time(c: &CycleReport, out: &mut String) {
     figure(out, "Wall time per stage", &p.finish());
 }
 
+/// Training and validation loss against the trainer's step: one mark per
+/// recorded loss (circles: training, diamonds: validation; the chosen
+/// checkpoint ringed).
+fn loss_curve(c: &CycleReport, chosen: Option<&str>, out: &mut String) {
+    let points: Vec<(u64, f64, bool, &str)> = c
+        .loss
+        .iter()
+        .flat_map(|p| {
+            let mut v = Vec::new();
+            if let Some(l) = p.train_loss {
+                v.push((p.step, l, false, ""));
+            }
+            if let Some(l) = p.validation_loss {
+                v.push((p.step, l, true, p.checkpoint.as_str()));
+            }
+            v
+        })
+        .collect();
+    let (lo_s, hi_s) = points
+        .iter()
+        .fold((u64::MAX, 0), |(a, b), p| (a.min(p.0), b.max(p.0)));
+    let (lo_s, hi_s) = if points.is_empty() {
+        (0, 1)
+    } else {
+        (lo_s, hi_s.max(lo_s + 1))
+    };
+    let lo_l = points.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+    let hi_l = points.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
+    let (lo_l, hi_l) = if points.is_empty() {
+        (0.0, 1.0)
+    } else if hi_l - lo_l < 1e-9 {
+        (lo_l - 0.5, hi_l + 0.5)
+    } else {
+        let pad = (hi_l - lo_l) * 0.08;
+        (lo_l - pad, hi_l + pad)
+    };
+    let mut p = Plot::new(
+        "loss",
+        c.figures.cycle,
+        6,
+        "training and validation loss by trainer step",
+    );
+    p.axis(lo_s as f64, hi_s as f64, 4, |v| format!("{v:.0}"));
+    let (top, bottom) = (TOP, p.height - BOTTOM);
+    let y_of = |l: f64| bottom - (bottom - top) * ((l - lo_l) / (hi_l - lo_l)).clamp(0.0, 1.0);
+    for k in 0..=3 {
+        let l = lo_l + (hi_l - lo_l) * k as f64 / 3.0;
+        let _ = write!(
+            p.svg,
+            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#eee"/><text class="tick" x="{}" y="{y:.1}" text-anchor="end" dominant-baseline="middle">{l:.3}</text>"##,
+            WIDTH - RIGHT,
+            LEFT - 8.0,
+            y = y_of(l)
+        );
+    }
+    if points.is_empty() {
+        p.empty("no training metrics were recorded");
+    }
+    let train: Vec<String> = points
+        .iter()
+        .filter(|q| !q.2)
+        .map(|q| {
+            format!(
+                "{:.1},{:.1}",
+                x_of(q.0 as f64, lo_s as f64, hi_s as f64),
+                y_of(q.1)
+            )
+        })
+        .collect();
+    if train.len() > 1 {
+        let _ = write!(
+            p.svg,
+            r##"<polyline points="{}" fill="none" stroke="#4575b4" stroke-width="1.5"/>"##,
+            train.join(" ")
+        );
+    }
+    for (step, l, validation, ckpt) in &points {
+        let (x, y) = (x_of(*step as f64, lo_s as f64, hi_s as f64), y_of(*l));
+        if *validation {
+            let ring = if chosen == Some(*ckpt) {
+                r##" stroke="#000" stroke-width="2""##
+            } else {
+                ""
+            };
+            let _ = write!(
+                p.svg,
+                r##"<path class="mark" data-value="{l}" d="M{x:.1},{:.1} l6,6 l-6,6 l-6,-6 z" fill="#d73027"{ring}><title>step {step}: validation loss {l:.4}{}</title></path>"##,
+                y - 6.0,
+                if ckpt.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", esc(ckpt))
+                }
+            );
+        } else {
+            let _ = write!(
+                p.svg,
+                r##"<circle class="mark" data-value="{l}" cx="{x:.1}" cy="{y:.1}" r="3" fill="#4575b4"><title>step {step}: training loss {l:.4}</title></circle>"##
+            );
+        }
+    }
+    figure(
+        out,
+        "Loss by trainer step (blue = training, red diamonds = validation; ringed = the chosen checkpoint)",
+        &p.finish(),
+    );
+}
+
 fn figure(out: &mut String, caption: &str, svg: &str) {
     let _ = write!(
         out,
@@ -621,6 +729,15 @@ fn cycle_section(c: &CycleReport, out: &mut String) {
                 .collect(),
         );
     }
+    out.push_str("<h3>Training</h3>");
+    let chosen = c
+        .loss
+        .iter()
+        .filter(|p| !p.checkpoint.is_empty())
+        .filter_map(|p| p.validation_loss.map(|l| (l, p.checkpoint.as_str())))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, name)| name);
+    loss_curve(c, chosen, out);
     out.push_str("<h3>Cost</h3>");
     token_cost(c, out);
     wall_time(c, out);

@@ -191,6 +191,19 @@ fn referrers_of<T: Decodable>(l: &Ledger, id: &Id) -> Result<Vec<(Event, T)>> {
     Ok(out)
 }
 
+/// Training steps (of any recorded version) that name `id`, in log order.
+fn trainings_of(l: &Ledger, id: &Id) -> Result<Vec<(Event, Training)>> {
+    let mut out = Vec::new();
+    for r in l.referrers(id)? {
+        let ev = l.get_event(&r)?;
+        if let Some(t) = Training::read(&ev) {
+            let t = t.map_err(|e| EngineError::recording("mass.training", e))?;
+            out.push((ev, t));
+        }
+    }
+    Ok(out)
+}
+
 /// Turns what the user typed into a rollout event: a rollout id (or a
 /// unique prefix), a conversation id `<rollout prefix>#<n>`, or the head
 /// of one of a rollout's agent streams.
@@ -489,7 +502,7 @@ fn decision_chain(l: &Ledger, id: &Id, rev: &Event, rk: &Ranking) -> Result<Deci
         chain
             .dataset_lines
             .extend(dataset_lines_of(l, &dev, &ds, id)?);
-        if let Some((tev, t)) = referrers_of::<Training>(l, &dev.id)?.into_iter().last() {
+        if let Some((tev, t)) = trainings_of(l, &dev.id)?.into_iter().last() {
             chain.training = Some(TrainingFacts {
                 event: hex(&tev.id),
                 base_model: t.base_model,

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use ledger::{Event, Id, Ledger};
-use schemas::{Decodable, Effect, EffectStatus, Promotion, Rollout, Selection};
+use schemas::{Decodable, Effect, EffectStatus, Promotion, Rollout, Selection, TrainStep};
 use serde::Serialize;
 
 use super::{decode, id_of};
@@ -46,6 +46,17 @@ pub struct CycleReport {
     pub exclusions: BTreeMap<String, u32>,
     /// Per task, the Bradley-Terry score of every ranked collected run.
     pub scores: Vec<TaskScores>,
+    /// The trainer's recorded metrics (`mass.train_step`), in step order.
+    pub loss: Vec<LossPoint>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LossPoint {
+    pub step: u64,
+    pub train_loss: Option<f64>,
+    pub validation_loss: Option<f64>,
+    /// The checkpoint a validation line evaluated, or empty.
+    pub checkpoint: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -165,6 +176,7 @@ pub fn report(l: &Ledger, run: &str) -> Result<Report> {
                     .collect(),
                 exclusions: BTreeMap::new(),
                 scores: Vec::new(),
+                loss: Vec::new(),
             },
         );
     }
@@ -218,6 +230,15 @@ pub fn report(l: &Ledger, run: &str) -> Result<Report> {
                     }
                 }
             }
+            if stage == "training" && ev.kind == <TrainStep as Decodable>::KIND {
+                let t: TrainStep = decode(&ev)?;
+                c.loss.push(LossPoint {
+                    step: t.step,
+                    train_loss: t.train_loss,
+                    validation_loss: t.validation_loss,
+                    checkpoint: t.checkpoint,
+                });
+            }
             if is_decisions && ev.kind == <Promotion as Decodable>::KIND {
                 promotions.push(decode::<Promotion>(&ev)?);
             }
@@ -244,6 +265,11 @@ pub fn report(l: &Ledger, run: &str) -> Result<Report> {
     }
     for c in cycles.values_mut() {
         c.inner.sort_by(|a, b| a.task.cmp(&b.task));
+        // The stream was walked from its head: back to log order, then by
+        // step (stable, so a step's training line stays before its
+        // checkpoint's).
+        c.loss.reverse();
+        c.loss.sort_by_key(|p| p.step);
     }
     Ok(Report {
         run: run.into(),

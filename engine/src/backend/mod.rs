@@ -4,6 +4,7 @@
 //! recorded and replayable.
 
 pub mod openai;
+pub mod serve;
 pub mod sim;
 
 use std::collections::BTreeMap;
@@ -101,6 +102,21 @@ pub trait Backend: Send + Sync {
     fn register_adapter(&self, _model: &str, _adapter: &[u8]) -> Result<(), BackendError> {
         Ok(())
     }
+    /// Whether trained adapter files (a checkpoint directory) can be served
+    /// under a model name of their own (`[backends.NAME.serve]` with an
+    /// `adapter_command`).
+    fn serves_adapters(&self) -> bool {
+        false
+    }
+    /// Makes the adapter files in `dir` servable under `model`.
+    fn register_adapter_dir(&self, model: &str, _dir: &Path) -> Result<(), BackendError> {
+        Err(BackendError::Config {
+            backend: self.name().to_string(),
+            detail: format!(
+                "cannot serve adapter files (model {model}): set serve.adapter_command"
+            ),
+        })
+    }
     /// The trainable state of `model` as the built-in trainer reads it (the
     /// simulated backend's parameters); `None` for servers, whose weights live
     /// with an external trainer.
@@ -117,6 +133,14 @@ pub trait Backend: Send + Sync {
 /// FILE.toml`); `sync` rebuilds exactly the backends whose definition changed
 /// and registers on them again every adapter trained on them, so the change is
 /// honoured from the fork point and trained models stay available.
+/// A trained adapter as a backend takes it: the parameters the built-in
+/// simulation loads, or a directory of adapter files a server loads.
+#[derive(Clone)]
+enum Adapter {
+    Params(Arc<[u8]>),
+    Dir(PathBuf),
+}
+
 #[derive(Clone)]
 pub struct Backends {
     inner: Arc<RwLock<Built>>,
@@ -125,8 +149,8 @@ pub struct Backends {
 struct Built {
     config: BTreeMap<String, BackendCfg>,
     by_name: BTreeMap<String, Arc<dyn Backend>>,
-    /// (backend, model name, adapter bytes), in the order trained.
-    adapters: Vec<(String, String, Arc<[u8]>)>,
+    /// (backend, model name, adapter), in the order trained.
+    adapters: Vec<(String, String, Adapter)>,
     /// Per backend, the base models it had before a rebuild changed them.
     former_bases: BTreeMap<String, Vec<String>>,
     tasks: PathBuf,
@@ -184,10 +208,42 @@ impl Backends {
         adapter: &[u8],
     ) -> Result<(), BackendError> {
         self.get(backend)?.register_adapter(model, adapter)?;
-        self.write()
-            .adapters
-            .push((backend.to_string(), model.to_string(), Arc::from(adapter)));
+        self.write().adapters.push((
+            backend.to_string(),
+            model.to_string(),
+            Adapter::Params(Arc::from(adapter)),
+        ));
         Ok(())
+    }
+
+    /// Registers trained adapter files (directory `dir`) on backend
+    /// `backend` under `model`, and remembers them for a rebuilt backend.
+    pub fn register_adapter_dir(
+        &self,
+        backend: &str,
+        model: &str,
+        dir: &Path,
+    ) -> Result<(), BackendError> {
+        self.get(backend)?.register_adapter_dir(model, dir)?;
+        self.write().adapters.push((
+            backend.to_string(),
+            model.to_string(),
+            Adapter::Dir(dir.to_path_buf()),
+        ));
+        Ok(())
+    }
+
+    /// The directory of trained model `model`'s adapter files on backend
+    /// `backend`, if it is one registered with `register_adapter_dir`.
+    pub fn adapter_dir(&self, backend: &str, model: &str) -> Option<PathBuf> {
+        self.read()
+            .adapters
+            .iter()
+            .rev()
+            .find_map(|(on, m, a)| match a {
+                Adapter::Dir(d) if on == backend && m == model => Some(d.clone()),
+                _ => None,
+            })
     }
 
     /// Brings the built backends in line with `config`: every backend whose
@@ -203,8 +259,11 @@ impl Backends {
                 continue;
             }
             let fresh = build_at(name, cfg, &b.tasks)?;
-            for (_, model, bytes) in b.adapters.iter().filter(|(on, _, _)| on == name) {
-                fresh.register_adapter(model, bytes)?;
+            for (_, model, adapter) in b.adapters.iter().filter(|(on, _, _)| on == name) {
+                match adapter {
+                    Adapter::Params(bytes) => fresh.register_adapter(model, bytes)?,
+                    Adapter::Dir(dir) => fresh.register_adapter_dir(model, dir)?,
+                }
             }
             if let Some(old) = b.by_name.insert(name.clone(), fresh) {
                 let old_base = old.base_model();

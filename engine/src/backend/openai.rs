@@ -40,6 +40,8 @@ pub struct OpenAiBackend {
     client: reqwest::Client,
     /// Requests in flight at once.
     limit: Arc<tokio::sync::Semaphore>,
+    /// The servers `mass` starts itself (`[backends.NAME.serve]`).
+    pool: Option<Arc<super::serve::ServerPool>>,
 }
 
 impl fmt::Debug for OpenAiBackend {
@@ -86,6 +88,10 @@ impl OpenAiBackend {
             limit: Arc::new(tokio::sync::Semaphore::new(
                 params.max_concurrency.max(1) as usize
             )),
+            pool: params
+                .serve
+                .as_ref()
+                .map(|s| Arc::new(super::serve::ServerPool::new(name, s, &params.model))),
         })
     }
 
@@ -130,6 +136,7 @@ impl OpenAiBackend {
 
     async fn attempt(
         &self,
+        model: &str,
         body: Vec<u8>,
     ) -> Result<(reqwest::StatusCode, Option<Duration>, Vec<u8>), BackendError> {
         let _permit = self
@@ -137,9 +144,13 @@ impl OpenAiBackend {
             .acquire()
             .await
             .map_err(|_| self.failed("the request limiter was closed".into(), None))?;
+        let url = match &self.pool {
+            Some(pool) => format!("{}/chat/completions", pool.base_url(model).await?),
+            None => self.url.clone(),
+        };
         let mut rb = self
             .client
-            .post(&self.url)
+            .post(&url)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body);
         if let Some(k) = &self.api_key {
@@ -187,11 +198,34 @@ impl Backend for OpenAiBackend {
         self.params.max_retries
     }
 
+    fn serves_adapters(&self) -> bool {
+        self.params
+            .serve
+            .as_ref()
+            .is_some_and(|s| s.adapter_command.is_some())
+    }
+
+    fn register_adapter_dir(&self, model: &str, dir: &std::path::Path) -> Result<(), BackendError> {
+        match (&self.pool, self.serves_adapters()) {
+            (Some(pool), true) => {
+                pool.register(model, dir);
+                Ok(())
+            }
+            _ => Err(BackendError::Config {
+                backend: self.name.clone(),
+                detail: format!(
+                    "cannot serve the trained adapter {model}: set [backends.{}.serve] with an adapter_command",
+                    self.name
+                ),
+            }),
+        }
+    }
+
     fn complete<'a>(&'a self, req: &'a ChatRequest) -> super::Reply<'a> {
         Box::pin(async move {
             let body = serde_json::to_vec(&self.wire(req))
                 .map_err(|e| self.failed(format!("cannot encode the request: {e}"), None))?;
-            let (status, retry_after, raw) = self.attempt(body).await?;
+            let (status, retry_after, raw) = self.attempt(&req.model, body).await?;
             classify(&self.name, status.as_u16(), retry_after, raw)
         })
     }

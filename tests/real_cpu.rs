@@ -1,0 +1,278 @@
+//! The real loop on CPU (`examples/real-cpu.toml`, as the README runs it):
+//! two MASS cycles with SmolLM2-135M served by llama-cpp-python servers
+//! that `mass` starts itself, a real LoRA fine-tune (trainers/lora_sft.py)
+//! between them, and the trained adapter served to the next cycle. Checks:
+//! every stage recorded; the training steps and their losses recorded as
+//! events, the training loss going down; the tuned model playing cycle 2's
+//! team and judge; the adapter changing the served model's greedy output
+//! (same prompt, same seed, different tokens); every server gone after the
+//! run; `mass replay --check` reproducing every id with no server and no
+//! trainer.
+//!
+//! Ignored by default: it needs the llama-cpp-python venv
+//! (scripts/llamacpp-server.sh) and the training venv
+//! (scripts/train-env.sh), and takes minutes; scripts/test.sh runs it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn cache() -> PathBuf {
+    std::env::var_os("MASS_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/mass")
+        })
+}
+
+fn mass(ledger: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mass"));
+    c.arg("--ledger")
+        .arg(ledger)
+        .env_remove("MASS_LEDGER")
+        .env("MASS_ROOT", root());
+    c
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn json(ledger: &Path, args: &[&str]) -> Value {
+    let o = mass(ledger).args(args).output().expect("mass");
+    assert!(o.status.success(), "mass {args:?}: {}", text(&o));
+    serde_json::from_slice(&o.stdout).expect("json")
+}
+
+/// Events of the run's streams, oldest first.
+fn events(ledger: &Path, dir: &Path) -> Vec<Value> {
+    let out = dir.join("events.jsonl");
+    let o = mass(ledger)
+        .args(["export", "events", "real-cpu", "--out"])
+        .arg(&out)
+        .output()
+        .expect("mass");
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::read_to_string(&out)
+        .expect("events")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("event line"))
+        .collect()
+}
+
+/// The greedy completion of a fixed prompt from a llama-cpp-python server
+/// on the base GGUF, with `lora` (an adapter GGUF) or without.
+fn greedy(lora: Option<&Path>) -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let mut cmd = Command::new(cache().join("llamacpp-venv/bin/python"));
+    cmd.args(["-m", "llama_cpp.server", "--model"])
+        .arg(cache().join("SmolLM2-135M-Instruct.Q4_1.gguf"))
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--n_threads",
+            "2",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    if let Some(l) = lora {
+        cmd.arg("--lora_path").arg(l);
+    }
+    let mut child = cmd.spawn().expect("start llama_cpp.server");
+    let body = serde_json::json!({
+        "prompt": "<|im_start|>user\nWhich tool do you call when the report is done?<|im_end|>\n<|im_start|>assistant\n",
+        "max_tokens": 24, "temperature": 0.0, "seed": 1
+    })
+    .to_string();
+    let started = Instant::now();
+    let answer = loop {
+        let o = Command::new("curl")
+            .args([
+                "-s",
+                "-m",
+                "120",
+                "-H",
+                "content-type: application/json",
+                "-d",
+                &body,
+            ])
+            .arg(format!("http://127.0.0.1:{port}/v1/completions"))
+            .output()
+            .expect("curl");
+        if let Ok(v) = serde_json::from_slice::<Value>(&o.stdout) {
+            if let Some(t) = v["choices"][0]["text"].as_str() {
+                break t.to_string();
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "the server never answered"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    answer
+}
+
+#[test]
+#[ignore = "needs the llama.cpp and training venvs (scripts/llamacpp-server.sh, scripts/train-env.sh); minutes"]
+fn two_real_cycles_train_serve_the_adapter_and_replay_offline() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let tasks = root().join("examples/tasks");
+    let exp = d.path().join("real-cpu.toml");
+    let definition = std::fs::read_to_string(root().join("examples/real-cpu.toml"))
+        .expect("example")
+        .replacen(
+            "tasks_dir = \"tasks\"",
+            &format!("tasks_dir = {:?}", tasks.to_string_lossy()),
+            1,
+        );
+    std::fs::write(&exp, definition).expect("experiment");
+    let ledger = d.path().join("ledger");
+    let t = Instant::now();
+    let o = mass(&ledger)
+        .arg("run")
+        .arg(&exp)
+        .arg("--quiet")
+        .output()
+        .expect("mass run");
+    eprintln!("mass run examples/real-cpu.toml: {:.0?}", t.elapsed());
+    assert!(o.status.success(), "{}", text(&o));
+
+    // Two cycles, each training a model of its own.
+    let st = json(&ledger, &["status", "real-cpu", "--json"]);
+    let cycles = st[0]["cycles"].as_array().expect("cycles");
+    assert_eq!(cycles.len(), 2, "{st}");
+    let c1 = cycles[0]["next_model"]
+        .as_str()
+        .expect("c1 model")
+        .to_string();
+    let c2 = cycles[1]["next_model"]
+        .as_str()
+        .expect("c2 model")
+        .to_string();
+    assert!(
+        c1.starts_with("smollm2-135m+c1-") && c2.starts_with("smollm2-135m+c2-"),
+        "{c1} {c2}"
+    );
+    assert_eq!(
+        cycles[1]["model"],
+        c1.as_str(),
+        "cycle 2 starts from the tuned model"
+    );
+
+    let evs = events(&ledger, d.path());
+    let of = |kind: &str| -> Vec<&Value> { evs.iter().filter(|e| e["kind"] == kind).collect() };
+    let trainings = of("mass.training");
+    assert_eq!(trainings.len(), 2);
+    for t in &trainings {
+        let p = &t["payload"];
+        assert_eq!(p["exit_status"], 0, "{p}");
+        assert!(
+            p["trainer_version"]
+                .as_str()
+                .unwrap_or("")
+                .contains("sha256:"),
+            "{p}"
+        );
+        assert!(
+            p["checkpoint_reason"]
+                .as_str()
+                .unwrap()
+                .contains("lowest validation loss"),
+            "{p}"
+        );
+        assert!(p["steps"].as_u64().unwrap() >= 4, "{p}");
+        // The adapter files the second server loaded are in the ledger.
+        let dir = d.path().join(format!("adapter-c{}", p["cycle"]));
+        let o = mass(&ledger)
+            .arg("checkout")
+            .arg(p["adapter"].as_str().unwrap())
+            .arg(&dir)
+            .output()
+            .expect("mass checkout");
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(
+            dir.join("adapter.gguf").is_file() && dir.join("adapter_model.safetensors").is_file()
+        );
+    }
+    // The training loss went down in each cycle.
+    for cycle in [1u64, 2] {
+        let losses: Vec<f64> = of("mass.train_step")
+            .into_iter()
+            .filter(|e| e["payload"]["cycle"] == cycle)
+            .filter_map(|e| e["payload"]["train_loss"].as_f64())
+            .collect();
+        assert!(losses.len() >= 4, "cycle {cycle}: {losses:?}");
+        assert!(losses.last() < losses.first(), "cycle {cycle}: {losses:?}");
+    }
+    // The tuned model played cycle 2's team and judge.
+    let rollouts: Vec<&Value> = of("mass.rollout")
+        .into_iter()
+        .filter(|e| e["payload"]["cycle"] == 2 && e["payload"]["purpose"] == "collect")
+        .collect();
+    assert!(!rollouts.is_empty());
+    assert!(rollouts
+        .iter()
+        .all(|r| r["payload"]["orchestrator_model"] == c1.as_str()));
+    let judged: Vec<&Value> = of("mass.judgment")
+        .into_iter()
+        .filter(|e| {
+            e["stream"].as_str().unwrap_or("").starts_with("c2/")
+                && e["stream"].as_str().unwrap_or("").contains("/pair/")
+        })
+        .collect();
+    assert!(
+        !judged.is_empty()
+            && judged
+                .iter()
+                .all(|j| j["payload"]["judge_model"] == c1.as_str())
+    );
+    // The report plots the recorded losses.
+    let r = json(&ledger, &["report", "real-cpu", "--json"]);
+    assert!(
+        r["cycles"][0]["loss"]
+            .as_array()
+            .is_some_and(|l| l.len() >= 4),
+        "{r}"
+    );
+
+    // The adapter changes the model: same prompt, same seed, greedy.
+    let adapter = d.path().join("adapter-c1");
+    let base = greedy(None);
+    let tuned = greedy(Some(&adapter.join("adapter.gguf")));
+    eprintln!("base: {base:?}\ntuned: {tuned:?}");
+    assert_ne!(base, tuned, "the adapter did not change the greedy output");
+
+    // Replayed with no server to start and no trainer to run.
+    let o = mass(&ledger)
+        .env("MASS_ROOT", "/nonexistent")
+        .env("MASS_CACHE", "/nonexistent")
+        .args(["replay", "real-cpu", "--check"])
+        .output()
+        .expect("replay");
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("reproduced") && out.contains("none run"),
+        "{}",
+        text(&o)
+    );
+}
