@@ -182,6 +182,10 @@ pub enum Command {
         id: String,
         #[arg(long)]
         json: bool,
+        /// Only what run RUN recorded about the rollout (its judgments,
+        /// ranking, selection, dataset and training), when runs share it.
+        #[arg(long, value_name = "RUN")]
+        run: Option<String>,
     },
     /// Per cycle: inner-loop progress per task and iteration (accepted,
     /// workflow edit size), win rates with Wilson and bootstrap intervals,

@@ -344,6 +344,29 @@ fn why_still_names_the_training_after_a_one_cycle_rejudge_ranks_the_rollout_agai
                 .map(|l| l["dataset"].as_str().unwrap())
                 .collect();
             assert!(!datasets.is_empty(), "seed {seed}");
+            // Scoped to one run: the source's chain reaches its training,
+            // the re-judge's stops at its own dataset, each run's judgments
+            // are its own.
+            let ws = json(&ledger, &["why", rollout, "--run", "smoke", "--json"]);
+            let wa = json(&ledger, &["why", rollout, "--run", "again", "--json"]);
+            assert_eq!(ws["training"]["new_model"], model.as_str(), "seed {seed}");
+            assert!(wa["training"].is_null(), "seed {seed}: {wa}");
+            assert_ne!(
+                ws["selection"]["event"], wa["selection"]["event"],
+                "seed {seed}"
+            );
+            assert_eq!(ws["selection"]["decision"], p["file"], "seed {seed}");
+            let judged = |w: &Value| -> std::collections::BTreeSet<String> {
+                w["judgments"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|j| j["event"].as_str().unwrap().to_string())
+                    .collect()
+            };
+            let (js, ja, all) = (judged(&ws), judged(&wa), judged(&w));
+            assert!(!js.is_empty() && !ja.is_empty(), "seed {seed}");
+            assert!(js.is_subset(&all) && ja.is_subset(&all), "seed {seed}");
             for rows in [&source, &again] {
                 let row = rows
                     .as_array()
@@ -396,6 +419,8 @@ fn why_of_a_dataset_line_checks_the_line_against_the_ledger() {
     let o = mass(&ledger, &["why", &past]);
     assert_eq!(o.status.code(), Some(4));
     assert!(String::from_utf8_lossy(&o.stderr).contains("there is no line 999"));
+    let o = mass(&ledger, &["why", &at, "--run", "nosuch"]);
+    assert_eq!(o.status.code(), Some(4), "an unknown run is not found");
     std::fs::remove_file(d.path().join("trl.provenance.jsonl")).unwrap();
     let o = mass(&ledger, &["why", &at]);
     assert_eq!(o.status.code(), Some(4));

@@ -11,11 +11,18 @@ use ledger::Ledger;
 
 use super::resolve;
 
-pub fn why(l: &Ledger, what: &str, json: bool) -> Result<ExitCode> {
+pub fn why(l: &Ledger, what: &str, json: bool, run: Option<&str>) -> Result<ExitCode> {
+    if let Some(r) = run {
+        if !is_run(l, r)? {
+            anyhow::bail!(super::CliError::NotFound(format!(
+                "no run named {r:?} (`mass status` lists runs)"
+            )));
+        }
+    }
     // `FILE:LINE`: a line of an exported dataset file.
     if let Some((file, line)) = what.rsplit_once(':') {
         if let (true, Ok(line)) = (Path::new(file).is_file(), line.parse::<u64>()) {
-            return why_line(l, Path::new(file), line, json);
+            return why_line(l, Path::new(file), line, json, run);
         }
     }
     // `<rollout>#<n>` names one conversation of a rollout.
@@ -42,13 +49,18 @@ pub fn why(l: &Ledger, what: &str, json: bool) -> Result<ExitCode> {
         return emit(&d, dataset_text(&d), json);
     }
     let rollout = engine::audit::find_rollout(l, &id.to_hex()).map_err(super::engine_error)?;
-    let w = rollout_why(l, rollout, conversation)?;
+    let w = rollout_why(l, rollout, conversation, run)?;
     emit(&w, text(&w), json)
 }
 
 /// The chain of `rollout`, narrowed to conversation `#n` when one is named.
-fn rollout_why(l: &Ledger, rollout: ledger::Id, conversation: Option<&str>) -> Result<Why> {
-    let mut w = engine::audit::why(l, rollout).map_err(super::engine_error)?;
+fn rollout_why(
+    l: &Ledger,
+    rollout: ledger::Id,
+    conversation: Option<&str>,
+    run: Option<&str>,
+) -> Result<Why> {
+    let mut w = engine::audit::why_in(l, rollout, run).map_err(super::engine_error)?;
     if let Some(n) = conversation {
         let name = format!("{}#{n}", rollout.short(16));
         w.agents.retain(|a| a.conversation == name);
@@ -78,11 +90,11 @@ fn emit<T: serde::Serialize>(value: &T, lines: Vec<String>, json: bool) -> Resul
 }
 
 /// `mass why FILE:LINE`: the line's origin, then its conversation's chain.
-fn why_line(l: &Ledger, path: &Path, line: u64, json: bool) -> Result<ExitCode> {
+fn why_line(l: &Ledger, path: &Path, line: u64, json: bool, run: Option<&str>) -> Result<ExitCode> {
     let lw = engine::audit::data::line_why(l, path, line).map_err(super::engine_error)?;
     let rollout: ledger::Id = lw.rollout.parse()?;
     let n = lw.conversation.rsplit_once('#').map(|(_, n)| n.to_string());
-    let w = rollout_why(l, rollout, n.as_deref())?;
+    let w = rollout_why(l, rollout, n.as_deref(), run)?;
     let mut lines = vec![
         format!(
             "{} line {}: {} line {} of dataset {} ({}), conversation {} ({}) of rollout {} (from {})",

@@ -115,10 +115,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             },
             quiet,
         ),
-        Command::Why { id, json } => {
+        Command::Why { id, json, run } => {
             let l = open_read(&dir)?;
             note_quarantine(&dir);
-            audit::why(&l, &id, json)
+            audit::why(&l, &id, json, run.as_deref())
         }
         Command::Report { run, json, html } => {
             let l = open_read(&dir)?;

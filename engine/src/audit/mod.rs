@@ -364,8 +364,21 @@ fn in_run(l: &Ledger, run: &str, ev: &Event) -> Result<bool> {
     Ok(false)
 }
 
-/// The evidence chain of rollout `id`.
+/// The evidence chain of rollout `id`, over every run that shares it.
 pub fn why(l: &Ledger, id: Id) -> Result<Why> {
+    why_in(l, id, None)
+}
+
+/// The evidence chain of rollout `id`; with `run`, only the judgments and
+/// decisions recorded on that run's streams (a fork or a re-judge shares
+/// the rollout with its source and judges it again).
+pub fn why_in(l: &Ledger, id: Id, run: Option<&str>) -> Result<Why> {
+    let mine = |ev: &Event| -> Result<bool> {
+        match run {
+            Some(run) => in_run(l, run, ev),
+            None => Ok(true),
+        }
+    };
     let ev = l.get_event(&id)?;
     let r: Rollout = decode(&ev)?;
     let order =
@@ -391,6 +404,9 @@ pub fn why(l: &Ledger, id: Id) -> Result<Why> {
     let agents = agent_facts(l, &id, &r)?;
     let mut judgments = Vec::new();
     for (jev, j) in referrers_of::<Judgment>(l, &id)? {
+        if !mine(&jev)? {
+            continue;
+        }
         let mine_a = id_of(j.a) == id;
         let opponent = if mine_a { j.b } else { j.a };
         let outcome = match (j.winner.as_str(), mine_a) {
@@ -416,7 +432,9 @@ pub fn why(l: &Ledger, id: Id) -> Result<Why> {
     // lines of every chain are listed (each names its dataset).
     let mut chains = Vec::new();
     for (rev, rk) in referrers_of::<Ranking>(l, &id)? {
-        chains.push(decision_chain(l, &id, &rev, &rk)?);
+        if mine(&rev)? {
+            chains.push(decision_chain(l, &id, &rev, &rk)?);
+        }
     }
     let dataset_lines: Vec<DatasetLine> = chains
         .iter()
