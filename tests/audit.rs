@@ -86,6 +86,17 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// `mass export dataset smoke --cycle 1 --format FORMAT --out OUT`.
+fn export_dataset(ledger: &Path, format: &str, out: &Path) -> Output {
+    let out = out.to_str().expect("utf-8 path");
+    ok(
+        ledger,
+        &[
+            "export", "dataset", "smoke", "--cycle", "1", "--format", format, "--out", out,
+        ],
+    )
+}
+
 /// `mass export events RUN`, parsed.
 fn exported_events(ledger: &Path, run: &str) -> Vec<Value> {
     let out = ledger.with_file_name(format!("{run}-events.jsonl"));
@@ -113,18 +124,7 @@ fn every_dataset_line_leads_to_its_rollout_and_back() {
         let d = tempfile::tempdir().expect("tempdir");
         let ledger = smoke(d.path(), seed);
         let out = d.path().join("train.jsonl");
-        let o = ok(
-            &ledger,
-            &[
-                "export",
-                "dataset",
-                "smoke",
-                "--cycle",
-                "1",
-                "--out",
-                out.to_str().unwrap(),
-            ],
-        );
+        let o = export_dataset(&ledger, "openai", &out);
         assert!(
             String::from_utf8_lossy(&o.stdout).contains("train.provenance.jsonl"),
             "seed {seed}"
@@ -309,18 +309,7 @@ fn why_still_names_the_training_after_a_one_cycle_rejudge_ranks_the_rollout_agai
             ],
         );
         let out = d.path().join("data.jsonl");
-        ok(
-            &ledger,
-            &[
-                "export",
-                "dataset",
-                "smoke",
-                "--cycle",
-                "1",
-                "--out",
-                out.to_str().unwrap(),
-            ],
-        );
+        export_dataset(&ledger, "openai", &out);
         let model = json(&ledger, &["status", "smoke", "--json"])[0]["cycles"][0]["next_model"]
             .as_str()
             .expect("trained")
@@ -389,23 +378,7 @@ fn why_of_a_dataset_line_checks_the_line_against_the_ledger() {
     let d = tempfile::tempdir().expect("tempdir");
     let ledger = smoke(d.path(), 2);
     let out = d.path().join("trl.jsonl");
-    let export = |format: &str| {
-        ok(
-            &ledger,
-            &[
-                "export",
-                "dataset",
-                "smoke",
-                "--cycle",
-                "1",
-                "--format",
-                format,
-                "--out",
-                out.to_str().unwrap(),
-            ],
-        )
-    };
-    export("trl");
+    export_dataset(&ledger, "trl", &out);
     let at = format!("{}:1", out.display());
     let w = json(&ledger, &["why", &at, "--json"]);
     assert_eq!(w["dataset_line"]["content"], "trl");
@@ -429,7 +402,7 @@ fn why_of_a_dataset_line_checks_the_line_against_the_ledger() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    export("openai");
+    export_dataset(&ledger, "openai", &out);
 }
 
 /// Golden: on a fixed seeded run (the simulation is deterministic and ids
@@ -441,18 +414,7 @@ fn golden_why_and_report_of_a_fixed_run() {
     let d = tempfile::tempdir().expect("tempdir");
     let ledger = smoke(d.path(), 1);
     let out = d.path().join("golden.jsonl");
-    ok(
-        &ledger,
-        &[
-            "export",
-            "dataset",
-            "smoke",
-            "--cycle",
-            "1",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
+    export_dataset(&ledger, "openai", &out);
     let at = format!("{}:1", out.display());
     let line = json(&ledger, &["why", &at, "--json"]);
     insta::assert_json_snapshot!("why_rollout_of_train_line_1", line["rollout"]);

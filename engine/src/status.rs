@@ -104,6 +104,21 @@ fn share(part: u32, whole: u32) -> Option<f64> {
     (whole > 0).then(|| part as f64 / whole as f64)
 }
 
+impl DelegationFigure {
+    /// `MODEL DELEGATED of RUNS (RATE%)`, as the summary and the report
+    /// print it.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} {} of {} ({})",
+            self.model,
+            self.delegated,
+            self.runs,
+            self.rate
+                .map_or("n/a".into(), |r| format!("{:.0}%", r * 100.0))
+        )
+    }
+}
+
 impl EvaluationFigure {
     pub fn of(e: &schemas::Evaluation) -> EvaluationFigure {
         let wr = crate::evaluation::win_rate(e);

@@ -52,6 +52,25 @@ fn experiment(script: &std::path::Path, seed: u64) -> String {
     text
 }
 
+/// Runs (or resumes, or checks) run `name` on `l`.
+fn run(
+    l: &Arc<Ledger>,
+    name: &str,
+    mode: Mode,
+    experiment: Option<(String, String)>,
+) -> engine::error::Result<engine::driver::RunSummary> {
+    drive(
+        l.clone(),
+        RunRequest {
+            run: name.to_string(),
+            experiment,
+            mode,
+            source: None,
+            progress: &NoProgress,
+        },
+    )
+}
+
 /// Seeds tried: a run whose inner loop finds no workflow that beats the
 /// reference collects no data and trains nothing (a normal outcome); the
 /// tests hold for every seed and need some seed to train.
@@ -68,15 +87,11 @@ fn an_external_trainer_is_recorded_and_its_best_checkpoint_used() {
         let text = experiment(&script, seed);
         let exp_path = d.path().join(format!("exp-{seed}.toml"));
         std::fs::write(&exp_path, &text).unwrap();
-        let s = drive(
-            l.clone(),
-            RunRequest {
-                run: format!("ext-{seed}"),
-                experiment: Some((text, exp_path.to_string_lossy().into_owned())),
-                mode: Mode::Live,
-                source: None,
-                progress: &NoProgress,
-            },
+        let s = run(
+            &l,
+            &format!("ext-{seed}"),
+            Mode::Live,
+            Some((text, exp_path.to_string_lossy().into_owned())),
         )
         .unwrap();
         let head = s.head.unwrap();
@@ -179,24 +194,13 @@ fn a_trainer_that_wrote_no_metrics_is_retried_after_the_cause_is_fixed() {
     let script = d.path().join("train.py");
     std::fs::write(&script, FLAKY).unwrap();
     let l = Arc::new(Ledger::init(&d.path().join("l")).unwrap());
-    let run = |name: &str, mode: Mode, experiment: Option<(String, String)>| {
-        drive(
-            l.clone(),
-            RunRequest {
-                run: name.to_string(),
-                experiment,
-                mode,
-                source: None,
-                progress: &NoProgress,
-            },
-        )
-    };
     // The first seed whose run trains (the others collect no data and
     // finish without calling the trainer).
     let mut failed = None;
     for seed in SEEDS {
         let name = format!("flaky-{seed}");
         match run(
+            &l,
             &name,
             Mode::Live,
             Some((experiment(&script, seed), "exp.toml".into())),
@@ -222,10 +226,10 @@ fn a_trainer_that_wrote_no_metrics_is_retried_after_the_cause_is_fixed() {
         "{msg}"
     );
     // Resuming without fixing the cause fails the same way (another attempt).
-    assert!(run(&name, Mode::Live, None).is_err());
+    assert!(run(&l, &name, Mode::Live, None).is_err());
     // Fixed: the resume runs the trainer again and the run completes.
     std::fs::write(d.path().join("ok"), b"").unwrap();
-    let s = run(&name, Mode::Live, None).expect("resume after the fix");
+    let s = run(&l, &name, Mode::Live, None).expect("resume after the fix");
     let head = s.head.unwrap();
     let attempts = l
         .chain(l.head(&format!("{name}/c1/train")).unwrap().unwrap())
@@ -244,7 +248,7 @@ fn a_trainer_that_wrote_no_metrics_is_retried_after_the_cause_is_fixed() {
     .unwrap();
     assert!((t.validation_loss - 0.5).abs() < 1e-12);
     // The recording replays without running anything.
-    let c = run(&name, Mode::Check, None).expect("replay check");
+    let c = run(&l, &name, Mode::Check, None).expect("replay check");
     assert_eq!(c.head, Some(head));
 }
 
@@ -275,24 +279,12 @@ fn a_trainer_past_its_timeout_is_killed_with_its_children_and_resumed() {
     let script = d.path().join("train.py");
     std::fs::write(&script, HANGS).unwrap();
     let l = Arc::new(Ledger::init(&d.path().join("l")).unwrap());
-    let run = |name: &str, mode: Mode, experiment: Option<(String, String)>| {
-        drive(
-            l.clone(),
-            RunRequest {
-                run: name.to_string(),
-                experiment,
-                mode,
-                source: None,
-                progress: &NoProgress,
-            },
-        )
-    };
     let mut failed = None;
     for seed in SEEDS {
         let name = format!("hangs-{seed}");
         let text = experiment(&script, seed).replace("timeout_secs = 60", "timeout_secs = 2");
         let started = std::time::Instant::now();
-        match run(&name, Mode::Live, Some((text, "exp.toml".into()))) {
+        match run(&l, &name, Mode::Live, Some((text, "exp.toml".into()))) {
             Ok(s) => assert_eq!(s.cycles[0].tasks_with_data, 0, "seed {seed}"),
             Err(e) => {
                 failed = Some((name, e, started.elapsed()));
@@ -328,6 +320,6 @@ fn a_trainer_past_its_timeout_is_killed_with_its_children_and_resumed() {
     }
     assert!(!alive(), "the trainer's child {pid} outlived the timeout");
     std::fs::write(d.path().join("ok"), b"").unwrap();
-    let s = run(&name, Mode::Live, None).expect("resume after the fix");
+    let s = run(&l, &name, Mode::Live, None).expect("resume after the fix");
     assert!(s.cycles[0].evaluation.is_some());
 }

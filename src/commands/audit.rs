@@ -594,22 +594,25 @@ pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<
             .iter()
             .filter_map(|p| p.validation_loss.map(|l| (l, p)))
             .min_by(|a, b| a.0.total_cmp(&b.0));
-        match (train.first(), train.last(), best) {
-            (Some(a), Some(b), Some((l, p))) => writeln!(
-                out,
-                "  training: {} recorded step line(s); training loss {a:.4} -> {b:.4}; lowest validation loss {l:.4} at step {}{}",
-                c.loss.len(),
+        let mut parts = vec![format!("{} recorded step line(s)", c.loss.len())];
+        if let (Some(a), Some(b)) = (train.first(), train.last()) {
+            parts.push(format!("training loss {a:.4} -> {b:.4}"));
+        }
+        if let Some((l, p)) = best {
+            parts.push(format!(
+                "lowest validation loss {l:.4} at step {}{}",
                 p.step,
-                if p.checkpoint.is_empty() { String::new() } else { format!(" ({})", p.checkpoint) }
-            )?,
-            (_, _, Some((l, p))) => writeln!(
-                out,
-                "  training: {} recorded step line(s); lowest validation loss {l:.4} at step {}{}",
-                c.loss.len(),
-                p.step,
-                if p.checkpoint.is_empty() { String::new() } else { format!(" ({})", p.checkpoint) }
-            )?,
-            _ => writeln!(out, "  training: no metrics recorded")?,
+                if p.checkpoint.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", p.checkpoint)
+                }
+            ));
+        }
+        if c.loss.is_empty() {
+            writeln!(out, "  training: no metrics recorded")?;
+        } else {
+            writeln!(out, "  training: {}", parts.join("; "))?;
         }
         writeln!(
             out,

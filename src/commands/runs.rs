@@ -786,19 +786,7 @@ fn evaluation_lines(c: &CycleResult) -> Vec<String> {
         ));
     }
     if !f.bare_delegation.is_empty() {
-        let parts: Vec<String> = f
-            .bare_delegation
-            .iter()
-            .map(|d| {
-                format!(
-                    "{} {} of {} ({})",
-                    d.model,
-                    d.delegated,
-                    d.runs,
-                    percent(d.rate)
-                )
-            })
-            .collect();
+        let parts: Vec<String> = f.bare_delegation.iter().map(|d| d.describe()).collect();
         lines.push(format!(
             "cycle {}: delegation in bare-task evaluation runs (no workflow): {}",
             f.cycle,

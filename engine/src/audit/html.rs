@@ -136,6 +136,21 @@ impl Plot {
     }
 }
 
+/// The range of `values` widened by `pad` of its width on each side; a
+/// single value gets `half` on each side, no value the range 0..1.
+fn padded_range(values: &[f64], pad: f64, half: f64) -> (f64, f64) {
+    let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if values.is_empty() {
+        (0.0, 1.0)
+    } else if hi - lo < 1e-9 {
+        (lo - half, hi + half)
+    } else {
+        let w = (hi - lo) * pad;
+        (lo - w, hi + w)
+    }
+}
+
 /// Maps `v` in `lo..=hi` to an x coordinate of the plot area.
 fn x_of(v: f64, lo: f64, hi: f64) -> f64 {
     let t = if hi > lo { (v - lo) / (hi - lo) } else { 0.5 };
@@ -339,16 +354,7 @@ fn bt_scores(c: &CycleReport, out: &mut String) {
         .iter()
         .flat_map(|t| t.runs.iter().map(|r| r.score))
         .collect();
-    let lo = all.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = all.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let (lo, hi) = if all.is_empty() {
-        (0.0, 1.0)
-    } else if hi - lo < 1e-9 {
-        (lo - 1.0, hi + 1.0)
-    } else {
-        let pad = (hi - lo) * 0.05;
-        (lo - pad, hi + pad)
-    };
+    let (lo, hi) = padded_range(&all, 0.05, 1.0);
     let mut p = Plot::new(
         "scores",
         c.figures.cycle,
@@ -522,16 +528,8 @@ fn loss_curve(c: &CycleReport, chosen: Option<&str>, out: &mut String) {
     } else {
         (lo_s, hi_s.max(lo_s + 1))
     };
-    let lo_l = points.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
-    let hi_l = points.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
-    let (lo_l, hi_l) = if points.is_empty() {
-        (0.0, 1.0)
-    } else if hi_l - lo_l < 1e-9 {
-        (lo_l - 0.5, hi_l + 0.5)
-    } else {
-        let pad = (hi_l - lo_l) * 0.08;
-        (lo_l - pad, hi_l + pad)
-    };
+    let losses: Vec<f64> = points.iter().map(|p| p.1).collect();
+    let (lo_l, hi_l) = padded_range(&losses, 0.08, 0.5);
     let mut p = Plot::new(
         "loss",
         c.figures.cycle,
@@ -693,19 +691,7 @@ fn cycle_section(c: &CycleReport, out: &mut String) {
             .collect(),
     );
     agreement(c, out);
-    let bare: Vec<String> = f
-        .bare_delegation
-        .iter()
-        .map(|d| {
-            format!(
-                "{} {} of {} ({})",
-                d.model,
-                d.delegated,
-                d.runs,
-                pct(d.rate)
-            )
-        })
-        .collect();
+    let bare: Vec<String> = f.bare_delegation.iter().map(|d| d.describe()).collect();
     let _ = write!(
         out,
         "<p>Delegation in bare-task runs (no workflow): {}.</p>",
