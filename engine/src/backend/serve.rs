@@ -87,9 +87,12 @@ impl ServerPool {
         if let Some(s) = servers.get_mut(model) {
             match s.child.try_wait() {
                 Ok(None) => return Ok(s.base_url.clone()),
-                // It died since: start it again below.
+                // It died since: take down what it left in its group, then
+                // start it again below.
                 _ => {
-                    servers.remove(model);
+                    if let Some(mut dead) = servers.remove(model) {
+                        kill_group(&mut dead.child);
+                    }
                 }
             }
         }
