@@ -170,6 +170,44 @@ pub enum Command {
         #[arg(last = true)]
         command: Vec<String>,
     },
+    /// An OpenAI-compatible recording proxy for any client (an external agent
+    /// harness, a script): point the client's base URL at the printed
+    /// `http://LISTEN/v1`. Records every exchange, streamed ones included,
+    /// into stream STREAM of run RUN; with `--replay`, answers the client
+    /// from that recording instead (no upstream needed), matching requests
+    /// by their normalised content and failing closed (HTTP 400 naming the
+    /// stream, the position and a diff) on a request the recording does not
+    /// hold. Runs until SIGINT or SIGTERM, then waits for every record to be
+    /// durable. API keys pass through and are never recorded.
+    Proxy {
+        /// Address to listen on (port 0: any free port).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: std::net::SocketAddr,
+        /// The server's OpenAI base URL, e.g. http://127.0.0.1:8080/v1
+        /// (recording; with --replay, where misses go in mixed mode).
+        #[arg(long)]
+        upstream: Option<String>,
+        /// The run whose stream is recorded into or replayed.
+        #[arg(long)]
+        run: String,
+        /// The stream of the run, e.g. `agent` or `sessions/1`.
+        #[arg(long, default_value = "proxy")]
+        stream: String,
+        /// Answer from the recording instead of an upstream.
+        #[arg(long)]
+        replay: bool,
+        /// Replay normaliser: a TOML file with `ignore = [fields]` and
+        /// `[[rules]] pattern = '...' replace = '...'` (see README).
+        #[arg(long, value_name = "FILE")]
+        normalise: Option<PathBuf>,
+        /// Mixed mode (with --replay and --upstream): record everything
+        /// served, misses sent live, into this run's stream of the same name.
+        #[arg(long, value_name = "RUN")]
+        into: Option<String>,
+        /// Write the client base URL to this file once listening.
+        #[arg(long, value_name = "FILE")]
+        url_file: Option<PathBuf>,
+    },
     /// Why a rollout is where it is: its evidence chain (guard findings,
     /// workflow lineage, tool calls, every judgment, its Bradley-Terry rank,
     /// the selection decision, the dataset lines it became, the training

@@ -55,12 +55,39 @@ impl ToolCall {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
     pub role: Role,
-    #[serde(default)]
+    /// On the wire also a list of content parts (external harnesses send
+    /// those); their text parts are read joined with newlines, as vLLM
+    /// renders them.
+    #[serde(default, deserialize_with = "content_text")]
     pub content: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+}
+
+/// A message's `content`: a string, null, or a list of parts of which the
+/// `text` ones are kept.
+fn content_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s),
+        Some(Value::Array(parts)) => Some(
+            parts
+                .iter()
+                .filter_map(|p| match p {
+                    Value::String(s) => Some(s.as_str()),
+                    _ => p["text"].as_str(),
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        Some(other) => {
+            return Err(serde::de::Error::custom(format!(
+                "message content must be a string or a list of parts, not {other}"
+            )))
+        }
+    })
 }
 
 impl Message {
@@ -142,4 +169,27 @@ impl ToolDef {
 pub struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_parts_are_read_as_their_text() {
+        let m: Message = serde_json::from_value(serde_json::json!({
+            "role": "user",
+            "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}, {"type": "text", "text": "b", "cache_control": {}}]
+        }))
+        .unwrap();
+        assert_eq!(m.content.as_deref(), Some("a\nb"));
+        let m: Message =
+            serde_json::from_value(serde_json::json!({"role": "assistant", "content": null}))
+                .unwrap();
+        assert_eq!(m.content, None);
+        assert!(serde_json::from_value::<Message>(
+            serde_json::json!({"role": "user", "content": 3})
+        )
+        .is_err());
+    }
 }

@@ -25,6 +25,8 @@ pub enum EngineError {
     },
     #[error("recorded {what} is unreadable: {detail}")]
     Recording { what: String, detail: String },
+    #[error("proxy: {0}")]
+    Proxy(#[from] crate::proxy::ProxyError),
     #[error("{0}")]
     Invalid(String),
     /// What the user named does not exist (a file, a line, a record).

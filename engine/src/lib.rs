@@ -23,6 +23,7 @@ pub mod harness;
 pub mod judge;
 pub mod optimizer;
 pub mod prompts;
+pub mod proxy;
 pub mod status;
 pub mod suite;
 pub mod task;

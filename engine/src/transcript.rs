@@ -1,6 +1,8 @@
 //! Reconstructs conversations from the ledger: a model effect's request names
 //! only the messages added since the previous call of its conversation (its
-//! `prefix`), so the full history is rebuilt by following prefixes.
+//! `prefix`), so the full history is rebuilt by following prefixes. The
+//! engine's own calls cover the prefix's request and response; the proxy's
+//! (`wire` records, see `proxy::log`) cover the prefix's request only.
 
 use ledger::{Id, Ledger};
 use schemas::Effect;
@@ -60,7 +62,8 @@ pub fn model_call(ledger: &Ledger, event: Id) -> Result<Transcript> {
     chain.reverse();
     let mut messages = Vec::new();
     let mut tools = Vec::new();
-    for (e, req) in chain {
+    let last = chain.len().saturating_sub(1);
+    for (i, (e, req)) in chain.into_iter().enumerate() {
         for m in req["messages"].as_array().into_iter().flatten() {
             let v = blob_json(ledger, m.as_str().unwrap_or_default())?;
             messages
@@ -70,7 +73,12 @@ pub fn model_call(ledger: &Ledger, event: Id) -> Result<Transcript> {
             tools = serde_json::from_value(blob_json(ledger, t)?)
                 .map_err(|x| EngineError::recording("tools", x))?;
         }
-        // Each call's response is part of the next call's history.
+        // Each engine call's response is part of the next call's history.
+        // A proxied client (`wire` records) sends the response back itself,
+        // as the next request's first new message.
+        if i != last && req["wire"].is_u64() {
+            continue;
+        }
         let out = e
             .output
             .ok_or_else(|| EngineError::recording("model effect", "no output"))?;

@@ -68,12 +68,42 @@ fn walk(
                 _ => out.push(format!("{path}: {} -> {}", &x[..12], &y[..12])),
             }
         }
+        (Value::String(x), Value::String(y))
+            if x.chars().count() > 120 || y.chars().count() > 120 =>
+        {
+            out.push(format!("{path}: {}", long_strings(x, y)))
+        }
         _ => out.push(format!("{path}: {} -> {}", short(a), short(b))),
     }
 }
 
 fn is_id(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|c| c.is_ascii_hexdigit())
+}
+
+/// Two long strings that differ: where they start to differ, with some
+/// context on each side (a prompt differs in a date deep inside, not in
+/// its first hundred characters).
+fn long_strings(x: &str, y: &str) -> String {
+    let at = x.chars().zip(y.chars()).take_while(|(a, b)| a == b).count();
+    let window = |s: &str| {
+        let from = at.saturating_sub(40);
+        let part: String = s.chars().skip(from).take(100).collect();
+        let more = s.chars().count() > from + 100;
+        format!(
+            "{}{}{}",
+            if from > 0 { "..." } else { "" },
+            serde_json::Value::String(part),
+            if more { "..." } else { "" }
+        )
+    };
+    format!(
+        "differ from char {at} ({} vs {} chars): {} -> {}",
+        x.chars().count(),
+        y.chars().count(),
+        window(x),
+        window(y)
+    )
 }
 
 fn short(v: &Value) -> String {
@@ -102,6 +132,25 @@ mod tests {
                 r#"$.messages[1].content: "old" -> "new""#.to_string(),
                 "$.params.temperature: 0.7 -> 0.9".to_string(),
             ]
+        );
+    }
+
+    #[test]
+    fn long_strings_show_where_they_differ() {
+        let a = format!("{}on 2026-12-01 at noon", "x".repeat(300));
+        let b = format!("{}on 2026-12-02 at noon", "x".repeat(300));
+        let d = json_diff(&json!({"c": a}), &json!({"c": b}), &|_| None, 10);
+        assert_eq!(d.len(), 1);
+        assert!(
+            d[0].starts_with("$.c: differ from char 312 (321 vs 321 chars): ..."),
+            "{}",
+            d[0]
+        );
+        assert!(
+            d[0].contains("on 2026-12-01 at noon\" -> ")
+                && d[0].ends_with("on 2026-12-02 at noon\""),
+            "{}",
+            d[0]
         );
     }
 

@@ -6,6 +6,7 @@ mod export;
 mod inspect;
 mod maintain;
 mod objects;
+mod proxy;
 mod rank;
 mod runs;
 mod sandbox;
@@ -171,6 +172,28 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         } => export::events(&open_read(&dir)?, start.as_deref(), &out),
         Command::Rank { file, prior, json } => rank::run(&file, prior, json),
         Command::Demo { workspace } => demo::run(&dir, workspace.as_deref()),
+        Command::Proxy {
+            listen,
+            upstream,
+            run,
+            stream,
+            replay,
+            normalise,
+            into,
+            url_file,
+        } => proxy::run(
+            &dir,
+            &proxy::ProxyOptions {
+                listen,
+                upstream,
+                run,
+                stream,
+                replay,
+                normalise,
+                into,
+                url_file,
+            },
+        ),
         Command::Sandbox {
             workspace,
             limits,

@@ -1,0 +1,378 @@
+//! Replay matching: which recorded exchange answers a request. A request is
+//! matched by its normalised content, never by arrival order (a harness's
+//! background subagents interleave with the orchestrator differently on
+//! every run): its key hashes the method, path, model, parameters, tools and
+//! message list after the normaliser ran. Equal keys are served in recorded
+//! order, each once. A miss is reported with the stream, the position and a
+//! readable diff against the closest recorded request still unserved.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use ledger::{Id, Ledger};
+use serde_json::{json, Map, Value};
+
+use super::log::{self, chain_step, Recorded};
+use super::normalise::Normaliser;
+use super::wire::ChatBody;
+use super::ProxyError;
+
+/// The recorded exchanges of one stream, indexed for matching.
+pub struct Book {
+    ledger: Arc<Ledger>,
+    label: String,
+    normaliser: Normaliser,
+    exchanges: Vec<Recorded>,
+    by_key: HashMap<[u8; 32], VecDeque<usize>>,
+    served: Vec<bool>,
+    received: u64,
+    /// Normalised hash of each message or tools blob, by blob id.
+    norm_cache: HashMap<Id, [u8; 32]>,
+    /// Per exchange: the chain hash of its normalised message list.
+    chains: Vec<Option<([u8; 32], usize)>>,
+}
+
+/// What a request gets.
+#[derive(Debug)]
+pub enum Answer {
+    /// The recorded exchange at this index.
+    Hit(usize),
+    /// Nothing matches: why, for the client and the operator.
+    Miss(Miss),
+}
+
+#[derive(Debug, Clone)]
+pub struct Miss {
+    /// 1-based number of the request on this stream.
+    pub position: u64,
+    /// The report: stream, position, closest recorded request, diff.
+    pub report: String,
+}
+
+fn hash_value(v: &Value) -> [u8; 32] {
+    *blake3::hash(&replay::canonical_json(v)).as_bytes()
+}
+
+impl Book {
+    pub fn open(
+        ledger: Arc<Ledger>,
+        run: &str,
+        rel: &str,
+        normaliser: Normaliser,
+    ) -> Result<Book, ProxyError> {
+        let exchanges = log::load(&ledger, run, rel)?;
+        let label = replay::ref_name(run, rel);
+        if exchanges.is_empty() {
+            return Err(ProxyError::NothingRecorded { stream: label });
+        }
+        let n = exchanges.len();
+        let mut book = Book {
+            ledger,
+            label,
+            normaliser,
+            exchanges,
+            by_key: HashMap::new(),
+            served: vec![false; n],
+            received: 0,
+            norm_cache: HashMap::new(),
+            chains: vec![None; n],
+        };
+        let index: HashMap<Id, usize> = book
+            .exchanges
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.event, i))
+            .collect();
+        for i in 0..n {
+            let key = book.recorded_key(i, &index)?;
+            book.by_key.entry(key).or_default().push_back(i);
+        }
+        Ok(book)
+    }
+
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    pub fn exchange(&self, i: usize) -> &Recorded {
+        &self.exchanges[i]
+    }
+
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
+    }
+
+    /// How many recorded exchanges were served so far, of how many.
+    pub fn progress(&self) -> (usize, usize) {
+        (
+            self.served.iter().filter(|s| **s).count(),
+            self.served.len(),
+        )
+    }
+
+    fn norm_blob(&mut self, id: &Id) -> Result<[u8; 32], ProxyError> {
+        if let Some(h) = self.norm_cache.get(id) {
+            return Ok(*h);
+        }
+        let v: Value = serde_json::from_slice(&self.ledger.get_blob(id)?).map_err(|e| {
+            ProxyError::Recording {
+                stream: self.label.clone(),
+                detail: format!("blob {}: {e}", id.short(12)),
+            }
+        })?;
+        let h = hash_value(&self.normaliser.value(&v));
+        self.norm_cache.insert(*id, h);
+        Ok(h)
+    }
+
+    fn recorded_key(
+        &mut self,
+        i: usize,
+        index: &HashMap<Id, usize>,
+    ) -> Result<[u8; 32], ProxyError> {
+        let r = self.exchanges[i].clone();
+        if !r.is_chat() {
+            let body = match r.request["body"]
+                .as_str()
+                .and_then(|h| h.parse::<Id>().ok())
+            {
+                Some(id) => self.ledger.get_blob(&id)?,
+                None => Vec::new(),
+            };
+            return Ok(self.opaque_key(&r.request["method"], &r.request["path"], &body));
+        }
+        let (mut h, mut count) = match r.prefix() {
+            Some(p) => {
+                let j = *index.get(&p).ok_or_else(|| ProxyError::Recording {
+                    stream: self.label.clone(),
+                    detail: format!("prefix {} is not in the stream", p.short(12)),
+                })?;
+                self.chains[j].ok_or_else(|| ProxyError::Recording {
+                    stream: self.label.clone(),
+                    detail: format!("prefix {} comes after its request", p.short(12)),
+                })?
+            }
+            None => ([0; 32], 0),
+        };
+        for m in r.new_messages() {
+            let nh = self.norm_blob(&m)?;
+            h = chain_step(h, &Id(nh));
+            count += 1;
+        }
+        self.chains[i] = Some((h, count));
+        let tools = match r.request["tools"]
+            .as_str()
+            .and_then(|t| t.parse::<Id>().ok())
+        {
+            Some(t) => Some(self.norm_blob(&t)?),
+            None => None,
+        };
+        Ok(self.chat_key(
+            &r.request["method"],
+            &r.request["path"],
+            &r.request["model"],
+            r.request["params"].as_object(),
+            tools,
+            h,
+            count,
+        ))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn chat_key(
+        &self,
+        method: &Value,
+        path: &Value,
+        model: &Value,
+        params: Option<&Map<String, Value>>,
+        tools: Option<[u8; 32]>,
+        messages: [u8; 32],
+        count: usize,
+    ) -> [u8; 32] {
+        let n = &self.normaliser;
+        let params: Map<String, Value> = params
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| !n.ignores(k))
+            .map(|(k, v)| (k.clone(), n.value(v)))
+            .collect();
+        let keep = |field: &str, v: Value| if n.ignores(field) { Value::Null } else { v };
+        hash_value(&json!({
+            "method": method,
+            "path": path,
+            "model": keep("model", n.value(model)),
+            "params": params,
+            "tools": keep("tools", json!(tools.map(hex::encode))),
+            "messages": keep("messages", json!(hex::encode(messages))),
+            "count": keep("messages", json!(count)),
+        }))
+    }
+
+    fn opaque_key(&self, method: &Value, path: &Value, body: &[u8]) -> [u8; 32] {
+        let body = match serde_json::from_slice::<Value>(body) {
+            Ok(v) => self.normaliser.value(&v),
+            Err(_) => Value::String(self.normaliser.text(&String::from_utf8_lossy(body))),
+        };
+        hash_value(&json!({"method": method, "path": path, "body": body}))
+    }
+
+    /// The normalised message hashes of a received chat request.
+    fn received_chain(&self, chat: &ChatBody) -> Vec<[u8; 32]> {
+        chat.messages
+            .iter()
+            .map(|m| hash_value(&self.normaliser.value(m)))
+            .collect()
+    }
+
+    /// Finds the recorded answer to a request and marks it served.
+    pub fn answer(&mut self, method: &str, path: &str, body: &[u8]) -> Result<Answer, ProxyError> {
+        self.received += 1;
+        let position = self.received;
+        let (method, path) = (json!(method), json!(path));
+        let chat = ChatBody::parse(body);
+        let key = match &chat {
+            Some(c) => {
+                let mut h = [0; 32];
+                for m in self.received_chain(c) {
+                    h = chain_step(h, &Id(m));
+                }
+                let tools = c
+                    .tools
+                    .as_ref()
+                    .map(|t| hash_value(&self.normaliser.value(t)));
+                let model = json!(c.model);
+                self.chat_key(
+                    &method,
+                    &path,
+                    &model,
+                    Some(&c.params),
+                    tools,
+                    h,
+                    c.messages.len(),
+                )
+            }
+            None => self.opaque_key(&method, &path, body),
+        };
+        if let Some(q) = self.by_key.get_mut(&key) {
+            if let Some(i) = q.pop_front() {
+                self.served[i] = true;
+                return Ok(Answer::Hit(i));
+            }
+        }
+        let report = self.miss_report(position, &method, &path, chat.as_ref(), body)?;
+        Ok(Answer::Miss(Miss { position, report }))
+    }
+
+    /// The full recorded request of exchange `i`, normalised, as one value.
+    fn recorded_request(&mut self, i: usize) -> Result<Value, ProxyError> {
+        let by_event: HashMap<Id, &Recorded> =
+            self.exchanges.iter().map(|r| (r.event, r)).collect();
+        let r = &self.exchanges[i];
+        if !r.is_chat() {
+            return Ok(r.request.clone());
+        }
+        let ids = log::full_messages(&self.ledger, &by_event, r)?;
+        let mut messages = Vec::new();
+        for id in ids {
+            let v: Value =
+                serde_json::from_slice(&self.ledger.get_blob(&id)?).unwrap_or(Value::Null);
+            messages.push(v);
+        }
+        let tools = match r.request["tools"]
+            .as_str()
+            .and_then(|t| t.parse::<Id>().ok())
+        {
+            Some(t) => serde_json::from_slice(&self.ledger.get_blob(&t)?).unwrap_or(Value::Null),
+            None => Value::Null,
+        };
+        let body = ChatBody {
+            model: r.request["model"].as_str().unwrap_or_default().to_string(),
+            messages,
+            tools: (!tools.is_null()).then_some(tools),
+            params: r.request["params"].as_object().cloned().unwrap_or_default(),
+        };
+        Ok(self.comparable(&body))
+    }
+
+    /// A request as compared: normalised, ignored fields dropped.
+    fn comparable(&self, chat: &ChatBody) -> Value {
+        let mut v = self.normaliser.value(&chat.to_value());
+        if let Value::Object(m) = &mut v {
+            m.retain(|k, _| !self.normaliser.ignores(k));
+        }
+        v
+    }
+
+    fn miss_report(
+        &mut self,
+        position: u64,
+        method: &Value,
+        path: &Value,
+        chat: Option<&ChatBody>,
+        body: &[u8],
+    ) -> Result<String, ProxyError> {
+        let (served, total) = self.progress();
+        let mut report = format!(
+            "mass proxy replay: no recorded exchange of stream {} matches request {position} ({} {}); {served} of {total} recorded exchanges served so far.",
+            self.label,
+            method.as_str().unwrap_or(""),
+            path.as_str().unwrap_or(""),
+        );
+        let Some(chat) = chat else {
+            report.push_str(&format!(
+                " The request is not a chat request ({} bytes); nothing recorded has its method, path and body.",
+                body.len()
+            ));
+            return Ok(report);
+        };
+        let received = self.received_chain(chat);
+        // The closest: unserved first, then the longest common message
+        // prefix, then the earliest.
+        let mut best: Option<(bool, usize, usize)> = None;
+        for i in 0..self.exchanges.len() {
+            if !self.exchanges[i].is_chat() {
+                continue;
+            }
+            let recorded = self.recorded_request(i)?;
+            let common = recorded["messages"]
+                .as_array()
+                .map(|ms| {
+                    ms.iter()
+                        .zip(&received)
+                        .take_while(|(m, h)| hash_value(m) == **h)
+                        .count()
+                })
+                .unwrap_or(0);
+            let cand = (!self.served[i], common, usize::MAX - i);
+            if best.is_none_or(|b| cand > b) {
+                best = Some(cand);
+            }
+        }
+        let Some((unserved, common, inv)) = best else {
+            report.push_str(" The stream holds no chat request to compare with.");
+            return Ok(report);
+        };
+        let i = usize::MAX - inv;
+        let recorded = self.recorded_request(i)?;
+        let r = &self.exchanges[i];
+        let n_rec = recorded["messages"].as_array().map_or(0, Vec::len);
+        report.push_str(&format!(
+            "\nClosest recorded request: position {} of the stream (event {}, {}), {common} leading message(s) equal of {} recorded and {} received.\nDifferences after normalising (recorded -> received):\n",
+            r.seq + 1,
+            r.event.short(12),
+            if unserved { "not yet served" } else { "already served" },
+            n_rec,
+            received.len(),
+        ));
+        let diff = replay::diff::json_diff(&recorded, &self.comparable(chat), &|_| None, 12);
+        if diff.is_empty() {
+            report.push_str("  (none: the recorded request was already served; the client sent it once more than recorded)\n");
+        }
+        for line in diff {
+            report.push_str("  ");
+            report.push_str(&line);
+            report.push('\n');
+        }
+        Ok(report)
+    }
+}

@@ -1,0 +1,436 @@
+//! A proxy stream in the ledger: every exchange the proxy passed through (or
+//! answered) is one `effect` event of kind `model` on the stream, so the
+//! engine's transcripts, datasets, `why` and mixed-mode replays read it like
+//! one of its own model calls. The request is stored as the longest earlier
+//! request of the stream that is a prefix of it (`prefix`) plus the messages
+//! it adds, each message a blob: a long agent session costs linear space.
+//! The response is stored as its raw bytes (one blob), the byte lengths of
+//! the chunks it arrived in, its status and headers, and the message
+//! reassembled from it. Timings go in the event's unhashed metadata.
+//! The record format is `wire` version 1, documented in SCHEMAS.md.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ledger::{Id, Ledger, ObjectKind};
+use schemas::{Effect, EffectStatus, Hash32};
+use serde_json::{json, Value};
+
+use super::wire::{self, ChatBody};
+use super::ProxyError;
+
+/// The wire record version written in every request (`"wire": 1`).
+pub const WIRE_VERSION: u64 = 1;
+
+/// What the upstream (or the recording) answered.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Http(HttpReply),
+    /// No HTTP response at all (connection refused, reset, timed out); the
+    /// client was answered 502 with this text.
+    Unreachable(String),
+}
+
+/// An HTTP response as passed through: status, headers (hop-by-hop ones
+/// left out), the body bytes and the lengths of the chunks it came in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpReply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub chunks: Vec<usize>,
+}
+
+impl HttpReply {
+    pub fn event_stream(&self) -> bool {
+        self.headers.iter().any(|(k, v)| {
+            k.eq_ignore_ascii_case("content-type") && v.starts_with("text/event-stream")
+        })
+    }
+
+    fn http_json(&self) -> Value {
+        json!({
+            "status": self.status,
+            "headers": self.headers.iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
+            "chunks": self.chunks,
+        })
+    }
+}
+
+/// Microseconds from the request's arrival: response headers, each chunk,
+/// the end. Never hashed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Timing {
+    pub headers_us: u64,
+    pub chunks_us: Vec<u64>,
+    pub total_us: u64,
+}
+
+/// One request and what answered it, to record.
+#[derive(Debug, Clone)]
+pub struct Exchange {
+    pub method: String,
+    pub path: String,
+    pub body: Vec<u8>,
+    pub user_agent: Option<String>,
+    pub outcome: Outcome,
+    pub timing: Timing,
+    /// Where the answer came from: the upstream URL, or the recording.
+    pub served_by: String,
+}
+
+/// The response half of a recorded exchange, enough to answer it again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedReply {
+    pub outcome: RecordedOutcome,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum RecordedOutcome {
+    Http {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: Option<Id>,
+        chunks: Vec<usize>,
+    },
+    Unreachable(String),
+}
+
+/// A recorded exchange as the replay reads it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub event: Id,
+    pub seq: u64,
+    /// The wire request record (`prefix` + new `messages`, or an opaque `body`).
+    pub request: Value,
+    pub reply: RecordedOutcome,
+    /// The effect's status (`Ok`, or a failure class).
+    pub status: EffectStatus,
+}
+
+impl Recorded {
+    pub fn prefix(&self) -> Option<Id> {
+        self.request["prefix"].as_str().and_then(|h| h.parse().ok())
+    }
+
+    pub fn new_messages(&self) -> Vec<Id> {
+        self.request["messages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m.as_str().and_then(|h| h.parse().ok()))
+            .collect()
+    }
+
+    pub fn is_chat(&self) -> bool {
+        self.request["messages"].is_array()
+    }
+}
+
+/// Chains message ids: `h(i+1) = blake3(h(i) || id(i))`, `h(0)` all zero.
+/// Equal chain hashes mean equal message lists.
+pub fn chain_step(h: [u8; 32], id: &Id) -> [u8; 32] {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&h);
+    hasher.update(&id.0);
+    *hasher.finalize().as_bytes()
+}
+
+/// The writer of one proxy stream: its head and, for prefix lookup, the
+/// chain hash of every recorded request's message list.
+pub struct WireLog {
+    ledger: Arc<Ledger>,
+    ref_name: String,
+    rel: String,
+    head: Option<Id>,
+    requests: HashMap<[u8; 32], Id>,
+}
+
+impl WireLog {
+    /// Opens stream `rel` of `run` for appending, reading what it already holds.
+    pub fn open(ledger: Arc<Ledger>, run: &str, rel: &str) -> Result<WireLog, ProxyError> {
+        let ref_name = replay::ref_name(run, rel);
+        ledger::check_ref_name(&ref_name)?;
+        let head = ledger.head(&ref_name)?;
+        let mut requests = HashMap::new();
+        let mut chains: HashMap<Id, [u8; 32]> = HashMap::new();
+        for r in load(&ledger, run, rel)? {
+            if !r.is_chat() {
+                continue;
+            }
+            let mut h = match r.prefix() {
+                Some(p) => *chains.get(&p).ok_or_else(|| ProxyError::Recording {
+                    stream: ref_name.clone(),
+                    detail: format!(
+                        "event {} names prefix {} that is not earlier in the stream",
+                        r.event.short(12),
+                        p.short(12)
+                    ),
+                })?,
+                None => [0; 32],
+            };
+            for m in r.new_messages() {
+                h = chain_step(h, &m);
+            }
+            chains.insert(r.event, h);
+            requests.insert(h, r.event);
+        }
+        Ok(WireLog {
+            ledger,
+            ref_name,
+            rel: rel.to_string(),
+            head,
+            requests,
+        })
+    }
+
+    pub fn head(&self) -> Option<Id> {
+        self.head
+    }
+
+    pub fn ref_name(&self) -> &str {
+        &self.ref_name
+    }
+
+    /// Appends one exchange and returns its event, once it is durable.
+    pub async fn record(&mut self, ex: &Exchange) -> Result<Id, ProxyError> {
+        let ledger = self.ledger.clone();
+        let mut b = ledger.batch();
+        let mut links: Vec<Id> = Vec::new();
+        let put = |b: &mut ledger::Batch<'_>,
+                   links: &mut Vec<Id>,
+                   bytes: &[u8]|
+         -> Result<Id, ProxyError> {
+            let id = b.put_blob(bytes)?;
+            links.push(id);
+            Ok(id)
+        };
+        let mut full_chain = None;
+        let request = match ChatBody::parse(&ex.body) {
+            Some(chat) => {
+                let blobs: Vec<Vec<u8>> =
+                    chat.messages.iter().map(replay::canonical_json).collect();
+                let ids: Vec<Id> = blobs.iter().map(|m| Id::of(ObjectKind::Blob, m)).collect();
+                // The longest earlier request this one extends.
+                let mut hashes = Vec::with_capacity(ids.len() + 1);
+                let mut h = [0u8; 32];
+                hashes.push(h);
+                for id in &ids {
+                    h = chain_step(h, id);
+                    hashes.push(h);
+                }
+                full_chain = Some(h);
+                let (covered, prefix) = (0..hashes.len())
+                    .rev()
+                    .find_map(|i| self.requests.get(&hashes[i]).map(|e| (i, Some(*e))))
+                    .unwrap_or((0, None));
+                let mut new = Vec::new();
+                for blob in &blobs[covered..] {
+                    new.push(put(&mut b, &mut links, blob)?.to_hex());
+                }
+                let tools = match &chat.tools {
+                    Some(t) => Some(put(&mut b, &mut links, &replay::canonical_json(t))?.to_hex()),
+                    None => None,
+                };
+                if let Some(p) = prefix {
+                    links.push(p);
+                }
+                json!({
+                    "wire": WIRE_VERSION,
+                    "method": ex.method,
+                    "path": ex.path,
+                    "model": chat.model,
+                    "params": chat.params,
+                    "tools": tools,
+                    "prefix": prefix.map(|p| p.to_hex()),
+                    "messages": new,
+                })
+            }
+            None => {
+                let body = put(&mut b, &mut links, &ex.body)?;
+                json!({"wire": WIRE_VERSION, "method": ex.method, "path": ex.path, "body": body.to_hex()})
+            }
+        };
+        let request_bytes = replay::canonical_json(&request);
+        let request_id = b.put_blob(&request_bytes)?;
+        let (status, output, error) = match &ex.outcome {
+            Outcome::Http(h) => {
+                let raw = put(&mut b, &mut links, &h.body)?;
+                let reply = (200..300)
+                    .contains(&h.status)
+                    .then(|| wire::reply_of(&h.body, h.event_stream()))
+                    .flatten();
+                match reply {
+                    Some(reply) => {
+                        let mut out = reply.to_value();
+                        out["raw_body"] = json!(raw.to_hex());
+                        out["http"] = h.http_json();
+                        let oid = b.put_blob(&replay::canonical_json(&out))?;
+                        (EffectStatus::Ok, Some(Hash32(oid.0)), String::new())
+                    }
+                    None => {
+                        let err = json!({"http": h.http_json(), "raw_body": raw.to_hex()});
+                        let status = if h.status == 429 || h.status >= 500 {
+                            EffectStatus::Retriable
+                        } else {
+                            EffectStatus::Failed
+                        };
+                        (
+                            status,
+                            None,
+                            String::from_utf8_lossy(&replay::canonical_json(&err)).into_owned(),
+                        )
+                    }
+                }
+            }
+            Outcome::Unreachable(msg) => (
+                EffectStatus::Retriable,
+                None,
+                String::from_utf8_lossy(&replay::canonical_json(&json!({"unreachable": msg})))
+                    .into_owned(),
+            ),
+        };
+        links.sort();
+        links.dedup();
+        let effect = Effect {
+            effect: "model".into(),
+            request: Hash32(request_id.0),
+            status,
+            output,
+            error,
+            links: links.into_iter().map(|l| Hash32(l.0)).collect(),
+        };
+        let mut ev = schemas::to_event(&effect)?.in_stream(self.rel.clone());
+        ev = ev
+            .with_meta("wire.served_by", ex.served_by.clone())
+            .with_meta("wire.headers_us", ex.timing.headers_us.to_string())
+            .with_meta("wire.total_us", ex.timing.total_us.to_string())
+            .with_meta(
+                "wire.chunks_us",
+                ex.timing
+                    .chunks_us
+                    .iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+        if let Some(ua) = &ex.user_agent {
+            ev = ev.with_meta("wire.user_agent", ua.clone());
+        }
+        let id = b.append(&self.ref_name, self.head, ev)?;
+        let durable = b.submit()?;
+        // Seen by this log at once: the next request of the conversation
+        // may already be on its way.
+        self.head = Some(id);
+        if let Some(h) = full_chain {
+            self.requests.insert(h, id);
+        }
+        crate::exec::durable(durable).await?;
+        Ok(id)
+    }
+}
+
+/// Every exchange recorded on stream `rel` of `run`, oldest first.
+pub fn load(ledger: &Ledger, run: &str, rel: &str) -> Result<Vec<Recorded>, ProxyError> {
+    let ref_name = replay::ref_name(run, rel);
+    let Some(head) = ledger.head(&ref_name)? else {
+        return Ok(Vec::new());
+    };
+    let bad = |detail: String| ProxyError::Recording {
+        stream: ref_name.clone(),
+        detail,
+    };
+    let mut out = Vec::new();
+    for ev in ledger.chain(head) {
+        let ev = ev?;
+        if ev.kind != "effect" {
+            return Err(bad(format!(
+                "event {} is a {} event: this stream was not written by the proxy",
+                ev.id.short(12),
+                ev.kind
+            )));
+        }
+        let e: Effect = schemas::decode_event(&ev)?;
+        let request: Value = serde_json::from_slice(&ledger.get_blob(&Id(e.request.0))?)
+            .map_err(|x| bad(format!("request of {}: {x}", ev.id.short(12))))?;
+        if request["wire"].as_u64() != Some(WIRE_VERSION) {
+            return Err(bad(format!(
+                "event {} is not a wire record of version {WIRE_VERSION}: this stream was not written by the proxy",
+                ev.id.short(12)
+            )));
+        }
+        let reply = match (&e.status, e.output) {
+            (EffectStatus::Ok, Some(o)) => {
+                let v: Value = serde_json::from_slice(&ledger.get_blob(&Id(o.0))?)
+                    .map_err(|x| bad(format!("output of {}: {x}", ev.id.short(12))))?;
+                http_outcome(&v)
+                    .ok_or_else(|| bad(format!("output of {} has no http part", ev.id.short(12))))?
+            }
+            _ => {
+                let v: Value = serde_json::from_str(&e.error)
+                    .map_err(|x| bad(format!("error of {}: {x}", ev.id.short(12))))?;
+                match v["unreachable"].as_str() {
+                    Some(m) => RecordedOutcome::Unreachable(m.to_string()),
+                    None => http_outcome(&v).ok_or_else(|| {
+                        bad(format!("error of {} has no http part", ev.id.short(12)))
+                    })?,
+                }
+            }
+        };
+        out.push(Recorded {
+            event: ev.id,
+            seq: ev.seq,
+            request,
+            reply,
+            status: e.status,
+        });
+    }
+    out.reverse();
+    Ok(out)
+}
+
+fn http_outcome(v: &Value) -> Option<RecordedOutcome> {
+    let h = &v["http"];
+    let status = u16::try_from(h["status"].as_u64()?).ok()?;
+    let headers = h["headers"]
+        .as_array()?
+        .iter()
+        .filter_map(|p| Some((p[0].as_str()?.to_string(), p[1].as_str()?.to_string())))
+        .collect();
+    let chunks = h["chunks"]
+        .as_array()?
+        .iter()
+        .filter_map(|c| c.as_u64().map(|c| c as usize))
+        .collect();
+    let body = v["raw_body"].as_str().and_then(|s| s.parse().ok());
+    Some(RecordedOutcome::Http {
+        status,
+        headers,
+        body,
+        chunks,
+    })
+}
+
+/// The full message list of a recorded chat request, following prefixes.
+pub fn full_messages(
+    ledger: &Ledger,
+    by_event: &HashMap<Id, &Recorded>,
+    r: &Recorded,
+) -> Result<Vec<Id>, ProxyError> {
+    let mut parts = vec![r.new_messages()];
+    let mut cur = r.prefix();
+    while let Some(p) = cur {
+        let Some(prev) = by_event.get(&p) else {
+            // A prefix outside the stream (never written by the proxy).
+            let _ = ledger;
+            return Err(ProxyError::Recording {
+                stream: String::new(),
+                detail: format!("prefix {} is not in the stream", p.short(12)),
+            });
+        };
+        parts.push(prev.new_messages());
+        cur = prev.prefix();
+    }
+    parts.reverse();
+    Ok(parts.into_iter().flatten().collect())
+}

@@ -1,0 +1,693 @@
+//! The recording proxy against hostile fakes: an upstream that answers
+//! differently every time, chunks its streams at random, fails with 500s
+//! and disappears; clients that interleave conversations and send
+//! credentials. Each property holds for many seeds.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use engine::proxy::{Book, Normaliser, ProxyServer, Route, Upstream, WireLog};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use ledger::Ledger;
+use serde_json::{json, Value};
+
+/// What the fake upstream does and saw.
+#[derive(Default)]
+struct Fake {
+    /// Answer this many requests with HTTP 500 first.
+    fail_next: AtomicU32,
+    calls: AtomicU64,
+    seed: u64,
+    /// Authorization headers received.
+    auth: Mutex<Vec<String>>,
+    /// Response bodies sent, in order.
+    sent: Mutex<Vec<Vec<u8>>>,
+}
+
+fn rng(seed: u64) -> impl FnMut() -> u64 {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    }
+}
+
+/// An answer that is different on every call (a counter in it), so a
+/// replay that went upstream would be caught.
+fn answer(fake: &Fake, req: &Value) -> (Vec<u8>, Vec<usize>) {
+    let n = fake.calls.fetch_add(1, Ordering::SeqCst);
+    let mut r = rng(fake.seed ^ n.wrapping_mul(7919));
+    let turns = req["messages"].as_array().map_or(0, Vec::len);
+    let text = format!("reply {n} to {turns} messages: {}", r() % 100_000);
+    let tool = r() % 2 == 0;
+    if req["stream"] == json!(true) {
+        let mut events = vec![
+            json!({"choices":[{"index":0,"delta":{"role":"assistant","content": if tool { Value::Null } else { json!("") }}}]}),
+        ];
+        if tool {
+            let args = format!("{{\"path\":\"/ws/{n}.txt\",\"content\":\"{text}\"}}");
+            let (a, b) = args.split_at(args.len() / 2);
+            events.push(json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":format!("call_{n}"),"type":"function","function":{"name":"write_file","arguments":a}}]}}]}));
+            events.push(json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":b}}]}}]}));
+        } else {
+            for w in text.split_inclusive(' ') {
+                events.push(json!({"choices":[{"index":0,"delta":{"content":w}}]}));
+            }
+        }
+        events.push(json!({"choices":[{"index":0,"delta":{},"finish_reason": if tool {"tool_calls"} else {"stop"}}]}));
+        events
+            .push(json!({"choices":[],"usage":{"prompt_tokens":turns * 10,"completion_tokens":7}}));
+        let mut body = String::new();
+        for e in events {
+            body.push_str(&format!("data: {e}\n\n"));
+        }
+        body.push_str("data: [DONE]\n\n");
+        // Cut at random places, not at event boundaries.
+        let bytes = body.into_bytes();
+        let mut chunks = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let n = (1 + r() as usize % 90).min(bytes.len() - at);
+            chunks.push(n);
+            at += n;
+        }
+        (bytes, chunks)
+    } else {
+        let message = if tool {
+            json!({"role":"assistant","content":null,"tool_calls":[{"id":format!("call_{n}"),"type":"function","function":{"name":"read_file","arguments":"{\"path\":\"a\"}"}}]})
+        } else {
+            json!({"role":"assistant","content":text})
+        };
+        let body = json!({"id":format!("x{n}"),"object":"chat.completion","choices":[{"index":0,"message":message,"finish_reason":"stop"}],"usage":{"prompt_tokens":turns,"completion_tokens":3}});
+        let b = serde_json::to_vec(&body).unwrap();
+        let len = b.len();
+        (b, vec![len])
+    }
+}
+
+type FakeBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+async fn fake_handle(
+    fake: Arc<Fake>,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> hyper::Response<FakeBody> {
+    if let Some(a) = req.headers().get("authorization") {
+        fake.auth
+            .lock()
+            .unwrap()
+            .push(a.to_str().unwrap_or("").to_string());
+    }
+    let body = req.into_body().collect().await.unwrap().to_bytes();
+    if fake
+        .fail_next
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |f| f.checked_sub(1))
+        .is_ok()
+    {
+        let b = Bytes::from_static(b"{\"error\":{\"message\":\"overloaded\"}}");
+        fake.sent.lock().unwrap().push(b.to_vec());
+        return hyper::Response::builder()
+            .status(500)
+            .header("content-type", "application/json")
+            .body(Full::new(b).boxed())
+            .unwrap();
+    }
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let (bytes, chunks) = answer(&fake, &v);
+    fake.sent.lock().unwrap().push(bytes.clone());
+    if v["stream"] == json!(true) {
+        let mut q = VecDeque::new();
+        let mut at = 0;
+        for n in chunks {
+            q.push_back(Ok::<_, Infallible>(Frame::data(Bytes::copy_from_slice(
+                &bytes[at..at + n],
+            ))));
+            at += n;
+        }
+        let stream = futures_stream(q);
+        hyper::Response::builder()
+            .header("content-type", "text/event-stream")
+            .header("x-upstream", "fake")
+            .body(BodyExt::boxed(StreamBody::new(stream)))
+            .unwrap()
+    } else {
+        hyper::Response::builder()
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(bytes)).boxed())
+            .unwrap()
+    }
+}
+
+/// Frames delivered one per poll with a yield between them, so the
+/// proxy really sees them as separate chunks.
+fn futures_stream(
+    q: VecDeque<Result<Frame<Bytes>, Infallible>>,
+) -> impl futures_core::Stream<Item = Result<Frame<Bytes>, Infallible>> + Send + Sync {
+    struct S(VecDeque<Result<Frame<Bytes>, Infallible>>, bool);
+    impl futures_core::Stream for S {
+        type Item = Result<Frame<Bytes>, Infallible>;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            // Every other poll is Pending: chunks leave one at a time.
+            self.1 = !self.1;
+            if self.1 {
+                cx.waker().wake_by_ref();
+                return std::task::Poll::Pending;
+            }
+            std::task::Poll::Ready(self.0.pop_front())
+        }
+    }
+    S(q, false)
+}
+
+async fn start_fake(fake: Arc<Fake>) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((sock, _)) = listener.accept().await else {
+                continue;
+            };
+            let fake = fake.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let fake = fake.clone();
+                    async move { Ok::<_, Infallible>(fake_handle(fake, req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(sock), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+struct Sent {
+    status: u16,
+    body: Vec<u8>,
+}
+
+async fn post(client: &reqwest::Client, base: &str, body: &Value, key: &str) -> Sent {
+    let mut r = client
+        .post(format!("{base}/chat/completions"))
+        .header("authorization", format!("Bearer {key}"))
+        .header("x-api-key", key)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let mut out = Vec::new();
+    while let Some(c) = r.chunk().await.unwrap() {
+        out.extend_from_slice(&c);
+    }
+    Sent { status, body: out }
+}
+
+/// One agent conversation of `turns` requests, as a client keeps it: it
+/// sends the reply back in its own serialisation, then a tool result.
+/// Returns each request and the bytes it got.
+async fn converse(
+    client: &reqwest::Client,
+    base: &str,
+    who: &str,
+    turns: usize,
+    date: &str,
+    key: &str,
+) -> Vec<(Value, Sent)> {
+    let mut messages = vec![
+        json!({"role":"system","content": format!("You are {who}. {}", "Rules. ".repeat(200))}),
+        json!({"role":"user","content":[{"type":"text","text":format!("Today is {date}.")},{"type":"text","text":format!("Task for {who}.")}]}),
+    ];
+    let mut out = Vec::new();
+    for t in 0..turns {
+        let body = json!({"model":"m","messages":messages,"stream": t % 3 != 2,"stream_options":{"include_usage":true},"tools":[{"type":"function","function":{"name":"write_file","description":"w","parameters":{}}}]});
+        let sent = post(client, base, &body, key).await;
+        assert_eq!(sent.status, 200, "{}", String::from_utf8_lossy(&sent.body));
+        let reply =
+            engine::proxy::wire::reply_of(&sent.body, body["stream"] == json!(true)).unwrap();
+        let mut m = reply.message.clone();
+        m.as_object_mut().unwrap().retain(|_, v| !v.is_null());
+        let call = m["tool_calls"][0]["id"].as_str().map(str::to_string);
+        messages.push(m);
+        messages.push(match call {
+            Some(id) => json!({"role":"tool","tool_call_id":id,"content":format!("ok {t}")}),
+            None => json!({"role":"user","content":format!("go on {t}")}),
+        });
+        out.push((body, sent));
+    }
+    out
+}
+
+fn ledger_in(dir: &std::path::Path) -> Arc<Ledger> {
+    Arc::new(Ledger::init(dir).unwrap())
+}
+
+async fn recording_proxy(
+    ledger: &Arc<Ledger>,
+    run: &str,
+    upstream: SocketAddr,
+) -> (ProxyServer, Arc<Route>, String) {
+    let log = WireLog::open(ledger.clone(), run, "agent").unwrap();
+    let route = Arc::new(Route::record(
+        log,
+        Upstream::new(&format!("http://{upstream}/v1")).unwrap(),
+    ));
+    let server = ProxyServer::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let base = server.set_default(route.clone());
+    (server, route, base)
+}
+
+async fn replaying_proxy(
+    ledger: &Arc<Ledger>,
+    run: &str,
+    normaliser: Normaliser,
+) -> (ProxyServer, Arc<Route>, String) {
+    let book = Book::open(ledger.clone(), run, "agent", normaliser).unwrap();
+    let route = Arc::new(Route::replay(book, None, None));
+    let server = ProxyServer::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let base = server.set_default(route.clone());
+    (server, route, base)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_pass_through_byte_for_byte_and_replay_the_same_bytes_with_the_upstream_gone() {
+    for seed in 1..=6u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = ledger_in(dir.path());
+        let fake = Arc::new(Fake {
+            seed,
+            ..Default::default()
+        });
+        let (up, up_task) = start_fake(fake.clone()).await;
+        let (server, route, base) = recording_proxy(&ledger, "rec", up).await;
+        let client = reqwest::Client::new();
+        let got = converse(
+            &client,
+            &base,
+            "orchestrator",
+            6,
+            "2026-12-01",
+            "sk-SECRET-1",
+        )
+        .await;
+        // Byte for byte: what the client got is what the upstream sent.
+        let sent = fake.sent.lock().unwrap().clone();
+        assert_eq!(got.len(), sent.len());
+        for ((_, g), s) in got.iter().zip(&sent) {
+            assert_eq!(&g.body, s, "seed {seed}");
+        }
+        let head = route.finish().await.unwrap().unwrap();
+        drop(server);
+        up_task.abort();
+
+        // Linear space: each request after the first names only what it adds.
+        let recorded = engine::proxy::log::load(&ledger, "rec", "agent").unwrap();
+        assert_eq!(recorded.len(), 6);
+        assert!(recorded[0].prefix().is_none());
+        for (i, r) in recorded.iter().enumerate().skip(1) {
+            assert_eq!(r.prefix(), Some(recorded[i - 1].event), "seed {seed}");
+            assert_eq!(
+                r.new_messages().len(),
+                2,
+                "seed {seed}: reply + tool result"
+            );
+        }
+        // Streamed replies were seen in pieces, as they came.
+        for (r, (body, _)) in recorded.iter().zip(&got) {
+            if let engine::proxy::log::RecordedOutcome::Http { chunks, .. } = &r.reply {
+                if body["stream"] == json!(true) {
+                    assert!(chunks.len() > 1, "seed {seed}: {chunks:?}");
+                }
+            }
+        }
+        // The conversation reads back whole, ending in the last reply.
+        let t = engine::transcript::model_call(&ledger, head).unwrap();
+        assert_eq!(t.messages.len(), 2 + 2 * 5 + 1);
+        assert_eq!(
+            t.messages[1].content.as_deref(),
+            Some("Today is 2026-12-01.\nTask for orchestrator.")
+        );
+
+        // Replay, the upstream gone: the same bytes, chunk for chunk.
+        let calls_before = fake.calls.load(Ordering::SeqCst);
+        let (_server, route, base) = replaying_proxy(&ledger, "rec", Normaliser::default()).await;
+        for (body, g) in &got {
+            let again = post(&client, &base, body, "sk-other").await;
+            assert_eq!(again.status, 200);
+            assert_eq!(again.body, g.body, "seed {seed}");
+        }
+        assert_eq!(route.progress(), Some((6, 6)));
+        assert_eq!(fake.calls.load(Ordering::SeqCst), calls_before);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleaved_conversations_replay_in_any_order_matched_by_content() {
+    for seed in 1..=5u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = ledger_in(dir.path());
+        let fake = Arc::new(Fake {
+            seed,
+            ..Default::default()
+        });
+        let (up, _t) = start_fake(fake.clone()).await;
+        let (_server, route, base) = recording_proxy(&ledger, "rec", up).await;
+        let client = reqwest::Client::new();
+        // Three agents at once, as background subagents run.
+        let (a, b, c) = tokio::join!(
+            converse(&client, &base, "orchestrator", 4, "d", "k"),
+            converse(&client, &base, "sub-1", 3, "d", "k"),
+            converse(&client, &base, "sub-2", 3, "d", "k"),
+        );
+        route.finish().await.unwrap();
+        // Three conversations come apart again: each chain is one agent's.
+        let recorded = engine::proxy::log::load(&ledger, "rec", "agent").unwrap();
+        assert_eq!(recorded.len(), 10);
+        assert_eq!(recorded.iter().filter(|r| r.prefix().is_none()).count(), 3);
+
+        // Replayed in another order (reversed, one agent after another).
+        let (_s, route, base) = replaying_proxy(&ledger, "rec", Normaliser::default()).await;
+        for conv in [&c, &a, &b] {
+            for (body, g) in conv {
+                let again = post(&client, &base, body, "k").await;
+                assert_eq!(again.body, g.body, "seed {seed}");
+            }
+        }
+        assert_eq!(route.progress(), Some((10, 10)));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_miss_fails_closed_naming_the_stream_the_position_and_the_difference() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(dir.path());
+    let fake = Arc::new(Fake {
+        seed: 3,
+        ..Default::default()
+    });
+    let (up, up_task) = start_fake(fake.clone()).await;
+    let (_server, route, base) = recording_proxy(&ledger, "rec", up).await;
+    let client = reqwest::Client::new();
+    let got = converse(
+        &client,
+        &base,
+        "orchestrator",
+        3,
+        "Tuesday, December 1, 2026",
+        "k",
+    )
+    .await;
+    route.finish().await.unwrap();
+    up_task.abort();
+
+    // The same session a day later: the date in the prompt differs.
+    let redate = |v: &Value| {
+        serde_json::from_str::<Value>(&v.to_string().replace("December 1,", "December 2,")).unwrap()
+    };
+    let (_s, route, base) = replaying_proxy(&ledger, "rec", Normaliser::default()).await;
+    let miss = post(&client, &base, &redate(&got[0].0), "k").await;
+    assert_eq!(miss.status, 400);
+    let err: Value = serde_json::from_slice(&miss.body).unwrap();
+    assert_eq!(err["error"]["type"], "mass_replay_miss");
+    let msg = err["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("stream rec/agent"), "{msg}");
+    assert!(msg.contains("request 1 "), "{msg}");
+    assert!(msg.contains("$.messages[1].content"), "{msg}");
+    assert!(
+        msg.contains("December 1") && msg.contains("December 2"),
+        "{msg}"
+    );
+    assert_eq!(route.misses().len(), 1);
+
+    // With a rule for the date, the same requests are served.
+    let cfg: engine::proxy::NormaliseConfig = toml::from_str(
+        r#"
+        [[rules]]
+        pattern = '(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday), [A-Z][a-z]+ \d{1,2}, \d{4}'
+        replace = "<DATE>"
+        "#,
+    )
+    .unwrap();
+    let (_s, route, base) = replaying_proxy(&ledger, "rec", Normaliser::new(&cfg).unwrap()).await;
+    for (body, g) in &got {
+        let body = serde_json::from_str::<Value>(
+            &body
+                .to_string()
+                .replace("Tuesday, December 1", "Wednesday, December 2"),
+        )
+        .unwrap();
+        assert_eq!(post(&client, &base, &body, "k").await.body, g.body);
+    }
+    // One request more than recorded: a miss that says the recording was used up.
+    let extra = post(&client, &base, &got[2].0, "k").await;
+    assert_eq!(extra.status, 400);
+    assert!(String::from_utf8_lossy(&extra.body).contains("3 of 3 recorded exchanges served"));
+    assert_eq!(route.progress(), Some((3, 3)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_errors_and_retries_are_recorded_and_replayed_in_order() {
+    for seed in 1..=3u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = ledger_in(dir.path());
+        let fake = Arc::new(Fake {
+            seed,
+            ..Default::default()
+        });
+        fake.fail_next.store(2, Ordering::SeqCst);
+        let (up, up_task) = start_fake(fake.clone()).await;
+        let (_server, route, base) = recording_proxy(&ledger, "rec", up).await;
+        let client = reqwest::Client::new();
+        let body = json!({"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true});
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let s = post(&client, &base, &body, "k").await;
+            seen.push((s.status, s.body));
+        }
+        assert_eq!(
+            seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+            vec![500, 500, 200]
+        );
+        route.finish().await.unwrap();
+        up_task.abort();
+        let recorded = engine::proxy::log::load(&ledger, "rec", "agent").unwrap();
+        assert_eq!(
+            recorded.iter().map(|r| r.status).collect::<Vec<_>>(),
+            vec![
+                schemas::EffectStatus::Retriable,
+                schemas::EffectStatus::Retriable,
+                schemas::EffectStatus::Ok
+            ]
+        );
+        let (_s, _route, base) = replaying_proxy(&ledger, "rec", Normaliser::default()).await;
+        for (status, b) in &seen {
+            let again = post(&client, &base, &body, "k").await;
+            assert_eq!((again.status, &again.body), (*status, b), "seed {seed}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_upstream_is_a_502_recorded_and_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(dir.path());
+    // A port nothing listens on.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (_server, route, base) = recording_proxy(&ledger, "rec", dead).await;
+    let client = reqwest::Client::new();
+    let body = json!({"model":"m","messages":[{"role":"user","content":"hi"}]});
+    let s = post(&client, &base, &body, "k").await;
+    assert_eq!(s.status, 502);
+    assert!(String::from_utf8_lossy(&s.body).contains("unreachable"));
+    route.finish().await.unwrap();
+    let (_s, _r, base) = replaying_proxy(&ledger, "rec", Normaliser::default()).await;
+    let again = post(&client, &base, &body, "k").await;
+    assert_eq!((again.status, again.body), (502, s.body));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_reach_the_upstream_and_are_never_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(dir.path());
+    let fake = Arc::new(Fake {
+        seed: 9,
+        ..Default::default()
+    });
+    let (up, _t) = start_fake(fake.clone()).await;
+    let (_server, route, base) = recording_proxy(&ledger, "rec", up).await;
+    let client = reqwest::Client::new();
+    converse(&client, &base, "orchestrator", 3, "d", "sk-VERY-SECRET-42").await;
+    route.finish().await.unwrap();
+    assert_eq!(
+        fake.auth.lock().unwrap().clone(),
+        vec!["Bearer sk-VERY-SECRET-42".to_string(); 3]
+    );
+    // Every object and every object's metadata, decoded.
+    let mut checked = 0;
+    for (id, _) in ledger.locations().unwrap() {
+        let (_, bytes) = ledger.raw_object(&id).unwrap();
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains("VERY-SECRET"),
+            "object {}",
+            id.short(12)
+        );
+        let meta = ledger.get_meta(&id).unwrap();
+        assert!(!format!("{meta:?}").contains("VERY-SECRET"));
+        checked += 1;
+    }
+    assert!(checked > 10);
+    // And the raw segment files (zstd leaves short strings as they are).
+    for f in walk(dir.path()) {
+        let b = std::fs::read(&f).unwrap();
+        assert!(
+            !b.windows(11).any(|w| w == b"VERY-SECRET"),
+            "{}",
+            f.display()
+        );
+    }
+}
+
+fn walk(d: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(d).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_mode_answers_hits_from_the_recording_sends_misses_live_and_records_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(dir.path());
+    let fake = Arc::new(Fake {
+        seed: 4,
+        ..Default::default()
+    });
+    let (up, _t) = start_fake(fake.clone()).await;
+    let (_server, route, base) = recording_proxy(&ledger, "rec", up).await;
+    let client = reqwest::Client::new();
+    let got = converse(&client, &base, "orchestrator", 2, "d", "k").await;
+    route.finish().await.unwrap();
+
+    let book = Book::open(ledger.clone(), "rec", "agent", Normaliser::default()).unwrap();
+    let into = WireLog::open(ledger.clone(), "mixed", "agent").unwrap();
+    let upstream = Upstream::new(&format!("http://{up}/v1")).unwrap();
+    let route = Arc::new(Route::replay(book, Some(upstream), Some(into)));
+    let server = ProxyServer::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let base = server.set_default(route.clone());
+    let calls = fake.calls.load(Ordering::SeqCst);
+    for (body, g) in &got {
+        assert_eq!(post(&client, &base, body, "k").await.body, g.body);
+    }
+    let fresh = json!({"model":"m","messages":[{"role":"user","content":"something new"}]});
+    let live = post(&client, &base, &fresh, "k").await;
+    assert_eq!(live.status, 200);
+    assert_eq!(fake.calls.load(Ordering::SeqCst), calls + 1);
+    route.finish().await.unwrap();
+    // The new run holds the whole session and replays on its own.
+    let (_s, route, base) = replaying_proxy(&ledger, "mixed", Normaliser::default()).await;
+    for (body, g) in &got {
+        assert_eq!(post(&client, &base, body, "k").await.body, g.body);
+    }
+    assert_eq!(post(&client, &base, &fresh, "k").await.body, live.body);
+    assert_eq!(route.progress(), Some((3, 3)));
+}
+
+/// An upstream that sends its first event, then waits until the test says
+/// the client has it: a proxy that held chunks back would never get the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_chunk_reaches_the_client_before_the_upstream_sends_the_next() {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    let g = gate.clone();
+    tokio::spawn(async move {
+        let (sock, _) = listener.accept().await.unwrap();
+        let g = g.clone();
+        let svc = hyper::service::service_fn(move |_req| {
+            let g = g.clone();
+            async move {
+                let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
+                tokio::spawn(async move {
+                    let first =
+                        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n";
+                    tx.send(Ok(Frame::data(Bytes::from(first)))).await.unwrap();
+                    g.notified().await;
+                    let rest = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
+                    tx.send(Ok(Frame::data(Bytes::from(rest)))).await.unwrap();
+                });
+                let body = StreamBody::new(ReceiverStream(rx));
+                Ok::<_, Infallible>(
+                    hyper::Response::builder()
+                        .header("content-type", "text/event-stream")
+                        .body(body)
+                        .unwrap(),
+                )
+            }
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(hyper_util::rt::TokioIo::new(sock), svc)
+            .await;
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(dir.path());
+    let (_server, route, base) = recording_proxy(&ledger, "rec", up).await;
+    let client = reqwest::Client::new();
+    let mut r = client
+        .post(format!("{base}/chat/completions"))
+        .json(&json!({"model":"m","messages":[],"stream":true}))
+        .send()
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), r.chunk())
+        .await
+        .expect("the first chunk was held back")
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("\"a\""));
+    gate.notify_one();
+    let mut rest = Vec::new();
+    while let Some(c) = r.chunk().await.unwrap() {
+        rest.extend_from_slice(&c);
+    }
+    assert!(String::from_utf8_lossy(&rest).ends_with("[DONE]\n\n"));
+    let head = route.finish().await.unwrap().unwrap();
+    let t = engine::transcript::model_call(&ledger, head).unwrap();
+    assert_eq!(t.messages.last().unwrap().content.as_deref(), Some("ab"));
+}
+
+struct ReceiverStream(tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, Infallible>>);
+
+impl futures_core::Stream for ReceiverStream {
+    type Item = Result<Frame<Bytes>, Infallible>;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}

@@ -1,0 +1,119 @@
+//! `mass proxy`: the recording proxy (`engine::proxy`) from the command line.
+//! Prints the client base URL on stdout once listening; on SIGINT or SIGTERM
+//! waits for the records, prints what was recorded or served, and exits 0,
+//! or 1 when a replay answered a request with a miss.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use engine::proxy::{Mode, NormaliseConfig, Normaliser, Upstream};
+
+use super::CliError;
+
+pub struct ProxyOptions {
+    pub listen: std::net::SocketAddr,
+    pub upstream: Option<String>,
+    pub run: String,
+    pub stream: String,
+    pub replay: bool,
+    pub normalise: Option<PathBuf>,
+    pub into: Option<String>,
+    pub url_file: Option<PathBuf>,
+}
+
+fn normaliser(file: Option<&PathBuf>) -> Result<Normaliser> {
+    let cfg = match file {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read normaliser {}", p.display()))?;
+            toml::from_str::<NormaliseConfig>(&text)
+                .map_err(|e| CliError::Usage(format!("normaliser {}: {e}", p.display())))?
+        }
+        None => NormaliseConfig::default(),
+    };
+    Normaliser::new(&cfg).map_err(|e| CliError::Usage(e.to_string()).into())
+}
+
+fn upstream(u: &str) -> Result<Upstream> {
+    Upstream::new(u).map_err(|e| CliError::Usage(e.to_string()).into())
+}
+
+pub fn run(dir: &std::path::Path, o: &ProxyOptions) -> Result<ExitCode> {
+    let (mode, writes) = if o.replay {
+        let mixed = match (&o.upstream, &o.into) {
+            (Some(u), Some(into)) => Some((upstream(u)?, into.clone())),
+            (None, None) => None,
+            _ => {
+                return Err(CliError::Usage(
+                    "mixed mode needs both --upstream URL and --into RUN (where misses and hits are recorded)".into(),
+                )
+                .into())
+            }
+        };
+        let writes = mixed.is_some();
+        (
+            Mode::Replay {
+                normaliser: normaliser(o.normalise.as_ref())?,
+                mixed,
+            },
+            writes,
+        )
+    } else {
+        let Some(u) = &o.upstream else {
+            return Err(CliError::Usage(
+                "give --upstream URL to record (or --replay to answer from the recording)".into(),
+            )
+            .into());
+        };
+        if o.normalise.is_some() || o.into.is_some() {
+            return Err(CliError::Usage("--normalise and --into go with --replay".into()).into());
+        }
+        (
+            Mode::Record {
+                upstream: upstream(u)?,
+            },
+            true,
+        )
+    };
+    // A pure replay writes nothing: it reads without the lock, beside a
+    // running `mass run` or on a read-only copy.
+    let ledger = Arc::new(if writes {
+        super::open(dir)?
+    } else {
+        super::open_read(dir)?
+    });
+    let url_file = o.url_file.clone();
+    let summary =
+        engine::proxy::serve_until_signal(ledger, o.listen, &o.run, &o.stream, mode, move |url| {
+            println!("{url}");
+            if let Some(f) = &url_file {
+                // Written whole, then renamed: a reader never sees half.
+                let tmp = f.with_extension("tmp");
+                if let Err(e) = std::fs::write(&tmp, url).and_then(|()| std::fs::rename(&tmp, f)) {
+                    eprintln!("warning: cannot write {}: {e}", f.display());
+                }
+            }
+        })
+        .map_err(engine::error::EngineError::from)?;
+    if let Some(h) = summary.head {
+        let target = o.into.as_deref().unwrap_or(&o.run);
+        eprintln!(
+            "recorded into {} (head {})",
+            replay::ref_name(target, &o.stream),
+            h.short(12)
+        );
+    }
+    if let Some((served, total)) = summary.progress {
+        eprintln!("replayed {served} of {total} recorded exchanges");
+    }
+    for m in &summary.misses {
+        eprintln!("{m}");
+    }
+    Ok(if summary.misses.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
