@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs every test of the project: the Rust workspace (unit, property, crash,
 # golden and end-to-end CLI tests), the OpenAI-compatible backend against a
-# real llama.cpp server, and the example task suite's self-test.
+# real llama.cpp server, the recording proxy and Qwen Code as an external
+# harness, and the example task suite's self-test.
 # Needs: cargo (rustup toolchain), python3 with venv and pip, a C++ compiler,
-# curl, and PyPI (the server is built from source once, ~4 minutes on 2
+# curl, node and npm (Qwen Code), and PyPI (the server is built from source once, ~4 minutes on 2
 # cores, and cached in ~/.cache/mass).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,16 @@ cargo test --test llamacpp_cycle -- --ignored --test-threads=1 --nocapture
 # time), then a few training steps on CPU checked end to end, the adapter
 # served by the llama.cpp build above changing the model's greedy output.
 scripts/llamacpp-server.sh stop
+# The recording proxy with the official OpenAI Python client (a venv built
+# once in ~/.cache/mass/openai-venv) against a llama.cpp server of the
+# test's own, then replayed with that server stopped.
+eval "$(scripts/openai-env.sh | sed 's/^/export /')"
+cargo test --test proxy_llamacpp -- --ignored --nocapture
+# Qwen Code (npm, installed once in ~/.cache/mass) as the team harness
+# against a scripted server: recorded, replayed, re-judged, forked, exported
+# and re-executed against its recording with the server stopped.
+eval "$(scripts/qwen-env.sh | sed 's/^/export /')"
+cargo test --test qwen_code -- --ignored --nocapture
 bash trainers/selftest.sh
 # The real loop (examples/real-cpu.toml): two cycles of SmolLM2-135M with
 # real LoRA training between them, the adapter served to cycle 2 by servers

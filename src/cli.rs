@@ -208,6 +208,17 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         url_file: Option<PathBuf>,
     },
+    /// Run a recorded external-harness rollout's program again (`[harness]
+    /// kind = "external"`), in a fresh checkout of its initial workspace,
+    /// against a proxy that answers only from the rollout's recorded
+    /// traffic (no model server needed), and say whether every request and
+    /// the final workspace repeat. Exit 0 when identical, 1 when not.
+    HarnessReplay {
+        /// The rollout (its `mass.rollout` event id or a unique prefix).
+        rollout: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Why a rollout is where it is: its evidence chain (guard findings,
     /// workflow lineage, tool calls, every judgment, its Bradley-Terry rank,
     /// the selection decision, the dataset lines it became, the training

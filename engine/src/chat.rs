@@ -147,7 +147,11 @@ pub struct ToolDef {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FunctionDef {
     pub name: String,
+    /// Optional on the wire (external harnesses leave it out of some tools).
+    #[serde(default)]
     pub description: String,
+    /// Optional on the wire too; left out again when absent.
+    #[serde(default, skip_serializing_if = "Value::is_null")]
     pub parameters: Value,
 }
 

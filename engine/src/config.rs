@@ -163,6 +163,10 @@ pub struct Experiment {
     pub sandbox: SandboxConfig,
     #[serde(default)]
     pub trainer: TrainerConfig,
+    /// `[harness]`: who plays a team run. Left out of the canonical form
+    /// when built in, so experiments written before it keep their ids.
+    #[serde(default, skip_serializing_if = "HarnessConfig::is_builtin")]
+    pub harness: HarnessConfig,
     /// Where the experiment came from (file path or label), for error messages.
     #[serde(skip)]
     pub origin: String,
@@ -758,6 +762,72 @@ impl GuardAction {
     }
 }
 
+/// Which harness plays a team run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HarnessKind {
+    /// The engine's own orchestrator and subagents (`harness.rs`).
+    #[default]
+    Builtin,
+    /// An external agent program run once per rollout, its model traffic
+    /// recorded through the proxy (`harness/external.rs`).
+    External,
+}
+
+/// `[harness]`: an external agent harness (Qwen Code, OpenHands, an
+/// in-house agent) as the team. `command` is one bash line run in the
+/// rollout's workspace, inside the sandbox, with `OPENAI_BASE_URL`,
+/// `OPENAI_API_KEY` and `OPENAI_MODEL` set to a proxy stream of the rollout;
+/// placeholders: `{prompt_file}` (the task prompt with the workflow, as a
+/// file), `{workspace}`, `{home}` (a scratch directory outside the workspace
+/// for the harness's own state), `{base_url}`, `{model}`. The ledger records
+/// this template and `env`, never the values of `pass_env`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HarnessConfig {
+    pub kind: HarnessKind,
+    pub command: String,
+    /// Variables set for the command (recorded).
+    pub env: BTreeMap<String, String>,
+    /// Variables copied from `mass`'s own environment (names recorded,
+    /// values not): e.g. where the harness is installed.
+    pub pass_env: Vec<String>,
+    /// Paths the command may read besides the system and the workspace;
+    /// `$NAME` at the start of an entry is taken from `mass`'s environment.
+    pub readable: Vec<String>,
+    /// Wall-clock limit of one rollout; past it the harness's process
+    /// group is killed and the rollout ends `halted`.
+    pub timeout_secs: u64,
+    /// Resource limits for the harness's processes (default: `[sandbox.limits]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits: Option<sandbox::Limits>,
+    /// How requests are matched when a rollout is re-executed against its
+    /// recording (`mass harness-replay`): the workspace and home paths are
+    /// always replaced; these rules add to that (dates, ids).
+    pub normalise: crate::proxy::NormaliseConfig,
+}
+
+impl Default for HarnessConfig {
+    fn default() -> Self {
+        HarnessConfig {
+            kind: HarnessKind::Builtin,
+            command: String::new(),
+            env: BTreeMap::new(),
+            pass_env: Vec::new(),
+            readable: Vec::new(),
+            timeout_secs: 900,
+            limits: None,
+            normalise: crate::proxy::NormaliseConfig::default(),
+        }
+    }
+}
+
+impl HarnessConfig {
+    pub fn is_builtin(&self) -> bool {
+        *self == HarnessConfig::default()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TrainerKind {
@@ -1013,6 +1083,53 @@ impl Experiment {
         self.check_outer(v);
         self.check_limits(v);
         self.check_trainer(v);
+        self.check_harness(v);
+    }
+
+    fn check_harness(&self, v: &mut Validator) {
+        let h = &self.harness;
+        match h.kind {
+            HarnessKind::Builtin => {
+                if !h.is_builtin() {
+                    v.add(
+                        "harness.kind",
+                        "[harness] settings only apply to harness.kind = \"external\"",
+                    );
+                }
+            }
+            HarnessKind::External => {
+                if h.command.trim().is_empty() {
+                    v.add(
+                        "harness.command",
+                        "harness.command is required when harness.kind = \"external\"",
+                    );
+                } else if let Err(e) = expand_placeholders(&h.command, |name| {
+                    ["prompt_file", "workspace", "home", "base_url", "model"]
+                        .contains(&name)
+                        .then(String::new)
+                }) {
+                    v.add("harness.command", format!("harness.command: {e}"));
+                }
+                if h.timeout_secs == 0 {
+                    v.add(
+                        "harness.timeout_secs",
+                        "harness.timeout_secs must be at least 1",
+                    );
+                }
+                if let Err(e) = crate::proxy::Normaliser::new(&h.normalise) {
+                    v.add("harness.normalise", format!("harness.normalise: {e}"));
+                }
+                if matches!(
+                    self.backends.get(&self.roles.orchestrator),
+                    Some(Backend::Sim(_))
+                ) {
+                    v.add(
+                        "roles.orchestrator",
+                        "roles.orchestrator: an external harness needs an OpenAI-compatible backend (kind = \"openai\"), not the simulation",
+                    );
+                }
+            }
+        }
     }
 
     fn check_task_lists(&self, v: &mut Validator) {

@@ -980,11 +980,10 @@ fn run_conversations(
 ) -> Result<Vec<Example>> {
     ctx.assert_trainable(task, "the dataset")?;
     let ledger = ctx.session.ledger();
-    let bare = format!(
-        "{}{}",
-        task.prompt,
-        crate::prompts::directive(&task.id, &task.deliverables)
-    );
+    let directives = [
+        crate::prompts::directive(&task.id, &task.deliverables),
+        crate::prompts::external_directive(&task.id, &task.deliverables),
+    ];
     let mut out = Vec::new();
     let heads = std::iter::once((AgentKind::Orchestrator, Id(run.record.orchestrator.0))).chain(
         run.record
@@ -1004,7 +1003,7 @@ fn run_conversations(
             tools: t.tools,
             split,
         };
-        dataset::strip_orchestrator_workflow(&mut conv, &bare);
+        dataset::strip_orchestrator_workflow_within(&mut conv, &task.prompt, &directives);
         out.push(conv);
     }
     Ok(out)

@@ -276,6 +276,47 @@ pub fn strip_orchestrator_workflow(conv: &mut Example, bare_task_prompt: &str) -
     }
 }
 
+/// [`strip_orchestrator_workflow`] for a first user message that holds the
+/// team's prompt (`task_prompt`, the workflow, a closing directive) inside
+/// other text, as an external harness sends it (its environment context,
+/// then the task): only that span becomes the bare task prompt, with the
+/// directive it closed with. `directives`: the closings a harness may use,
+/// the built-in one first (the fallback's). Falls back to replacing the whole
+/// message when no span is there.
+pub fn strip_orchestrator_workflow_within(
+    conv: &mut Example,
+    task_prompt: &str,
+    directives: &[String],
+) -> bool {
+    if conv.agent != AgentKind::Orchestrator {
+        return false;
+    }
+    if let Some(first_user) = conv.messages.iter_mut().find(|m| m.role == Role::User) {
+        let c = first_user.content_str();
+        if let Some(start) = c.find(task_prompt) {
+            for directive in directives {
+                let Some(end) = c[start..]
+                    .rfind(directive.as_str())
+                    .map(|j| start + j + directive.len())
+                else {
+                    continue;
+                };
+                let mut s = c[..start].to_string();
+                s.push_str(task_prompt);
+                s.push_str(directive);
+                s.push_str(&c[end..]);
+                first_user.content = Some(s);
+                return true;
+            }
+        }
+    }
+    let bare = format!(
+        "{task_prompt}{}",
+        directives.first().map(String::as_str).unwrap_or("")
+    );
+    strip_orchestrator_workflow(conv, &bare)
+}
+
 // ---------------------------------------------------------------------------
 // Validation
 // ---------------------------------------------------------------------------
@@ -2025,6 +2066,35 @@ mod tests {
         let no_user_before = no_user.clone();
         assert!(!strip_orchestrator_workflow(&mut no_user, "bare"));
         assert_eq!(no_user, no_user_before);
+    }
+
+    #[test]
+    fn strip_within_keeps_a_harness_context_around_the_task_and_drops_the_workflow() {
+        let mut c = sample();
+        let (task, wf) = (
+            "Task: price the option.",
+            "\n\n## Team workflow\n\nAgents...",
+        );
+        let closing = [
+            "\n---\nTask id: t. Call `finish`.".to_string(),
+            "\n---\nTask id: t. Answer.".to_string(),
+        ];
+        let context = "<system-reminder>Today's date is ...</system-reminder>\n";
+        c.messages[1].content = Some(format!("{context}{task}{wf}{}\nafter", closing[1]));
+        assert!(strip_orchestrator_workflow_within(&mut c, task, &closing));
+        assert_eq!(
+            c.messages[1].content.as_deref(),
+            Some(format!("{context}{task}{}\nafter", closing[1]).as_str())
+        );
+        // Without the task in it, the whole message becomes the bare task
+        // with the first closing.
+        let mut d = sample();
+        d.messages[1].content = Some("something else".into());
+        assert!(strip_orchestrator_workflow_within(&mut d, task, &closing));
+        assert_eq!(
+            d.messages[1].content.as_deref(),
+            Some(format!("{task}{}", closing[0]).as_str())
+        );
     }
 
     #[test]

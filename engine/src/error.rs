@@ -25,7 +25,7 @@ pub enum EngineError {
     },
     #[error("recorded {what} is unreadable: {detail}")]
     Recording { what: String, detail: String },
-    #[error("proxy: {0}")]
+    #[error(transparent)]
     Proxy(#[from] crate::proxy::ProxyError),
     #[error("{0}")]
     Invalid(String),

@@ -24,6 +24,15 @@ pub fn directive(task_id: &str, deliverables: &[String]) -> String {
     )
 }
 
+/// The closing directive for an external harness, whose tools are its own
+/// (no `run_checks`, no `finish`): it ends when its agent answers.
+pub fn external_directive(task_id: &str, deliverables: &[String]) -> String {
+    format!(
+        "\n\n---\nTask id: {task_id}. Work only inside the workspace (the current directory). Deliverables: {}. When done, answer with a short report.",
+        deliverables.join(", ")
+    )
+}
+
 /// System prompt of the pairwise judge.
 pub const JUDGE_SYSTEM: &str = "You are an impartial judge of research work. You will see one task and the final state of two workspaces, A and B, that attempted it: \
 their files, the output of the task's validation checks, and their reports. Decide which workspace better accomplishes the task: correct results, honest and complete reports, \

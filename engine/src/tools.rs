@@ -497,6 +497,9 @@ pub struct Confinement {
     pub network: bool,
     /// Extra directories the command may read (a validator's folder).
     pub readable: Vec<PathBuf>,
+    /// Extra directories the command may write besides the workspace (an
+    /// external harness's own state directory).
+    pub writable: Vec<PathBuf>,
     /// The workspace is read-only too (checks): only its `TMPDIR` is writable.
     pub read_only: bool,
 }
@@ -512,6 +515,7 @@ impl Confinement {
             p.writable = vec![tmp.to_path_buf()];
             p.readable.push(root.to_path_buf());
         }
+        p.writable.extend(self.writable.iter().cloned());
         p
     }
 }

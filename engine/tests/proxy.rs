@@ -46,7 +46,7 @@ fn answer(fake: &Fake, req: &Value) -> (Vec<u8>, Vec<usize>) {
     let mut r = rng(fake.seed ^ n.wrapping_mul(7919));
     let turns = req["messages"].as_array().map_or(0, Vec::len);
     let text = format!("reply {n} to {turns} messages: {}", r() % 100_000);
-    let tool = r() % 2 == 0;
+    let tool = r().is_multiple_of(2);
     if req["stream"] == json!(true) {
         let mut events = vec![
             json!({"choices":[{"index":0,"delta":{"role":"assistant","content": if tool { Value::Null } else { json!("") }}}]}),
@@ -378,6 +378,31 @@ async fn interleaved_conversations_replay_in_any_order_matched_by_content() {
         let recorded = engine::proxy::log::load(&ledger, "rec", "agent").unwrap();
         assert_eq!(recorded.len(), 10);
         assert_eq!(recorded.iter().filter(|r| r.prefix().is_none()).count(), 3);
+        // As an external harness's rollout splits them: the chain the first
+        // request starts is the orchestrator's, whichever agent that was.
+        let head = recorded.last().unwrap().event;
+        let convs = engine::harness::external::conversations(&ledger, None, head).unwrap();
+        assert_eq!(convs.calls, 10);
+        assert_eq!(convs.subagents.len(), 2, "seed {seed}");
+        let first_system = |id| {
+            let t = engine::transcript::model_call(&ledger, id).unwrap();
+            t.messages[0].content.clone().unwrap()
+        };
+        let first_agent = recorded[0].event;
+        let orch = convs.orchestrator.unwrap();
+        assert_eq!(first_system(orch), first_system(first_agent), "seed {seed}");
+        let mut lengths: Vec<usize> = std::iter::once(orch)
+            .chain(convs.subagents.iter().copied())
+            .map(|id| {
+                engine::transcript::model_call(&ledger, id)
+                    .unwrap()
+                    .messages
+                    .len()
+            })
+            .collect();
+        lengths.sort();
+        // Two subagents of 3 turns and an orchestrator of 4: 2 + 2 per earlier turn + the reply.
+        assert_eq!(lengths, vec![7, 7, 9], "seed {seed}");
 
         // Replayed in another order (reversed, one agent after another).
         let (_s, route, base) = replaying_proxy(&ledger, "rec", Normaliser::default()).await;
@@ -689,5 +714,67 @@ impl futures_core::Stream for ReceiverStream {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
         self.0.poll_recv(cx)
+    }
+}
+
+/// A harness run again after a crash records a second attempt on the same
+/// stream; its first request extends the first attempt's (same messages).
+/// The second attempt alone replays, and splits into its own conversation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_attempt_on_the_same_stream_replays_and_splits_on_its_own() {
+    for seed in 1..=3u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = ledger_in(dir.path());
+        let fake = Arc::new(Fake {
+            seed,
+            ..Default::default()
+        });
+        let (up, up_task) = start_fake(fake.clone()).await;
+        let client = reqwest::Client::new();
+        let (_s1, route, base) = recording_proxy(&ledger, "rec", up).await;
+        converse(&client, &base, "orchestrator", 2, "d", "k").await;
+        let first_attempt = route.finish().await.unwrap();
+        let (_s2, route, base) = recording_proxy(&ledger, "rec", up).await;
+        let second = converse(&client, &base, "orchestrator", 3, "d", "k").await;
+        let last = route.finish().await.unwrap().unwrap();
+        up_task.abort();
+
+        let recorded = engine::proxy::log::load(&ledger, "rec", "agent").unwrap();
+        assert_eq!(recorded.len(), 5);
+        assert_eq!(
+            recorded[2].prefix(),
+            Some(recorded[0].event),
+            "seed {seed}: crosses attempts"
+        );
+
+        let book = Book::open_range(
+            ledger.clone(),
+            "agent",
+            Normaliser::default(),
+            first_attempt,
+            last,
+        )
+        .unwrap();
+        let route = Arc::new(Route::replay(book, None, None));
+        let server = ProxyServer::bind("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let base = server.set_default(route.clone());
+        for (body, g) in &second {
+            assert_eq!(
+                post(&client, &base, body, "k").await.body,
+                g.body,
+                "seed {seed}"
+            );
+        }
+        assert_eq!(route.progress(), Some((3, 3)));
+
+        let convs = engine::harness::external::conversations(&ledger, first_attempt, last).unwrap();
+        assert_eq!(
+            (convs.calls, convs.orchestrator, convs.subagents.len()),
+            (3, Some(last), 0)
+        );
+        let t = engine::transcript::model_call(&ledger, last).unwrap();
+        assert_eq!(t.messages.len(), 7);
     }
 }

@@ -172,6 +172,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         } => export::events(&open_read(&dir)?, start.as_deref(), &out),
         Command::Rank { file, prior, json } => rank::run(&file, prior, json),
         Command::Demo { workspace } => demo::run(&dir, workspace.as_deref()),
+        Command::HarnessReplay { rollout, json } => proxy::harness_replay(&dir, &rollout, json),
         Command::Proxy {
             listen,
             upstream,

@@ -1,4 +1,6 @@
-//! `mass proxy`: the recording proxy (`engine::proxy`) from the command line.
+//! `mass proxy`: the recording proxy (`engine::proxy`) from the command line;
+//! `mass harness-replay`: an external-harness rollout re-executed against
+//! its recording.
 //! Prints the client base URL on stdout once listening; on SIGINT or SIGTERM
 //! waits for the records, prints what was recorded or served, and exits 0,
 //! or 1 when a replay answered a request with a miss.
@@ -112,6 +114,71 @@ pub fn run(dir: &std::path::Path, o: &ProxyOptions) -> Result<ExitCode> {
         eprintln!("{m}");
     }
     Ok(if summary.misses.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+pub fn harness_replay(dir: &std::path::Path, rollout: &str, json: bool) -> Result<ExitCode> {
+    // The ledger is only read: the re-execution records nothing.
+    let ledger = Arc::new(super::open_read(dir)?);
+    let id = super::resolve(&ledger, rollout)?;
+    let r = engine::harness::external::reexecute(ledger, id)?;
+    let identical = r.identical();
+    if json {
+        let v = serde_json::json!({
+            "rollout": id.to_hex(),
+            "identical": identical,
+            "served": r.served,
+            "recorded": r.recorded,
+            "misses": r.misses,
+            "workspace_diff": r.workspace_diff,
+            "exit_code": r.exit_code,
+            "recorded_exit_code": r.recorded_exit_code,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!(
+            "rollout {}: its harness re-executed against the recording alone",
+            id.short(12)
+        );
+        println!(
+            "  requests:  {} of {} recorded exchanges served, {} miss(es)",
+            r.served,
+            r.recorded,
+            r.misses.len()
+        );
+        if r.workspace_diff.is_empty() {
+            println!("  workspace: identical to the recorded final workspace");
+        } else {
+            println!("  workspace: {} path(s) differ", r.workspace_diff.len());
+            for d in &r.workspace_diff {
+                println!("    {d}");
+            }
+        }
+        let code = |c: Option<i32>| c.map_or("a signal".to_string(), |c| c.to_string());
+        println!(
+            "  exit:      {} (recorded {})",
+            code(r.exit_code),
+            code(r.recorded_exit_code)
+        );
+        for m in &r.misses {
+            println!("{m}");
+        }
+        if !identical && !r.stderr.trim().is_empty() {
+            println!("harness stderr:\n{}", r.stderr.trim_end());
+        }
+        println!(
+            "{}",
+            if identical {
+                "identical"
+            } else {
+                "NOT identical"
+            }
+        );
+    }
+    Ok(if identical {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

@@ -82,6 +82,29 @@ pub type Reply<'a> = std::pin::Pin<
     Box<dyn std::future::Future<Output = Result<ChatResponse, BackendError>> + Send + 'a>,
 >;
 
+/// Where a client outside `mass` reaches a model: an OpenAI base URL
+/// (`.../v1`) and the API key to send, if any.
+#[derive(Clone)]
+pub struct Endpoint {
+    pub base_url: String,
+    pub api_key: Option<String>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("Endpoint")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+/// An endpoint being looked up (a server `mass` starts may be starting).
+pub type EndpointLookup<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Option<Endpoint>, BackendError>> + Send + 'a>,
+>;
+
 /// A model server (or the built-in simulation).
 pub trait Backend: Send + Sync {
     /// The configured backend name (as in the experiment file).
@@ -92,6 +115,12 @@ pub trait Backend: Send + Sync {
     /// by a unit of work (see `exec`): a server call waits without holding
     /// a thread.
     fn complete<'a>(&'a self, req: &'a ChatRequest) -> Reply<'a>;
+    /// The HTTP endpoint serving `model`, for an external harness whose
+    /// traffic the proxy forwards there; `None`: the backend has none (the
+    /// simulation).
+    fn endpoint<'a>(&'a self, _model: &'a str) -> EndpointLookup<'a> {
+        Box::pin(async { Ok(None) })
+    }
     /// How often the model effect retries a transient failure in-process
     /// before the run stops as an infrastructure failure.
     fn max_retries(&self) -> u32 {

@@ -198,6 +198,23 @@ impl Backend for OpenAiBackend {
         self.params.max_retries
     }
 
+    fn endpoint<'a>(&'a self, model: &'a str) -> super::EndpointLookup<'a> {
+        Box::pin(async move {
+            let base_url = match &self.pool {
+                Some(pool) => pool.base_url(model).await?,
+                None => self
+                    .url
+                    .strip_suffix("/chat/completions")
+                    .unwrap_or(&self.url)
+                    .to_string(),
+            };
+            Ok(Some(super::Endpoint {
+                base_url,
+                api_key: self.api_key.clone(),
+            }))
+        })
+    }
+
     fn serves_adapters(&self) -> bool {
         self.params
             .serve

@@ -22,9 +22,19 @@ pub struct Book {
     ledger: Arc<Ledger>,
     label: String,
     normaliser: Normaliser,
+    /// The normaliser of received requests; the recorded side's unless set
+    /// (a re-executed harness works in another directory: each side maps
+    /// its own paths to the same placeholder).
+    incoming: Normaliser,
     exchanges: Vec<Recorded>,
     by_key: HashMap<[u8; 32], VecDeque<usize>>,
+    /// How many recorded exchanges have each key.
+    recorded_times: HashMap<[u8; 32], usize>,
     served: Vec<bool>,
+    /// Exchanges before the replayed range (never served, not counted).
+    outside: usize,
+    /// Each exchange's key.
+    keys: Vec<[u8; 32]>,
     received: u64,
     /// Normalised hash of each message or tools blob, by blob id.
     norm_cache: HashMap<Id, [u8; 32]>,
@@ -61,7 +71,15 @@ impl Book {
         normaliser: Normaliser,
     ) -> Result<Book, ProxyError> {
         let exchanges = log::load(&ledger, run, rel)?;
-        let label = replay::ref_name(run, rel);
+        Book::index(ledger, replay::ref_name(run, rel), normaliser, exchanges)
+    }
+
+    fn index(
+        ledger: Arc<Ledger>,
+        label: String,
+        normaliser: Normaliser,
+        exchanges: Vec<Recorded>,
+    ) -> Result<Book, ProxyError> {
         if exchanges.is_empty() {
             return Err(ProxyError::NothingRecorded { stream: label });
         }
@@ -69,10 +87,14 @@ impl Book {
         let mut book = Book {
             ledger,
             label,
+            incoming: normaliser.clone(),
             normaliser,
             exchanges,
             by_key: HashMap::new(),
+            recorded_times: HashMap::new(),
             served: vec![false; n],
+            outside: 0,
+            keys: Vec::with_capacity(n),
             received: 0,
             norm_cache: HashMap::new(),
             chains: vec![None; n],
@@ -86,7 +108,54 @@ impl Book {
         for i in 0..n {
             let key = book.recorded_key(i, &index)?;
             book.by_key.entry(key).or_default().push_back(i);
+            book.keys.push(key);
+            *book.recorded_times.entry(key).or_default() += 1;
         }
+        Ok(book)
+    }
+
+    /// Received requests are normalised with `n` (recorded ones as before).
+    pub fn with_incoming(mut self, n: Normaliser) -> Book {
+        self.incoming = n;
+        self
+    }
+
+    /// The exchanges after event `from` (exclusive) up to `to` of a proxy
+    /// stream, whatever run's ref holds them: one attempt's traffic.
+    pub fn open_range(
+        ledger: Arc<Ledger>,
+        label: &str,
+        normaliser: Normaliser,
+        from: Option<Id>,
+        to: Id,
+    ) -> Result<Book, ProxyError> {
+        // The whole chain, so requests whose prefix is an earlier attempt's
+        // (a resumed run's) still read whole; the earlier ones are never
+        // served.
+        let exchanges = log::load_chain(&ledger, label, None, to)?;
+        let skip = match from {
+            Some(f) => exchanges
+                .iter()
+                .position(|r| r.event == f)
+                .map_or(0, |i| i + 1),
+            None => 0,
+        };
+        let mut book = Book::index(ledger, label.to_string(), normaliser, exchanges)?;
+        for q in book.by_key.values_mut() {
+            q.retain(|i| *i >= skip);
+        }
+        for t in book.recorded_times.values_mut() {
+            *t = 0;
+        }
+        for i in skip..book.exchanges.len() {
+            // Recount: only this attempt's requests make a "sent once more".
+            let key = book.keys[i];
+            *book.recorded_times.entry(key).or_default() += 1;
+        }
+        for s in &mut book.served[..skip] {
+            *s = true;
+        }
+        book.outside = skip;
         Ok(book)
     }
 
@@ -105,8 +174,8 @@ impl Book {
     /// How many recorded exchanges were served so far, of how many.
     pub fn progress(&self) -> (usize, usize) {
         (
-            self.served.iter().filter(|s| **s).count(),
-            self.served.len(),
+            self.served.iter().filter(|s| **s).count() - self.outside,
+            self.served.len() - self.outside,
         )
     }
 
@@ -139,7 +208,12 @@ impl Book {
                 Some(id) => self.ledger.get_blob(&id)?,
                 None => Vec::new(),
             };
-            return Ok(self.opaque_key(&r.request["method"], &r.request["path"], &body));
+            return Ok(Self::opaque_key(
+                &self.normaliser,
+                &r.request["method"],
+                &r.request["path"],
+                &body,
+            ));
         }
         let (mut h, mut count) = match r.prefix() {
             Some(p) => {
@@ -167,7 +241,8 @@ impl Book {
             Some(t) => Some(self.norm_blob(&t)?),
             None => None,
         };
-        Ok(self.chat_key(
+        Ok(Self::chat_key(
+            &self.normaliser,
             &r.request["method"],
             &r.request["path"],
             &r.request["model"],
@@ -180,7 +255,7 @@ impl Book {
 
     #[allow(clippy::too_many_arguments)]
     fn chat_key(
-        &self,
+        n: &Normaliser,
         method: &Value,
         path: &Value,
         model: &Value,
@@ -189,7 +264,6 @@ impl Book {
         messages: [u8; 32],
         count: usize,
     ) -> [u8; 32] {
-        let n = &self.normaliser;
         let params: Map<String, Value> = params
             .into_iter()
             .flatten()
@@ -208,10 +282,10 @@ impl Book {
         }))
     }
 
-    fn opaque_key(&self, method: &Value, path: &Value, body: &[u8]) -> [u8; 32] {
+    fn opaque_key(n: &Normaliser, method: &Value, path: &Value, body: &[u8]) -> [u8; 32] {
         let body = match serde_json::from_slice::<Value>(body) {
-            Ok(v) => self.normaliser.value(&v),
-            Err(_) => Value::String(self.normaliser.text(&String::from_utf8_lossy(body))),
+            Ok(v) => n.value(&v),
+            Err(_) => Value::String(n.text(&String::from_utf8_lossy(body))),
         };
         hash_value(&json!({"method": method, "path": path, "body": body}))
     }
@@ -220,7 +294,7 @@ impl Book {
     fn received_chain(&self, chat: &ChatBody) -> Vec<[u8; 32]> {
         chat.messages
             .iter()
-            .map(|m| hash_value(&self.normaliser.value(m)))
+            .map(|m| hash_value(&self.incoming.value(m)))
             .collect()
     }
 
@@ -239,9 +313,10 @@ impl Book {
                 let tools = c
                     .tools
                     .as_ref()
-                    .map(|t| hash_value(&self.normaliser.value(t)));
+                    .map(|t| hash_value(&self.incoming.value(t)));
                 let model = json!(c.model);
-                self.chat_key(
+                Self::chat_key(
+                    &self.incoming,
                     &method,
                     &path,
                     &model,
@@ -251,13 +326,26 @@ impl Book {
                     c.messages.len(),
                 )
             }
-            None => self.opaque_key(&method, &path, body),
+            None => Self::opaque_key(&self.incoming, &method, &path, body),
         };
         if let Some(q) = self.by_key.get_mut(&key) {
             if let Some(i) = q.pop_front() {
                 self.served[i] = true;
                 return Ok(Answer::Hit(i));
             }
+        }
+        let times = self.recorded_times.get(&key).copied().unwrap_or(0);
+        if times > 0 {
+            let (served, total) = self.progress();
+            return Ok(Answer::Miss(Miss {
+                position,
+                report: format!(
+                    "mass proxy replay: request {position} of stream {} ({} {}) was recorded {times} time(s) and every one is already served: the client sent it once more than recorded (a retry the recording does not hold?); {served} of {total} recorded exchanges served so far.",
+                    self.label,
+                    method.as_str().unwrap_or(""),
+                    path.as_str().unwrap_or(""),
+                ),
+            }));
         }
         let report = self.miss_report(position, &method, &path, chat.as_ref(), body)?;
         Ok(Answer::Miss(Miss { position, report }))
@@ -291,16 +379,7 @@ impl Book {
             tools: (!tools.is_null()).then_some(tools),
             params: r.request["params"].as_object().cloned().unwrap_or_default(),
         };
-        Ok(self.comparable(&body))
-    }
-
-    /// A request as compared: normalised, ignored fields dropped.
-    fn comparable(&self, chat: &ChatBody) -> Value {
-        let mut v = self.normaliser.value(&chat.to_value());
-        if let Value::Object(m) = &mut v {
-            m.retain(|k, _| !self.normaliser.ignores(k));
-        }
-        v
+        Ok(comparable(&self.normaliser, &body))
     }
 
     fn miss_report(
@@ -329,7 +408,7 @@ impl Book {
         // The closest: unserved first, then the longest common message
         // prefix, then the earliest.
         let mut best: Option<(bool, usize, usize)> = None;
-        for i in 0..self.exchanges.len() {
+        for i in self.outside..self.exchanges.len() {
             if !self.exchanges[i].is_chat() {
                 continue;
             }
@@ -364,7 +443,8 @@ impl Book {
             n_rec,
             received.len(),
         ));
-        let diff = replay::diff::json_diff(&recorded, &self.comparable(chat), &|_| None, 12);
+        let received_v = comparable(&self.incoming, chat);
+        let diff = replay::diff::json_diff(&recorded, &received_v, &|_| None, 12);
         if diff.is_empty() {
             report.push_str("  (none: the recorded request was already served; the client sent it once more than recorded)\n");
         }
@@ -375,4 +455,13 @@ impl Book {
         }
         Ok(report)
     }
+}
+
+/// A request as compared: normalised, ignored fields dropped.
+fn comparable(n: &Normaliser, chat: &ChatBody) -> Value {
+    let mut v = n.value(&chat.to_value());
+    if let Value::Object(m) = &mut v {
+        m.retain(|k, _| !n.ignores(k));
+    }
+    v
 }

@@ -6,7 +6,8 @@
 //! it adds, each message a blob: a long agent session costs linear space.
 //! The response is stored as its raw bytes (one blob), the byte lengths of
 //! the chunks it arrived in, its status and headers, and the message
-//! reassembled from it. Timings go in the event's unhashed metadata.
+//! reassembled from it. A request that is not a chat completion (`GET
+//! /v1/models`, embeddings) is an `http` effect with its body as one blob. Timings go in the event's unhashed metadata.
 //! The record format is `wire` version 1, documented in SCHEMAS.md.
 
 use std::collections::HashMap;
@@ -193,7 +194,10 @@ impl WireLog {
     }
 
     /// Appends one exchange and returns its event, once it is durable.
-    pub async fn record(&mut self, ex: &Exchange) -> Result<Id, ProxyError> {
+    /// Blocking (hashing, compression, the fsync): the proxy calls it from a
+    /// thread of its own, never from an async worker, whose requests it
+    /// would hold up (`cargo bench --bench proxy` measured that).
+    pub fn record(&mut self, ex: &Exchange) -> Result<Id, ProxyError> {
         let ledger = self.ledger.clone();
         let mut b = ledger.batch();
         let mut links: Vec<Id> = Vec::new();
@@ -254,6 +258,12 @@ impl WireLog {
         let request_bytes = replay::canonical_json(&request);
         let request_id = b.put_blob(&request_bytes)?;
         let (status, output, error) = match &ex.outcome {
+            Outcome::Http(h) if full_chain.is_none() && (200..300).contains(&h.status) => {
+                let raw = put(&mut b, &mut links, &h.body)?;
+                let out = json!({"http": h.http_json(), "raw_body": raw.to_hex()});
+                let oid = b.put_blob(&replay::canonical_json(&out))?;
+                (EffectStatus::Ok, Some(Hash32(oid.0)), String::new())
+            }
             Outcome::Http(h) => {
                 let raw = put(&mut b, &mut links, &h.body)?;
                 let reply = (200..300)
@@ -293,7 +303,14 @@ impl WireLog {
         links.sort();
         links.dedup();
         let effect = Effect {
-            effect: "model".into(),
+            // Chat requests are model calls (transcripts, datasets and
+            // mixed-mode replays read them so); anything else is plain HTTP.
+            effect: if full_chain.is_some() {
+                "model"
+            } else {
+                "http"
+            }
+            .into(),
             request: Hash32(request_id.0),
             status,
             output,
@@ -325,7 +342,7 @@ impl WireLog {
         if let Some(h) = full_chain {
             self.requests.insert(h, id);
         }
-        crate::exec::durable(durable).await?;
+        durable.wait()?;
         Ok(id)
     }
 }
@@ -333,16 +350,31 @@ impl WireLog {
 /// Every exchange recorded on stream `rel` of `run`, oldest first.
 pub fn load(ledger: &Ledger, run: &str, rel: &str) -> Result<Vec<Recorded>, ProxyError> {
     let ref_name = replay::ref_name(run, rel);
-    let Some(head) = ledger.head(&ref_name)? else {
-        return Ok(Vec::new());
-    };
+    match ledger.head(&ref_name)? {
+        Some(head) => load_chain(ledger, &ref_name, None, head),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// The exchanges of a proxy stream after event `from` (exclusive; `None`:
+/// from its start) up to `to`, oldest first. `label` names the stream in
+/// errors.
+pub fn load_chain(
+    ledger: &Ledger,
+    label: &str,
+    from: Option<Id>,
+    to: Id,
+) -> Result<Vec<Recorded>, ProxyError> {
     let bad = |detail: String| ProxyError::Recording {
-        stream: ref_name.clone(),
+        stream: label.to_string(),
         detail,
     };
     let mut out = Vec::new();
-    for ev in ledger.chain(head) {
+    for ev in ledger.chain(to) {
         let ev = ev?;
+        if Some(ev.id) == from {
+            break;
+        }
         if ev.kind != "effect" {
             return Err(bad(format!(
                 "event {} is a {} event: this stream was not written by the proxy",

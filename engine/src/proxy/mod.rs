@@ -105,8 +105,11 @@ pub fn serve_until_signal(
             }
         });
         let server = ProxyServer::bind(listen).await?;
+        // Handlers first: a signal that follows the announcement at once
+        // must stop the proxy cleanly, not kill it.
+        let signals = Signals::install()?;
         ready(&server.set_default(route.clone()));
-        wait_for_signal().await?;
+        signals.wait().await;
         drop(server);
         let head = route.finish().await?;
         Ok(Summary {
@@ -117,17 +120,28 @@ pub fn serve_until_signal(
     })
 }
 
-async fn wait_for_signal() -> Result<(), ProxyError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let io = |e| ProxyError::Io {
-        what: "install the signal handlers".into(),
-        source: e,
-    };
-    let mut int = signal(SignalKind::interrupt()).map_err(io)?;
-    let mut term = signal(SignalKind::terminate()).map_err(io)?;
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals, ProxyError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let io = |e| ProxyError::Io {
+            what: "install the signal handlers".into(),
+            source: e,
+        };
+        Ok(Signals {
+            int: signal(SignalKind::interrupt()).map_err(io)?,
+            term: signal(SignalKind::terminate()).map_err(io)?,
+        })
     }
-    Ok(())
+
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+        }
+    }
 }

@@ -4,7 +4,7 @@
 //! and `accept-encoding`, so bodies come back readable), and responses come
 //! back chunk by chunk as the upstream sends them: the client's bytes are
 //! never held for the recording, which happens after the last chunk is
-//! passed on, in order, by one writer task per route.
+//! passed on, in order, by one writer thread per route.
 //!
 //! A route is chosen by path: `/s/<token>/...` is route `<token>` (the
 //! harness executor gives every rollout one), anything else the default
@@ -86,34 +86,44 @@ impl Upstream {
     }
 }
 
-/// The writer task's handle: the stream's head when it ends.
-type WriterTask = tokio::task::JoinHandle<Result<Option<Id>, ProxyError>>;
+/// The writer's result: the stream's head when it ends.
+type WriterResult = Result<Option<Id>, ProxyError>;
 
-/// The writer task of a route: exchanges are recorded in the order they
-/// finished, durably, one after another.
+/// The writer of a route: a thread of its own (recording is blocking work:
+/// hashing, compression, the fsync), taking exchanges in the order they
+/// finished and recording each durably before the next.
 struct Recorder {
     tx: Mutex<Option<mpsc::UnboundedSender<Exchange>>>,
-    task: Mutex<Option<WriterTask>>,
+    done: Mutex<Option<tokio::sync::oneshot::Receiver<WriterResult>>>,
     failed: Arc<Mutex<Option<String>>>,
 }
 
 impl Recorder {
     fn start(mut log: WireLog) -> Recorder {
         let (tx, mut rx) = mpsc::unbounded_channel::<Exchange>();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let failed = Arc::new(Mutex::new(None));
         let flag = failed.clone();
-        let task = tokio::spawn(async move {
-            while let Some(ex) = rx.recv().await {
-                if let Err(e) = log.record(&ex).await {
-                    *flag.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
-                    return Err(e);
+        let spawned = std::thread::Builder::new()
+            .name("mass-proxy-writer".into())
+            .spawn(move || {
+                let mut result = Ok(());
+                while let Some(ex) = rx.blocking_recv() {
+                    if let Err(e) = log.record(&ex) {
+                        *flag.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                        result = Err(e);
+                        break;
+                    }
                 }
-            }
-            Ok(log.head())
-        });
+                let _ = done_tx.send(result.map(|()| log.head()));
+            });
+        if let Err(e) = spawned {
+            *failed.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(format!("cannot start the recording thread: {e}"));
+        }
         Recorder {
             tx: Mutex::new(Some(tx)),
-            task: Mutex::new(Some(task)),
+            done: Mutex::new(Some(done_rx)),
             failed,
         }
     }
@@ -133,11 +143,13 @@ impl Recorder {
 
     async fn finish(&self) -> Result<Option<Id>, ProxyError> {
         drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
-        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
-        match task {
-            Some(t) => t
-                .await
-                .map_err(|e| ProxyError::Config(format!("the recording task failed: {e}")))?,
+        let done = self.done.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match done {
+            Some(rx) => rx.await.unwrap_or_else(|_| {
+                Err(ProxyError::Config(self.failure().unwrap_or_else(|| {
+                    "the recording thread ended without a result".into()
+                })))
+            }),
             None => Err(ProxyError::Config("the route was already finished".into())),
         }
     }

@@ -26,6 +26,8 @@ use crate::task::Task;
 use crate::tools::{self, BashOptions, Invocation};
 use crate::workflow::Workflow;
 
+pub mod external;
+
 /// Who plays the team's parts.
 #[derive(Clone)]
 pub struct Team {
@@ -44,6 +46,7 @@ pub struct RunRules {
     pub limits: Limits,
     pub guards: GuardsConfig,
     pub sandbox: SandboxConfig,
+    pub harness: crate::config::HarnessConfig,
 }
 
 impl RunRules {
@@ -52,6 +55,7 @@ impl RunRules {
             limits: exp.limits.clone(),
             guards: exp.guards.clone(),
             sandbox: exp.sandbox,
+            harness: exp.harness.clone(),
         }
     }
 }
@@ -78,7 +82,7 @@ pub struct RunOutcome {
 }
 
 /// The workspace of a run, created on first live use.
-struct LiveWorkspace<'a> {
+pub(crate) struct LiveWorkspace<'a> {
     ledger: Arc<Ledger>,
     task: &'a Task,
     scratch: PathBuf,
@@ -89,8 +93,19 @@ struct LiveWorkspace<'a> {
     last_tree: Option<Id>,
 }
 
-impl LiveWorkspace<'_> {
-    fn ensure(&mut self) -> std::result::Result<PathBuf, String> {
+impl<'a> LiveWorkspace<'a> {
+    pub(crate) fn new(session: &replay::Session, spec: &RunSpec<'a>) -> LiveWorkspace<'a> {
+        LiveWorkspace {
+            ledger: session.ledger().clone(),
+            task: spec.task,
+            scratch: scratch_dir(session.run(), &spec.stream),
+            dir: None,
+            dir_tree: None,
+            last_tree: None,
+        }
+    }
+
+    pub(crate) fn ensure(&mut self) -> std::result::Result<PathBuf, String> {
         if let (Some(d), true) = (&self.dir, self.dir_tree == self.last_tree) {
             return Ok(d.clone());
         }
@@ -127,7 +142,7 @@ impl LiveWorkspace<'_> {
     /// tree, so the tree is not waited for here. Groups become durable in
     /// order, so once that record is durable the tree is too; nothing reads
     /// the tree before then (the next step starts after the record).
-    fn snapshot(&mut self) -> std::result::Result<Id, String> {
+    pub(crate) fn snapshot(&mut self) -> std::result::Result<Id, String> {
         let d = self.dir.clone().ok_or("no workspace")?;
         let t = exec::ledger(|| {
             let mut b = self.ledger.batch();
@@ -142,7 +157,7 @@ impl LiveWorkspace<'_> {
 
     /// Notes the tree a recorded step left; a live directory that does not
     /// hold it is re-materialised on its next use (see `ensure`).
-    fn record_tree(&mut self, t: Option<Id>) {
+    pub(crate) fn record_tree(&mut self, t: Option<Id>) {
         if let Some(t) = t {
             self.last_tree = Some(t);
         }
@@ -196,41 +211,17 @@ pub async fn run_team(
     team: &Team,
     rules: &RunRules,
 ) -> Result<RunOutcome> {
-    let (limits, guards) = (&rules.limits, &rules.guards);
-    let ledger = session.ledger().clone();
-    let mut orch = exec::ledger(|| session.stream(&format!("{}/orch", spec.stream)))?;
-    let mut ws = LiveWorkspace {
-        ledger: ledger.clone(),
-        task: spec.task,
-        scratch: scratch_dir(session.run(), &spec.stream),
-        dir: None,
-        dir_tree: None,
-        last_tree: None,
-    };
-    // The initial workspace, recorded so resumed and replayed runs know it.
-    let init = tool_effect(
-        &mut orch,
-        "snapshot",
-        json!({"label": "initial", "task": spec.task.id}),
-        false,
-        || {
-            ws.ensure()?;
-            Ok(ToolOutcome {
-                text: "initial".into(),
-                tree: Some(ws.snapshot()?),
-            })
-        },
-    )
-    .await?;
-    ws.record_tree(init.tree);
-
-    let workflow_text = spec.workflow.render();
-    let mut prompt = spec.task.prompt.clone();
-    if !workflow_text.is_empty() {
-        prompt.push_str("\n\n");
-        prompt.push_str(&workflow_text);
+    let limits = &rules.limits;
+    if rules.harness.kind == crate::config::HarnessKind::External {
+        return external::run(session, spec, team, rules).await;
     }
-    prompt.push_str(&prompts::directive(&spec.task.id, &spec.task.deliverables));
+    let mut orch = exec::ledger(|| session.stream(&format!("{}/orch", spec.stream)))?;
+    let mut ws = LiveWorkspace::new(session, spec);
+    let initial = initial_snapshot(&mut orch, &mut ws, spec).await?;
+    let prompt = task_prompt(
+        spec,
+        &prompts::directive(&spec.task.id, &spec.task.deliverables),
+    );
     let mut conv = Conversation::new(
         vec![
             Message::system(prompts::ORCHESTRATOR_SYSTEM),
@@ -335,23 +326,6 @@ pub async fn run_team(
             conv.messages.push(Message::tool_result(&call.id, text));
         }
     }
-    // Validation on the final workspace, with the task's own (pristine) checks.
-    let final_tree = ws
-        .last_tree
-        .ok_or_else(|| EngineError::Invalid("run has no workspace snapshot".into()))?;
-    let initial = init
-        .tree
-        .ok_or_else(|| EngineError::Invalid("run has no initial workspace snapshot".into()))?;
-    let validation = run_checks(&mut orch, &mut ws, spec.task, final_tree, &bash_opts).await?;
-    let (guard, validation_blob, workflow_blob) = exec::ledger(|| {
-        let guard = crate::guards::inspect(&ledger, spec.task, initial, final_tree, guards)?;
-        let validation_blob = ledger.put_blob(validation.as_bytes())?;
-        let workflow_blob = ledger.put_blob(
-            &serde_json::to_vec(spec.workflow).map_err(|e| EngineError::Invalid(e.to_string()))?,
-        )?;
-        Ok::<_, EngineError>((guard, validation_blob, workflow_blob))
-    })?;
-    let (passed, total) = parse_score(&validation);
     let (status, detail) = match status {
         Ok(()) => ("finished", String::new()),
         Err(Halt::Turns) => (
@@ -364,6 +338,118 @@ pub async fn run_team(
         ),
         Err(Halt::Rejected(detail)) => ("failed", detail),
     };
+    let played = Played {
+        status,
+        detail,
+        report,
+        subagents,
+        turns: budget.turns,
+        prompt_tokens: budget.prompt_tokens,
+        completion_tokens: budget.completion_tokens,
+    };
+    close_run(orch, ws, spec, team, rules, initial, &bash_opts, played).await
+}
+
+/// The team's first prompt: the task, the workflow's rendering, and the
+/// closing directive (what to hand in, and how).
+pub(crate) fn task_prompt(spec: &RunSpec<'_>, directive: &str) -> String {
+    let workflow_text = spec.workflow.render();
+    let mut prompt = spec.task.prompt.clone();
+    if !workflow_text.is_empty() {
+        prompt.push_str("\n\n");
+        prompt.push_str(&workflow_text);
+    }
+    prompt.push_str(directive);
+    prompt
+}
+
+/// Records the initial workspace, so resumed and replayed runs know it.
+pub(crate) async fn initial_snapshot(
+    orch: &mut Stream,
+    ws: &mut LiveWorkspace<'_>,
+    spec: &RunSpec<'_>,
+) -> Result<Id> {
+    let init = tool_effect(
+        orch,
+        "snapshot",
+        json!({"label": "initial", "task": spec.task.id}),
+        false,
+        || {
+            ws.ensure()?;
+            Ok(ToolOutcome {
+                text: "initial".into(),
+                tree: Some(ws.snapshot()?),
+            })
+        },
+    )
+    .await?;
+    ws.record_tree(init.tree);
+    init.tree
+        .ok_or_else(|| EngineError::Invalid("run has no initial workspace snapshot".into()))
+}
+
+/// What a harness made of a run, before validation.
+pub(crate) struct Played {
+    pub status: &'static str,
+    pub detail: String,
+    pub report: String,
+    /// The subagents' conversation heads.
+    pub subagents: Vec<Id>,
+    pub turns: u32,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+/// Ends a run: the task's checks on the final workspace, the tamper guard,
+/// and the `mass.rollout` event at the end of the orchestrator's stream
+/// (whose head is the orchestrator's conversation unless `orchestrator`
+/// names another event: an external harness's last orchestrator call).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn close_run(
+    mut orch: Stream,
+    mut ws: LiveWorkspace<'_>,
+    spec: &RunSpec<'_>,
+    team: &Team,
+    rules: &RunRules,
+    initial: Id,
+    bash_opts: &BashOptions,
+    played: Played,
+) -> Result<RunOutcome> {
+    close_run_as(
+        &mut orch, &mut ws, spec, team, rules, initial, bash_opts, played, None,
+    )
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn close_run_as(
+    orch: &mut Stream,
+    ws: &mut LiveWorkspace<'_>,
+    spec: &RunSpec<'_>,
+    team: &Team,
+    rules: &RunRules,
+    initial: Id,
+    bash_opts: &BashOptions,
+    played: Played,
+    orchestrator: Option<Id>,
+) -> Result<RunOutcome> {
+    let guards = &rules.guards;
+    let ledger = ws.ledger.clone();
+    let subagents = played.subagents.clone();
+    // Validation on the final workspace, with the task's own (pristine) checks.
+    let final_tree = ws
+        .last_tree
+        .ok_or_else(|| EngineError::Invalid("run has no workspace snapshot".into()))?;
+    let validation = run_checks(orch, ws, spec.task, final_tree, bash_opts).await?;
+    let (guard, validation_blob, workflow_blob) = exec::ledger(|| {
+        let guard = crate::guards::inspect(&ledger, spec.task, initial, final_tree, guards)?;
+        let validation_blob = ledger.put_blob(validation.as_bytes())?;
+        let workflow_blob = ledger.put_blob(
+            &serde_json::to_vec(spec.workflow).map_err(|e| EngineError::Invalid(e.to_string()))?,
+        )?;
+        Ok::<_, EngineError>((guard, validation_blob, workflow_blob))
+    })?;
+    let (passed, total) = parse_score(&validation);
     let record = Rollout {
         task: spec.task.id.clone(),
         purpose: spec.purpose.to_string(),
@@ -372,19 +458,19 @@ pub async fn run_team(
         workflow: workflow_blob.into(),
         orchestrator_model: team.orchestrator_model.clone(),
         subagent_model: team.subagent_model.clone(),
-        status: status.into(),
-        detail,
+        status: played.status.into(),
+        detail: played.detail,
         tree: final_tree.into(),
         validation: validation_blob.into(),
         score_passed: passed,
         score_total: total,
-        orchestrator: Hash32(orch.head().map(|h| h.0).unwrap_or([0; 32])),
+        orchestrator: Hash32(orchestrator.or(orch.head()).map(|h| h.0).unwrap_or([0; 32])),
         subagents: subagents.iter().map(|h| Hash32(h.0)).collect(),
         delegations: subagents.len() as u32,
-        turns: budget.turns,
-        prompt_tokens: budget.prompt_tokens,
-        completion_tokens: budget.completion_tokens,
-        report,
+        turns: played.turns,
+        prompt_tokens: played.prompt_tokens,
+        completion_tokens: played.completion_tokens,
+        report: played.report,
     };
     // The guard check and the rollout that names it as a parent are one
     // commit: no extra fsync per run.

@@ -1,0 +1,778 @@
+//! An external agent harness as the team (`[harness] kind = "external"`):
+//! one run of an outside program (Qwen Code, OpenHands, an in-house agent)
+//! per rollout, in the rollout's workspace, inside the sandbox, its model
+//! traffic sent through a recording proxy into the rollout's `wire` stream.
+//! The run is one journaled `harness` effect on the orchestrator's stream
+//! (the command template, the prompt, the initial tree; out: the exit
+//! status, capped output, the final tree and the range of wire events it
+//! produced), so replays, resumes, re-judges and forks never run the program
+//! again. The wire traffic is split into conversations by content (each
+//! request extends the longest earlier one: a chain per agent, whatever order
+//! background subagents interleave in): the chain the first request starts is
+//! the orchestrator's, the others are subagents', which is what the dataset
+//! trains on. `reexecute` runs a recorded rollout's program again against its
+//! recording, upstream-free, and says whether workspace and traffic repeat.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ledger::{Id, Ledger};
+use replay::{Begin, EffectError, EffectOutput, EffectRequest};
+use schemas::{Effect, EffectStatus};
+use serde_json::{json, Value};
+
+use super::{
+    close_run_as, initial_snapshot, task_prompt, LiveWorkspace, Played, RunOutcome, RunRules,
+    RunSpec, Team,
+};
+use crate::config::{expand_placeholders, shell_quote, HarnessConfig};
+use crate::error::{EngineError, Result};
+use crate::exec;
+use crate::proxy::{self, Book, Normaliser, ProxyServer, Route, Upstream, WireLog};
+use crate::tools::{self, BashOptions, BashOutput};
+
+/// What the harness effect recorded.
+#[derive(Debug, Clone)]
+pub struct HarnessRun {
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub tree: Id,
+    /// The wire stream's head before and after the run.
+    pub wire_from: Option<Id>,
+    pub wire_to: Option<Id>,
+    /// Where it ran (recorded so a re-execution can map the paths in the
+    /// recorded prompts to its own).
+    pub workspace: String,
+    pub home: String,
+}
+
+impl HarnessRun {
+    fn to_value(&self) -> Value {
+        json!({
+            "exit_code": self.exit_code,
+            "timed_out": self.timed_out,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "tree": self.tree.to_hex(),
+            "wire_from": self.wire_from.map(|i| i.to_hex()),
+            "wire_to": self.wire_to.map(|i| i.to_hex()),
+            "workspace": self.workspace,
+            "home": self.home,
+        })
+    }
+
+    fn from_value(v: &Value) -> Option<HarnessRun> {
+        let id = |k: &str| v[k].as_str().and_then(|s| s.parse::<Id>().ok());
+        Some(HarnessRun {
+            exit_code: v["exit_code"].as_i64().map(|c| c as i32),
+            timed_out: v["timed_out"].as_bool().unwrap_or(false),
+            stdout: v["stdout"].as_str().unwrap_or_default().to_string(),
+            stderr: v["stderr"].as_str().unwrap_or_default().to_string(),
+            tree: id("tree")?,
+            wire_from: id("wire_from"),
+            wire_to: id("wire_to"),
+            workspace: v["workspace"].as_str().unwrap_or_default().to_string(),
+            home: v["home"].as_str().unwrap_or_default().to_string(),
+        })
+    }
+}
+
+/// Plays one rollout with the external harness.
+pub async fn run(
+    session: &replay::Session,
+    spec: &RunSpec<'_>,
+    team: &Team,
+    rules: &RunRules,
+) -> Result<RunOutcome> {
+    let h = &rules.harness;
+    let mut orch = exec::ledger(|| session.stream(&format!("{}/orch", spec.stream)))?;
+    let mut ws = LiveWorkspace::new(session, spec);
+    let initial = initial_snapshot(&mut orch, &mut ws, spec).await?;
+    let prompt = task_prompt(
+        spec,
+        &crate::prompts::external_directive(&spec.task.id, &spec.task.deliverables),
+    );
+    let wire = format!("{}/wire", spec.stream);
+    let checks_opts = BashOptions {
+        timeout: Duration::from_secs(rules.limits.tool_timeout_secs),
+        max_output_bytes: rules.limits.tool_output_bytes as usize,
+        env: Vec::new(),
+        confinement: tools::Confinement {
+            level: rules.sandbox.level,
+            limits: rules.sandbox.limits,
+            network: spec.task.network,
+            ..Default::default()
+        },
+    };
+    let prompt_blob = prompt.as_bytes().to_vec();
+    let request = json!({
+        "harness": "external",
+        "command": h.command,
+        "env": h.env,
+        "pass_env": h.pass_env,
+        "readable": h.readable,
+        "timeout_secs": h.timeout_secs,
+        "limits": h.limits,
+        "normalise": h.normalise,
+        "sandbox": rules.sandbox,
+        "output_bytes": rules.limits.tool_output_bytes,
+        "model": team.orchestrator_model,
+        "prompt": Id::of(ledger::ObjectKind::Blob, &prompt_blob).to_hex(),
+        "tree": initial.to_hex(),
+        "wire": wire,
+    });
+    let req = EffectRequest::json("harness", &request)
+        .with_blob(prompt_blob)
+        .with_link(initial)
+        .journaled();
+    let handle = tokio::runtime::Handle::current();
+    let ledger = session.ledger().clone();
+    let run_name = session.run().to_string();
+    let rec = exec::blocking(|| match exec::ledger(|| orch.begin(req))? {
+        Begin::Served(r) => Ok::<_, EngineError>(r),
+        Begin::Perform(p) => {
+            let out = perform(
+                &handle, &ledger, &run_name, &wire, &mut ws, team, rules, &prompt,
+            );
+            Ok(exec::ledger(|| orch.finish(p, out))?)
+        }
+    })?;
+    let bytes = rec.output.map_err(|e| match rec.failure {
+        Some(replay::FailureClass::Transient) => EngineError::Infrastructure {
+            what: "the external harness".into(),
+            detail: e,
+        },
+        _ => EngineError::Invalid(format!("the external harness could not run: {e}")),
+    })?;
+    let v: Value =
+        serde_json::from_slice(&bytes).map_err(|e| EngineError::recording("harness output", e))?;
+    let hr = HarnessRun::from_value(&v)
+        .ok_or_else(|| EngineError::recording("harness output", "no tree"))?;
+    ws.record_tree(Some(hr.tree));
+    let convs = match hr.wire_to {
+        Some(to) => exec::ledger(|| conversations(&ledger, hr.wire_from, to))?,
+        None => Conversations::default(),
+    };
+    let (status, detail) = if hr.timed_out {
+        (
+            "halted",
+            format!("harness time limit ({} s) reached", h.timeout_secs),
+        )
+    } else if hr.exit_code == Some(0) {
+        ("finished", String::new())
+    } else {
+        let tail: String = {
+            let t = hr.stderr.trim_end();
+            let start = t.char_indices().rev().nth(299).map_or(0, |(i, _)| i);
+            t[start..].to_string()
+        };
+        (
+            "failed",
+            format!(
+                "the harness exited with {}: {tail}",
+                hr.exit_code
+                    .map_or("a signal".to_string(), |c| format!("status {c}"))
+            ),
+        )
+    };
+    let played = Played {
+        status,
+        detail,
+        report: convs.report.clone(),
+        subagents: convs.subagents.clone(),
+        turns: convs.calls,
+        prompt_tokens: convs.prompt_tokens,
+        completion_tokens: convs.completion_tokens,
+    };
+    close_run_as(
+        &mut orch,
+        &mut ws,
+        spec,
+        team,
+        rules,
+        initial,
+        &checks_opts,
+        played,
+        convs.orchestrator,
+    )
+    .await
+}
+
+/// The program's command line and environment for one run.
+struct Invocation {
+    line: String,
+    opts: BashOptions,
+}
+
+/// `$NAME/rest` with NAME taken from this process's environment.
+fn expand_env_path(entry: &str) -> std::result::Result<PathBuf, String> {
+    let Some(rest) = entry.strip_prefix('$') else {
+        return Ok(PathBuf::from(entry));
+    };
+    let end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(rest.len());
+    let (name, tail) = rest.split_at(end);
+    let value = std::env::var(name).map_err(|_| {
+        format!("harness.readable names ${name}, which is not set in mass's environment")
+    })?;
+    Ok(PathBuf::from(format!("{value}{tail}")))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn invocation(
+    h: &HarnessConfig,
+    rules: &RunRules,
+    workspace: &Path,
+    home: &Path,
+    prompt_file: &Path,
+    base_url: &str,
+    api_key: Option<&str>,
+    model: &str,
+) -> std::result::Result<Invocation, String> {
+    let lookup = |name: &str| {
+        Some(shell_quote(&match name {
+            "prompt_file" => prompt_file.display().to_string(),
+            "workspace" => workspace.display().to_string(),
+            "home" => home.display().to_string(),
+            "base_url" => base_url.to_string(),
+            "model" => model.to_string(),
+            _ => return None,
+        }))
+    };
+    let line = expand_placeholders(&h.command, lookup)?;
+    let mut env: Vec<(String, String)> = vec![
+        ("OPENAI_BASE_URL".into(), base_url.into()),
+        // A key the upstream ignores when none is configured: clients
+        // refuse to start without one.
+        ("OPENAI_API_KEY".into(), api_key.unwrap_or("sk-none").into()),
+        ("OPENAI_MODEL".into(), model.into()),
+        ("MASS_HARNESS_HOME".into(), home.display().to_string()),
+    ];
+    for (k, v) in &h.env {
+        env.push((k.clone(), v.clone()));
+    }
+    for name in &h.pass_env {
+        let v = std::env::var(name).map_err(|_| {
+            format!("harness.pass_env names {name}, which is not set in mass's environment")
+        })?;
+        env.push((name.clone(), v));
+    }
+    let mut readable = Vec::new();
+    for r in &h.readable {
+        readable.push(expand_env_path(r)?);
+    }
+    let opts = BashOptions {
+        timeout: Duration::from_secs(h.timeout_secs),
+        max_output_bytes: rules.limits.tool_output_bytes as usize,
+        env,
+        confinement: tools::Confinement {
+            level: rules.sandbox.level,
+            limits: h.limits.unwrap_or(rules.sandbox.limits),
+            // The program must reach the proxy on the loopback interface.
+            network: true,
+            readable,
+            writable: vec![home.to_path_buf()],
+            read_only: false,
+        },
+    };
+    Ok(Invocation { line, opts })
+}
+
+/// The home directory beside a workspace (never inside it: the harness's
+/// state is not the team's work).
+fn home_of(workspace: &Path) -> PathBuf {
+    let mut name = workspace.as_os_str().to_owned();
+    name.push(".home");
+    PathBuf::from(name)
+}
+
+fn fresh_dir(d: &Path) -> std::io::Result<()> {
+    if d.exists() {
+        std::fs::remove_dir_all(d)?;
+    }
+    std::fs::create_dir_all(d)
+}
+
+/// Runs the program once, recording its traffic; the effect's output.
+#[allow(clippy::too_many_arguments)]
+fn perform(
+    handle: &tokio::runtime::Handle,
+    ledger: &Arc<Ledger>,
+    run: &str,
+    wire: &str,
+    ws: &mut LiveWorkspace<'_>,
+    team: &Team,
+    rules: &RunRules,
+    prompt: &str,
+) -> std::result::Result<EffectOutput, EffectError> {
+    let transient =
+        |what: &str, e: &dyn std::fmt::Display| EffectError::transient(format!("{what}: {e}"));
+    let endpoint = handle
+        .block_on(team.orchestrator.endpoint(&team.orchestrator_model))
+        .map_err(|e| transient("the model endpoint", &e))?
+        .ok_or_else(|| {
+            EffectError::final_(
+                "the orchestrator's backend has no HTTP endpoint for an external harness",
+            )
+        })?;
+    let upstream =
+        Upstream::new(&endpoint.base_url).map_err(|e| EffectError::final_(e.to_string()))?;
+    let dir = ws.ensure().map_err(|e| transient("the workspace", &e))?;
+    let home = home_of(&dir);
+    fresh_dir(&home).map_err(|e| transient("the harness home", &e))?;
+    let prompt_file = home.join("prompt.md");
+    std::fs::write(&prompt_file, prompt).map_err(|e| transient("the prompt file", &e))?;
+    let log =
+        WireLog::open(ledger.clone(), run, wire).map_err(|e| transient("the wire stream", &e))?;
+    let wire_from = log.head();
+    let route = Arc::new(Route::record(log, upstream));
+    let server = handle
+        .block_on(ProxyServer::bind(
+            "127.0.0.1:0"
+                .parse()
+                .map_err(|e| transient("the proxy address", &e))?,
+        ))
+        .map_err(|e| transient("the proxy", &e))?;
+    let base_url = server.set_default(route.clone());
+    let inv = invocation(
+        &rules.harness,
+        rules,
+        &dir,
+        &home,
+        &prompt_file,
+        &base_url,
+        endpoint.api_key.as_deref(),
+        &team.orchestrator_model,
+    )
+    .map_err(EffectError::final_)?;
+    let out = tools::Workspace::new(&dir)
+        .map_err(|e| transient("the workspace", &e))
+        .and_then(|w| {
+            w.bash(&inv.line, &inv.opts)
+                .map_err(|e| transient("the harness", &e))
+        });
+    drop(server);
+    let wire_to = handle
+        .block_on(route.finish())
+        .map_err(|e| transient("recording the harness's traffic", &e))?;
+    let _ = std::fs::remove_dir_all(&home);
+    let out: BashOutput = out?;
+    let tree = ws
+        .snapshot()
+        .map_err(|e| transient("the final snapshot", &e))?;
+    let run = HarnessRun {
+        exit_code: out.exit_code,
+        timed_out: out.timed_out,
+        stdout: out.stdout,
+        stderr: out.stderr,
+        tree,
+        wire_from,
+        wire_to: if wire_to == wire_from { None } else { wire_to },
+        workspace: dir.display().to_string(),
+        home: home.display().to_string(),
+    };
+    let mut o = EffectOutput::json(&run.to_value()).with_link(tree);
+    if let Some(w) = run.wire_to {
+        o = o.with_link(w);
+    }
+    Ok(o)
+}
+
+/// A rollout's wire traffic as conversations.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Conversations {
+    /// The orchestrator's last call (its whole conversation by prefixes).
+    pub orchestrator: Option<Id>,
+    /// Each subagent's last call, in the order the subagents started.
+    pub subagents: Vec<Id>,
+    /// Exchanges in the range (failed attempts included).
+    pub calls: u32,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// The orchestrator's last reply.
+    pub report: String,
+}
+
+struct WireCall {
+    id: Id,
+    prefix: Option<Id>,
+    ok: bool,
+    chat: bool,
+    output: Option<Value>,
+}
+
+/// Splits the wire events after `from` up to `to` into conversations.
+pub fn conversations(ledger: &Ledger, from: Option<Id>, to: Id) -> Result<Conversations> {
+    let mut calls = Vec::new();
+    for ev in ledger.chain(to) {
+        let ev = ev?;
+        if Some(ev.id) == from {
+            break;
+        }
+        let e: Effect = schemas::decode_event(&ev)?;
+        let req: Value = serde_json::from_slice(&ledger.get_blob(&Id(e.request.0))?)
+            .map_err(|x| EngineError::recording("wire request", x))?;
+        let output = match e.output {
+            Some(o) if e.status == EffectStatus::Ok => Some(
+                serde_json::from_slice::<Value>(&ledger.get_blob(&Id(o.0))?)
+                    .map_err(|x| EngineError::recording("wire output", x))?,
+            ),
+            _ => None,
+        };
+        calls.push(WireCall {
+            id: ev.id,
+            prefix: req["prefix"].as_str().and_then(|h| h.parse().ok()),
+            ok: e.status == EffectStatus::Ok,
+            chat: req["messages"].is_array(),
+            output,
+        });
+    }
+    calls.reverse();
+    let mut out = Conversations {
+        calls: calls.len() as u32,
+        ..Default::default()
+    };
+    let prefix_of: HashMap<Id, Option<Id>> = calls.iter().map(|c| (c.id, c.prefix)).collect();
+    let extended: HashSet<Id> = calls.iter().filter_map(|c| c.prefix).collect();
+    // The first request of a chain, inside the range (a prefix from an
+    // earlier attempt on the same stream ends the walk: that attempt's
+    // traffic is not this run's).
+    let root = |mut id: Id| {
+        while let Some(Some(p)) = prefix_of.get(&id) {
+            if !prefix_of.contains_key(p) {
+                break;
+            }
+            id = *p;
+        }
+        id
+    };
+    let order: HashMap<Id, usize> = calls.iter().enumerate().map(|(i, c)| (c.id, i)).collect();
+    let mut last_leaf: BTreeMap<usize, Id> = BTreeMap::new();
+    for c in &calls {
+        if let Some(o) = &c.output {
+            out.prompt_tokens += o["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+            out.completion_tokens += o["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+        }
+        if c.ok && c.chat && !extended.contains(&c.id) {
+            // Leaves in log order: the last of a chain wins.
+            last_leaf.insert(order[&root(c.id)], c.id);
+        }
+    }
+    let first_root = calls.iter().find(|c| c.chat).map(|c| order[&root(c.id)]);
+    for (r, leaf) in last_leaf {
+        if Some(r) == first_root {
+            out.orchestrator = Some(leaf);
+        } else {
+            out.subagents.push(leaf);
+        }
+    }
+    if let Some(o) = out.orchestrator {
+        let last = calls
+            .iter()
+            .find(|c| c.id == o)
+            .and_then(|c| c.output.clone());
+        out.report = last
+            .map(|v| match &v["message"]["content"] {
+                Value::String(s) => s.clone(),
+                _ => String::new(),
+            })
+            .unwrap_or_default();
+    }
+    Ok(out)
+}
+
+/// What re-executing a recorded rollout's harness showed.
+#[derive(Debug, Clone)]
+pub struct Reexecution {
+    pub exit_code: Option<i32>,
+    pub recorded_exit_code: Option<i32>,
+    /// Recorded exchanges served, of those the rollout recorded.
+    pub served: usize,
+    pub recorded: usize,
+    /// Requests the recording did not hold (each a readable report).
+    pub misses: Vec<String>,
+    /// Paths whose contents differ between the recorded final workspace and
+    /// this one (`+` only here, `-` only recorded, `~` both, differing).
+    pub workspace_diff: Vec<String>,
+    pub stderr: String,
+}
+
+impl Reexecution {
+    /// Workspace and traffic repeated exactly.
+    pub fn identical(&self) -> bool {
+        self.misses.is_empty()
+            && self.served == self.recorded
+            && self.workspace_diff.is_empty()
+            && self.exit_code == self.recorded_exit_code
+    }
+}
+
+/// The harness effect before `rollout` on its orchestrator stream.
+fn harness_effect(ledger: &Ledger, rollout: Id) -> Result<(Value, HarnessRun)> {
+    for ev in ledger.chain(rollout) {
+        let ev = ev?;
+        if ev.kind != "effect" {
+            continue;
+        }
+        let e: Effect = schemas::decode_event(&ev)?;
+        if e.effect != "harness" || e.status != EffectStatus::Ok {
+            continue;
+        }
+        let req: Value = serde_json::from_slice(&ledger.get_blob(&Id(e.request.0))?)
+            .map_err(|x| EngineError::recording("harness request", x))?;
+        let out = e
+            .output
+            .ok_or_else(|| EngineError::recording("harness effect", "no output"))?;
+        let v: Value = serde_json::from_slice(&ledger.get_blob(&Id(out.0))?)
+            .map_err(|x| EngineError::recording("harness output", x))?;
+        let run = HarnessRun::from_value(&v)
+            .ok_or_else(|| EngineError::recording("harness output", "no tree"))?;
+        return Ok((req, run));
+    }
+    Err(EngineError::NotFound(format!(
+        "{} is not a rollout of an external harness (no harness effect on its stream)",
+        rollout.short(12)
+    )))
+}
+
+/// The normaliser for one side: the recorded rules plus that side's paths
+/// (workspace, home, the home relative to the workspace, and the workspace
+/// as a slug, `[^A-Za-z0-9]` turned into `-`, as harnesses name per-project
+/// state directories).
+fn side_normaliser(
+    cfg: &proxy::NormaliseConfig,
+    workspace: &str,
+    home: &str,
+) -> Result<Normaliser> {
+    let slug = |p: &str| {
+        p.chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect::<String>()
+    };
+    let rel_home = Path::new(home)
+        .file_name()
+        .map(|n| format!("../{}", n.to_string_lossy()))
+        .unwrap_or_default();
+    Ok(Normaliser::new(cfg)
+        .map_err(proxy::ProxyError::from)?
+        // Applied in reverse order of adding: each goes first.
+        .with_literal(&slug(workspace), "<WORKSPACE-SLUG>")
+        .with_literal(&rel_home, "<HOME>")
+        .with_literal(workspace, "<WORKSPACE>")
+        .with_literal(home, "<HOME>"))
+}
+
+/// Runs the program of recorded rollout `rollout` (its `mass.rollout`
+/// event, or any event of its orchestrator stream after the harness ran)
+/// again: in a fresh checkout of its initial workspace, with the recorded
+/// command, environment and sandbox, against a proxy that answers only from
+/// the recording (no model server). Needs the program installed as when it
+/// was recorded (`pass_env`, `readable`).
+pub fn reexecute(ledger: Arc<Ledger>, rollout: Id) -> Result<Reexecution> {
+    let (req, recorded) = harness_effect(&ledger, rollout)?;
+    let Some(to) = recorded.wire_to else {
+        return Err(EngineError::Invalid(
+            "the rollout's harness made no model call: there is nothing to replay".into(),
+        ));
+    };
+    let h: HarnessConfig = HarnessConfig {
+        kind: crate::config::HarnessKind::External,
+        command: req["command"].as_str().unwrap_or_default().to_string(),
+        env: serde_json::from_value(req["env"].clone()).unwrap_or_default(),
+        pass_env: serde_json::from_value(req["pass_env"].clone()).unwrap_or_default(),
+        readable: serde_json::from_value(req["readable"].clone()).unwrap_or_default(),
+        timeout_secs: req["timeout_secs"].as_u64().unwrap_or(900),
+        limits: serde_json::from_value(req["limits"].clone()).unwrap_or(None),
+        normalise: serde_json::from_value(req["normalise"].clone()).unwrap_or_default(),
+    };
+    let wire = req["wire"].as_str().unwrap_or_default().to_string();
+    let model = req["model"].as_str().unwrap_or_default().to_string();
+    let initial: Id = req["tree"]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| EngineError::recording("harness request", "no initial tree"))?;
+    let prompt_id: Id = req["prompt"]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| EngineError::recording("harness request", "no prompt"))?;
+    let prompt = String::from_utf8_lossy(&ledger.get_blob(&prompt_id)?).into_owned();
+
+    let scratch = tempfile::Builder::new()
+        .prefix("mass-reexec-")
+        .tempdir()
+        .map_err(|e| EngineError::io("create a scratch directory", e))?;
+    // At the recorded paths: the recorded replies name them (a model writes
+    // to absolute paths it was shown), and served replies are the recorded
+    // bytes.
+    let dir = PathBuf::from(&recorded.workspace);
+    let home = PathBuf::from(&recorded.home);
+    let _places = Places::claim(&[&dir, &home])?;
+    ledger.checkout(&initial, &dir)?;
+    fresh_dir(&home).map_err(|e| EngineError::io("create the harness home", e))?;
+    let prompt_file = home.join("prompt.md");
+    std::fs::write(&prompt_file, &prompt)
+        .map_err(|e| EngineError::io("write the prompt file", e))?;
+
+    let recorded_norm = side_normaliser(&h.normalise, &recorded.workspace, &recorded.home)?;
+    let here_norm = side_normaliser(
+        &h.normalise,
+        &dir.display().to_string(),
+        &home.display().to_string(),
+    )?;
+    let book = Book::open_range(ledger.clone(), &wire, recorded_norm, recorded.wire_from, to)?
+        .with_incoming(here_norm);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| EngineError::io("start the async runtime", e))?;
+    let route = Arc::new(Route::replay(book, None, None));
+    let server = rt.block_on(ProxyServer::bind(
+        "127.0.0.1:0"
+            .parse()
+            .map_err(|e| EngineError::Invalid(format!("{e}")))?,
+    ))?;
+    let base_url = server.set_default(route.clone());
+    let r = RunRules {
+        sandbox: serde_json::from_value(req["sandbox"].clone())
+            .map_err(|e| EngineError::recording("harness request sandbox", e))?,
+        limits: crate::config::Limits {
+            tool_output_bytes: req["output_bytes"].as_u64().unwrap_or(16_384),
+            ..Default::default()
+        },
+        harness: h.clone(),
+        ..Default::default()
+    };
+    let inv = invocation(&h, &r, &dir, &home, &prompt_file, &base_url, None, &model)
+        .map_err(EngineError::Invalid)?;
+    let out = tools::Workspace::new(&dir)
+        .map_err(|e| EngineError::Invalid(e.to_string()))?
+        .bash(&inv.line, &inv.opts)
+        .map_err(|e| EngineError::Invalid(format!("the harness could not run: {e}")))?;
+    drop(server);
+    let (served, total) = route.progress().unwrap_or((0, 0));
+    let misses = route.misses();
+    // The recorded final workspace beside this one, compared file by file.
+    let _ = std::fs::remove_dir_all(&home);
+    let theirs = scratch.path().join("recorded");
+    ledger.checkout(&recorded.tree, &theirs)?;
+    let workspace_diff =
+        compare_dirs(&theirs, &dir).map_err(|e| EngineError::io("compare the workspaces", e))?;
+    Ok(Reexecution {
+        exit_code: out.exit_code,
+        recorded_exit_code: recorded.exit_code,
+        served,
+        recorded: total,
+        misses,
+        workspace_diff,
+        stderr: out.stderr,
+    })
+}
+
+/// Directories a re-execution takes for its run, given back when it ends:
+/// each must not exist (another run may be using it), and the parents it
+/// had to create go too.
+struct Places {
+    made: Vec<PathBuf>,
+    parents: Vec<PathBuf>,
+}
+
+impl Places {
+    fn claim(dirs: &[&Path]) -> Result<Places> {
+        let mut p = Places {
+            made: Vec::new(),
+            parents: Vec::new(),
+        };
+        for d in dirs {
+            if d.as_os_str().is_empty() || !d.is_absolute() {
+                return Err(EngineError::recording(
+                    "harness output",
+                    "no absolute workspace path",
+                ));
+            }
+            if d.exists() {
+                return Err(EngineError::Invalid(format!(
+                    "{} exists: the rollout ran there and re-executes there; it is in use (or left over: remove it and retry)",
+                    d.display()
+                )));
+            }
+            let mut missing = Vec::new();
+            let mut a = d.parent();
+            while let Some(x) = a {
+                if x.exists() {
+                    break;
+                }
+                missing.push(x.to_path_buf());
+                a = x.parent();
+            }
+            if let Some(parent) = d.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| EngineError::io(format!("create {}", parent.display()), e))?;
+            }
+            p.made.push(d.to_path_buf());
+            p.parents.extend(missing);
+        }
+        Ok(p)
+    }
+}
+
+impl Drop for Places {
+    fn drop(&mut self) {
+        for d in &self.made {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        // Parents only if nothing else came to live in them.
+        for d in &self.parents {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+fn files_under(root: &Path) -> std::io::Result<BTreeMap<PathBuf, Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let p = e.path();
+            let t = e.file_type()?;
+            let rel = p.strip_prefix(root).unwrap_or(&p).to_path_buf();
+            if t.is_dir() {
+                stack.push(p);
+            } else if t.is_symlink() {
+                out.insert(
+                    rel,
+                    std::fs::read_link(&p)?
+                        .into_os_string()
+                        .into_encoded_bytes(),
+                );
+            } else {
+                out.insert(rel, std::fs::read(&p)?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Paths that differ between two directory trees.
+fn compare_dirs(recorded: &Path, here: &Path) -> std::io::Result<Vec<String>> {
+    let a = files_under(recorded)?;
+    let b = files_under(here)?;
+    let mut out = Vec::new();
+    for (p, x) in &a {
+        match b.get(p) {
+            None => out.push(format!("- {}", p.display())),
+            Some(y) if x != y => out.push(format!("~ {}", p.display())),
+            _ => {}
+        }
+    }
+    for p in b.keys().filter(|p| !a.contains_key(*p)) {
+        out.push(format!("+ {}", p.display()));
+    }
+    Ok(out)
+}
