@@ -97,17 +97,7 @@ pub async fn run(
         &crate::prompts::external_directive(&spec.task.id, &spec.task.deliverables),
     );
     let wire = format!("{}/wire", spec.stream);
-    let checks_opts = BashOptions {
-        timeout: Duration::from_secs(rules.limits.tool_timeout_secs),
-        max_output_bytes: rules.limits.tool_output_bytes as usize,
-        env: Vec::new(),
-        confinement: tools::Confinement {
-            level: rules.sandbox.level,
-            limits: rules.sandbox.limits,
-            network: spec.task.network,
-            ..Default::default()
-        },
-    };
+    let checks_opts = super::command_options(spec, rules);
     let prompt_blob = prompt.as_bytes().to_vec();
     let request = json!({
         "harness": "external",

@@ -237,17 +237,7 @@ pub async fn run_team(
         completion_tokens: 0,
         turns: 0,
     };
-    let bash_opts = BashOptions {
-        timeout: Duration::from_secs(limits.tool_timeout_secs),
-        max_output_bytes: limits.tool_output_bytes as usize,
-        env: Vec::new(),
-        confinement: tools::Confinement {
-            level: rules.sandbox.level,
-            limits: rules.sandbox.limits,
-            network: spec.task.network,
-            ..Default::default()
-        },
-    };
+    let bash_opts = command_options(spec, rules);
     let mut subagents: Vec<Id> = Vec::new();
     let mut report = String::new();
     let mut status: std::result::Result<(), Halt> = Err(Halt::Turns);
@@ -348,6 +338,22 @@ pub async fn run_team(
         completion_tokens: budget.completion_tokens,
     };
     close_run(orch, ws, spec, team, rules, initial, &bash_opts, played).await
+}
+
+/// How a run's commands (a team's `bash`, the checks) are run: the
+/// experiment's limits and sandbox, the task's network declaration.
+pub(crate) fn command_options(spec: &RunSpec<'_>, rules: &RunRules) -> BashOptions {
+    BashOptions {
+        timeout: Duration::from_secs(rules.limits.tool_timeout_secs),
+        max_output_bytes: rules.limits.tool_output_bytes as usize,
+        env: Vec::new(),
+        confinement: tools::Confinement {
+            level: rules.sandbox.level,
+            limits: rules.sandbox.limits,
+            network: spec.task.network,
+            ..Default::default()
+        },
+    }
 }
 
 /// The team's first prompt: the task, the workflow's rendering, and the
