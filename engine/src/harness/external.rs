@@ -352,6 +352,17 @@ fn perform(
         .map_err(|e| transient("recording the harness's traffic", &e))?;
     let _ = std::fs::remove_dir_all(&home);
     let out: BashOutput = out?;
+    if out.exit_code != Some(0) {
+        if let Some(e) = server_failure(ledger, wire, wire_from, wire_to)? {
+            // The program gave up because the model server did: not the
+            // team's doing. The run stops; `mass resume` runs it again.
+            return Err(EffectError::transient(format!(
+                "the model server failed the harness's last request ({e}); the harness exited with {}",
+                out.exit_code
+                    .map_or("a signal".into(), |c| format!("status {c}"))
+            )));
+        }
+    }
     let tree = ws
         .snapshot()
         .map_err(|e| transient("the final snapshot", &e))?;
@@ -371,6 +382,27 @@ fn perform(
         o = o.with_link(w);
     }
     Ok(o)
+}
+
+/// The last request of this run's traffic, when the server failed it
+/// transiently (HTTP 429/5xx, unreachable): what it said.
+fn server_failure(
+    ledger: &Ledger,
+    wire: &str,
+    from: Option<Id>,
+    to: Option<Id>,
+) -> std::result::Result<Option<String>, EffectError> {
+    let Some(to) = to.filter(|t| Some(*t) != from) else {
+        return Ok(None);
+    };
+    let calls = proxy::log::load_chain(ledger, wire, from, to)
+        .map_err(|e| EffectError::transient(format!("reading the harness's traffic: {e}")))?;
+    Ok(calls.last().and_then(|r| {
+        (r.status == EffectStatus::Retriable).then(|| match &r.reply {
+            proxy::log::RecordedOutcome::Unreachable(m) => format!("unreachable: {m}"),
+            proxy::log::RecordedOutcome::Http { status, .. } => format!("HTTP {status}"),
+        })
+    }))
 }
 
 /// A rollout's wire traffic as conversations.
