@@ -359,7 +359,7 @@ impl Book {
         if !r.is_chat() {
             return Ok(r.request.clone());
         }
-        let ids = log::full_messages(&self.ledger, &by_event, r)?;
+        let ids = log::full_messages(&self.label, &by_event, r)?;
         let mut messages = Vec::new();
         for id in ids {
             let v: Value =

@@ -443,23 +443,21 @@ fn http_outcome(v: &Value) -> Option<RecordedOutcome> {
     })
 }
 
-/// The full message list of a recorded chat request, following prefixes.
+/// The full message list of a recorded chat request, following prefixes
+/// through `by_event` (the stream's exchanges); `label` names the stream in
+/// errors.
 pub fn full_messages(
-    ledger: &Ledger,
+    label: &str,
     by_event: &HashMap<Id, &Recorded>,
     r: &Recorded,
 ) -> Result<Vec<Id>, ProxyError> {
     let mut parts = vec![r.new_messages()];
     let mut cur = r.prefix();
     while let Some(p) = cur {
-        let Some(prev) = by_event.get(&p) else {
-            // A prefix outside the stream (never written by the proxy).
-            let _ = ledger;
-            return Err(ProxyError::Recording {
-                stream: String::new(),
-                detail: format!("prefix {} is not in the stream", p.short(12)),
-            });
-        };
+        let prev = by_event.get(&p).ok_or_else(|| ProxyError::Recording {
+            stream: label.to_string(),
+            detail: format!("prefix {} is not in the stream", p.short(12)),
+        })?;
         parts.push(prev.new_messages());
         cur = prev.prefix();
     }
