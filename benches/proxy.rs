@@ -1514,6 +1514,7 @@ fn record_cost(cfg: &Cfg, script: &Script, stub: &str, root: &Path) {
                 headers: vec![("content-type".into(), "application/json".into())],
                 chunks: vec![reply.len()],
                 body: reply,
+                cut: None,
             }),
             timing: WireTiming::default(),
             served_by: stub.to_string(),

@@ -778,3 +778,47 @@ async fn a_second_attempt_on_the_same_stream_replays_and_splits_on_its_own() {
         assert_eq!(t.messages.len(), 7);
     }
 }
+
+/// An upstream whose connection breaks mid-body: the client gets what came,
+/// and the exchange is recorded as a transient failure saying why, its
+/// partial body kept and served again on replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_cut_off_mid_stream_is_recorded_as_a_transient_failure_with_its_cause() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    let partial = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"half\"}}]}\n\n";
+    tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0u8; 65536];
+        let _ = sock.read(&mut buf).await.unwrap();
+        let head =
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 1000\r\n\r\n";
+        sock.write_all(head.as_bytes()).await.unwrap();
+        sock.write_all(partial.as_bytes()).await.unwrap();
+        // The connection goes away 1000 - len bytes early.
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(dir.path());
+    let (_server, route, base) = recording_proxy(&ledger, "rec", up).await;
+    let client = reqwest::Client::new();
+    let body = json!({"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true});
+    let got = post(&client, &base, &body, "k").await;
+    assert_eq!(got.body, partial.as_bytes());
+    route.finish().await.unwrap();
+    let recorded = engine::proxy::log::load(&ledger, "rec", "agent").unwrap();
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(recorded[0].status, schemas::EffectStatus::Retriable);
+    match &recorded[0].reply {
+        engine::proxy::log::RecordedOutcome::Http { status, cut, .. } => {
+            assert_eq!(*status, 200);
+            assert!(cut.as_deref().is_some_and(|c| !c.is_empty()), "{cut:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let (_s, _r, base) = replaying_proxy(&ledger, "rec", Normaliser::default()).await;
+    assert_eq!(
+        post(&client, &base, &body, "k").await.body,
+        partial.as_bytes()
+    );
+}

@@ -179,16 +179,19 @@ impl Book {
         )
     }
 
+    /// A recorded JSON blob (a message, the tools).
+    fn blob_value(&self, id: &Id) -> Result<Value, ProxyError> {
+        serde_json::from_slice(&self.ledger.get_blob(id)?).map_err(|e| ProxyError::Recording {
+            stream: self.label.clone(),
+            detail: format!("blob {}: {e}", id.short(12)),
+        })
+    }
+
     fn norm_blob(&mut self, id: &Id) -> Result<[u8; 32], ProxyError> {
         if let Some(h) = self.norm_cache.get(id) {
             return Ok(*h);
         }
-        let v: Value = serde_json::from_slice(&self.ledger.get_blob(id)?).map_err(|e| {
-            ProxyError::Recording {
-                stream: self.label.clone(),
-                detail: format!("blob {}: {e}", id.short(12)),
-            }
-        })?;
+        let v = self.blob_value(id)?;
         let h = hash_value(&self.normaliser.value(&v));
         self.norm_cache.insert(*id, h);
         Ok(h)
@@ -351,32 +354,32 @@ impl Book {
         Ok(Answer::Miss(Miss { position, report }))
     }
 
-    /// The full recorded request of exchange `i`, normalised, as one value.
-    fn recorded_request(&mut self, i: usize) -> Result<Value, ProxyError> {
-        let by_event: HashMap<Id, &Recorded> =
-            self.exchanges.iter().map(|r| (r.event, r)).collect();
+    /// The full recorded request of exchange `i`, normalised, as one value;
+    /// `by_event` indexes the stream's exchanges.
+    fn recorded_request(
+        &self,
+        by_event: &HashMap<Id, &Recorded>,
+        i: usize,
+    ) -> Result<Value, ProxyError> {
         let r = &self.exchanges[i];
         if !r.is_chat() {
             return Ok(r.request.clone());
         }
-        let ids = log::full_messages(&self.label, &by_event, r)?;
-        let mut messages = Vec::new();
-        for id in ids {
-            let v: Value =
-                serde_json::from_slice(&self.ledger.get_blob(&id)?).unwrap_or(Value::Null);
-            messages.push(v);
-        }
+        let messages = log::full_messages(&self.label, by_event, r)?
+            .iter()
+            .map(|id| self.blob_value(id))
+            .collect::<Result<Vec<_>, _>>()?;
         let tools = match r.request["tools"]
             .as_str()
             .and_then(|t| t.parse::<Id>().ok())
         {
-            Some(t) => serde_json::from_slice(&self.ledger.get_blob(&t)?).unwrap_or(Value::Null),
-            None => Value::Null,
+            Some(t) => Some(self.blob_value(&t)?),
+            None => None,
         };
         let body = ChatBody {
             model: r.request["model"].as_str().unwrap_or_default().to_string(),
             messages,
-            tools: (!tools.is_null()).then_some(tools),
+            tools,
             params: r.request["params"].as_object().cloned().unwrap_or_default(),
         };
         Ok(comparable(&self.normaliser, &body))
@@ -407,12 +410,14 @@ impl Book {
         let received = self.received_chain(chat);
         // The closest: unserved first, then the longest common message
         // prefix, then the earliest.
-        let mut best: Option<(bool, usize, usize)> = None;
+        let by_event: HashMap<Id, &Recorded> =
+            self.exchanges.iter().map(|r| (r.event, r)).collect();
+        let mut best: Option<((bool, usize, usize), Value)> = None;
         for i in self.outside..self.exchanges.len() {
             if !self.exchanges[i].is_chat() {
                 continue;
             }
-            let recorded = self.recorded_request(i)?;
+            let recorded = self.recorded_request(&by_event, i)?;
             let common = recorded["messages"]
                 .as_array()
                 .map(|ms| {
@@ -423,16 +428,15 @@ impl Book {
                 })
                 .unwrap_or(0);
             let cand = (!self.served[i], common, usize::MAX - i);
-            if best.is_none_or(|b| cand > b) {
-                best = Some(cand);
+            if best.as_ref().is_none_or(|(b, _)| cand > *b) {
+                best = Some((cand, recorded));
             }
         }
-        let Some((unserved, common, inv)) = best else {
+        let Some(((unserved, common, inv), recorded)) = best else {
             report.push_str(" The stream holds no chat request to compare with.");
             return Ok(report);
         };
         let i = usize::MAX - inv;
-        let recorded = self.recorded_request(i)?;
         let r = &self.exchanges[i];
         let n_rec = recorded["messages"].as_array().map_or(0, Vec::len);
         report.push_str(&format!(

@@ -40,6 +40,10 @@ pub struct HttpReply {
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
     pub chunks: Vec<usize>,
+    /// The body broke off (the upstream's connection failed mid-body):
+    /// why. The client got the chunks up to there; the exchange is recorded
+    /// as a transient failure.
+    pub cut: Option<String>,
 }
 
 impl HttpReply {
@@ -50,11 +54,15 @@ impl HttpReply {
     }
 
     fn http_json(&self) -> Value {
-        json!({
+        let mut v = json!({
             "status": self.status,
             "headers": self.headers.iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
             "chunks": self.chunks,
-        })
+        });
+        if let Some(c) = &self.cut {
+            v["cut"] = json!(c);
+        }
+        v
     }
 }
 
@@ -93,6 +101,8 @@ pub enum RecordedOutcome {
         headers: Vec<(String, String)>,
         body: Option<Id>,
         chunks: Vec<usize>,
+        /// The body broke off here, and why.
+        cut: Option<String>,
     },
     Unreachable(String),
 }
@@ -258,7 +268,9 @@ impl WireLog {
         let request_bytes = replay::canonical_json(&request);
         let request_id = b.put_blob(&request_bytes)?;
         let (status, output, error) = match &ex.outcome {
-            Outcome::Http(h) if full_chain.is_none() && (200..300).contains(&h.status) => {
+            Outcome::Http(h)
+                if full_chain.is_none() && h.cut.is_none() && (200..300).contains(&h.status) =>
+            {
                 let raw = put(&mut b, &mut links, &h.body)?;
                 let out = json!({"http": h.http_json(), "raw_body": raw.to_hex()});
                 let oid = b.put_blob(&replay::canonical_json(&out))?;
@@ -266,8 +278,7 @@ impl WireLog {
             }
             Outcome::Http(h) => {
                 let raw = put(&mut b, &mut links, &h.body)?;
-                let reply = (200..300)
-                    .contains(&h.status)
+                let reply = ((200..300).contains(&h.status) && h.cut.is_none())
                     .then(|| wire::reply_of(&h.body, h.event_stream()))
                     .flatten();
                 match reply {
@@ -280,7 +291,7 @@ impl WireLog {
                     }
                     None => {
                         let err = json!({"http": h.http_json(), "raw_body": raw.to_hex()});
-                        let status = if h.status == 429 || h.status >= 500 {
+                        let status = if h.cut.is_some() || h.status == 429 || h.status >= 500 {
                             EffectStatus::Retriable
                         } else {
                             EffectStatus::Failed
@@ -440,6 +451,7 @@ fn http_outcome(v: &Value) -> Option<RecordedOutcome> {
         headers,
         body,
         chunks,
+        cut: h["cut"].as_str().map(str::to_string),
     })
 }
 

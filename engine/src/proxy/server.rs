@@ -484,6 +484,7 @@ fn serve_recorded(
             headers,
             body: raw,
             chunks,
+            cut,
         } => {
             let bytes = match raw {
                 Some(id) => match ledger.get_blob(id) {
@@ -524,6 +525,7 @@ fn serve_recorded(
                 headers: headers.clone(),
                 body: bytes,
                 chunks: chunks.clone(),
+                cut: cut.clone(),
             };
             (r, Outcome::Http(reply))
         }
@@ -629,6 +631,7 @@ async fn forward(
         let mut chunks = Vec::new();
         let mut chunks_us = Vec::new();
         let mut client_gone = false;
+        let mut cut = None;
         loop {
             match resp.chunk().await {
                 Ok(Some(c)) => {
@@ -643,8 +646,9 @@ async fn forward(
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    // A cut body is passed on (and recorded) as far as it came.
-                    let _ = e;
+                    // A cut body is passed on (and recorded) as far as it
+                    // came, with why it broke off.
+                    cut = Some(describe(&e));
                     break;
                 }
             }
@@ -663,6 +667,7 @@ async fn forward(
                     headers: kept,
                     body: all,
                     chunks,
+                    cut,
                 }),
                 timing: Timing {
                     headers_us,
