@@ -24,14 +24,52 @@ use schemas::{Effect, EffectStatus};
 use serde_json::{json, Value};
 
 use super::{
-    close_run_as, initial_snapshot, task_prompt, LiveWorkspace, Played, RunOutcome, RunRules,
-    RunSpec, Team,
+    close_run, initial_snapshot, task_prompt, LiveWorkspace, Played, RunOutcome, RunRules, RunSpec,
+    Team,
 };
 use crate::config::{expand_placeholders, shell_quote, HarnessConfig};
 use crate::error::{EngineError, Result};
 use crate::exec;
 use crate::proxy::{self, Book, Normaliser, ProxyServer, Route, Upstream, WireLog};
 use crate::tools::{self, BashOptions, BashOutput};
+
+/// The `harness` effect's request (SCHEMAS.md, "External harness"): the
+/// recorded template and settings, everything a re-execution needs.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct HarnessRequest {
+    harness: String,
+    command: String,
+    env: BTreeMap<String, String>,
+    pass_env: Vec<String>,
+    readable: Vec<String>,
+    timeout_secs: u64,
+    limits: Option<sandbox::Limits>,
+    normalise: proxy::NormaliseConfig,
+    sandbox: crate::config::SandboxConfig,
+    output_bytes: u64,
+    model: String,
+    /// Blob id of the prompt.
+    prompt: String,
+    /// The initial workspace tree.
+    tree: String,
+    /// The wire stream (relative name).
+    wire: String,
+}
+
+impl HarnessRequest {
+    fn config(&self) -> HarnessConfig {
+        HarnessConfig {
+            kind: crate::config::HarnessKind::External,
+            command: self.command.clone(),
+            env: self.env.clone(),
+            pass_env: self.pass_env.clone(),
+            readable: self.readable.clone(),
+            timeout_secs: self.timeout_secs,
+            limits: self.limits,
+            normalise: self.normalise.clone(),
+        }
+    }
+}
 
 /// What the harness effect recorded.
 #[derive(Debug, Clone)]
@@ -97,24 +135,25 @@ pub async fn run(
         &crate::prompts::external_directive(&spec.task.id, &spec.task.deliverables),
     );
     let wire = format!("{}/wire", spec.stream);
-    let checks_opts = super::command_options(spec, rules);
     let prompt_blob = prompt.as_bytes().to_vec();
-    let request = json!({
-        "harness": "external",
-        "command": h.command,
-        "env": h.env,
-        "pass_env": h.pass_env,
-        "readable": h.readable,
-        "timeout_secs": h.timeout_secs,
-        "limits": h.limits,
-        "normalise": h.normalise,
-        "sandbox": rules.sandbox,
-        "output_bytes": rules.limits.tool_output_bytes,
-        "model": team.orchestrator_model,
-        "prompt": Id::of(ledger::ObjectKind::Blob, &prompt_blob).to_hex(),
-        "tree": initial.to_hex(),
-        "wire": wire,
-    });
+    let request = HarnessRequest {
+        harness: "external".into(),
+        command: h.command.clone(),
+        env: h.env.clone(),
+        pass_env: h.pass_env.clone(),
+        readable: h.readable.clone(),
+        timeout_secs: h.timeout_secs,
+        limits: h.limits,
+        normalise: h.normalise.clone(),
+        sandbox: rules.sandbox,
+        output_bytes: rules.limits.tool_output_bytes,
+        model: team.orchestrator_model.clone(),
+        prompt: Id::of(ledger::ObjectKind::Blob, &prompt_blob).to_hex(),
+        tree: initial.to_hex(),
+        wire: wire.clone(),
+    };
+    let request = serde_json::to_value(&request)
+        .map_err(|e| EngineError::Invalid(format!("harness request: {e}")))?;
     let req = EffectRequest::json("harness", &request)
         .with_blob(prompt_blob)
         .with_link(initial)
@@ -173,23 +212,13 @@ pub async fn run(
         status,
         detail,
         report: convs.report.clone(),
+        orchestrator: convs.orchestrator,
         subagents: convs.subagents.clone(),
         turns: convs.calls,
         prompt_tokens: convs.prompt_tokens,
         completion_tokens: convs.completion_tokens,
     };
-    close_run_as(
-        &mut orch,
-        &mut ws,
-        spec,
-        team,
-        rules,
-        initial,
-        &checks_opts,
-        played,
-        convs.orchestrator,
-    )
-    .await
+    close_run(&mut orch, &mut ws, spec, team, rules, initial, played).await
 }
 
 /// The program's command line and environment for one run.
@@ -535,7 +564,7 @@ impl Reexecution {
 }
 
 /// The harness effect before `rollout` on its orchestrator stream.
-fn harness_effect(ledger: &Ledger, rollout: Id) -> Result<(Value, HarnessRun)> {
+fn harness_effect(ledger: &Ledger, rollout: Id) -> Result<(HarnessRequest, HarnessRun)> {
     for ev in ledger.chain(rollout) {
         let ev = ev?;
         if ev.kind != "effect" {
@@ -545,7 +574,7 @@ fn harness_effect(ledger: &Ledger, rollout: Id) -> Result<(Value, HarnessRun)> {
         if e.effect != "harness" || e.status != EffectStatus::Ok {
             continue;
         }
-        let req: Value = serde_json::from_slice(&ledger.get_blob(&Id(e.request.0))?)
+        let req: HarnessRequest = serde_json::from_slice(&ledger.get_blob(&Id(e.request.0))?)
             .map_err(|x| EngineError::recording("harness request", x))?;
         let out = e
             .output
@@ -602,26 +631,14 @@ pub fn reexecute(ledger: Arc<Ledger>, rollout: Id) -> Result<Reexecution> {
             "the rollout's harness made no model call: there is nothing to replay".into(),
         ));
     };
-    let h: HarnessConfig = HarnessConfig {
-        kind: crate::config::HarnessKind::External,
-        command: req["command"].as_str().unwrap_or_default().to_string(),
-        env: serde_json::from_value(req["env"].clone()).unwrap_or_default(),
-        pass_env: serde_json::from_value(req["pass_env"].clone()).unwrap_or_default(),
-        readable: serde_json::from_value(req["readable"].clone()).unwrap_or_default(),
-        timeout_secs: req["timeout_secs"].as_u64().unwrap_or(900),
-        limits: serde_json::from_value(req["limits"].clone()).unwrap_or(None),
-        normalise: serde_json::from_value(req["normalise"].clone()).unwrap_or_default(),
+    let h = req.config();
+    let (wire, model) = (req.wire.clone(), req.model.clone());
+    let id = |what: &str, hex: &str| {
+        hex.parse::<Id>()
+            .map_err(|e| EngineError::recording(format!("harness request {what}"), e))
     };
-    let wire = req["wire"].as_str().unwrap_or_default().to_string();
-    let model = req["model"].as_str().unwrap_or_default().to_string();
-    let initial: Id = req["tree"]
-        .as_str()
-        .and_then(|t| t.parse().ok())
-        .ok_or_else(|| EngineError::recording("harness request", "no initial tree"))?;
-    let prompt_id: Id = req["prompt"]
-        .as_str()
-        .and_then(|t| t.parse().ok())
-        .ok_or_else(|| EngineError::recording("harness request", "no prompt"))?;
+    let initial = id("tree", &req.tree)?;
+    let prompt_id = id("prompt", &req.prompt)?;
     let prompt = String::from_utf8_lossy(&ledger.get_blob(&prompt_id)?).into_owned();
 
     let scratch = tempfile::Builder::new()
@@ -661,10 +678,9 @@ pub fn reexecute(ledger: Arc<Ledger>, rollout: Id) -> Result<Reexecution> {
     ))?;
     let base_url = server.set_default(route.clone());
     let r = RunRules {
-        sandbox: serde_json::from_value(req["sandbox"].clone())
-            .map_err(|e| EngineError::recording("harness request sandbox", e))?,
+        sandbox: req.sandbox,
         limits: crate::config::Limits {
-            tool_output_bytes: req["output_bytes"].as_u64().unwrap_or(16_384),
+            tool_output_bytes: req.output_bytes,
             ..Default::default()
         },
         harness: h.clone(),

@@ -332,12 +332,13 @@ pub async fn run_team(
         status,
         detail,
         report,
+        orchestrator: None,
         subagents,
         turns: budget.turns,
         prompt_tokens: budget.prompt_tokens,
         completion_tokens: budget.completion_tokens,
     };
-    close_run(orch, ws, spec, team, rules, initial, &bash_opts, played).await
+    close_run(&mut orch, &mut ws, spec, team, rules, initial, played).await
 }
 
 /// How a run's commands (a team's `bash`, the checks) are run: the
@@ -399,6 +400,9 @@ pub(crate) struct Played {
     pub status: &'static str,
     pub detail: String,
     pub report: String,
+    /// The orchestrator's conversation head when it is not the head of the
+    /// orchestrator's stream (an external harness's last orchestrator call).
+    pub orchestrator: Option<Id>,
     /// The subagents' conversation heads.
     pub subagents: Vec<Id>,
     pub turns: u32,
@@ -408,37 +412,19 @@ pub(crate) struct Played {
 
 /// Ends a run: the task's checks on the final workspace, the tamper guard,
 /// and the `mass.rollout` event at the end of the orchestrator's stream
-/// (whose head is the orchestrator's conversation unless `orchestrator`
-/// names another event: an external harness's last orchestrator call).
-#[allow(clippy::too_many_arguments)]
+/// (whose head is the orchestrator's conversation unless
+/// `played.orchestrator` names another event: an external harness's last
+/// orchestrator call).
 pub(crate) async fn close_run(
-    mut orch: Stream,
-    mut ws: LiveWorkspace<'_>,
-    spec: &RunSpec<'_>,
-    team: &Team,
-    rules: &RunRules,
-    initial: Id,
-    bash_opts: &BashOptions,
-    played: Played,
-) -> Result<RunOutcome> {
-    close_run_as(
-        &mut orch, &mut ws, spec, team, rules, initial, bash_opts, played, None,
-    )
-    .await
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn close_run_as(
     orch: &mut Stream,
     ws: &mut LiveWorkspace<'_>,
     spec: &RunSpec<'_>,
     team: &Team,
     rules: &RunRules,
     initial: Id,
-    bash_opts: &BashOptions,
     played: Played,
-    orchestrator: Option<Id>,
 ) -> Result<RunOutcome> {
+    let bash_opts = &command_options(spec, rules);
     let guards = &rules.guards;
     let ledger = ws.ledger.clone();
     let subagents = played.subagents.clone();
@@ -470,7 +456,13 @@ pub(crate) async fn close_run_as(
         validation: validation_blob.into(),
         score_passed: passed,
         score_total: total,
-        orchestrator: Hash32(orchestrator.or(orch.head()).map(|h| h.0).unwrap_or([0; 32])),
+        orchestrator: Hash32(
+            played
+                .orchestrator
+                .or(orch.head())
+                .map(|h| h.0)
+                .unwrap_or([0; 32]),
+        ),
         subagents: subagents.iter().map(|h| Hash32(h.0)).collect(),
         delegations: subagents.len() as u32,
         turns: played.turns,
