@@ -8,62 +8,14 @@
 //! real Qwen Code.
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn scripted_server(dir: &Path) -> (Server, String) {
-    let port_file = dir.join(format!("port-{}", std::process::id()));
-    let _ = std::fs::remove_file(&port_file);
-    let child = Command::new("python3")
-        .arg(root().join("tests/fixtures/scripted_openai.py"))
-        .args(["--port", "0", "--port-file"])
-        .arg(&port_file)
-        .arg("--script")
-        .arg(root().join("tests/fixtures/qwen_script.json"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("python3");
-    let server = Server(child);
-    let start = Instant::now();
-    loop {
-        if let Ok(p) = std::fs::read_to_string(&port_file) {
-            if !p.trim().is_empty() {
-                return (server, format!("http://127.0.0.1:{}/v1", p.trim()));
-            }
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "no scripted server"
-        );
-        std::thread::sleep(Duration::from_millis(30));
-    }
-}
+mod common;
+use common::{root, scripted_server, text};
 
 /// A port nothing listens on.
 fn dead_url() -> String {
@@ -190,7 +142,7 @@ const AGENT: &str = r#"python3 "$TINY_AGENT" {prompt_file}"#;
 #[test]
 fn an_external_harness_rollout_is_recorded_exported_and_reexecuted_with_the_server_stopped() {
     let s = setup(AGENT, 60);
-    let (server, url) = scripted_server(&s.dir);
+    let (server, url) = scripted_server(&s.dir, "qwen_script.json");
     ok(&s, &url, &["init"]);
     ok(&s, &url, &["run", s.exp.to_str().unwrap(), "--quiet"]);
     let rs = rollouts(&s);
@@ -316,7 +268,7 @@ fn a_model_server_that_is_not_there_stops_the_run_with_exit_7_and_resume_runs_th
     );
     assert!(err.contains("mass resume"), "{err}");
 
-    let (_server, url) = scripted_server(&s.dir);
+    let (_server, url) = scripted_server(&s.dir, "qwen_script.json");
     let out = ok(&s, &url, &["resume", "tiny", "--quiet"]);
     assert!(out.contains("harness: 4 live"), "{out}");
     let rs = rollouts(&s);

@@ -10,63 +10,13 @@
 //! package (scripts/test.sh installs both and runs it).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Instant;
 
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The scripted server on a free port; its base URL.
-fn scripted_server(dir: &Path, script: &str) -> (Server, String) {
-    let port_file = dir.join("port");
-    let child = Command::new("python3")
-        .arg(root().join("tests/fixtures/scripted_openai.py"))
-        .args(["--port", "0", "--port-file"])
-        .arg(&port_file)
-        .arg("--script")
-        .arg(root().join("tests/fixtures").join(script))
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(
-            std::fs::File::create(dir.join("server.log")).unwrap(),
-        ))
-        .spawn()
-        .expect("python3");
-    let server = Server(child);
-    let start = Instant::now();
-    loop {
-        if let Ok(p) = std::fs::read_to_string(&port_file) {
-            if !p.trim().is_empty() {
-                return (server, format!("http://127.0.0.1:{}/v1", p.trim()));
-            }
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "the scripted server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+mod common;
+use common::{root, scripted_server, text};
 
 fn mass(dir: &Path, base_url: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_mass"))

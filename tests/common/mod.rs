@@ -1,0 +1,66 @@
+//! What the external-harness tests share (tests/external_harness.rs,
+//! tests/qwen_code.rs): the scripted OpenAI-compatible server
+//! (tests/fixtures/scripted_openai.py) as a child process killed on drop,
+//! and the failure text of a `mass` run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A child process, killed and reaped when dropped (also on a failed
+/// assertion).
+pub struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The scripted server playing `script` (a file in tests/fixtures) on a
+/// free port; its base URL. Its log goes to `dir/server.log`.
+pub fn scripted_server(dir: &Path, script: &str) -> (Server, String) {
+    let port_file = dir.join(format!("port-{}", std::process::id()));
+    let _ = std::fs::remove_file(&port_file);
+    let child = Command::new("python3")
+        .arg(root().join("tests/fixtures/scripted_openai.py"))
+        .args(["--port", "0", "--port-file"])
+        .arg(&port_file)
+        .arg("--script")
+        .arg(root().join("tests/fixtures").join(script))
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(
+            std::fs::File::create(dir.join("server.log")).expect("server log"),
+        ))
+        .spawn()
+        .expect("python3");
+    let server = Server(child);
+    let start = Instant::now();
+    loop {
+        if let Ok(p) = std::fs::read_to_string(&port_file) {
+            if !p.trim().is_empty() {
+                return (server, format!("http://127.0.0.1:{}/v1", p.trim()));
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the scripted server did not start (see {})",
+            dir.join("server.log").display()
+        );
+        std::thread::sleep(Duration::from_millis(30));
+    }
+}
