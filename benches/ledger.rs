@@ -86,7 +86,8 @@
 //!
 //! Every figure is a median over repetitions and is reported as a ratio to its
 //! baseline, never alone; rows with a goal say PASS or MISS. The summary table
-//! is also written as JSON to `target/bench-ledger.json`. All data is
+//! is also written as JSON to `target/bench-ledger.json` and
+//! `target/bench/ledger.json`. All data is
 //! generated deterministically from fixed seeds. `--quick` shrinks the other
 //! sizes about 10x (a smoke run, under ~2 minutes), `--full` uses the issue's
 //! sizes everywhere (1M events for `scan`, 100k per-event durable appends) and
@@ -540,9 +541,12 @@ fn write_json(cfg: &Cfg, rows: &[Row], notes: &[String]) -> PathBuf {
     });
     let dir = target_dir();
     let path = dir.join("bench-ledger.json");
-    fs::create_dir_all(&dir).expect("create target dir for bench-ledger.json");
-    let text = serde_json::to_string_pretty(&doc).expect("serialise bench summary");
-    fs::write(&path, text + "\n").expect("write target/bench-ledger.json");
+    fs::create_dir_all(dir.join("bench")).expect("create target/bench");
+    let text = serde_json::to_string_pretty(&doc).expect("serialise bench summary") + "\n";
+    fs::write(&path, &text).expect("write target/bench-ledger.json");
+    // The team's convention: every bench's figures in target/bench/NAME.json.
+    fs::write(dir.join("bench").join("ledger.json"), &text)
+        .expect("write target/bench/ledger.json");
     path
 }
 
@@ -964,9 +968,20 @@ struct AppendRun {
 /// Appends `payloads` to a fresh ledger, `group` events per durable commit
 /// (`group == 1` uses `Ledger::append`), then closes it and measures it.
 fn run_ledger_append(payloads: &[Vec<u8>], group: usize, want_stats: bool) -> AppendRun {
+    run_ledger_append_with(payloads, group, want_stats, ledger::Options::default())
+}
+
+/// [`run_ledger_append`] with options (the protections bench switches the
+/// keyed checks or the watermark off to price them).
+fn run_ledger_append_with(
+    payloads: &[Vec<u8>],
+    group: usize,
+    want_stats: bool,
+    opts: ledger::Options,
+) -> AppendRun {
     let tmp = tempdir("append-ledger");
     let dir = tmp.path().join("ledger");
-    let l = Ledger::init(&dir).expect("init ledger");
+    let l = Ledger::init_with(&dir, opts).expect("init ledger");
     let mut head: Option<Id> = None;
     let tenth = (payloads.len() / 10).max(1);
     let mut marks = Vec::with_capacity(12);
@@ -1238,6 +1253,7 @@ fn bench_append(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>, notes: &mut Vec<Strin
         println!("  {line}");
         notes.push(format!("append: {line}"));
     }
+    bench_protections(cfg, &payloads, rows);
     rows.push(report(
         "append",
         format!("segment bytes/event vs raw sled db after close ({n} events)"),
@@ -1261,6 +1277,55 @@ fn bench_append(cfg: &Cfg, lex: &Lex, rows: &mut Vec<Row>, notes: &mut Vec<Strin
         None,
         "segments + index + FORMAT + LOCK".into(),
     ));
+}
+
+/// What the format-2 protections cost, in the same run: group commits (100
+/// per batch) with everything on vs with the keyed, positional record checks
+/// off (format 1's unkeyed checksum) and vs with the reader watermark off
+/// (no `pwrite` after each `fdatasync`). Info rows: the ratio is protected /
+/// unprotected throughput.
+fn bench_protections(cfg: &Cfg, payloads: &[Vec<u8>], rows: &mut Vec<Row>) {
+    let n = payloads.len();
+    for (what, base, off) in [
+        (
+            "keyed record checks",
+            "unkeyed",
+            ledger::Unprotected {
+                unkeyed_checks: true,
+                ..Default::default()
+            },
+        ),
+        (
+            "reader watermark",
+            "no mark",
+            ledger::Unprotected {
+                no_reader_watermark: true,
+                ..Default::default()
+            },
+        ),
+    ] {
+        let (on, offs) = alternate(
+            cfg.reps,
+            || n as f64 / run_ledger_append(payloads, 100, false).secs,
+            || {
+                let opts = ledger::Options {
+                    unprotected: off,
+                    ..ledger::Options::default()
+                };
+                n as f64 / run_ledger_append_with(payloads, 100, false, opts).secs
+            },
+        );
+        rows.push(report(
+            "append",
+            format!("cost of the {what}: group commit, 100 per batch ({n} events)"),
+            Unit::EventsPerSec,
+            &on,
+            base,
+            &offs,
+            None,
+            format!("ledger as shipped vs the same with the {what} switched off (Options::unprotected, test-only)"),
+        ));
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -2924,9 +2989,6 @@ impl ledger::AppendFile for CountingAppend {
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.inner.sync_data()
     }
-    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
-        self.inner.truncate(len)
-    }
 }
 
 impl ledger::FileLayer for CountingFiles {
@@ -2936,8 +2998,26 @@ impl ledger::FileLayer for CountingFiles {
             syncs: self.syncs.clone(),
         }))
     }
-    fn create_durably(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-        ledger::OsFiles.create_durably(path, bytes)
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        ledger::OsFiles.write_file(path, bytes)
+    }
+    fn sync_file(&self, path: &Path) -> std::io::Result<()> {
+        ledger::OsFiles.sync_file(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        ledger::OsFiles.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+        ledger::OsFiles.remove_file(path)
+    }
+    fn remove_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        ledger::OsFiles.remove_dir_all(path)
+    }
+    fn create_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        ledger::OsFiles.create_dir_all(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        ledger::OsFiles.sync_dir(dir)
     }
 }
 

@@ -283,16 +283,25 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Rebuild the index from the segment files. Refuses, changing nothing,
-    /// if a record in the middle of the log is damaged (see `repair`).
+    /// Rebuild the index from the segment files, stepping over damaged
+    /// records as `repair` does. Refuses, changing nothing, if the log holds
+    /// less than the index or the watermark proved it did.
     Reindex,
-    /// Set damaged records aside and rebuild the index, keeping every intact
-    /// record: damaged byte ranges are copied into quarantine/, listed in
-    /// quarantine/damaged.jsonl and stepped over from then on; the segment
-    /// files are not changed. Prints what it set aside.
+    /// Rebuild the index keeping every intact record: damaged byte ranges
+    /// are copied into quarantine/, listed in quarantine/damaged.jsonl and
+    /// stepped over from then on; the segment files are not changed. Prints
+    /// what it listed.
     Repair {
         #[arg(long)]
         json: bool,
+    },
+    /// Copy a ledger written by an older mass (format 1) into a new ledger
+    /// at --ledger: every committed batch, with the same ids, metadata and
+    /// refs. The old ledger is only read.
+    Migrate {
+        /// The format-1 ledger directory.
+        #[arg(long)]
+        from: std::path::PathBuf,
     },
     /// Export ledger contents.
     Export {

@@ -48,7 +48,7 @@ pub enum LedgerError {
     #[error("a ledger already exists at {path}")]
     AlreadyExists { path: PathBuf },
 
-    #[error("ledger format version {found} at {path} is not supported (this build reads version {supported})")]
+    #[error("ledger format version {found} at {path} is not supported (this build reads version {supported}){}", if found == "1" { "; `mass migrate --from DIR` copies a version-1 ledger into a new one" } else { "" })]
     UnsupportedFormat {
         path: PathBuf,
         found: String,

@@ -1,8 +1,16 @@
-//! The file layer under the writer: the few operations whose durability the
-//! crash guarantee rests on (append, `fdatasync`, creating a segment), behind a
-//! trait so tests can stand in a layer that loses unsynced writes at a
-//! simulated power cut. Reads, recovery and maintenance use the OS directly:
-//! they run after the (simulated) cut, on what reached the disk.
+//! The file layer: every write the ledger relies on for durability goes
+//! through it (segment appends and `fdatasync`, new files, renames, removals
+//! and directory syncs), behind a trait so tests can stand in a layer that
+//! models what a power cut keeps: unsynced data lost or half written, renames
+//! and creations undone until their directory is synced. Two small files
+//! bypass it: `LOCK` (the writer's pid) and `WATERMARK` (written in place; it
+//! never exceeds what is durable, so losing it only loses evidence). Reads
+//! use the OS directly: they run after the (simulated) cut, on what reached
+//! the disk.
+//!
+//! The ledger passes segment paths only to `open_append` and, for a segment
+//! that does not exist yet, to [`write_durably`]: no code path can cut or
+//! replace recorded bytes.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -15,17 +23,23 @@ pub trait AppendFile: Send {
     /// Makes every appended byte durable (`fdatasync`). A commit is
     /// acknowledged only after this returns `Ok`.
     fn sync_data(&mut self) -> std::io::Result<()>;
-    /// Cuts the file back to `len` (only used to drop a write that failed,
-    /// which was never acknowledged).
-    fn truncate(&mut self, len: u64) -> std::io::Result<()>;
 }
 
-/// How the writer opens and creates segment files.
+/// How the ledger writes its directory.
 pub trait FileLayer: Send + Sync + std::fmt::Debug {
     fn open_append(&self, path: &Path) -> std::io::Result<Box<dyn AppendFile>>;
-    /// Creates a file holding `bytes`, durably: temp file, fsync, rename,
-    /// fsync of the directory.
-    fn create_durably(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()>;
+    /// Creates (or replaces) `path` holding `bytes`; not durable by itself.
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()>;
+    /// `fsync` of a file's data and metadata.
+    fn sync_file(&self, path: &Path) -> std::io::Result<()>;
+    /// Renames; durable once the directory (or directories) are synced.
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()>;
+    fn remove_file(&self, path: &Path) -> std::io::Result<()>;
+    fn remove_dir_all(&self, path: &Path) -> std::io::Result<()>;
+    fn create_dir_all(&self, path: &Path) -> std::io::Result<()>;
+    /// `fsync` of a directory: makes the creations, renames and removals of
+    /// its entries durable.
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()>;
 }
 
 /// The operating system's files.
@@ -41,35 +55,61 @@ impl AppendFile for OsAppend {
     fn sync_data(&mut self) -> std::io::Result<()> {
         self.0.sync_data()
     }
-    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
-        self.0.set_len(len)
-    }
 }
 
 impl FileLayer for OsFiles {
     fn open_append(&self, path: &Path) -> std::io::Result<Box<dyn AppendFile>> {
-        let f = OpenOptions::new().read(true).append(true).open(path)?;
+        let f = OpenOptions::new().append(true).open(path)?;
         Ok(Box::new(OsAppend(f)))
     }
-
-    fn create_durably(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-        write_durably(path, bytes)
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        let mut f = File::create(path)?;
+        f.write_all(bytes)
+    }
+    fn sync_file(&self, path: &Path) -> std::io::Result<()> {
+        OpenOptions::new().read(true).open(path)?.sync_all()
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        std::fs::rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::remove_file(path)
+    }
+    fn remove_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::remove_dir_all(path)
+    }
+    fn create_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        File::open(dir)?.sync_all()
     }
 }
 
-/// Writes a small file atomically: temp file, fsync, rename, fsync directory.
-pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut f = File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    if let Some(parent) = path.parent() {
-        sync_dir(parent)?;
+/// Writes a file atomically and durably: temp file, fsync, rename, fsync of
+/// the directory. When this returns, the file is there whole after any
+/// crash; before, it is there whole (the old content) or not at all.
+pub fn write_durably(files: &dyn FileLayer, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    files.write_file(&tmp, bytes)?;
+    files.sync_file(&tmp)?;
+    files.rename(&tmp, path)?;
+    match path.parent() {
+        Some(parent) => files.sync_dir(parent),
+        None => Ok(()),
     }
-    Ok(())
 }
 
-pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
+/// Creates a directory and makes its entry durable in its parent.
+pub fn create_dir_durably(files: &dyn FileLayer, dir: &Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    files.create_dir_all(dir)?;
+    match dir.parent() {
+        Some(parent) => files.sync_dir(parent),
+        None => Ok(()),
+    }
 }

@@ -29,19 +29,21 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+use crate::files::{self, FileLayer};
 use crate::id::{Id, ObjectKind};
 
 /// The memtable becomes a table at this many objects.
 pub const FLUSH_OBJECTS: usize = 100_000;
-/// Version 2: the links table holds every link of an event (prev, parents
-/// and refs); version 1 held prev and parents only, so a version-1 table is
-/// ignored like a damaged one and its range scanned again.
-const TABLE_MAGIC: &[u8; 8] = b"MASSIDX2";
+/// Version 3 (ledger format 2): adds the ends of the segments a table's
+/// range completes. Tables of other versions are ignored like damaged ones
+/// and their range scanned again.
+const TABLE_MAGIC: &[u8; 8] = b"MASSIDX3";
 const HEADER_LEN: usize = 72;
 const FANOUT_LEN: usize = 256 * 4;
 const OBJ_ENTRY: usize = 32 + ObjLoc::LEN;
 const EVENT_ENTRY: usize = 8;
 const CHILD_ENTRY: usize = 36;
+const SEG_END_ENTRY: usize = 12;
 
 /// Where an object's record is, plus what is needed to read it back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,6 +158,9 @@ pub(crate) struct MemTable {
     refs: BTreeMap<String, Id>,
     /// The latest trees stored (delta bases that survive processes).
     trees: LatestTrees,
+    /// (segment, committed end) of every segment the range completes: the
+    /// length each sealed segment must still have.
+    seg_ends: Vec<(u32, u64)>,
 }
 
 /// The latest tree stored plainly (the base for the next tree's delta) and
@@ -240,6 +245,7 @@ impl MemTable {
             self.by_parent.entry(*p).or_default().push(base + c);
         }
         self.refs = later.refs.clone();
+        self.seg_ends.extend_from_slice(&later.seg_ends);
         if later.trees.plain.is_some() {
             self.trees.plain = later.trees.plain;
         }
@@ -314,7 +320,7 @@ impl MemTable {
             children.len() as u32,
             self.kinds.len() as u32,
             self.refs.len() as u32,
-            0,
+            self.seg_ends.len() as u32,
         ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
@@ -345,6 +351,10 @@ impl MemTable {
         for (name, id) in &self.refs {
             put_str(&mut out, name);
             out.extend_from_slice(&id.0);
+        }
+        for (seg, end) in &self.seg_ends {
+            out.extend_from_slice(&seg.to_le_bytes());
+            out.extend_from_slice(&end.to_le_bytes());
         }
         for t in [self.trees.plain, self.trees.any] {
             match t {
@@ -381,6 +391,7 @@ pub(crate) struct Table {
     kinds: Vec<(String, u32, u32)>,
     refs: BTreeMap<String, Id>,
     trees: LatestTrees,
+    seg_ends: Vec<(u32, u64)>,
 }
 
 impl Table {
@@ -397,7 +408,11 @@ impl Table {
         self.by_kind_at() + self.n_events * 4
     }
 
-    /// Maps and checks a table file; `Err` says why it cannot be used.
+    /// Maps and checks a table file; `Err` says why it cannot be used. The
+    /// checksum proves the file is what some writer wrote; the contents are
+    /// then checked for consistency too (every position in range, ids
+    /// sorted, counts that add up), so no table, however it was made, can
+    /// make a lookup panic or point outside itself.
     fn open(path: &Path) -> Result<Table, String> {
         let f = fs::File::open(path).map_err(|e| e.to_string())?;
         // SAFETY: tables are never modified after they are renamed into
@@ -406,7 +421,7 @@ impl Table {
         let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| e.to_string())?;
         let b = &map[..];
         if b.len() < HEADER_LEN + FANOUT_LEN + 66 + 32 || &b[..8] != TABLE_MAGIC {
-            return Err("not an index table".into());
+            return Err("not an index table of this format".into());
         }
         let (body, sum) = b.split_at(b.len() - 32);
         if blake3::hash(body).as_bytes() != sum {
@@ -423,11 +438,13 @@ impl Table {
             off: u64_at(b, 24),
             ordinal: u64_at(b, 40),
         };
-        let n_objs = u32_at(b, 48) as usize;
-        let n_events = u32_at(b, 52) as usize;
-        let n_children = u32_at(b, 56) as usize;
-        let n_kinds = u32_at(b, 60) as usize;
-        let n_refs = u32_at(b, 64) as usize;
+        if end < start || end.ordinal < start.ordinal {
+            return Err("the range ends before it starts".into());
+        }
+        let counts: Vec<usize> = (0..6).map(|i| u32_at(b, 48 + 4 * i) as usize).collect();
+        let (n_objs, n_events, n_children, n_kinds, n_refs, n_seg_ends) = (
+            counts[0], counts[1], counts[2], counts[3], counts[4], counts[5],
+        );
         let mut t = Table {
             path: path.to_path_buf(),
             start,
@@ -435,56 +452,130 @@ impl Table {
             n_objs,
             n_events,
             n_children,
-            kinds: Vec::with_capacity(n_kinds),
+            kinds: Vec::new(),
             refs: BTreeMap::new(),
             trees: LatestTrees::default(),
+            seg_ends: Vec::new(),
             map,
         };
-        let mut at = t.children_at() + n_children * CHILD_ENTRY;
-        if at > body_len {
-            return Err("section sizes exceed the file".into());
-        }
-        let take_str = |at: &mut usize| -> Result<String, String> {
-            let b = &t.map[..body_len];
-            if *at + 4 > b.len() {
-                return Err("truncated string".into());
-            }
-            let n = u32_at(b, *at) as usize;
-            *at += 4;
-            let s = b.get(*at..*at + n).ok_or("truncated string")?.to_vec();
-            *at += n;
-            String::from_utf8(s).map_err(|e| e.to_string())
+        let fixed = n_objs
+            .checked_mul(OBJ_ENTRY)
+            .and_then(|x| x.checked_add(n_events.checked_mul(EVENT_ENTRY + 4)?))
+            .and_then(|x| x.checked_add(n_children.checked_mul(CHILD_ENTRY)?))
+            .and_then(|x| x.checked_add(HEADER_LEN + FANOUT_LEN));
+        let mut at = match fixed {
+            Some(a) if a <= body_len => a,
+            _ => return Err("section sizes exceed the file".into()),
         };
-        let mut kinds = Vec::with_capacity(n_kinds);
-        for _ in 0..n_kinds {
-            let name = take_str(&mut at)?;
-            if at + 8 > body_len {
-                return Err("truncated kind table".into());
-            }
-            kinds.push((name, u32_at(&t.map, at), u32_at(&t.map, at + 4)));
-            at += 8;
+        let (kinds, refs) = t.read_names(&mut at, body_len, n_kinds, n_refs)?;
+        let seg_ends_len = n_seg_ends
+            .checked_mul(SEG_END_ENTRY)
+            .filter(|l| at + l + 66 == body_len)
+            .ok_or("section sizes do not add up")?;
+        for i in 0..n_seg_ends {
+            let o = at + i * SEG_END_ENTRY;
+            t.seg_ends.push((u32_at(&t.map, o), u64_at(&t.map, o + 4)));
         }
-        let mut refs = BTreeMap::new();
-        for _ in 0..n_refs {
-            let name = take_str(&mut at)?;
-            if at + 32 > body_len {
-                return Err("truncated ref table".into());
-            }
-            refs.insert(name, id_at(&t.map, at));
-            at += 32;
-        }
-        if at + 66 != body_len {
-            return Err("section sizes do not add up".into());
-        }
+        at += seg_ends_len;
         let tree_at = |at: usize| (t.map[at] == 1).then(|| id_at(&t.map, at + 1));
-        let trees = LatestTrees {
+        t.trees = LatestTrees {
             plain: tree_at(at),
             any: tree_at(at + 33),
         };
         t.kinds = kinds;
         t.refs = refs;
-        t.trees = trees;
+        t.check_contents()?;
         Ok(t)
+    }
+
+    /// The kind and ref sections, read with every length checked.
+    #[allow(clippy::type_complexity)]
+    fn read_names(
+        &self,
+        at: &mut usize,
+        body_len: usize,
+        n_kinds: usize,
+        n_refs: usize,
+    ) -> Result<(Vec<(String, u32, u32)>, BTreeMap<String, Id>), String> {
+        let b = &self.map[..body_len];
+        let take_str = |at: &mut usize| -> Result<String, String> {
+            if *at + 4 > b.len() {
+                return Err("truncated string".into());
+            }
+            let n = u32_at(b, *at) as usize;
+            *at += 4;
+            let s = b.get(*at..at.saturating_add(n)).ok_or("truncated string")?;
+            *at += n;
+            String::from_utf8(s.to_vec()).map_err(|e| e.to_string())
+        };
+        let mut kinds = Vec::with_capacity(n_kinds.min(1 << 16));
+        for _ in 0..n_kinds {
+            let name = take_str(at)?;
+            if *at + 8 > body_len {
+                return Err("truncated kind table".into());
+            }
+            kinds.push((name, u32_at(b, *at), u32_at(b, *at + 4)));
+            *at += 8;
+        }
+        let mut refs = BTreeMap::new();
+        for _ in 0..n_refs {
+            let name = take_str(at)?;
+            if *at + 32 > body_len {
+                return Err("truncated ref table".into());
+            }
+            refs.insert(name, id_at(b, *at));
+            *at += 32;
+        }
+        Ok((kinds, refs))
+    }
+
+    /// Every position a lookup follows lies inside the table, and the
+    /// sections are in the order lookups assume.
+    fn check_contents(&self) -> Result<(), String> {
+        let fan = |i: usize| u32_at(&self.map, HEADER_LEN + 4 * i) as usize;
+        if (1..256).any(|i| fan(i) < fan(i - 1)) || fan(255) != self.n_objs {
+            return Err("fan-out is not a running count of the objects".into());
+        }
+        for p in 0..self.n_objs {
+            let (id, loc) = self.obj(p);
+            let loc = loc.ok_or_else(|| format!("object {p}: location does not decode"))?;
+            if p > 0 && self.obj_id(p - 1) >= &id.0[..] {
+                return Err(format!("object {p}: ids not sorted"));
+            }
+            let first = id.0[0] as usize;
+            if p >= fan(first) || (first > 0 && p < fan(first - 1)) {
+                return Err(format!("object {p}: outside its fan-out bucket"));
+            }
+            if loc.ordinal < self.start.ordinal || loc.ordinal >= self.end.ordinal {
+                return Err(format!("object {p}: ordinal outside the table's range"));
+            }
+        }
+        for e in 0..self.n_events {
+            let (p, k) = self.event(e);
+            if p >= self.n_objs || k as usize >= self.kinds.len() {
+                return Err(format!("event {e}: position out of range"));
+            }
+            let bk = u32_at(&self.map, self.by_kind_at() + 4 * e) as usize;
+            if bk >= self.n_events {
+                return Err(format!("by-kind entry {e} out of range"));
+            }
+        }
+        for (name, first, count) in &self.kinds {
+            if (*first as usize).saturating_add(*count as usize) > self.n_events {
+                return Err(format!("kind {name:?}: range out of bounds"));
+            }
+        }
+        let base = self.children_at();
+        for i in 0..self.n_children {
+            let at = base + i * CHILD_ENTRY;
+            if u32_at(&self.map, at + 32) as usize >= self.n_objs {
+                return Err(format!("link {i}: position out of range"));
+            }
+            if i > 0 && self.map[at - CHILD_ENTRY..at - 4] > self.map[at..at + 32] {
+                return Err(format!("link {i}: not sorted"));
+            }
+        }
+        Ok(())
     }
 
     fn obj(&self, p: usize) -> (Id, Option<ObjLoc>) {
@@ -567,6 +658,7 @@ impl Table {
     fn to_mem(&self) -> MemTable {
         let mut m = MemTable::new(self.start, self.refs.clone(), self.trees);
         m.end = self.end;
+        m.seg_ends = self.seg_ends.clone();
         let mut objs: Vec<(u64, usize)> = (0..self.n_objs)
             .filter_map(|p| self.obj(p).1.map(|l| (l.ordinal, p)))
             .collect();
@@ -586,13 +678,13 @@ impl Table {
         }
         for e in 0..self.n_events {
             let (p, k) = self.event(e);
-            m.events.push((log_index[p.min(self.n_objs - 1)], k));
+            m.events.push((log_index[p], k));
         }
         let base = self.children_at();
         for i in 0..self.n_children {
             let at = base + i * CHILD_ENTRY;
             let parent = id_at(&self.map, at);
-            let c = log_index[(u32_at(&self.map, at + 32) as usize).min(self.n_objs - 1)];
+            let c = log_index[u32_at(&self.map, at + 32) as usize];
             m.children.push((parent, c));
             m.by_parent.entry(parent).or_default().push(c);
         }
@@ -609,17 +701,35 @@ fn table_name(start: Pos, end: Pos) -> String {
 
 /// The whole index: tables (oldest first) and the memtable after them.
 pub(crate) struct Index {
-    /// Where tables live; `None` for an index that never writes (readers).
-    dir: Option<PathBuf>,
+    /// Where tables live and how they are written; `None` for an index that
+    /// never writes (readers).
+    dir: Option<(PathBuf, Arc<dyn FileLayer>)>,
     tables: RwLock<Vec<Arc<Table>>>,
     mem: RwLock<MemTable>,
+}
+
+/// What a table proves about the log: that it was durable up to `end`, and
+/// that each segment in `seg_ends` was durable up to its given end. Tables
+/// are written only for durable data and fsynced before anything relies on
+/// them, so this is evidence of what was acknowledged.
+#[derive(Debug, Clone)]
+pub(crate) struct TableEvidence {
+    pub path: PathBuf,
+    pub end: Pos,
+    pub seg_ends: Vec<(u32, u64)>,
 }
 
 /// What opening the index found.
 #[derive(Debug, Default)]
 pub(crate) struct IndexOpen {
-    /// Table files that could not be used (damaged, or not part of the chain).
+    /// Table files that could not be used, with the reason. Nothing is
+    /// deleted here: the caller decides once it has checked the log.
     pub ignored: Vec<(PathBuf, String)>,
+    /// Valid tables that are not part of the chain (redundant when the log
+    /// holds what they cover; evidence of loss when it does not).
+    pub unchained: Vec<PathBuf>,
+    /// What every valid table, chained or not, says the log holds.
+    pub evidence: Vec<TableEvidence>,
 }
 
 impl Index {
@@ -637,25 +747,27 @@ impl Index {
     }
 
     /// Loads the chain of tables in `dir` that covers the log from `start`
-    /// without gaps. A writer (`writable`) deletes tables that are damaged or
-    /// not part of the chain (derived data); a reader leaves them alone.
-    pub fn open(dir: &Path, start: Pos, writable: bool) -> Result<(Index, IndexOpen), String> {
+    /// without gaps. With `files` the index writes tables there (a writer);
+    /// without, it only reads. Opening never deletes anything.
+    pub fn open(
+        dir: &Path,
+        start: Pos,
+        files: Option<Arc<dyn FileLayer>>,
+    ) -> Result<(Index, IndexOpen), String> {
         let mut report = IndexOpen::default();
         let mut found: Vec<Table> = Vec::new();
         match fs::read_dir(dir) {
             Ok(rd) => {
                 for e in rd {
                     let p = e.map_err(|e| e.to_string())?.path();
-                    let is_table = p.extension().is_some_and(|x| x == "idx");
-                    let is_temp = p.extension().is_some_and(|x| x == "tmp");
-                    if is_temp && writable {
-                        let _ = fs::remove_file(&p);
-                    }
-                    if !is_table {
+                    if p.extension().is_none_or(|x| x != "idx") {
                         continue;
                     }
                     match Table::open(&p) {
                         Ok(t) => found.push(t),
+                        // Removed by a merge between listing and opening:
+                        // its range is in the merged table.
+                        Err(why) if !p.exists() => drop(why),
                         Err(why) => report.ignored.push((p, why)),
                     }
                 }
@@ -666,26 +778,17 @@ impl Index {
         found.sort_by_key(|t| (t.start, std::cmp::Reverse(t.end)));
         let mut chain: Vec<Arc<Table>> = Vec::new();
         let mut cur = start;
-        let mut rest = Vec::new();
         for t in found {
-            if (t.start.seg, t.start.off, t.start.ordinal) == (cur.seg, cur.off, cur.ordinal)
-                && t.end > cur
-            {
+            report.evidence.push(TableEvidence {
+                path: t.path.clone(),
+                end: t.end,
+                seg_ends: t.seg_ends.clone(),
+            });
+            if t.start == cur && t.end > cur {
                 cur = t.end;
                 chain.push(Arc::new(t));
             } else {
-                rest.push(t);
-            }
-        }
-        for t in rest {
-            report.ignored.push((
-                t.path.clone(),
-                "not part of the chain from the log's start".into(),
-            ));
-        }
-        if writable {
-            for (p, _) in &report.ignored {
-                let _ = fs::remove_file(p);
+                report.unchained.push(t.path.clone());
             }
         }
         let (refs, lpt) = chain
@@ -694,7 +797,7 @@ impl Index {
             .unwrap_or_default();
         Ok((
             Index {
-                dir: writable.then(|| dir.to_path_buf()),
+                dir: files.map(|f| (dir.to_path_buf(), f)),
                 tables: RwLock::new(chain),
                 mem: RwLock::new(MemTable::new(cur, refs, lpt)),
             },
@@ -718,11 +821,16 @@ impl Index {
         self.mem().end
     }
 
-    /// Adds one committed batch ending at `end`.
+    /// Adds one committed batch ending at `end`. Moving into a later
+    /// segment records where the earlier one's committed data ends.
     pub fn apply(&self, items: &[IndexItem], end: Pos) {
         let mut m = self.mem.write().unwrap_or_else(|e| e.into_inner());
         for it in items {
             m.add(it);
+        }
+        if end.seg > m.end.seg {
+            let prev = (m.end.seg, m.end.off);
+            m.seg_ends.push(prev);
         }
         m.end = end;
     }
@@ -844,20 +952,22 @@ impl Index {
     }
 
     /// Writes the memtable as a table (if it holds anything) and merges
-    /// tables that have become small next to their successor. Tables are
-    /// derived data: written to a temp file and renamed, not fsynced (a torn
-    /// table fails its checksum and the log is scanned instead).
+    /// tables that have become small next to their successor. Every table is
+    /// durable (temp file, fsync, rename, directory fsync) before anything
+    /// relies on it: a merge removes the tables it absorbed only once the
+    /// merged one is durable.
     pub fn flush(&self) -> Result<(), String> {
-        let Some(dir) = &self.dir else {
+        let Some((dir, files)) = &self.dir else {
             return Ok(());
         };
         let mut m = self.mem.write().unwrap_or_else(|e| e.into_inner());
         if m.objs.is_empty() && m.end == m.start {
             return Ok(());
         }
-        fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        files::create_dir_durably(files.as_ref(), dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
         let mut tables = self.tables.write().unwrap_or_else(|e| e.into_inner());
-        let t = write_table(dir, &m)?;
+        let t = write_table(files.as_ref(), dir, &m)?;
         tables.push(Arc::new(t));
         *m = MemTable::new(m.end, m.refs.clone(), m.trees);
         // Merge while the older of the last two is at most twice the newer.
@@ -869,24 +979,24 @@ impl Index {
             }
             let mut merged = a.to_mem();
             merged.extend(&b.to_mem());
-            let t = write_table(dir, &merged)?;
+            let t = write_table(files.as_ref(), dir, &merged)?;
             let old = [a.path.clone(), b.path.clone()];
             tables.truncate(n - 2);
             tables.push(Arc::new(t));
             for p in old {
-                let _ = fs::remove_file(p);
+                // A table left behind is redundant (the merged one covers
+                // it) and removed at the next open.
+                let _ = files.remove_file(&p);
             }
         }
         Ok(())
     }
 }
 
-fn write_table(dir: &Path, m: &MemTable) -> Result<Table, String> {
+fn write_table(files: &dyn FileLayer, dir: &Path, m: &MemTable) -> Result<Table, String> {
     let bytes = m.encode();
     let path = dir.join(table_name(m.start, m.end));
-    let tmp = path.with_extension("tmp");
-    fs::write(&tmp, &bytes).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+    files::write_durably(files, &path, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
     Table::open(&path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
@@ -942,7 +1052,9 @@ mod tests {
             off: 16,
             ordinal: 0,
         };
-        let idx = Index::open(dir.path(), start, true).unwrap().0;
+        let idx = Index::open(dir.path(), start, Some(Arc::new(crate::files::OsFiles)))
+            .unwrap()
+            .0;
         // Three flushes: [1,2,3], [4,5], [6]; 4 and 6 are children of 3.
         let batches: Vec<Vec<IndexItem>> = vec![
             vec![
@@ -1007,7 +1119,7 @@ mod tests {
         // Reopened from disk (as a reader), the answers are the same.
         let end = idx.end();
         drop(idx);
-        let (ro, rep) = Index::open(dir.path(), start, false).unwrap();
+        let (ro, rep) = Index::open(dir.path(), start, None).unwrap();
         assert!(rep.ignored.is_empty(), "{rep:?}");
         assert_eq!(ro.end(), end);
         assert_eq!(ro.get(&Id([5; 32])).unwrap().ordinal, 4);
@@ -1022,7 +1134,9 @@ mod tests {
             off: 16,
             ordinal: 0,
         };
-        let idx = Index::open(dir.path(), start, true).unwrap().0;
+        let idx = Index::open(dir.path(), start, Some(Arc::new(crate::files::OsFiles)))
+            .unwrap()
+            .0;
         idx.apply(
             &[item(1, 0, None, vec![])],
             Pos {
@@ -1042,7 +1156,7 @@ mod tests {
         let mut b = fs::read(&p).unwrap();
         b[HEADER_LEN + FANOUT_LEN + 3] ^= 1;
         fs::write(&p, b).unwrap();
-        let (idx, rep) = Index::open(dir.path(), start, false).unwrap();
+        let (idx, rep) = Index::open(dir.path(), start, None).unwrap();
         assert_eq!(rep.ignored.len(), 1);
         assert_eq!(idx.end(), start, "the log is scanned again from the start");
         assert!(idx.get(&Id([1; 32])).is_none());

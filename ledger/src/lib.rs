@@ -29,21 +29,26 @@ mod error;
 mod files;
 mod id;
 mod index;
+mod migrate;
 mod object;
+mod open;
 mod recovery;
 mod segment;
+mod startup;
 mod store;
 pub mod tree;
 mod verify;
 
 pub use error::{LedgerError, Result};
-pub use files::{AppendFile, FileLayer, OsFiles};
+pub use files::{write_durably, AppendFile, FileLayer, OsFiles};
 pub use id::{Id, IdPrefix, ObjectKind, ID_LEN, MIN_PREFIX_HEX};
 pub use index::ObjLoc;
+pub use migrate::{is_v1, migrate_v1, Migrated};
 pub use object::{check_ref_name, Event, EventEnvelope, Meta, NewEvent};
-pub use recovery::Damage;
+pub use recovery::{Damage, DamageKind};
 pub use store::{
-    Batch, Chain, Durability, Ledger, Options, RecoveryReport, SetAside, QUARANTINE_DIR,
+    Batch, Chain, Durability, Ledger, Options, RecoveryReport, SetAside, Unprotected,
+    QUARANTINE_DIR,
 };
 pub use tree::{Change, EntryKind, Tree, TreeEntry};
 pub use verify::{KindStats, PayloadCheck, Problem, Stats, VerifyOptions, VerifyReport};
@@ -51,7 +56,7 @@ pub use verify::{KindStats, PayloadCheck, Problem, Stats, VerifyOptions, VerifyR
 /// Re-exported so tests and tools can talk about the on-disk format.
 pub mod format {
     pub use crate::segment::{
-        FORMAT_VERSION, RECORD_HEADER_LEN, RECORD_MAGIC, RECORD_TRAILER_LEN, SEGMENT_HEADER_LEN,
-        SEGMENT_MAGIC,
+        FORMAT_VERSION, HEADER_BLOCK_LEN, MAX_DELTA_GENERATION, RECORD_HEADER_LEN, RECORD_MAGIC,
+        RECORD_TRAILER_LEN, SEGMENT_HEADER_LEN, SEGMENT_MAGIC,
     };
 }

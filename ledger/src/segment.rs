@@ -2,39 +2,65 @@
 //!
 //! Every object, ref update and commit marker is one *record* in a segment file
 //! (`segments/NNNNNNNN.seg`). Records are only ever appended; a batch of records
-//! ends with a commit marker and becomes visible only once the marker is durable.
-//! This module owns the byte layout of segments and records (documented in
-//! `FORMAT.md`) and the scanner used by recovery, `verify` and `reindex`. It knows
-//! nothing of the index or of refs' meaning.
+//! ends with a commit marker. This module owns the byte layout of segments and
+//! records (documented in `FORMAT.md`) and reads them back: one record at a
+//! position, or the next position where a record starts after damage. It knows
+//! nothing of the index, of refs' meaning, or of what damage means for a batch
+//! (that is `recovery`).
+//!
+//! Why records carry *keyed, positional* checks: a record found by
+//! resynchronising after damage must not be one that was written as part of
+//! another record's payload (a blob holding a copy of this or another
+//! ledger's segment bytes). Each record's header and trailer checks are BLAKE3
+//! keyed with the ledger's random salt and bound to the record's segment
+//! number and offset, so bytes copied from anywhere else (another ledger, or
+//! this ledger at another position) never check, and neither do crafted bytes
+//! made without the salt.
 
 use std::fs::File;
-use std::io::{BufReader, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{LedgerError, Result};
 use crate::id::{Id, ObjectKind, ID_LEN};
 
-/// Magic bytes at the start of every segment file.
+/// Magic bytes at the start of each copy of a segment header.
 pub const SEGMENT_MAGIC: &[u8; 8] = b"MASS-SEG";
-/// On-disk format version, written into every segment header.
-pub const FORMAT_VERSION: u32 = 1;
-/// Size of the segment file header.
-pub const SEGMENT_HEADER_LEN: u64 = 16;
+/// On-disk format version, written into every segment header and `FORMAT`.
+pub const FORMAT_VERSION: u32 = 2;
+/// One copy of the segment header.
+pub const HEADER_BLOCK_LEN: usize = 64;
+/// Size of the segment file header: two identical copies of the block, so one
+/// damaged copy costs nothing.
+pub const SEGMENT_HEADER_LEN: u64 = 2 * HEADER_BLOCK_LEN as u64;
 /// Magic bytes at the start of every record.
 pub const RECORD_MAGIC: &[u8; 4] = b"MREC";
-/// Size of a record header.
-pub const RECORD_HEADER_LEN: usize = 52;
-/// Size of a record trailer (checksum).
+/// Size of a record header, its check included.
+pub const RECORD_HEADER_LEN: usize = 60;
+/// Where the header check starts within the record header.
+pub const HEADER_CHECK_AT: usize = 52;
+/// Size of a record trailer (the record check).
 pub const RECORD_TRAILER_LEN: usize = 8;
 /// A record body may not exceed this (objects larger than this are refused).
 pub const MAX_BODY_LEN: u64 = 1 << 31;
+/// Metadata may not exceed this (it is a small JSON object).
+pub const MAX_META_LEN: u64 = 1 << 24;
 /// Flag bit: the body is zstd-compressed.
 pub const FLAG_ZSTD: u8 = 1;
-/// Flag bit (with `FLAG_ZSTD`): the body starts with the 32-byte id of a plainly
-/// compressed object of the same kind whose canonical bytes are the zstd
-/// dictionary for the rest (a delta against a similar earlier object).
+/// Flag bit (with `FLAG_ZSTD`): the body is a delta (see [`DELTA_PREFIX_LEN`]).
 pub const FLAG_DICT: u8 = 2;
+/// A delta body starts with the 32-byte id of a plainly stored object of the
+/// same kind (whose canonical bytes are the zstd dictionary for the rest) and
+/// a u16 generation: how many deltas against that base precede this one, plus
+/// one. A base serves at most [`MAX_DELTA_GENERATION`] deltas.
+pub const DELTA_PREFIX_LEN: usize = 34;
+/// The most deltas stored against one base; the next version is stored
+/// plainly and becomes a new base, so a damaged base costs a bounded number
+/// of versions.
+pub const MAX_DELTA_GENERATION: u16 = 16;
+/// Body of a commit marker: record count (u32) and the offset of the batch's
+/// first record in this segment (u64).
+pub const COMMIT_BODY_LEN: usize = 12;
 
 /// What a record holds. The discriminants are on-disk values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +88,83 @@ impl RecordType {
     }
 }
 
+/// The key of a ledger's record checks: a random salt chosen at `init`,
+/// written into `FORMAT` and every segment header.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Salt {
+    key: [u8; 32],
+    /// Test-only: checks neither keyed nor positional (the protection off),
+    /// so tests can show that their forgeries then succeed.
+    plain: bool,
+}
+
+impl std::fmt::Debug for Salt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Salt({}…)", hex::encode(&self.key[..4]))
+    }
+}
+
+impl Salt {
+    pub fn from_bytes(key: [u8; 32]) -> Salt {
+        Salt { key, plain: false }
+    }
+
+    /// A fresh random salt (from the kernel's random source).
+    pub fn random() -> std::io::Result<Salt> {
+        let mut key = [0u8; 32];
+        File::open("/dev/urandom")?.read_exact_at(&mut key, 0)?;
+        Ok(Salt::from_bytes(key))
+    }
+
+    /// Test-only: the checks of format 1 (unkeyed, not bound to position).
+    pub fn unprotected() -> Salt {
+        Salt {
+            key: [0; 32],
+            plain: true,
+        }
+    }
+
+    pub fn bytes(&self) -> &[u8; 32] {
+        &self.key
+    }
+
+    fn keyed(&self, domain: &[u8], seg: u32, off: u64, data: &[u8]) -> [u8; 8] {
+        let mut h = if self.plain {
+            blake3::Hasher::new()
+        } else {
+            let mut h = blake3::Hasher::new_keyed(&self.key);
+            h.update(domain);
+            h.update(&seg.to_le_bytes());
+            h.update(&off.to_le_bytes());
+            h
+        };
+        h.update(data);
+        first8(h.finalize().as_bytes())
+    }
+
+    /// The check of a record header (its first 52 bytes) at `seg`/`off`.
+    pub fn header_check(&self, seg: u32, off: u64, h52: &[u8]) -> [u8; 8] {
+        self.keyed(b"mass.record-header", seg, off, h52)
+    }
+
+    /// The trailer of a record at `seg`/`off` whose position-free digest
+    /// (BLAKE3 over header bytes 0..52, body and metadata) is `digest`.
+    pub fn record_check(&self, seg: u32, off: u64, digest: &[u8; 32]) -> [u8; 8] {
+        self.keyed(b"mass.record", seg, off, digest)
+    }
+
+    /// A check of small derived files (the watermark) under this salt.
+    pub fn file_check(&self, what: &[u8], data: &[u8]) -> [u8; 8] {
+        self.keyed(what, 0, 0, data)
+    }
+}
+
+fn first8(b: &[u8; 32]) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&b[..8]);
+    out
+}
+
 /// The fixed-size part of a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordHeader {
@@ -81,8 +184,9 @@ impl RecordHeader {
             + RECORD_TRAILER_LEN as u64
     }
 
-    fn encode(&self) -> [u8; RECORD_HEADER_LEN] {
-        let mut h = [0u8; RECORD_HEADER_LEN];
+    /// The first 52 bytes (everything but the header check).
+    fn encode52(&self) -> [u8; HEADER_CHECK_AT] {
+        let mut h = [0u8; HEADER_CHECK_AT];
         h[0..4].copy_from_slice(RECORD_MAGIC);
         h[4] = self.rtype.to_u8();
         h[5] = self.flags;
@@ -93,9 +197,10 @@ impl RecordHeader {
         h
     }
 
-    /// Parses a header; `Err` carries a human-readable reason.
+    /// Parses the fields of a header (not its check); `Err` carries a
+    /// human-readable reason.
     pub fn decode(h: &[u8]) -> std::result::Result<RecordHeader, String> {
-        if h.len() < RECORD_HEADER_LEN {
+        if h.len() < HEADER_CHECK_AT {
             return Err(format!("short header ({} bytes)", h.len()));
         }
         if &h[0..4] != RECORD_MAGIC {
@@ -115,46 +220,210 @@ impl RecordHeader {
         let u32_at = |o: usize| u32::from_le_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]);
         let mut id = [0u8; ID_LEN];
         id.copy_from_slice(&h[20..52]);
-        Ok(RecordHeader {
+        let hdr = RecordHeader {
             rtype,
             flags,
             body_len: u32_at(8),
             meta_len: u32_at(12),
             raw_len: u32_at(16),
             id: Id(id),
+        };
+        if hdr.body_len as u64 > MAX_BODY_LEN || hdr.meta_len as u64 > MAX_META_LEN {
+            return Err(format!(
+                "record claims a {}-byte body and {}-byte metadata, over the format's limits",
+                hdr.body_len, hdr.meta_len
+            ));
+        }
+        Ok(hdr)
+    }
+}
+
+/// A record encoded without its position: the two checks are filled in
+/// once the record's segment and offset are known ([`PreRecord::place`]), so
+/// everything costly (compression, hashing the body) happens before that.
+#[derive(Debug, Clone)]
+pub struct PreRecord {
+    pub bytes: Vec<u8>,
+    digest: [u8; 32],
+}
+
+impl PreRecord {
+    pub fn new(header: &RecordHeader, body: &[u8], meta: &[u8]) -> PreRecord {
+        debug_assert_eq!(header.body_len as usize, body.len());
+        debug_assert_eq!(header.meta_len as usize, meta.len());
+        let h52 = header.encode52();
+        let mut bytes = Vec::with_capacity(header.total_len() as usize);
+        bytes.extend_from_slice(&h52);
+        bytes.extend_from_slice(&[0u8; 8]);
+        bytes.extend_from_slice(body);
+        bytes.extend_from_slice(meta);
+        let mut d = blake3::Hasher::new();
+        d.update(&h52);
+        d.update(body);
+        d.update(meta);
+        bytes.extend_from_slice(&[0u8; RECORD_TRAILER_LEN]);
+        PreRecord {
+            bytes,
+            digest: *d.finalize().as_bytes(),
+        }
+    }
+
+    /// The record's length on disk.
+    pub fn byte_len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Appends the record to `out` as it is stored at `seg`/`off`.
+    pub fn place(&self, salt: &Salt, seg: u32, off: u64, out: &mut Vec<u8>) {
+        let at = out.len();
+        out.extend_from_slice(&self.bytes);
+        let hc = salt.header_check(seg, off, &self.bytes[..HEADER_CHECK_AT]);
+        out[at + HEADER_CHECK_AT..at + RECORD_HEADER_LEN].copy_from_slice(&hc);
+        let rc = salt.record_check(seg, off, &self.digest);
+        let end = out.len();
+        out[end - RECORD_TRAILER_LEN..end].copy_from_slice(&rc);
+    }
+}
+
+/// The commit marker closing a batch of `count` records that started at
+/// byte `batch_start` of the segment.
+pub fn commit_marker(count: u32, batch_start: u64) -> PreRecord {
+    let mut body = [0u8; COMMIT_BODY_LEN];
+    body[..4].copy_from_slice(&count.to_le_bytes());
+    body[4..].copy_from_slice(&batch_start.to_le_bytes());
+    let header = RecordHeader {
+        rtype: RecordType::Commit,
+        flags: 0,
+        body_len: COMMIT_BODY_LEN as u32,
+        meta_len: 0,
+        raw_len: COMMIT_BODY_LEN as u32,
+        id: Id([0; 32]),
+    };
+    PreRecord::new(&header, &body, &[])
+}
+
+/// A commit marker's body: (record count, batch start), if well formed.
+pub fn parse_commit(body: &[u8]) -> Option<(u32, u64)> {
+    if body.len() != COMMIT_BODY_LEN {
+        return None;
+    }
+    let count = u32::from_le_bytes(body[..4].try_into().ok()?);
+    let start = u64::from_le_bytes(body[4..].try_into().ok()?);
+    Some((count, start))
+}
+
+/// One copy of a segment's header, decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentHeader {
+    pub seg_no: u32,
+    pub salt: [u8; 32],
+    /// The committed end of the previous segment when this one was started
+    /// (0 for segment 1): bytes of that segment past it were never
+    /// acknowledged, bytes before it all were.
+    pub prev_end: u64,
+}
+
+impl SegmentHeader {
+    fn block(&self) -> [u8; HEADER_BLOCK_LEN] {
+        let mut b = [0u8; HEADER_BLOCK_LEN];
+        b[0..8].copy_from_slice(SEGMENT_MAGIC);
+        b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&self.seg_no.to_le_bytes());
+        b[16..48].copy_from_slice(&self.salt);
+        b[48..56].copy_from_slice(&self.prev_end.to_le_bytes());
+        let sum = first8(blake3::hash(&b[..56]).as_bytes());
+        b[56..64].copy_from_slice(&sum);
+        b
+    }
+
+    /// The header as written: the block twice.
+    pub fn encode(&self) -> [u8; SEGMENT_HEADER_LEN as usize] {
+        let mut out = [0u8; SEGMENT_HEADER_LEN as usize];
+        let b = self.block();
+        out[..HEADER_BLOCK_LEN].copy_from_slice(&b);
+        out[HEADER_BLOCK_LEN..].copy_from_slice(&b);
+        out
+    }
+
+    fn decode_block(b: &[u8]) -> std::result::Result<SegmentHeader, String> {
+        if b.len() < HEADER_BLOCK_LEN {
+            return Err("segment shorter than its header".into());
+        }
+        if first8(blake3::hash(&b[..56]).as_bytes()) != b[56..64] {
+            return Err("header checksum mismatch".into());
+        }
+        if &b[0..8] != SEGMENT_MAGIC {
+            return Err("not a mass segment file (bad magic)".into());
+        }
+        let ver = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+        if ver != FORMAT_VERSION {
+            return Err(format!(
+                "segment format version {ver}, this build reads {FORMAT_VERSION}"
+            ));
+        }
+        let mut salt = [0u8; 32];
+        salt.copy_from_slice(&b[16..48]);
+        let mut pe = [0u8; 8];
+        pe.copy_from_slice(&b[48..56]);
+        Ok(SegmentHeader {
+            seg_no: u32::from_le_bytes([b[12], b[13], b[14], b[15]]),
+            salt,
+            prev_end: u64::from_le_bytes(pe),
         })
     }
 }
 
-/// Encodes one complete record: header, body, metadata, checksum trailer.
-pub fn encode_record(header: &RecordHeader, body: &[u8], meta: &[u8]) -> Vec<u8> {
-    debug_assert_eq!(header.body_len as usize, body.len());
-    debug_assert_eq!(header.meta_len as usize, meta.len());
-    let mut out = Vec::with_capacity(header.total_len() as usize);
-    out.extend_from_slice(&header.encode());
-    out.extend_from_slice(body);
-    out.extend_from_slice(meta);
-    let sum = checksum(&out);
-    out.extend_from_slice(&sum);
-    out
+/// A segment header as read: the first intact copy, or why neither is.
+#[derive(Debug, Clone)]
+pub enum HeaderRead {
+    Ok(SegmentHeader),
+    /// Neither copy is intact (or neither names this segment and salt).
+    Damaged(String),
 }
 
-/// The trailer: the first 8 bytes of BLAKE3 over header, body and metadata.
-/// It detects torn writes of the tail; object ids protect the content itself.
-pub fn checksum(bytes: &[u8]) -> [u8; RECORD_TRAILER_LEN] {
-    let h = blake3::hash(bytes);
-    let mut out = [0u8; RECORD_TRAILER_LEN];
-    out.copy_from_slice(&h.as_bytes()[..RECORD_TRAILER_LEN]);
-    out
-}
-
-/// The segment file header.
-pub fn segment_header(seg_no: u32) -> [u8; SEGMENT_HEADER_LEN as usize] {
+/// Reads a segment's header. A copy counts only if its checksum holds and it
+/// names `seg_no` and (when known) the ledger's salt.
+pub fn read_header(file: &File, seg_no: u32, salt: Option<&Salt>) -> std::io::Result<HeaderRead> {
     let mut h = [0u8; SEGMENT_HEADER_LEN as usize];
-    h[0..8].copy_from_slice(SEGMENT_MAGIC);
-    h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    h[12..16].copy_from_slice(&seg_no.to_le_bytes());
-    h
+    let n = read_up_to(file, &mut h, 0)?;
+    let mut why = Vec::new();
+    for copy in 0..2 {
+        let b = &h[copy * HEADER_BLOCK_LEN..(copy + 1) * HEADER_BLOCK_LEN];
+        if n < (copy + 1) * HEADER_BLOCK_LEN {
+            why.push(format!(
+                "copy {}: segment shorter than its header",
+                copy + 1
+            ));
+            continue;
+        }
+        match SegmentHeader::decode_block(b) {
+            Ok(sh) if sh.seg_no != seg_no => why.push(format!(
+                "copy {}: says segment {}, file name says {seg_no}",
+                copy + 1,
+                sh.seg_no
+            )),
+            Ok(sh) if salt.is_some_and(|s| !s.plain && s.key != sh.salt) => {
+                why.push(format!("copy {}: names another ledger's salt", copy + 1))
+            }
+            Ok(sh) => return Ok(HeaderRead::Ok(sh)),
+            Err(e) => why.push(format!("copy {}: {e}", copy + 1)),
+        }
+    }
+    Ok(HeaderRead::Damaged(why.join("; ")))
+}
+
+/// Reads as many bytes as the file has at `off`, up to `buf.len()`.
+fn read_up_to(file: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], off + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 pub fn segment_path(dir: &Path, seg_no: u32) -> PathBuf {
@@ -170,8 +439,10 @@ pub fn list_segments(dir: &Path) -> Result<Vec<u32>> {
         let name = ent.file_name();
         let Some(name) = name.to_str() else { continue };
         if let Some(stem) = name.strip_suffix(".seg") {
-            if let Ok(n) = stem.parse::<u32>() {
-                out.push(n);
+            if stem.len() == 8 {
+                if let Ok(n) = stem.parse::<u32>() {
+                    out.push(n);
+                }
             }
         }
     }
@@ -179,46 +450,7 @@ pub fn list_segments(dir: &Path) -> Result<Vec<u32>> {
     Ok(out)
 }
 
-/// Checks a segment's file header.
-pub fn check_segment_header(path: &Path, file: &File, seg_no: u32) -> Result<()> {
-    let mut h = [0u8; SEGMENT_HEADER_LEN as usize];
-    file.read_exact_at(&mut h, 0).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            LedgerError::CorruptLog {
-                path: path.to_path_buf(),
-                offset: 0,
-                detail: "segment shorter than its header".into(),
-            }
-        } else {
-            LedgerError::io(path, e)
-        }
-    })?;
-    let bad = |detail: String| LedgerError::CorruptLog {
-        path: path.to_path_buf(),
-        offset: 0,
-        detail,
-    };
-    if &h[0..8] != SEGMENT_MAGIC {
-        return Err(bad("not a mass segment file (bad magic)".into()));
-    }
-    let ver = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
-    if ver != FORMAT_VERSION {
-        return Err(LedgerError::UnsupportedFormat {
-            path: path.to_path_buf(),
-            found: ver.to_string(),
-            supported: FORMAT_VERSION,
-        });
-    }
-    let no = u32::from_le_bytes([h[12], h[13], h[14], h[15]]);
-    if no != seg_no {
-        return Err(bad(format!(
-            "segment header says number {no}, file name says {seg_no}"
-        )));
-    }
-    Ok(())
-}
-
-/// One record read back by the scanner.
+/// One record read back, checks verified.
 #[derive(Debug)]
 pub struct ScannedRecord {
     pub offset: u64,
@@ -227,160 +459,255 @@ pub struct ScannedRecord {
     pub meta: Vec<u8>,
 }
 
-/// What the scanner found at a position it could not read as a whole record.
+/// What is at a position of a segment.
 #[derive(Debug)]
-pub struct TornTail {
-    pub offset: u64,
-    pub reason: String,
+pub enum At {
+    /// A record whose header and record checks hold there.
+    Record(ScannedRecord),
+    /// Not a record. `len` is the record's length when its header check
+    /// holds (so the header, and the length it gives, can be trusted and
+    /// only the rest is bad); `None` when the header itself is bad.
+    Bad {
+        reason: String,
+        len: Option<u64>,
+        claimed_id: Option<Id>,
+    },
+    /// The end of the range.
+    End,
 }
 
-/// Sequential reader over the records of one segment, starting at `start`.
-pub struct Scanner {
-    reader: BufReader<File>,
-    pub offset: u64,
-    end: u64,
+/// Read access to one segment file: point reads of records, and a search
+/// for the next record after damage. Reads go through a window of
+/// [`WINDOW`] bytes, so a sequential scan costs one read per window, and
+/// nothing is allocated from a length on disk before the header check that
+/// covers it holds.
+pub struct SegmentFile {
+    file: File,
     path: PathBuf,
+    seg: u32,
+    salt: Salt,
+    len: u64,
+    win_start: u64,
+    win: Vec<u8>,
 }
 
-impl Scanner {
-    pub fn open(path: &Path, seg_no: u32, start: u64) -> Result<Scanner> {
-        Self::open_bounded(path, seg_no, start, None)
+/// Bytes read at a time by scans.
+pub const WINDOW: usize = 1 << 20;
+
+impl SegmentFile {
+    pub fn open(path: &Path, seg: u32, salt: Salt) -> Result<SegmentFile> {
+        let file = File::open(path).map_err(|e| LedgerError::io(path, e))?;
+        Self::from_file(file, path, seg, salt)
     }
 
-    /// Like `open`, but never reads past `end` (when given).
-    pub fn open_bounded(path: &Path, seg_no: u32, start: u64, end: Option<u64>) -> Result<Scanner> {
-        let file = File::open(path).map_err(|e| LedgerError::io(path, e))?;
-        check_segment_header(path, &file, seg_no)?;
+    pub fn from_file(file: File, path: &Path, seg: u32, salt: Salt) -> Result<SegmentFile> {
         let len = file.metadata().map_err(|e| LedgerError::io(path, e))?.len();
-        let end = end.map_or(len, |e| e.min(len));
-        let start = start.max(SEGMENT_HEADER_LEN);
-        let mut f = file;
-        std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(start))
-            .map_err(|e| LedgerError::io(path, e))?;
-        Ok(Scanner {
-            reader: BufReader::with_capacity(1 << 20, f),
-            offset: start,
-            end,
+        Ok(SegmentFile {
+            file,
             path: path.to_path_buf(),
+            seg,
+            salt,
+            len,
+            win_start: 0,
+            win: Vec::new(),
         })
     }
 
+    /// The file's length when it was opened.
     pub fn file_len(&self) -> u64 {
-        self.end
+        self.len
     }
 
-    /// Reads the next record. `Ok(None)` at a clean end of file; `Ok(Some(Err(torn)))`
-    /// where the bytes from `offset` on do not form a valid record (a torn write when
-    /// it is the tail of the last segment, corruption anywhere else).
-    pub fn next_record(&mut self) -> Result<Option<std::result::Result<ScannedRecord, TornTail>>> {
-        if self.offset >= self.end {
-            return Ok(None);
+    pub fn header(&self) -> Result<HeaderRead> {
+        read_header(&self.file, self.seg, Some(&self.salt))
+            .map_err(|e| LedgerError::io(&self.path, e))
+    }
+
+    /// Copies `out.len()` bytes at `off` (which the caller checked lie
+    /// within the file) through the window.
+    fn read(&mut self, off: u64, out: &mut [u8]) -> Result<()> {
+        let end = off + out.len() as u64;
+        let in_win = off >= self.win_start && end <= self.win_start + self.win.len() as u64;
+        if !in_win {
+            if out.len() >= WINDOW {
+                self.file
+                    .read_exact_at(out, off)
+                    .map_err(|e| LedgerError::io(&self.path, e))?;
+                return Ok(());
+            }
+            let want = (WINDOW as u64).min(self.len.saturating_sub(off)) as usize;
+            self.win.resize(want.max(out.len()), 0);
+            let n = read_up_to(&self.file, &mut self.win, off)
+                .map_err(|e| LedgerError::io(&self.path, e))?;
+            self.win.truncate(n);
+            self.win_start = off;
+            if n < out.len() {
+                return Err(LedgerError::io(
+                    &self.path,
+                    std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("the file shrank while it was read (at byte {off})"),
+                    ),
+                ));
+            }
         }
-        let at = self.offset;
-        let torn = |reason: String| Ok(Some(Err(TornTail { offset: at, reason })));
-        let remaining = self.end - at;
-        if remaining < (RECORD_HEADER_LEN + RECORD_TRAILER_LEN) as u64 {
-            return torn(format!("{remaining} trailing bytes, shorter than a record"));
-        }
-        let mut hbuf = [0u8; RECORD_HEADER_LEN];
-        self.read_exact(&mut hbuf)?;
-        let header = match RecordHeader::decode(&hbuf) {
-            Ok(h) => h,
-            Err(reason) => return torn(reason),
+        let s = (off - self.win_start) as usize;
+        out.copy_from_slice(&self.win[s..s + out.len()]);
+        Ok(())
+    }
+
+    /// The header at `off` if its check holds there (`Err` says why not).
+    fn header_at(&mut self, off: u64, end: u64) -> Result<std::result::Result<RecordHeader, At>> {
+        let bad = |reason: String| {
+            Ok(Err(At::Bad {
+                reason,
+                len: None,
+                claimed_id: None,
+            }))
         };
-        if header.body_len as u64 > MAX_BODY_LEN || header.total_len() > remaining {
-            return torn(format!(
-                "record claims {} bytes, {} remain in the file",
-                header.total_len(),
-                remaining
+        if end.saturating_sub(off) < (RECORD_HEADER_LEN + RECORD_TRAILER_LEN) as u64 {
+            return bad(format!(
+                "{} bytes before the end, shorter than a record",
+                end.saturating_sub(off)
             ));
         }
-        let mut body = vec![0u8; header.body_len as usize];
-        self.read_exact(&mut body)?;
-        let mut meta = vec![0u8; header.meta_len as usize];
-        self.read_exact(&mut meta)?;
-        let mut trailer = [0u8; RECORD_TRAILER_LEN];
-        self.read_exact(&mut trailer)?;
-        let mut h = blake3::Hasher::new();
-        h.update(&hbuf);
-        h.update(&body);
-        h.update(&meta);
-        if h.finalize().as_bytes()[..RECORD_TRAILER_LEN] != trailer {
-            return torn("record checksum mismatch".into());
+        let mut h = [0u8; RECORD_HEADER_LEN];
+        self.read(off, &mut h)?;
+        let claimed = RecordHeader::decode(&h).ok().map(|x| x.id);
+        if self.salt.header_check(self.seg, off, &h[..HEADER_CHECK_AT]) != h[HEADER_CHECK_AT..] {
+            let reason = match RecordHeader::decode(&h) {
+                Ok(_) => "record header check mismatch".to_string(),
+                Err(r) => r,
+            };
+            return Ok(Err(At::Bad {
+                reason,
+                len: None,
+                claimed_id: claimed,
+            }));
         }
-        self.offset = at + header.total_len();
-        Ok(Some(Ok(ScannedRecord {
-            offset: at,
+        match RecordHeader::decode(&h) {
+            Ok(hdr) => Ok(Ok(hdr)),
+            // A header whose keyed check holds but whose fields do not
+            // decode was written that way: a bug, reported as damage.
+            Err(r) => bad(format!("record header (its check holds): {r}")),
+        }
+    }
+
+    /// What is at `off`, reading no further than `end`.
+    pub fn read_at(&mut self, off: u64, end: u64) -> Result<At> {
+        let end = end.min(self.len);
+        if off >= end {
+            return Ok(At::End);
+        }
+        let header = match self.header_at(off, end)? {
+            Ok(h) => h,
+            Err(bad) => return Ok(bad),
+        };
+        let total = header.total_len();
+        let claimed_id = matches!(header.rtype, RecordType::Object(_)).then_some(header.id);
+        if total > end - off {
+            return Ok(At::Bad {
+                reason: format!(
+                    "record of {total} bytes is cut short: {} bytes remain",
+                    end - off
+                ),
+                len: Some(end - off),
+                claimed_id,
+            });
+        }
+        let body_at = off + RECORD_HEADER_LEN as u64;
+        let mut body = vec![0u8; header.body_len as usize];
+        self.read(body_at, &mut body)?;
+        let mut meta = vec![0u8; header.meta_len as usize];
+        self.read(body_at + body.len() as u64, &mut meta)?;
+        let mut trailer = [0u8; RECORD_TRAILER_LEN];
+        self.read(off + total - RECORD_TRAILER_LEN as u64, &mut trailer)?;
+        let mut d = blake3::Hasher::new();
+        d.update(&header.encode52());
+        d.update(&body);
+        d.update(&meta);
+        if self
+            .salt
+            .record_check(self.seg, off, d.finalize().as_bytes())
+            != trailer
+        {
+            return Ok(At::Bad {
+                reason: "record check mismatch (its header is intact)".into(),
+                len: Some(total),
+                claimed_id,
+            });
+        }
+        Ok(At::Record(ScannedRecord {
+            offset: off,
             header,
             body,
             meta,
-        })))
+        }))
     }
 
-    fn read_exact(&mut self, buf: &mut [u8]) -> Result<()> {
-        self.reader
-            .read_exact(buf)
-            .map_err(|e| LedgerError::io(&self.path, e))
-    }
-}
-
-/// Finds the first offset after `from` (exclusive) and before `end` where a
-/// complete record with a valid checksum starts, if any. Used to tell a torn
-/// tail (nothing valid follows the bad bytes) from corruption in the middle of
-/// the log (valid records follow), and to step over damaged ranges. A match
-/// needs the record magic, a decodable header and an 8-byte checksum over the
-/// whole record, so random bytes pass with probability ~2^-64.
-pub fn find_next_record(path: &Path, from: u64, end: u64) -> Result<Option<u64>> {
-    let file = File::open(path).map_err(|e| LedgerError::io(path, e))?;
-    let start = from + 1;
-    if start >= end {
-        return Ok(None);
-    }
-    // Damage is rare: read the rest of the segment (at most one segment) once.
-    let mut buf = vec![0u8; (end - start) as usize];
-    file.read_exact_at(&mut buf, start)
-        .map_err(|e| LedgerError::io(path, e))?;
-    let mut i = 0usize;
-    while i + RECORD_HEADER_LEN + RECORD_TRAILER_LEN <= buf.len() {
-        let Some(pos) = buf[i..]
-            .windows(RECORD_MAGIC.len())
-            .position(|w| w == RECORD_MAGIC)
-        else {
-            return Ok(None);
-        };
-        let at = i + pos;
-        if record_is_valid(&buf[at..]) {
-            return Ok(Some(start + at as u64));
+    /// The first offset in `(from, end)` where a record header's keyed check
+    /// holds, if any: where a scan resumes after bad bytes. Only a header
+    /// written by this ledger at exactly that position checks, so bytes a
+    /// payload carries (a copy of any ledger's segments) are never taken for
+    /// records. Reads a window at a time.
+    pub fn next_header(&mut self, from: u64, end: u64) -> Result<Option<u64>> {
+        let end = end.min(self.len);
+        let mut at = from + 1;
+        let overlap = RECORD_HEADER_LEN as u64;
+        while at + overlap <= end {
+            let chunk_end = (at + WINDOW as u64).min(end);
+            let mut buf = vec![0u8; (chunk_end - at) as usize];
+            self.read(at, &mut buf)?;
+            let mut i = 0usize;
+            while i + RECORD_HEADER_LEN <= buf.len() {
+                let Some(p) = find(&buf[i..buf.len() - RECORD_HEADER_LEN + 4], RECORD_MAGIC) else {
+                    break;
+                };
+                let pos = i + p;
+                let h = &buf[pos..pos + RECORD_HEADER_LEN];
+                let off = at + pos as u64;
+                if self.salt.header_check(self.seg, off, &h[..HEADER_CHECK_AT])
+                    == h[HEADER_CHECK_AT..]
+                {
+                    return Ok(Some(off));
+                }
+                i = pos + 1;
+            }
+            if chunk_end == end {
+                break;
+            }
+            // Step so that a header straddling the chunk's end is seen whole.
+            at = chunk_end - overlap + 1;
         }
-        i = at + 1;
+        Ok(None)
     }
-    Ok(None)
 }
 
-/// True if `bytes` starts with one complete record whose checksum holds.
-fn record_is_valid(bytes: &[u8]) -> bool {
-    let Ok(h) = RecordHeader::decode(bytes) else {
-        return false;
-    };
-    let total = h.total_len();
-    if total > bytes.len() as u64 {
-        return false;
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    if hay.len() < needle.len() {
+        return None;
     }
-    let total = total as usize;
-    let (rec, trailer) = bytes[..total].split_at(total - RECORD_TRAILER_LEN);
-    checksum(rec) == trailer
+    hay.windows(needle.len()).position(|w| w == needle)
 }
 
-/// Reads the whole record at `offset` (header, body, metadata, trailer) and
-/// checks its checksum: `Ok(Err(reason))` when the bytes there are not the
-/// record they should be. Point reads of metadata go through this, so a
-/// damaged timestamp is reported, never shown.
+/// Reads the record at `offset` that the index says is `total_len` bytes
+/// long and checks it there: `Ok(Err(reason))` when the bytes there are not
+/// that record. Point reads of metadata and dedup go through this.
 pub fn read_record_at(
     file: &File,
     path: &Path,
+    seg: u32,
+    salt: &Salt,
     offset: u64,
     total_len: u64,
 ) -> Result<std::result::Result<ScannedRecord, String>> {
+    if total_len < (RECORD_HEADER_LEN + RECORD_TRAILER_LEN) as u64
+        || total_len > MAX_BODY_LEN + MAX_META_LEN + 128
+    {
+        return Ok(Err(format!(
+            "an index entry gives an impossible length {total_len}"
+        )));
+    }
     let mut buf = vec![0u8; total_len as usize];
     if let Err(e) = file.read_exact_at(&mut buf, offset) {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -389,6 +716,13 @@ pub fn read_record_at(
             )));
         }
         return Err(LedgerError::io(path, e));
+    }
+    if salt.header_check(seg, offset, &buf[..HEADER_CHECK_AT])
+        != buf[HEADER_CHECK_AT..RECORD_HEADER_LEN]
+    {
+        return Ok(Err(format!(
+            "record at byte {offset}: header check mismatch"
+        )));
     }
     let header = match RecordHeader::decode(&buf) {
         Ok(h) => h,
@@ -401,12 +735,18 @@ pub fn read_record_at(
         )));
     }
     let n = buf.len();
-    if checksum(&buf[..n - RECORD_TRAILER_LEN]) != buf[n - RECORD_TRAILER_LEN..] {
-        return Ok(Err(format!("record at byte {offset}: checksum mismatch")));
-    }
     let body_end = RECORD_HEADER_LEN + header.body_len as usize;
+    let mut d = blake3::Hasher::new();
+    d.update(&buf[..HEADER_CHECK_AT]);
+    d.update(&buf[RECORD_HEADER_LEN..n - RECORD_TRAILER_LEN]);
+    if salt.record_check(seg, offset, d.finalize().as_bytes()) != buf[n - RECORD_TRAILER_LEN..] {
+        return Ok(Err(format!(
+            "record at byte {offset}: record check mismatch"
+        )));
+    }
     let meta = buf[body_end..n - RECORD_TRAILER_LEN].to_vec();
-    let body = buf[RECORD_HEADER_LEN..body_end].to_vec();
+    buf.truncate(body_end);
+    let body = buf.split_off(RECORD_HEADER_LEN);
     Ok(Ok(ScannedRecord {
         offset,
         header,
@@ -415,24 +755,38 @@ pub fn read_record_at(
     }))
 }
 
-/// Decompresses a body if its record says so; `raw_len` is checked.
-/// The dictionary object a `FLAG_DICT` body names.
-pub fn dict_of(id: &Id, flags: u8, body: &[u8]) -> Result<Option<Id>> {
+/// The base a delta body names and its generation.
+pub fn delta_of(id: &Id, flags: u8, body: &[u8]) -> Result<Option<(Id, u16)>> {
     if flags & FLAG_DICT == 0 {
         return Ok(None);
     }
-    Id::from_slice(body.get(..32).unwrap_or_default())
-        .map(Some)
-        .ok_or_else(|| LedgerError::Corruption {
-            id: *id,
-            detail: "delta body shorter than its dictionary id".into(),
-        })
+    let bad = || LedgerError::Corruption {
+        id: *id,
+        detail: "delta body shorter than its base id and generation".into(),
+    };
+    let base = Id::from_slice(body.get(..32).ok_or_else(bad)?).ok_or_else(bad)?;
+    let g = body.get(32..34).ok_or_else(bad)?;
+    Ok(Some((base, u16::from_le_bytes([g[0], g[1]]))))
+}
+
+/// The dictionary object a `FLAG_DICT` body names.
+pub fn dict_of(id: &Id, flags: u8, body: &[u8]) -> Result<Option<Id>> {
+    Ok(delta_of(id, flags, body)?.map(|(b, _)| b))
+}
+
+/// A delta body: base id, generation, zstd frame.
+pub fn delta_body(base: &Id, generation: u16, frame: &[u8]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(DELTA_PREFIX_LEN + frame.len());
+    body.extend_from_slice(&base.0);
+    body.extend_from_slice(&generation.to_le_bytes());
+    body.extend_from_slice(frame);
+    body
 }
 
 /// Decodes a body compressed against `dict` (the canonical bytes of the object
 /// [`dict_of`] names).
 pub fn decode_body_with_dict(id: &Id, raw_len: u32, body: &[u8], dict: &[u8]) -> Result<Vec<u8>> {
-    let frame = body.get(32..).unwrap_or_default();
+    let frame = body.get(DELTA_PREFIX_LEN..).unwrap_or_default();
     let out = zstd::bulk::Decompressor::with_dictionary(dict)
         .and_then(|mut d| d.decompress(frame, raw_len as usize))
         .map_err(|e| LedgerError::Corruption {
@@ -499,17 +853,23 @@ pub fn decode_body(id: &Id, flags: u8, raw_len: u32, body: &[u8]) -> Result<Vec<
 mod tests {
     use super::*;
 
+    fn placed(salt: &Salt, seg: u32, off: u64, h: &RecordHeader, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        PreRecord::new(h, body, b"").place(salt, seg, off, &mut out);
+        out
+    }
+
     #[test]
     fn header_round_trip() {
         let h = RecordHeader {
             rtype: RecordType::Object(ObjectKind::Tree),
             flags: FLAG_ZSTD,
             body_len: 7,
-            meta_len: 3,
+            meta_len: 0,
             raw_len: 99,
             id: Id([9; 32]),
         };
-        let rec = encode_record(&h, b"1234567", b"abc");
+        let rec = placed(&Salt::from_bytes([1; 32]), 1, 128, &h, b"1234567");
         assert_eq!(rec.len() as u64, h.total_len());
         assert_eq!(RecordHeader::decode(&rec).unwrap(), h);
     }
@@ -519,10 +879,45 @@ mod tests {
         for junk in [
             &b""[..],
             b"MREC",
-            &[0xff; 52],
+            &[0xff; 60],
             b"MREC\x09\0\0\0aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
         ] {
             assert!(RecordHeader::decode(junk).is_err());
+        }
+    }
+
+    #[test]
+    fn checks_bind_salt_segment_and_offset() {
+        let s = Salt::from_bytes([7; 32]);
+        let h52 = [3u8; HEADER_CHECK_AT];
+        let base = s.header_check(2, 500, &h52);
+        assert_ne!(base, s.header_check(3, 500, &h52));
+        assert_ne!(base, s.header_check(2, 501, &h52));
+        assert_ne!(base, Salt::from_bytes([8; 32]).header_check(2, 500, &h52));
+        // The test-only switch turns all three bindings off.
+        let u = Salt::unprotected();
+        assert_eq!(u.header_check(2, 500, &h52), u.header_check(9, 7, &h52));
+    }
+
+    #[test]
+    fn segment_header_survives_one_damaged_copy() {
+        let sh = SegmentHeader {
+            seg_no: 4,
+            salt: [5; 32],
+            prev_end: 1234,
+        };
+        let bytes = sh.encode();
+        for i in 0..bytes.len() {
+            let mut b = bytes;
+            b[i] ^= 0x40;
+            let dir = tempfile::tempdir().unwrap();
+            let p = dir.path().join("x");
+            std::fs::write(&p, b).unwrap();
+            let f = File::open(&p).unwrap();
+            match read_header(&f, 4, Some(&Salt::from_bytes([5; 32]))).unwrap() {
+                HeaderRead::Ok(got) => assert_eq!(got, sh, "flip at {i}"),
+                HeaderRead::Damaged(why) => panic!("flip at {i}: {why}"),
+            }
         }
     }
 }

@@ -14,8 +14,8 @@
 //!    at a time leads: it seals the open group with one commit marker (new
 //!    commits start the next group), writes it to the active segment in one
 //!    write and fsyncs it. Only now are the group's commits durable; a crash
-//!    before this point leaves a torn tail that recovery moves into
-//!    `quarantine/`. A failed write or fsync fails the group and every later
+//!    before this point leaves a tail that the next open lists (with a copy
+//!    in `quarantine/`), leaves in place and writes past. A failed write or fsync fails the group and every later
 //!    one, and stops the writer.
 //! 5. The leader publishes the group: the in-memory index (memtable) takes
 //!    its entries and readers' heads move; then it wakes the waiters. The
@@ -30,8 +30,8 @@
 //! while another process writes, on a read-only copy, and past damage.
 
 use std::collections::{HashMap, HashSet};
-use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
+use std::fs::{self, File};
+
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -41,23 +41,18 @@ use crate::files::{self, AppendFile, FileLayer, OsFiles};
 use crate::id::{Id, IdPrefix, ObjectKind};
 use crate::index::{self, EventIndex, Index, IndexItem, ObjLoc, Pos};
 use crate::object::{check_ref_name, Event, EventEnvelope, Meta, NewEvent, RefUpdate, DELETED};
-use crate::recovery::{self, Damage, ScanMode};
+use crate::open::{self, Watermark};
+use crate::recovery::Damage;
 use crate::segment::{
-    self, encode_record, RecordHeader, RecordType, FLAG_ZSTD, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN,
+    self, PreRecord, RecordHeader, RecordType, Salt, FLAG_ZSTD, RECORD_HEADER_LEN,
+    SEGMENT_HEADER_LEN,
 };
 use crate::tree::{self, Tree, TreeEntry};
 
-const FORMAT_FILE: &str = "FORMAT";
-const FORMAT_TEXT: &str = "mass-ledger 1\n";
-const LOCK_FILE: &str = "LOCK";
-const SEGMENTS_DIR: &str = "segments";
-const INDEX_DIR: &str = "index";
-/// Where a rebuilt index is made before it replaces the old one.
-const INDEX_NEW_DIR: &str = "index.new";
+pub(crate) const SEGMENTS_DIR: &str = "segments";
+pub(crate) const INDEX_DIR: &str = "index";
 /// Bytes set aside by recovery or repair; never deleted by `mass`.
 pub const QUARANTINE_DIR: &str = "quarantine";
-/// The damaged ranges `repair` set aside, one JSON object per line.
-const DAMAGED_FILE: &str = "damaged.jsonl";
 
 /// Tuning knobs; the defaults suit both tests and real runs.
 #[derive(Debug, Clone)]
@@ -75,9 +70,38 @@ pub struct Options {
     pub blob_zstd_level: i32,
     /// Bodies shorter than this are stored as they are.
     pub compress_min: usize,
-    /// The file layer the writer appends and syncs through (tests substitute
-    /// one that simulates power loss).
+    /// The file layer every write goes through (tests substitute one that
+    /// simulates power loss).
     pub files: Arc<dyn FileLayer>,
+    /// Test-only: protections switched off, so a test can show that its
+    /// attack succeeds without them. Never set outside tests.
+    #[doc(hidden)]
+    pub unprotected: Unprotected,
+}
+
+/// Test-only switches, each turning one protection off (all `false`, the
+/// default, is the only setting `mass` uses). A test that proves a guarantee
+/// runs its attack with the protection on and off, and shows that it fails
+/// only for the right reason.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Unprotected {
+    /// Record checks neither keyed with the ledger's salt nor bound to the
+    /// record's position (format 1's checks).
+    pub unkeyed_checks: bool,
+    /// Index tables, `damaged.jsonl` and quarantine copies written without
+    /// fsync, and old tables removed before a merged one is durable.
+    pub no_durable_derived: bool,
+    /// The writer publishes no watermark, and lock-free readers ignore a
+    /// live writer's.
+    pub no_reader_watermark: bool,
+    /// Index tables, the watermark and segment headers are not taken as
+    /// evidence of what was committed.
+    pub no_evidence: bool,
+    /// Dedup trusts a delta's record without checking its base.
+    pub no_chain_dedup: bool,
+    /// Deltas against one base are unbounded.
+    pub no_delta_bound: bool,
 }
 
 impl Default for Options {
@@ -89,6 +113,7 @@ impl Default for Options {
             blob_zstd_level: 9,
             compress_min: 128,
             files: Arc::new(OsFiles),
+            unprotected: Unprotected::default(),
         }
     }
 }
@@ -151,16 +176,19 @@ struct Group {
     /// The ordinal after the group's last object.
     end_ordinal: u64,
     commits: u32,
+    /// For the first group of a new segment: the committed end of the
+    /// segment before (the new segment's header records it).
+    prev_end: Option<u64>,
 }
 
 impl Group {
     /// An empty group starting at `off` of segment `seg`, or at the start of
     /// the next segment when that one is full.
     fn at(no: u64, seg: u32, off: u64, ordinal: u64, segment_max: u64) -> Group {
-        let (seg, base) = if off >= segment_max {
-            (seg + 1, SEGMENT_HEADER_LEN)
+        let (seg, base, prev_end) = if off >= segment_max {
+            (seg + 1, SEGMENT_HEADER_LEN, Some(off))
         } else {
-            (seg, off)
+            (seg, off, None)
         };
         Group {
             no,
@@ -171,6 +199,7 @@ impl Group {
             items: Vec::new(),
             end_ordinal: ordinal,
             commits: 0,
+            prev_end,
         }
     }
 }
@@ -234,14 +263,23 @@ struct Active {
 }
 
 /// The last tree stored plainly: the delta base for the next trees, which
-/// are mostly the same entries (18 snapshots of one workspace share ~all).
-type TreeBase = Arc<(Id, Vec<u8>)>;
+/// are mostly the same entries (18 snapshots of one workspace share ~all),
+/// and how many deltas were stored against it (a base serves at most
+/// `segment::MAX_DELTA_GENERATION`).
+struct TreeBaseInner {
+    id: Id,
+    raw: Vec<u8>,
+    deltas: std::sync::atomic::AtomicU16,
+}
+type TreeBase = Arc<TreeBaseInner>;
 
 /// An open ledger. Cheap to share between threads (`&Ledger` is `Sync`).
 pub struct Ledger {
     dir: PathBuf,
     seg_dir: PathBuf,
     idx: Index,
+    /// The key of every record check (FORMAT.md).
+    salt: Salt,
     writer: Mutex<Writer>,
     sync: Mutex<SyncState>,
     /// Signalled when a group becomes durable or fails.
@@ -257,16 +295,23 @@ pub struct Ledger {
     opts: Options,
     read_only: bool,
     recovery: RecoveryReport,
+    /// Every damaged range known at open (listed before, or found then):
+    /// a read of an object one of them claims says "damaged", not "not
+    /// found".
+    damaged: Vec<Damage>,
+    /// The writer's published durable end (readers stop there).
+    watermark: Option<Watermark>,
     _lock: Option<File>,
 }
 
-/// Bytes recovery moved out of a segment into `quarantine/`.
+/// Bytes a writer found after the last commit marker of a segment, listed
+/// and copied into `quarantine/`, and left where they are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SetAside {
     pub segment: u32,
     pub offset: u64,
     pub len: u64,
-    /// The quarantine file that holds the bytes, relative to the ledger.
+    /// The quarantine copy of the bytes, relative to the ledger.
     pub file: PathBuf,
 }
 
@@ -276,30 +321,35 @@ pub struct SetAside {
 pub struct RecoveryReport {
     /// Records indexed because the index had not caught up with the log.
     pub reindexed_records: u64,
-    /// A torn tail (bytes no valid commit marker follows, so never
-    /// acknowledged) moved into `quarantine/` and cut from the last segment.
-    pub set_aside: Vec<SetAside>,
-    /// Index tables that could not be used (damaged, or left over) and were
-    /// replaced by scanning the log, with the reason.
+    /// Bytes after the last commit marker that nothing durable shows were
+    /// committed (not known to have been acknowledged): listed in
+    /// `quarantine/damaged.jsonl`, copied into `quarantine/`, left in the
+    /// segment, and stepped over by every scan.
+    pub tails: Vec<SetAside>,
+    /// The writer went on in this new segment (after a tail, or a last
+    /// segment whose header has no intact copy).
+    pub new_segment: Option<u32>,
+    /// Index tables that could not be used (damaged, or left over), with
+    /// the reason; their range was scanned instead.
     pub index_rebuilt: Option<String>,
-    /// Damaged ranges found (read-only opens and repair step over them).
+    /// Damaged ranges found that were not listed before. A writer, `reindex`
+    /// and `repair` list them (with copies); a read-only open only reports.
     pub damage: Vec<Damage>,
-    /// Damaged ranges skipped because an earlier `repair` set them aside.
+    /// Listed ranges met again, stepped over.
     pub known_damage: u64,
-    /// Read-only opens: the index covers more than the log holds (a segment
-    /// was cut or deleted: acknowledged data is missing). A writer refuses to
-    /// open instead ([`LedgerError::LogBehindIndex`]).
+    /// Read-only opens: the log holds less than durable evidence shows it
+    /// did (a segment was cut or deleted: acknowledged data is missing). A
+    /// writer refuses to open instead ([`LedgerError::LogBehindIndex`]).
     pub log_behind_index: Option<String>,
     /// Read-only opens: bytes at the end of the log past the last commit
-    /// marker (a commit in progress, or a torn tail the next writer will set
-    /// aside); not read.
+    /// marker (a torn tail the next writer will list); not read.
     pub unread_tail: u64,
 }
 
 impl RecoveryReport {
-    /// Bytes recovery moved into quarantine.
-    pub fn set_aside_bytes(&self) -> u64 {
-        self.set_aside.iter().map(|s| s.len).sum()
+    /// Bytes of tails the writer listed and stepped over.
+    pub fn tail_bytes(&self) -> u64 {
+        self.tails.iter().map(|s| s.len).sum()
     }
 }
 
@@ -310,25 +360,38 @@ impl Ledger {
     }
 
     pub fn init_with(dir: &Path, opts: Options) -> Result<Ledger> {
-        if dir.join(FORMAT_FILE).exists() {
+        if dir.join(open::FORMAT_FILE).exists() {
             return Err(LedgerError::AlreadyExists {
                 path: dir.to_path_buf(),
             });
         }
         if let Ok(mut rd) = fs::read_dir(dir) {
-            if rd.next().is_some() {
+            if rd.next().is_some() && !interrupted_init(dir) {
                 return Err(LedgerError::AlreadyExists {
                     path: dir.to_path_buf(),
                 });
             }
         }
+        let files = opts.files.as_ref();
         let seg_dir = dir.join(SEGMENTS_DIR);
-        fs::create_dir_all(&seg_dir).map_err(|e| LedgerError::io(&seg_dir, e))?;
-        create_segment(opts.files.as_ref(), &seg_dir, 1)?;
+        files
+            .create_dir_all(&seg_dir)
+            .and_then(|_| files.sync_dir(dir))
+            .map_err(|e| LedgerError::io(&seg_dir, e))?;
+        let salt = Salt::random().map_err(|e| LedgerError::io("/dev/urandom", e))?;
+        // An interrupted init may have left a header-only segment 1.
+        let first = segment::segment_path(&seg_dir, 1);
+        if first.exists() {
+            files
+                .remove_file(&first)
+                .map_err(|e| LedgerError::io(&first, e))?;
+        }
+        crate::startup::create_segment(files, &seg_dir, 1, &salt, 0)?;
         // FORMAT is written last: a crash during init leaves no half-made ledger
         // that `open` would accept.
-        let fmt = dir.join(FORMAT_FILE);
-        files::write_durably(&fmt, FORMAT_TEXT.as_bytes()).map_err(|e| LedgerError::io(&fmt, e))?;
+        let fmt = dir.join(open::FORMAT_FILE);
+        files::write_durably(files, &fmt, open::format_text(&salt).as_bytes())
+            .map_err(|e| LedgerError::io(&fmt, e))?;
         Self::open_with(dir, opts)
     }
 
@@ -338,84 +401,55 @@ impl Ledger {
     }
 
     pub fn open_with(dir: &Path, opts: Options) -> Result<Ledger> {
-        Self::open_inner(dir, opts, Open::Normal).map(|(l, _)| l)
+        Self::open_inner(dir, opts, false).map(|(l, _)| l)
     }
 
     /// Opens and reports what recovery did.
     pub fn open_reporting(dir: &Path) -> Result<(Ledger, RecoveryReport)> {
-        Self::open_inner(dir, Options::default(), Open::Normal)
+        Self::open_inner(dir, Options::default(), false)
     }
 
     /// [`Ledger::open_reporting`] with options.
     pub fn open_reporting_with(dir: &Path, opts: Options) -> Result<(Ledger, RecoveryReport)> {
-        Self::open_inner(dir, opts, Open::Normal)
+        Self::open_inner(dir, opts, false)
     }
 
-    /// Opens without the lock, changing nothing: the committed prefix of the
-    /// log as it is now, indexed in memory. Works while another process
-    /// writes, on a read-only copy, and past damaged records (which are
-    /// reported in [`Ledger::recovery`], and whose objects are not found).
+    /// Opens without the lock, changing nothing: the committed log as it
+    /// is now, indexed in memory. Works while another process writes (it
+    /// stops at the writer's published durable end, so it never returns what
+    /// was not yet durable), on a read-only copy, and past damaged records
+    /// (reported in [`Ledger::recovery`]; their objects are not found).
     /// Commits are refused.
     pub fn open_read_only(dir: &Path) -> Result<Ledger> {
-        check_format(dir)?;
-        let seg_dir = dir.join(SEGMENTS_DIR);
-        let segs = list_segments_checked(&seg_dir)?;
-        let set_aside = read_damaged(dir)?;
-        let start = log_start(&segs);
-        let mut index_note = None;
-        let mut log_behind = None;
-        let idx = match Index::open(&dir.join(INDEX_DIR), start, false) {
-            Ok((idx, _)) => match log_shorter_than(&seg_dir, &segs, idx.end())? {
-                // Tables that claim more than the log holds are not used:
-                // the log itself is read, and the loss is reported.
-                Some(why) => {
-                    log_behind = Some(why);
-                    Index::in_memory(start)
-                }
-                None => idx,
-            },
-            Err(why) => {
-                index_note = Some(why);
-                Index::in_memory(start)
-            }
-        };
-        let out = recovery::scan_log(
-            &seg_dir,
-            &segs,
-            &idx,
-            idx.end(),
-            &set_aside,
-            ScanMode::Reader,
-        )?;
-        let report = RecoveryReport {
-            reindexed_records: out.records,
-            damage: out.damage,
-            known_damage: out.skipped_set_aside,
-            unread_tail: out.tail.as_ref().map_or(0, |t| t.len),
-            index_rebuilt: index_note,
-            log_behind_index: log_behind,
-            ..Default::default()
-        };
+        Self::open_read_only_with(dir, Options::default())
+    }
+
+    /// [`Ledger::open_read_only`] with options.
+    pub fn open_read_only_with(dir: &Path, opts: Options) -> Result<Ledger> {
+        let (idx, report, salt) = crate::startup::reader(dir, &opts)?;
         let end = idx.end();
-        Self::assemble(dir, idx, None, end.seg, end.off, report, Options::default())
+        Self::assemble(dir, idx, salt, None, end.seg, end.off, report, opts)
     }
 
     /// Throws the index away and rebuilds it from the segment files. The new
     /// index is built beside the old one and replaces it only when complete,
-    /// so a refused or killed rebuild leaves the old index as it was.
-    /// Refuses (changing nothing) when the log has damage in the middle:
-    /// that is `repair`'s job.
+    /// so a refused or killed rebuild leaves the old index as it was. Damage
+    /// is stepped over, listed and reported, as by `repair`; a log that
+    /// holds less than the old index proved is refused.
     pub fn reindex(dir: &Path) -> Result<(Ledger, RecoveryReport)> {
-        Self::open_inner(dir, Options::default(), Open::Rebuild(ScanMode::Writer))
+        Self::open_inner(dir, Options::default(), true)
     }
 
     /// Rebuilds the index stepping over damaged records: every intact record
     /// is kept, each damaged range is copied into `quarantine/`, listed in
-    /// `quarantine/damaged.jsonl` (so later scans step over it too) and
-    /// reported. The segment files are not changed, except that a torn tail
-    /// is moved into quarantine as on every open.
+    /// `quarantine/damaged.jsonl` and reported. No segment byte changes.
     pub fn repair(dir: &Path) -> Result<(Ledger, RecoveryReport)> {
-        Self::open_inner(dir, Options::default(), Open::Rebuild(ScanMode::Repair))
+        Self::open_inner(dir, Options::default(), true)
+    }
+
+    /// [`Ledger::repair`] with options.
+    pub fn repair_with(dir: &Path, opts: Options) -> Result<(Ledger, RecoveryReport)> {
+        Self::open_inner(dir, opts, true)
     }
 
     /// What opening found and did.
@@ -428,60 +462,32 @@ impl Ledger {
         self.read_only
     }
 
-    fn open_inner(dir: &Path, opts: Options, how: Open) -> Result<(Ledger, RecoveryReport)> {
-        check_format(dir)?;
-        let lock = take_lock(dir)?;
-        let seg_dir = dir.join(SEGMENTS_DIR);
-        let segs = list_segments_checked(&seg_dir)?;
-        let index_dir = dir.join(INDEX_DIR);
-        let new_dir = dir.join(INDEX_NEW_DIR);
-        // A rebuild that was killed leaves a partial new index: derived data
-        // that nothing points to. So is an index in the earlier sled format.
-        if new_dir.exists() {
-            fs::remove_dir_all(&new_dir).map_err(|e| LedgerError::io(&new_dir, e))?;
-        }
-        if index_dir.join("db").exists() {
-            fs::remove_dir_all(&index_dir).map_err(|e| LedgerError::io(&index_dir, e))?;
-        }
-        let mut report = RecoveryReport::default();
-        if let Open::Rebuild(mode) = how {
-            report = rebuild_index(dir, &seg_dir, &segs, mode)?;
-        }
-        let start = log_start(&segs);
-        let (idx, opened) =
-            Index::open(&index_dir, start, true).map_err(|detail| LedgerError::Index { detail })?;
-        if !opened.ignored.is_empty() {
-            report.index_rebuilt = Some(
-                opened
-                    .ignored
-                    .iter()
-                    .map(|(p, why)| format!("{}: {why}", p.display()))
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            );
-        }
-        let set_aside = read_damaged(dir)?;
-        let rec = recover(dir, &seg_dir, &segs, &idx, &set_aside)?;
-        report.reindexed_records += rec.reindexed_records;
-        report.set_aside.extend(rec.set_aside);
-        report.known_damage += rec.known_damage;
-        let last = *segs.last().unwrap_or(&1);
-        let seg_path = segment::segment_path(&seg_dir, last);
-        let file = opts
-            .files
-            .open_append(&seg_path)
-            .map_err(|e| LedgerError::io(&seg_path, e))?;
-        let offset = fs::metadata(&seg_path)
-            .map_err(|e| LedgerError::io(&seg_path, e))?
-            .len();
-        let mut ledger = Self::assemble(dir, idx, Some(file), last, offset, report.clone(), opts)?;
+    fn open_inner(dir: &Path, opts: Options, rebuild: bool) -> Result<(Ledger, RecoveryReport)> {
+        let fmt_salt = open::check_format(dir)?;
+        let lock = open::take_lock(dir)?;
+        let opened = crate::startup::writer(dir, &opts, fmt_salt, rebuild)?;
+        let report = opened.report.clone();
+        let mut ledger = Self::assemble(
+            dir,
+            opened.idx,
+            opened.salt,
+            Some(opened.file),
+            opened.seg,
+            opened.offset,
+            report.clone(),
+            opts,
+        )?;
+        ledger.watermark = Some(opened.watermark);
         ledger._lock = Some(lock);
+        ledger.publish_watermark(opened.seg, opened.offset);
         Ok((ledger, report))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn assemble(
         dir: &Path,
         idx: Index,
+        salt: Salt,
         file: Option<Box<dyn AppendFile>>,
         seg_no: u32,
         offset: u64,
@@ -491,10 +497,13 @@ impl Ledger {
         let next_ordinal = idx.end().ordinal;
         let heads: HashMap<String, Id> = idx.refs().into_iter().collect();
         let read_only = file.is_none();
+        let mut damaged = open::read_damaged(dir).unwrap_or_default();
+        damaged.extend(recovery.damage.iter().cloned());
         Ok(Ledger {
             dir: dir.to_path_buf(),
             seg_dir: dir.join(SEGMENTS_DIR),
             idx,
+            salt,
             writer: Mutex::new(Writer {
                 group: Group::at(1, seg_no, offset, next_ordinal, opts.segment_max),
                 next_ordinal,
@@ -516,8 +525,22 @@ impl Ledger {
             opts,
             read_only,
             recovery,
+            damaged,
+            watermark: None,
             _lock: None,
         })
+    }
+
+    /// Tells lock-free readers the log is durable up to `seg`/`off`. A
+    /// failure only makes readers see less (and is not an error: the data
+    /// is durable either way).
+    fn publish_watermark(&self, seg: u32, off: u64) {
+        if self.opts.unprotected.no_reader_watermark {
+            return;
+        }
+        if let Some(w) = &self.watermark {
+            let _ = w.publish(seg, off);
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -626,24 +649,50 @@ impl Ledger {
         Ok(self.idx.get(id).is_some())
     }
 
-    /// True if the log holds an intact record for `id` where the index says:
-    /// the whole record is read back and its checksum and header checked.
-    /// Dedup asks this, never the index alone, so an index entry the log
-    /// does not back (a cut or damaged segment) cannot turn a write into a
-    /// no-op; the object is written again and the index points to the copy.
+    /// True if the log holds an intact record for `id` where the index says
+    /// (the whole record read back, its keyed checks verified) and, for a
+    /// delta, an intact record of its base too. Dedup asks this, never the
+    /// index alone, so an index entry the log does not back (damage, or a
+    /// delta whose base is damaged) cannot turn a write into a no-op: the
+    /// object is written again and the index points to the new copy.
     fn backed(&self, id: &Id) -> Result<bool> {
         let Some(loc) = self.locate(id)? else {
             return Ok(false);
         };
+        let Some(rec) = self.record_of(id, &loc)? else {
+            return Ok(false);
+        };
+        if self.opts.unprotected.no_chain_dedup {
+            return Ok(true);
+        }
+        match segment::dict_of(id, rec.header.flags, &rec.body) {
+            Ok(None) => Ok(true),
+            Ok(Some(base)) => match self.locate(&base)? {
+                Some(bl) if bl.kind == loc.kind && bl.flags & segment::FLAG_DICT == 0 => {
+                    Ok(self.record_of(&base, &bl)?.is_some())
+                }
+                _ => Ok(false),
+            },
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// The intact record of `id` at `loc`, or `None` when the bytes there
+    /// are not that record.
+    fn record_of(&self, id: &Id, loc: &ObjLoc) -> Result<Option<segment::ScannedRecord>> {
         let f = self.reader(loc.seg)?;
         let path = segment::segment_path(&self.seg_dir, loc.seg);
         let total = (RECORD_HEADER_LEN + segment::RECORD_TRAILER_LEN) as u64
             + loc.body_len as u64
             + loc.meta_len as u64;
         Ok(
-            match segment::read_record_at(&f, &path, loc.offset, total)? {
-                Ok(rec) => rec.header.id == *id && rec.header.rtype == RecordType::Object(loc.kind),
-                Err(_) => false,
+            match segment::read_record_at(&f, &path, loc.seg, &self.salt, loc.offset, total)? {
+                Ok(rec)
+                    if rec.header.id == *id && rec.header.rtype == RecordType::Object(loc.kind) =>
+                {
+                    Some(rec)
+                }
+                _ => None,
             },
         )
     }
@@ -677,15 +726,14 @@ impl Ledger {
     fn missing(&self, id: &Id) -> LedgerError {
         let hex = id.to_hex();
         match self
-            .recovery
-            .damage
+            .damaged
             .iter()
             .find(|d| d.claimed_id.as_deref() == Some(hex.as_str()))
         {
             Some(d) => LedgerError::Corruption {
                 id: *id,
                 detail: format!(
-                    "its record in segment {} at byte {} is damaged ({}); `mass repair` sets it aside",
+                    "its record in segment {} at byte {} is damaged ({}); listed in quarantine/damaged.jsonl",
                     d.segment, d.offset, d.reason
                 ),
             },
@@ -718,6 +766,16 @@ impl Ledger {
                 LedgerError::io(segment::segment_path(&self.seg_dir, loc.seg), e)
             }
         })?;
+        if self
+            .salt
+            .header_check(loc.seg, loc.offset, &buf[..segment::HEADER_CHECK_AT])
+            != buf[segment::HEADER_CHECK_AT..RECORD_HEADER_LEN]
+        {
+            return Err(corrupt(format!(
+                "record header at segment {} offset {} fails its check",
+                loc.seg, loc.offset
+            )));
+        }
         let h = RecordHeader::decode(&buf).map_err(|r| corrupt(format!("record header: {r}")))?;
         if h.id != *id
             || h.rtype != RecordType::Object(loc.kind)
@@ -796,12 +854,11 @@ impl Ledger {
         let total = (RECORD_HEADER_LEN + segment::RECORD_TRAILER_LEN) as u64
             + loc.body_len as u64
             + loc.meta_len as u64;
-        let rec = segment::read_record_at(&f, &path, loc.offset, total)?.map_err(|reason| {
-            LedgerError::Corruption {
+        let rec = segment::read_record_at(&f, &path, loc.seg, &self.salt, loc.offset, total)?
+            .map_err(|reason| LedgerError::Corruption {
                 id: *id,
                 detail: format!("metadata record in segment {}: {reason}", loc.seg),
-            }
-        })?;
+            })?;
         if rec.header.id != *id {
             return Err(LedgerError::Corruption {
                 id: *id,
@@ -830,8 +887,7 @@ impl Ledger {
             0 => {
                 // A damaged record the scan stepped over may claim it.
                 let claimed: Vec<Id> = self
-                    .recovery
-                    .damage
+                    .damaged
                     .iter()
                     .filter_map(|d| d.claimed_id.as_deref()?.parse::<Id>().ok())
                     .filter(|id| p.matches(id))
@@ -939,6 +995,11 @@ impl Ledger {
         tree::finish_checkout(dest, &t)
     }
 
+    /// The key of this ledger's record checks.
+    pub(crate) fn salt(&self) -> &Salt {
+        &self.salt
+    }
+
     pub(crate) fn segment_dir(&self) -> &Path {
         &self.seg_dir
     }
@@ -1036,7 +1097,18 @@ impl Ledger {
                 continue;
             }
             let mut base_in_batch = None;
+            // Written again because its record does not read back: stored
+            // plainly, since deltas stored before may name it as their base.
+            let rewrite = self.locate(&p.id)?.is_some();
             let (flags, body) = match p.kind {
+                ObjectKind::Tree | ObjectKind::Blob if rewrite => {
+                    let level = if p.kind == ObjectKind::Tree {
+                        self.opts.zstd_level
+                    } else {
+                        self.opts.blob_zstd_level
+                    };
+                    self.maybe_compress(level, &p.raw)
+                }
                 ObjectKind::Tree => {
                     let base = tree_base.get_or_insert_with(|| self.tree_base_snapshot());
                     let (flags, body, used) = self.compress_tree(base, &p.id, &p.raw);
@@ -1212,7 +1284,7 @@ impl Ledger {
                 raw_len: body.len() as u32,
                 id: Id(*blake3::hash(&body).as_bytes()),
             };
-            ref_records.push(encode_record(&header, &body, &[]));
+            ref_records.push(PreRecord::new(&header, &body, &[]));
         }
         // Join the open group.
         let no = w.group.no;
@@ -1222,7 +1294,7 @@ impl Ledger {
             let p = &b.objects[e.at];
             let g = &mut w.group;
             let offset = g.base + g.buf.len() as u64;
-            g.buf.extend_from_slice(&e.record);
+            e.record.place(&self.salt, g.seg, offset, &mut g.buf);
             g.items.push(IndexItem::Object {
                 id: p.id,
                 loc: ObjLoc {
@@ -1244,7 +1316,9 @@ impl Ledger {
             }
         }
         for (u, rec) in collapsed.iter().zip(&ref_records) {
-            w.group.buf.extend_from_slice(rec);
+            let g = &mut w.group;
+            let offset = g.base + g.buf.len() as u64;
+            rec.place(&self.salt, g.seg, offset, &mut g.buf);
             w.group.items.push(IndexItem::Ref {
                 name: u.name.clone(),
                 new: u.new,
@@ -1256,7 +1330,11 @@ impl Ledger {
         w.next_ordinal = ordinal;
         if let Some(at) = last_plain_tree {
             let p = &b.objects[at];
-            *lock_or_recover(&self.tree_base) = Some(Arc::new((p.id, p.raw.clone())));
+            *lock_or_recover(&self.tree_base) = Some(Arc::new(TreeBaseInner {
+                id: p.id,
+                raw: p.raw.clone(),
+                deltas: std::sync::atomic::AtomicU16::new(0),
+            }));
         }
         for u in &b.ref_updates {
             set(&mut w.moving, &u.name, no);
@@ -1361,9 +1439,10 @@ impl Ledger {
                 debug_assert!(false, "leading an empty group");
                 return Ok(w.group.no - 1);
             }
-            let marker = commit_marker(w.group.records);
+            let marker = segment::commit_marker(w.group.records, w.group.base);
+            let marker_at = w.group.base + w.group.buf.len() as u64;
             // The next group starts where this one ends (or in a new segment).
-            let end = w.group.base + (w.group.buf.len() + marker.len()) as u64;
+            let end = marker_at + marker.byte_len() as u64;
             let next = Group::at(
                 w.group.no + 1,
                 w.group.seg,
@@ -1372,7 +1451,7 @@ impl Ledger {
                 self.opts.segment_max,
             );
             let mut g = std::mem::replace(&mut w.group, next);
-            g.buf.extend_from_slice(&marker);
+            marker.place(&self.salt, g.seg, marker_at, &mut g.buf);
             g
         };
         let res = self.append_and_sync(&g);
@@ -1429,6 +1508,9 @@ impl Ledger {
         }
         w.durable_end = (end.seg, end.off);
         drop(w);
+        // Readers may now see the group: it is durable. (Leaders run one at
+        // a time, so the watermark only moves forward.)
+        self.publish_watermark(end.seg, end.off);
         if self.idx.mem_objects() >= index::FLUSH_OBJECTS {
             // A table that cannot be written costs only memory and a longer
             // scan at the next open: the group is already durable.
@@ -1439,12 +1521,21 @@ impl Ledger {
 
     /// One `write` and one `fdatasync` of a sealed group, starting its
     /// segment first if it is a new one (every earlier group, so all of the
-    /// previous segment, is already durable). On failure the group's bytes
-    /// are cut off again where possible; they were never acknowledged.
+    /// previous segment, is already durable; the new header records where).
+    /// On failure nothing is cut: the writer stops, and the next open finds
+    /// the group's bytes (if any reached the disk) as a tail.
     fn append_and_sync(&self, g: &Group) -> Result<()> {
         let mut a = lock_or_recover(&self.active);
         if a.seg_no != g.seg {
-            let path = create_segment(self.opts.files.as_ref(), &self.seg_dir, g.seg)?;
+            let prev_end = g.prev_end.unwrap_or(0);
+            crate::startup::create_segment(
+                self.opts.files.as_ref(),
+                &self.seg_dir,
+                g.seg,
+                &self.salt,
+                prev_end,
+            )?;
+            let path = segment::segment_path(&self.seg_dir, g.seg);
             let file = self
                 .opts
                 .files
@@ -1459,13 +1550,9 @@ impl Ledger {
                 path: self.dir.clone(),
             });
         };
-        if let Err(e) = file.append(&g.buf).and_then(|_| file.sync_data()) {
-            // The tail is uncommitted garbage at worst; try to drop it now, and stop
-            // writing either way because the file's durable state is unknown.
-            let _ = file.truncate(g.base);
-            return Err(LedgerError::io(seg_path, e));
-        }
-        Ok(())
+        file.append(&g.buf)
+            .and_then(|_| file.sync_data())
+            .map_err(|e| LedgerError::io(seg_path, e))
     }
 
     /// The tree-delta base for a batch's trees: the last tree stored plainly
@@ -1484,6 +1571,14 @@ impl Ledger {
         g.clone()
     }
 
+    /// The next generation of a delta against a base that has served
+    /// `used` deltas, or `None` when the base has served its share (the
+    /// object is then stored plainly and becomes a new base).
+    fn next_generation(&self, used: u16) -> Option<u16> {
+        let g = used.checked_add(1)?;
+        (self.opts.unprotected.no_delta_bound || g <= segment::MAX_DELTA_GENERATION).then_some(g)
+    }
+
     /// Trees are stored as a zstd delta against `base` when that is much
     /// smaller; otherwise plainly, becoming the base for the batch's next
     /// trees. Returns the base used, if any.
@@ -1495,55 +1590,79 @@ impl Ledger {
     ) -> (u8, Vec<u8>, Option<Id>) {
         let plain = self.maybe_compress(self.opts.zstd_level, raw);
         if let Some(b) = base.as_ref() {
-            let (base_id, base_raw) = (&b.0, &b.1);
-            let delta = zstd::bulk::Compressor::with_dictionary(self.opts.zstd_level, base_raw)
+            let used = b.deltas.load(std::sync::atomic::Ordering::Relaxed);
+            let delta = zstd::bulk::Compressor::with_dictionary(self.opts.zstd_level, &b.raw)
                 .and_then(|mut c| c.compress(raw));
-            if let Ok(d) = delta {
-                if d.len() + 32 < plain.1.len() / 2 {
-                    let mut body = Vec::with_capacity(32 + d.len());
-                    body.extend_from_slice(&base_id.0);
-                    body.extend_from_slice(&d);
-                    return (FLAG_ZSTD | segment::FLAG_DICT, body, Some(*base_id));
+            if let (Ok(d), Some(_)) = (delta, self.next_generation(used)) {
+                if d.len() + segment::DELTA_PREFIX_LEN < plain.1.len() / 2 {
+                    let n = b.deltas.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if let Some(g) = self.next_generation(n) {
+                        let body = segment::delta_body(&b.id, g, &d);
+                        return (FLAG_ZSTD | segment::FLAG_DICT, body, Some(b.id));
+                    }
                 }
             }
         }
-        *base = Some(Arc::new((*id, raw.to_vec())));
+        *base = Some(Arc::new(TreeBaseInner {
+            id: *id,
+            raw: raw.to_vec(),
+            deltas: std::sync::atomic::AtomicU16::new(0),
+        }));
         (plain.0, plain.1, None)
     }
 
-    /// A delta body for blob `raw` against `similar` (or, if that is itself a
-    /// delta, against its base: a base is never a delta), if it saves at
-    /// least 1/8 of `plain_len`, the blob's plain compressed size (a delta
-    /// costs one more read; an edited copy stored whole costs far more).
+    /// A delta body for blob `raw` against `similar`'s base (`similar`
+    /// itself when it is stored plainly: a base is never a delta), if that
+    /// base has not served its share of deltas and the delta saves at least
+    /// 1/8 of `plain_len`, the blob's plain compressed size (a delta costs
+    /// one more read; an edited copy stored whole costs far more). A base
+    /// that does not read back intact is not used.
     fn blob_delta(&self, similar: Id, raw: &[u8], plain_len: usize) -> Option<Vec<u8>> {
         let loc = self.locate(&similar).ok()??;
-        let base = if loc.flags & segment::FLAG_DICT != 0 {
+        let (base, used) = if loc.flags & segment::FLAG_DICT != 0 {
             let f = self.reader(loc.seg).ok()?;
-            let mut b = [0u8; 32];
+            let mut b = [0u8; segment::DELTA_PREFIX_LEN];
             f.read_exact_at(&mut b, loc.offset + RECORD_HEADER_LEN as u64)
                 .ok()?;
-            Id(b)
+            let (base, g) = segment::delta_of(&similar, loc.flags, &b).ok()??;
+            (base, g)
         } else {
-            similar
+            (similar, 0)
         };
+        let generation = self.next_generation(used)?;
         let (_, dict) = self.read_plain(&base, ObjectKind::Blob).ok()?;
         let d = zstd::bulk::Compressor::with_dictionary(self.opts.blob_zstd_level, &dict)
             .and_then(|mut c| c.compress(raw))
             .ok()?;
-        if (d.len() + 32) * 8 >= plain_len * 7 {
+        if (d.len() + segment::DELTA_PREFIX_LEN) * 8 >= plain_len * 7 {
             return None;
         }
-        let mut body = Vec::with_capacity(32 + d.len());
-        body.extend_from_slice(&base.0);
-        body.extend_from_slice(&d);
-        Some(body)
+        Some(segment::delta_body(&base, generation, &d))
     }
 
-    /// The latest plain tree in the ledger, read back.
-    fn initial_tree_base(&self) -> Option<(Id, Vec<u8>)> {
-        let id = self.idx.latest_trees().plain?;
+    /// The latest plain tree in the ledger, read back, with the generation
+    /// of the latest tree if that is a delta against it.
+    fn initial_tree_base(&self) -> Option<TreeBaseInner> {
+        let latest = self.idx.latest_trees();
+        let id = latest.plain?;
         let (_, raw) = self.read_plain(&id, ObjectKind::Tree).ok()?;
-        Some((id, raw))
+        let used = latest
+            .any
+            .and_then(|t| {
+                let loc = self.locate(&t).ok()??;
+                let f = self.reader(loc.seg).ok()?;
+                let mut b = [0u8; segment::DELTA_PREFIX_LEN];
+                f.read_exact_at(&mut b, loc.offset + RECORD_HEADER_LEN as u64)
+                    .ok()?;
+                segment::delta_of(&t, loc.flags, &b).ok()?
+            })
+            .filter(|(base, _)| *base == id)
+            .map_or(0, |(_, g)| g);
+        Some(TreeBaseInner {
+            id,
+            raw,
+            deltas: std::sync::atomic::AtomicU16::new(used),
+        })
     }
 
     fn maybe_compress(&self, level: i32, raw: &[u8]) -> (u8, Vec<u8>) {
@@ -1598,9 +1717,9 @@ fn lock_or_recover<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// One object's record (header, body, metadata, checksum): its position in
-/// the log is not part of it, so it is built before the writer lock.
-fn object_record(p: &Pending, flags: u8, body: &[u8]) -> (u32, Vec<u8>) {
+/// One object's record without its position (the checks that bind it are
+/// added when it joins a group), so it is built before the writer lock.
+fn object_record(p: &Pending, flags: u8, body: &[u8]) -> (u32, PreRecord) {
     let header = RecordHeader {
         rtype: RecordType::Object(p.kind),
         flags,
@@ -1609,20 +1728,7 @@ fn object_record(p: &Pending, flags: u8, body: &[u8]) -> (u32, Vec<u8>) {
         raw_len: p.raw.len() as u32,
         id: p.id,
     };
-    (header.body_len, encode_record(&header, body, &p.meta))
-}
-
-/// The commit marker closing a group of `count` records.
-fn commit_marker(count: u32) -> Vec<u8> {
-    let header = RecordHeader {
-        rtype: RecordType::Commit,
-        flags: 0,
-        body_len: 4,
-        meta_len: 0,
-        raw_len: 4,
-        id: Id([0; 32]),
-    };
-    encode_record(&header, &count.to_le_bytes(), &[])
+    (header.body_len, PreRecord::new(&header, body, &p.meta))
 }
 
 /// What a commit waits for after step 3.
@@ -1650,7 +1756,7 @@ struct Encoded {
     at: usize,
     flags: u8,
     body_len: u32,
-    record: Vec<u8>,
+    record: PreRecord,
     /// For a tree stored as a delta against a tree earlier in this batch:
     /// that tree, which this batch must then write itself.
     base_in_batch: Option<Id>,
@@ -1669,8 +1775,8 @@ impl Drop for Ledger {
     /// Writes commits submitted but never waited for (a dropped
     /// `Durability`: no later commit led their group), so a clean close
     /// keeps them; then writes the memtable as an index table so the next
-    /// open need not scan the log again. Derived data: a failure there
-    /// costs only a longer scan.
+    /// open need not scan the log again, and makes the watermark durable.
+    /// Derived data: a failure there costs only a longer scan.
     fn drop(&mut self) {
         if self.read_only {
             return;
@@ -1685,6 +1791,9 @@ impl Drop for Ledger {
             self.lead();
         }
         let _ = self.idx.flush();
+        if let Some(w) = &self.watermark {
+            let _ = w.sync();
+        }
     }
 }
 
@@ -1775,6 +1884,61 @@ impl<'a> Batch<'a> {
             meta: Vec::new(),
             links,
             event_links: None,
+            similar: None,
+        }))
+    }
+
+    /// Adds an object given as its kind, canonical bytes and (for an event)
+    /// the metadata recorded beside it, as when copying objects from another
+    /// ledger: trees and events are decoded and checked as when they were
+    /// first written, and their links must resolve when the batch commits.
+    /// Metadata must be a JSON object of the ledger's metadata shape.
+    pub fn put_raw(&mut self, kind: ObjectKind, raw: Vec<u8>, meta: Vec<u8>) -> Result<Id> {
+        check_size(raw.len())?;
+        let id = Id::of(kind, &raw);
+        let bad = |reason: String| LedgerError::Corruption { id, detail: reason };
+        if kind != ObjectKind::Event && !meta.is_empty() {
+            return Err(bad("only events carry metadata".into()));
+        }
+        if !meta.is_empty() {
+            serde_json::from_slice::<Meta>(&meta)
+                .map_err(|e| bad(format!("metadata is not the ledger's metadata: {e}")))?;
+        }
+        let (links, event_links) = match kind {
+            ObjectKind::Blob => (Vec::new(), None),
+            ObjectKind::Tree => {
+                let t = Tree::from_bytes(&id, &raw)?;
+                (
+                    t.entries.iter().filter_map(TreeEntry::blob_id).collect(),
+                    None,
+                )
+            }
+            ObjectKind::Event => {
+                let ev = Event::from_envelope(id, EventEnvelope::from_bytes(&id, &raw)?);
+                let links: Vec<Id> = ev
+                    .prev
+                    .iter()
+                    .chain(ev.parents.iter())
+                    .chain(ev.refs.iter())
+                    .copied()
+                    .collect();
+                let referred = referred_by_event(ev.prev, &ev.parents, &ev.refs);
+                (
+                    links,
+                    Some(EventIndex {
+                        kind: ev.kind,
+                        links: referred,
+                    }),
+                )
+            }
+        };
+        Ok(self.push(Pending {
+            kind,
+            id,
+            raw,
+            meta,
+            links,
+            event_links,
             similar: None,
         }))
     }
@@ -1992,6 +2156,42 @@ impl std::future::Future for Durability<'_> {
     }
 }
 
+/// True if `dir` holds only what an `init` that never wrote `FORMAT` leaves:
+/// `LOCK`, `WATERMARK` and a `segments/` with at most a header-only segment
+/// 1 (or its temp file). No record was ever written there, so `init` may
+/// start again over it.
+fn interrupted_init(dir: &Path) -> bool {
+    let Ok(rd) = fs::read_dir(dir) else {
+        return false;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        match name.to_str() {
+            Some("LOCK") | Some("WATERMARK") => {}
+            Some("segments") => {
+                let Ok(segs) = fs::read_dir(e.path()) else {
+                    return false;
+                };
+                for s in segs.flatten() {
+                    let ok_name = matches!(
+                        s.file_name().to_str(),
+                        Some("00000001.seg") | Some("00000001.seg.tmp")
+                    );
+                    let small = s
+                        .metadata()
+                        .map(|m| m.len() <= SEGMENT_HEADER_LEN)
+                        .unwrap_or(false);
+                    if !ok_name || !small {
+                        return false;
+                    }
+                }
+            }
+            _ => return false,
+        }
+    }
+    true
+}
+
 fn check_size(len: usize) -> Result<()> {
     if len as u64 >= segment::MAX_BODY_LEN {
         return Err(LedgerError::TooLarge {
@@ -2000,308 +2200,6 @@ fn check_size(len: usize) -> Result<()> {
         });
     }
     Ok(())
-}
-
-/// How `open_inner` treats the index.
-#[derive(Clone, Copy)]
-enum Open {
-    Normal,
-    /// Build a new index from the whole log first, scanning in this mode.
-    Rebuild(ScanMode),
-}
-
-fn check_format(dir: &Path) -> Result<()> {
-    let fmt_path = dir.join(FORMAT_FILE);
-    let fmt = match fs::read_to_string(&fmt_path) {
-        Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(LedgerError::NotALedger {
-                path: dir.to_path_buf(),
-            })
-        }
-        Err(e) => return Err(LedgerError::io(&fmt_path, e)),
-    };
-    if fmt != FORMAT_TEXT {
-        return Err(LedgerError::UnsupportedFormat {
-            path: fmt_path,
-            found: fmt.trim().to_string(),
-            supported: segment::FORMAT_VERSION,
-        });
-    }
-    Ok(())
-}
-
-/// The segment numbers, which must run without gaps: a missing segment in
-/// the middle is lost data, reported rather than read around.
-fn list_segments_checked(seg_dir: &Path) -> Result<Vec<u32>> {
-    let segs = segment::list_segments(seg_dir)?;
-    let Some(&first) = segs.first() else {
-        return Err(LedgerError::CorruptLog {
-            path: seg_dir.to_path_buf(),
-            offset: 0,
-            detail: "no segment files".into(),
-        });
-    };
-    for (i, &s) in segs.iter().enumerate() {
-        let want = first + i as u32;
-        if s != want {
-            return Err(LedgerError::LogBehindIndex {
-                detail: format!(
-                    "segment {want} is missing from {} (found {} next); restore it from a backup",
-                    seg_dir.display(),
-                    s
-                ),
-            });
-        }
-    }
-    Ok(segs)
-}
-
-/// Where the log starts: the first record of the first segment.
-fn log_start(segs: &[u32]) -> Pos {
-    Pos {
-        seg: segs.first().copied().unwrap_or(1),
-        off: SEGMENT_HEADER_LEN,
-        ordinal: 0,
-    }
-}
-
-/// `Some(reason)` if the log ends before `pos` (a segment the index covers
-/// is missing or shorter than the index says): acknowledged data is gone.
-fn log_shorter_than(seg_dir: &Path, segs: &[u32], pos: Pos) -> Result<Option<String>> {
-    let path = segment::segment_path(seg_dir, pos.seg);
-    if !segs.contains(&pos.seg) {
-        return Ok(Some(format!(
-            "the index covers segment {} up to byte {}, but {} is missing",
-            pos.seg,
-            pos.off,
-            path.display()
-        )));
-    }
-    let len = fs::metadata(&path)
-        .map_err(|e| LedgerError::io(&path, e))?
-        .len();
-    Ok((len < pos.off).then(|| {
-        format!(
-            "{} holds {len} bytes but the index covers {}: {} bytes of acknowledged data are missing",
-            path.display(),
-            pos.off,
-            pos.off - len
-        )
-    }))
-}
-
-/// Brings the index up to the end of the committed log. First checks that
-/// the log still holds everything the index says it does (a log shorter than
-/// the index means acknowledged data is gone, and is reported, never
-/// re-indexed over); then indexes committed records past the index's end and
-/// moves a torn tail into quarantine.
-fn recover(
-    dir: &Path,
-    seg_dir: &Path,
-    segs: &[u32],
-    idx: &Index,
-    set_aside: &[Damage],
-) -> Result<RecoveryReport> {
-    if let Some(detail) = log_shorter_than(seg_dir, segs, idx.end())? {
-        return Err(LedgerError::LogBehindIndex { detail });
-    }
-    let out = recovery::scan_log(seg_dir, segs, idx, idx.end(), set_aside, ScanMode::Writer)?;
-    let mut report = RecoveryReport {
-        reindexed_records: out.records,
-        known_damage: out.skipped_set_aside,
-        ..Default::default()
-    };
-    if let Some(t) = &out.tail {
-        report.set_aside.push(quarantine_tail(dir, seg_dir, t)?);
-    }
-    Ok(report)
-}
-
-/// Builds a new index from the whole log beside the old one, then swaps it in.
-fn rebuild_index(
-    dir: &Path,
-    seg_dir: &Path,
-    segs: &[u32],
-    mode: ScanMode,
-) -> Result<RecoveryReport> {
-    let new_dir = dir.join(INDEX_NEW_DIR);
-    if new_dir.exists() {
-        fs::remove_dir_all(&new_dir).map_err(|e| LedgerError::io(&new_dir, e))?;
-    }
-    let set_aside = read_damaged(dir)?;
-    let start = log_start(segs);
-    let mut report = RecoveryReport::default();
-    {
-        let (idx, _) =
-            Index::open(&new_dir, start, true).map_err(|detail| LedgerError::Index { detail })?;
-        let scanned = recovery::scan_log(seg_dir, segs, &idx, start, &set_aside, mode);
-        let out = match scanned {
-            Ok(out) => out,
-            Err(e) => {
-                drop(idx);
-                let _ = fs::remove_dir_all(&new_dir);
-                return Err(e);
-            }
-        };
-        report.reindexed_records = out.records;
-        report.known_damage = out.skipped_set_aside;
-        if !out.damage.is_empty() {
-            for d in &out.damage {
-                copy_to_quarantine(dir, seg_dir, d.segment, d.offset, d.len, "damaged")?;
-            }
-            append_damaged(dir, &out.damage)?;
-            report.damage = out.damage;
-        }
-        if let Some(t) = &out.tail {
-            report.set_aside.push(quarantine_tail(dir, seg_dir, t)?);
-        }
-        idx.flush()
-            .map_err(|detail| LedgerError::Index { detail })?;
-        // An empty log leaves no table; the (empty) index is still swapped in.
-        fs::create_dir_all(&new_dir).map_err(|e| LedgerError::io(&new_dir, e))?;
-    }
-    let index_dir = dir.join(INDEX_DIR);
-    if index_dir.exists() {
-        fs::remove_dir_all(&index_dir).map_err(|e| LedgerError::io(&index_dir, e))?;
-    }
-    fs::rename(&new_dir, &index_dir).map_err(|e| LedgerError::io(&index_dir, e))?;
-    files::sync_dir(dir).map_err(|e| LedgerError::io(dir, e))?;
-    Ok(report)
-}
-
-/// Copies `len` bytes at `offset` of a segment into a new file under
-/// `quarantine/` (durably) and returns its path relative to the ledger.
-fn copy_to_quarantine(
-    dir: &Path,
-    seg_dir: &Path,
-    seg: u32,
-    offset: u64,
-    len: u64,
-    what: &str,
-) -> Result<PathBuf> {
-    let path = segment::segment_path(seg_dir, seg);
-    let f = File::open(&path).map_err(|e| LedgerError::io(&path, e))?;
-    let mut bytes = vec![0u8; len as usize];
-    f.read_exact_at(&mut bytes, offset)
-        .map_err(|e| LedgerError::io(&path, e))?;
-    let qdir = dir.join(QUARANTINE_DIR);
-    fs::create_dir_all(&qdir).map_err(|e| LedgerError::io(&qdir, e))?;
-    // The content hash keeps two set-asides at the same place (two crashes
-    // at one offset) from overwriting each other.
-    let short = &blake3::hash(&bytes).to_hex()[..12];
-    let rel = PathBuf::from(QUARANTINE_DIR).join(format!("{seg:08}-{offset}-{what}-{short}.bin"));
-    let full = dir.join(&rel);
-    if !full.exists() {
-        files::write_durably(&full, &bytes).map_err(|e| LedgerError::io(&full, e))?;
-    }
-    Ok(rel)
-}
-
-/// Moves a torn tail into quarantine: copy (durably), then cut it off.
-fn quarantine_tail(dir: &Path, seg_dir: &Path, t: &recovery::Tail) -> Result<SetAside> {
-    let file = copy_to_quarantine(dir, seg_dir, t.segment, t.offset, t.len, "tail")?;
-    let path = segment::segment_path(seg_dir, t.segment);
-    let f = OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .map_err(|e| LedgerError::io(&path, e))?;
-    f.set_len(t.offset)
-        .and_then(|_| f.sync_all())
-        .map_err(|e| LedgerError::io(&path, e))?;
-    Ok(SetAside {
-        segment: t.segment,
-        offset: t.offset,
-        len: t.len,
-        file,
-    })
-}
-
-/// The damaged ranges an earlier `repair` set aside.
-pub(crate) fn read_damaged(dir: &Path) -> Result<Vec<Damage>> {
-    let path = dir.join(QUARANTINE_DIR).join(DAMAGED_FILE);
-    let text = match fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(LedgerError::io(&path, e)),
-    };
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        out.push(
-            serde_json::from_str(line).map_err(|e| LedgerError::CorruptLog {
-                path: path.clone(),
-                offset: i as u64 + 1,
-                detail: format!("line {} is not a damaged-range record: {e}", i + 1),
-            })?,
-        );
-    }
-    Ok(out)
-}
-
-/// Adds ranges to `quarantine/damaged.jsonl` (rewritten atomically with the
-/// old lines first: the list only grows).
-fn append_damaged(dir: &Path, new: &[Damage]) -> Result<()> {
-    let mut all = read_damaged(dir)?;
-    for d in new {
-        if !all
-            .iter()
-            .any(|o| o.segment == d.segment && o.offset == d.offset)
-        {
-            all.push(d.clone());
-        }
-    }
-    let mut text = String::new();
-    for d in &all {
-        text.push_str(&serde_json::to_string(d).map_err(LedgerError::index)?);
-        text.push('\n');
-    }
-    let qdir = dir.join(QUARANTINE_DIR);
-    fs::create_dir_all(&qdir).map_err(|e| LedgerError::io(&qdir, e))?;
-    let path = qdir.join(DAMAGED_FILE);
-    files::write_durably(&path, text.as_bytes()).map_err(|e| LedgerError::io(&path, e))
-}
-
-fn take_lock(dir: &Path) -> Result<File> {
-    let path = dir.join(LOCK_FILE);
-    let mut f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| LedgerError::io(&path, e))?;
-    match f.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => {
-            let mut s = String::new();
-            let _ = f.read_to_string(&mut s);
-            let pid = s.trim().to_string();
-            return Err(LedgerError::Locked {
-                path: dir.to_path_buf(),
-                pid: if pid.is_empty() {
-                    "unknown".into()
-                } else {
-                    pid
-                },
-            });
-        }
-        Err(std::fs::TryLockError::Error(e)) => return Err(LedgerError::io(&path, e)),
-    }
-    f.set_len(0)
-        .and_then(|_| f.write_all(format!("{}\n", std::process::id()).as_bytes()))
-        .map_err(|e| LedgerError::io(&path, e))?;
-    Ok(f)
-}
-
-fn create_segment(files: &dyn FileLayer, seg_dir: &Path, seg_no: u32) -> Result<PathBuf> {
-    let path = segment::segment_path(seg_dir, seg_no);
-    files
-        .create_durably(&path, &segment::segment_header(seg_no))
-        .map_err(|e| LedgerError::io(&path, e))?;
-    Ok(path)
 }
 
 /// Everything an event links to (prev, parents, refs), each once: the keys

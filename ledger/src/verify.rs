@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 use crate::error::{LedgerError, Result};
 use crate::id::{Id, ObjectKind};
 use crate::object::{Event, EventEnvelope, RefUpdate};
-use crate::segment::{self, decode_body, RecordType, Scanner};
+use crate::segment::{self, decode_body, At, HeaderRead, RecordType, SegmentFile};
 use crate::store::Ledger;
 use crate::tree::{EntryKind, Tree};
 
@@ -87,8 +87,6 @@ impl Ledger {
         check_payload: PayloadCheck<'_>,
         opts: VerifyOptions,
     ) -> Result<VerifyReport> {
-        let mut r = VerifyReport::default();
-        let mut refs_from_log: HashMap<String, Id> = HashMap::new();
         // The end of the scan and the refs it is compared with are taken
         // together: a commit racing the scan (another thread of this
         // process) moves neither.
@@ -99,136 +97,37 @@ impl Ledger {
         // the end of the scan is fixed, so a commit racing the scan can only add
         // index entries beyond it, which are ignored below. Without it, the
         // table fills from the log as the scan goes.
-        let mut seen = if opts.index {
+        let seen = if opts.index {
             Seen::from_index(self)?
         } else {
             Seen::with_capacity(self.object_count()? as usize)
         };
-        let set_aside = crate::store::read_damaged(self.dir())?;
+        let mut st = Walk {
+            seen,
+            pending: Vec::new(),
+            refs_from_log: HashMap::new(),
+            r: VerifyReport::default(),
+        };
+        let set_aside = crate::open::read_damaged(self.dir())?;
         let segs: Vec<u32> = segment::list_segments(self.segment_dir())?
             .into_iter()
             .filter(|&s| s <= end_seg)
             .collect();
-        for (i, &seg) in segs.iter().enumerate() {
-            let is_last = i + 1 == segs.len();
-            let path = segment::segment_path(self.segment_dir(), seg);
+        for &seg in &segs {
             let bound = (seg == end_seg).then_some(end_off);
-            let mut sc = match Scanner::open_bounded(&path, seg, 0, bound) {
-                Ok(sc) => sc,
-                Err(e) => {
-                    r.problems.push(Problem {
-                        id: None,
-                        what: format!("segment {}: {e}", path.display()),
-                    });
-                    continue;
-                }
-            };
-            let mut pending: Vec<PendingRef> = Vec::new();
-            loop {
-                let rec = match sc.next_record()? {
-                    None => break,
-                    Some(Ok(rec)) => rec,
-                    Some(Err(torn)) => {
-                        if let Some(d) = set_aside
-                            .iter()
-                            .find(|d| d.segment == seg && d.offset == torn.offset)
-                        {
-                            r.set_aside += 1;
-                            sc = Scanner::open_bounded(&path, seg, d.offset + d.len, bound)?;
-                            continue;
-                        }
-                        // An unreadable record: if its header names an object, blame it.
-                        let id = header_id_at(&path, torn.offset);
-                        r.problems.push(Problem {
-                            id,
-                            what: format!(
-                                "unreadable record in {} at byte {}: {}",
-                                path.display(),
-                                torn.offset,
-                                torn.reason
-                            ),
-                        });
-                        // Step to the next valid record (the same rule recovery
-                        // uses); if none, name what the index says lived there.
-                        match segment::find_next_record(&path, torn.offset, sc.file_len())? {
-                            Some(n) => {
-                                sc = Scanner::open_bounded(&path, seg, n, bound)?;
-                                continue;
-                            }
-                            None => {
-                                self.blame_rest(seg, torn.offset, &mut r)?;
-                                break;
-                            }
-                        }
-                    }
-                };
-                r.records += 1;
-                r.bytes_scanned += rec.header.total_len();
-                match rec.header.rtype {
-                    RecordType::Commit => {
-                        for p in pending.drain(..) {
-                            match p.new {
-                                Some(new) => {
-                                    refs_from_log.insert(p.name, new);
-                                }
-                                // A deletion (FORMAT.md): the ref is gone.
-                                None => {
-                                    refs_from_log.remove(&p.name);
-                                }
-                            }
-                        }
-                    }
-                    RecordType::RefUpdate => match RefUpdate::from_bytes(&rec.body) {
-                        Ok(u) => {
-                            let new = u.new_head();
-                            if let Some(id) = new {
-                                if seen.kind_seen(&id) != Some(ObjectKind::Event) {
-                                    r.problems.push(Problem {
-                                        id: Some(id),
-                                        what: format!(
-                                            "ref {:?} points to an event not written before it",
-                                            u.name
-                                        ),
-                                    });
-                                }
-                            }
-                            pending.push(PendingRef { name: u.name, new });
-                        }
-                        Err(e) => r.problems.push(Problem {
-                            id: None,
-                            what: format!(
-                                "ref update at byte {} of {}: {e}",
-                                rec.offset,
-                                path.display()
-                            ),
-                        }),
-                    },
-                    RecordType::Object(kind) => {
-                        let id = rec.header.id;
-                        match self.check_object(kind, &id, &rec, seg, &seen, check_payload) {
-                            Ok(()) => {}
-                            Err(what) => r.problems.push(Problem { id: Some(id), what }),
-                        }
-                        match kind {
-                            ObjectKind::Blob => r.blobs += 1,
-                            ObjectKind::Tree => r.trees += 1,
-                            ObjectKind::Event => r.events += 1,
-                        }
-                        if opts.index {
-                            seen.mark(&id);
-                        } else {
-                            seen.insert_seen(&id, seg, rec.offset, kind);
-                        }
-                    }
-                }
-            }
-            if !pending.is_empty() && !is_last {
-                r.problems.push(Problem {
-                    id: None,
-                    what: format!("{} ends with uncommitted records", path.display()),
-                });
+            self.verify_segment(seg, bound, &set_aside, &mut st, check_payload, opts)?;
+            // Records after the last commit marker of a sealed segment (its
+            // marker damaged): the next segment shows the writer moved on.
+            if seg != end_seg {
+                st.apply_refs();
             }
         }
+        let Walk {
+            seen,
+            refs_from_log,
+            mut r,
+            ..
+        } = st;
         // Index entries must point at records the scan met.
         for (k, slot) in seen.map.iter().filter(|_| seen.from_index) {
             let within = slot.seg < end_seg || (slot.seg == end_seg && slot.offset < end_off);
@@ -244,30 +143,142 @@ impl Ledger {
                 });
             }
         }
-        // Refs in the index must be what the operation log says.
-        r.refs = refs.len() as u64;
-        for (name, id) in &refs {
-            match refs_from_log.get(name) {
-                Some(l) if l == id => {}
-                Some(l) => r.problems.push(Problem {
-                    id: Some(*id),
-                    what: format!("ref {name:?} is {id} in the index but {l} in the log"),
-                }),
-                None => r.problems.push(Problem {
-                    id: Some(*id),
-                    what: format!("ref {name:?} is in the index but not in the log"),
-                }),
-            }
-        }
-        for (name, id) in &refs_from_log {
-            if !refs.iter().any(|(n, _)| n == name) {
-                r.problems.push(Problem {
-                    id: Some(*id),
-                    what: format!("ref {name:?} is in the log but missing from the index (run `mass reindex`)"),
-                });
-            }
-        }
+        check_refs(&refs, &refs_from_log, &mut r);
         Ok(r)
+    }
+
+    /// Checks every record of one segment up to `bound` (its whole length
+    /// when `None`), stepping over listed ranges and naming any other bad
+    /// bytes.
+    fn verify_segment(
+        &self,
+        seg: u32,
+        bound: Option<u64>,
+        set_aside: &[crate::recovery::Damage],
+        st: &mut Walk,
+        check_payload: PayloadCheck<'_>,
+        opts: VerifyOptions,
+    ) -> Result<()> {
+        let path = segment::segment_path(self.segment_dir(), seg);
+        let mut f = SegmentFile::open(&path, seg, *self.salt())?;
+        let listed = |off: u64| {
+            set_aside
+                .iter()
+                .find(|d| d.segment == seg && d.offset == off)
+        };
+        if let HeaderRead::Damaged(why) = f.header()? {
+            match listed(0) {
+                Some(_) => st.r.set_aside += 1,
+                None => st.r.problems.push(Problem {
+                    id: None,
+                    what: format!("segment header of {}: {why}", path.display()),
+                }),
+            }
+        }
+        let bound = bound.unwrap_or(f.file_len());
+        let mut at = segment::SEGMENT_HEADER_LEN;
+        loop {
+            // A listed range (a tail, or damage a writer or `repair` set
+            // aside) is stepped over whole: a tail may hold intact records
+            // that were never committed.
+            if let Some(d) = listed(at).filter(|d| d.len > 0) {
+                st.r.set_aside += 1;
+                at = (d.offset + d.len).min(bound).max(at + 1);
+                continue;
+            }
+            let (reason, len, claimed_id) = match f.read_at(at, bound)? {
+                At::End => return Ok(()),
+                At::Record(rec) => {
+                    at = rec.offset + rec.header.total_len();
+                    st.r.records += 1;
+                    st.r.bytes_scanned += rec.header.total_len();
+                    self.verify_record(rec, seg, &path, st, check_payload, opts);
+                    continue;
+                }
+                At::Bad {
+                    reason,
+                    len,
+                    claimed_id,
+                } => (reason, len, claimed_id),
+            };
+            st.r.problems.push(Problem {
+                id: claimed_id,
+                what: format!(
+                    "unreadable record in {} at byte {at}: {reason}",
+                    path.display()
+                ),
+            });
+            // Step to the next record (the same rule every scan uses); if
+            // none, name what the index says lived there.
+            at = match len {
+                Some(l) => at + l,
+                None => match f.next_header(at, bound)? {
+                    Some(n) => n,
+                    None => {
+                        self.blame_rest(seg, at, &mut st.r)?;
+                        return Ok(());
+                    }
+                },
+            };
+        }
+    }
+
+    /// One intact record: ref updates wait for their commit marker;
+    /// objects are re-hashed and their links and payload checked.
+    fn verify_record(
+        &self,
+        rec: segment::ScannedRecord,
+        seg: u32,
+        path: &std::path::Path,
+        st: &mut Walk,
+        check_payload: PayloadCheck<'_>,
+        opts: VerifyOptions,
+    ) {
+        match rec.header.rtype {
+            RecordType::Commit => st.apply_refs(),
+            RecordType::RefUpdate => match RefUpdate::from_bytes(&rec.body) {
+                Ok(u) => {
+                    let new = u.new_head();
+                    if let Some(id) = new {
+                        if st.seen.kind_seen(&id) != Some(ObjectKind::Event) {
+                            st.r.problems.push(Problem {
+                                id: Some(id),
+                                what: format!(
+                                    "ref {:?} points to an event not written before it",
+                                    u.name
+                                ),
+                            });
+                        }
+                    }
+                    st.pending.push(PendingRef { name: u.name, new });
+                }
+                Err(e) => st.r.problems.push(Problem {
+                    id: None,
+                    what: format!(
+                        "ref update at byte {} of {}: {e}",
+                        rec.offset,
+                        path.display()
+                    ),
+                }),
+            },
+            RecordType::Object(kind) => {
+                let id = rec.header.id;
+                if let Err(what) = self.check_object(kind, &id, &rec, seg, &st.seen, check_payload)
+                {
+                    st.r.problems.push(Problem { id: Some(id), what });
+                }
+                match kind {
+                    ObjectKind::Blob => st.r.blobs += 1,
+                    ObjectKind::Tree => st.r.trees += 1,
+                    ObjectKind::Event => st.r.events += 1,
+                }
+                if opts.index {
+                    st.seen.mark(&id);
+                } else {
+                    st.seen.insert_seen(&id, seg, rec.offset, kind);
+                }
+            }
+        }
     }
 
     fn check_object(
@@ -433,6 +444,61 @@ struct PendingRef {
     new: Option<Id>,
 }
 
+/// What a verify scan carries from record to record.
+struct Walk {
+    seen: Seen,
+    /// Ref updates since the last commit marker.
+    pending: Vec<PendingRef>,
+    /// Every ref's head as the operation log says.
+    refs_from_log: HashMap<String, Id>,
+    r: VerifyReport,
+}
+
+impl Walk {
+    /// A commit marker: the batch's ref updates take effect.
+    fn apply_refs(&mut self) {
+        for p in self.pending.drain(..) {
+            match p.new {
+                Some(new) => {
+                    self.refs_from_log.insert(p.name, new);
+                }
+                // A deletion (FORMAT.md): the ref is gone.
+                None => {
+                    self.refs_from_log.remove(&p.name);
+                }
+            }
+        }
+    }
+}
+
+/// Refs in the index must be what the operation log says.
+fn check_refs(refs: &[(String, Id)], from_log: &HashMap<String, Id>, r: &mut VerifyReport) {
+    r.refs = refs.len() as u64;
+    for (name, id) in refs {
+        match from_log.get(name) {
+            Some(l) if l == id => {}
+            Some(l) => r.problems.push(Problem {
+                id: Some(*id),
+                what: format!("ref {name:?} is {id} in the index but {l} in the log"),
+            }),
+            None => r.problems.push(Problem {
+                id: Some(*id),
+                what: format!("ref {name:?} is in the index but not in the log"),
+            }),
+        }
+    }
+    for (name, id) in from_log {
+        if !refs.iter().any(|(n, _)| n == name) {
+            r.problems.push(Problem {
+                id: Some(*id),
+                what: format!(
+                    "ref {name:?} is in the log but missing from the index (run `mass reindex`)"
+                ),
+            });
+        }
+    }
+}
+
 /// Where the index says each object is, and whether the log scan has reached it.
 #[derive(Clone, Copy)]
 struct Slot {
@@ -506,18 +572,6 @@ fn key16(id: &Id) -> [u8; 16] {
     let mut k = [0u8; 16];
     k.copy_from_slice(&id.0[..16]);
     k
-}
-
-fn header_id_at(path: &std::path::Path, offset: u64) -> Option<Id> {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::File::open(path).ok()?;
-    let mut h = [0u8; segment::RECORD_HEADER_LEN];
-    f.read_exact_at(&mut h, offset).ok()?;
-    let hdr = segment::RecordHeader::decode(&h).ok()?;
-    match hdr.rtype {
-        RecordType::Object(_) => Some(hdr.id),
-        _ => None,
-    }
 }
 
 /// Per-kind counts and sizes.

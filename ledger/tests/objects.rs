@@ -436,8 +436,8 @@ fn an_index_table_from_before_refs_were_indexed_is_rebuilt_not_trusted() {
         let path = e.unwrap().path();
         if path.extension().is_some_and(|x| x == "idx") {
             let mut bytes = std::fs::read(&path).unwrap();
-            assert_eq!(&bytes[..8], b"MASSIDX2");
-            bytes[7] = b'1';
+            assert_eq!(&bytes[..8], b"MASSIDX3");
+            bytes[7] = b'2';
             std::fs::write(&path, bytes).unwrap();
             tables += 1;
         }

@@ -95,37 +95,42 @@ fn loc_of(dir: &Path, id: &Id) -> ledger::ObjLoc {
     l.locate(id).unwrap().unwrap()
 }
 
+/// Regression (issue 23): one flipped byte in a batch that valid batches
+/// follow. `reindex` once refused; a flipped byte in the *last* batch was
+/// once called a torn tail and cut off. Now every rebuild steps over the
+/// damaged record, lists it, keeps every intact record, and changes no
+/// segment byte.
 #[test]
-fn reindex_after_a_flipped_byte_mid_segment_refuses_instead_of_truncating() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("l");
-    let ids = build(&dir, Options::default());
-    let before = read_all(&Ledger::open(&dir).unwrap(), &ids);
-    // Damage the blob of batch 10: valid batches follow it.
-    let victim = ids[30];
-    let loc = loc_of(&dir, &victim);
-    flip(&seg(&dir, loc.seg), loc.offset + 60);
-    let bytes_before = files(&dir);
+fn reindex_after_a_flipped_byte_mid_segment_steps_over_it_and_cuts_nothing() {
+    for victim_at in [30usize, 117] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("l");
+        let ids = build(&dir, Options::default());
+        let before = read_all(&Ledger::open(&dir).unwrap(), &ids);
+        // Batch 10's blob (valid batches follow), or the last batch's event.
+        let victim = ids[victim_at];
+        let loc = loc_of(&dir, &victim);
+        flip(&seg(&dir, loc.seg), loc.offset + 60);
+        let seg_before = fs::read(seg(&dir, loc.seg)).unwrap();
 
-    let err = Ledger::reindex(&dir).expect_err("reindex must refuse");
-    assert!(err.is_corruption(), "{err}");
-    let msg = err.to_string();
-    assert!(msg.contains(&format!("byte {}", loc.offset)), "{msg}");
-    assert!(msg.contains("mass repair"), "{msg}");
-    assert!(
-        !msg.contains("mass reindex"),
-        "must not advise a rebuild: {msg}"
-    );
-    assert_eq!(files(&dir), bytes_before, "a refused reindex changed files");
-
-    // The old index still works: every other object reads as before.
-    let l = Ledger::open(&dir).unwrap();
-    let after = read_all(&l, &ids);
-    for id in &ids {
-        if *id == victim {
-            assert!(after[id].is_err());
-        } else {
-            assert_eq!(after[id], before[id], "{id}");
+        let (l, report) = Ledger::reindex(&dir).unwrap();
+        assert_eq!(report.damage.len(), 1, "{report:?}");
+        assert!(report.tails.is_empty(), "{report:?}");
+        let d = &report.damage[0];
+        assert_eq!((d.segment, d.offset), (loc.seg, loc.offset));
+        assert!(!d.reason.contains("never acknowledged"), "{}", d.reason);
+        assert_eq!(fs::read(seg(&dir, loc.seg)).unwrap(), seg_before);
+        let after = read_all(&l, &ids);
+        for id in &ids {
+            if *id == victim {
+                assert!(
+                    after[id].as_ref().unwrap_err().contains("damaged"),
+                    "{:?}",
+                    after[id]
+                );
+            } else {
+                assert_eq!(after[id], before[id], "{id}");
+            }
         }
     }
 }
@@ -182,9 +187,8 @@ fn a_flipped_commit_marker_mid_log_loses_no_snapshot() {
     let before = read_all(&Ledger::open(&dir).unwrap(), &ids);
     // The commit marker of batch 5 ends right before the blob of batch 6.
     let next = loc_of(&dir, &ids[18]);
-    let marker_at = next.offset - 8 - 4 - 52; // trailer, u32 body, header
-    flip(&seg(&dir, next.seg), marker_at + 2 + 52);
-    assert!(Ledger::reindex(&dir).is_err());
+    let marker_at = next.offset - 8 - 12 - 60; // trailer, body, header
+    flip(&seg(&dir, next.seg), marker_at + 2 + 60);
     let (l, report) = Ledger::repair(&dir).unwrap();
     assert_eq!(report.damage.len(), 1, "{report:?}");
     assert_eq!(
@@ -276,7 +280,7 @@ fn a_damaged_timestamp_is_reported_not_shown() {
     let loc = l.locate(&ev).unwrap().unwrap();
     assert!(l.get_meta(&ev).unwrap().wall_ms > 0);
     // Change one digit of the metadata JSON (`{"wall_ms":1764...`).
-    let meta_at = loc.offset + 52 + loc.body_len as u64;
+    let meta_at = loc.offset + ledger::format::RECORD_HEADER_LEN as u64 + loc.body_len as u64;
     let path = seg(&dir, loc.seg);
     let bytes = fs::read(&path).unwrap();
     let m = &bytes[meta_at as usize..(meta_at + loc.meta_len as u64) as usize];
@@ -298,7 +302,7 @@ fn a_damaged_timestamp_is_reported_not_shown() {
 }
 
 #[test]
-fn a_torn_tail_is_moved_into_quarantine_not_dropped() {
+fn a_torn_tail_is_copied_into_quarantine_and_left_in_place() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("l");
     let ids = build(&dir, Options::default());
@@ -309,14 +313,15 @@ fn a_torn_tail_is_moved_into_quarantine_not_dropped() {
     drop(f);
     let len = fs::metadata(&path).unwrap().len();
     let (l, report) = Ledger::open_reporting(&dir).unwrap();
-    assert_eq!(report.set_aside.len(), 1);
-    let s = &report.set_aside[0];
+    assert_eq!(report.tails.len(), 1);
+    let s = &report.tails[0];
     assert_eq!(
         (s.offset, s.len),
         (len - garbage.len() as u64, garbage.len() as u64)
     );
     assert_eq!(fs::read(dir.join(&s.file)).unwrap(), garbage);
-    assert_eq!(fs::metadata(&path).unwrap().len(), s.offset);
+    assert_eq!(fs::metadata(&path).unwrap().len(), len, "never cut");
+    assert_eq!(report.new_segment, Some(2));
     for id in &ids {
         l.raw_object(id).unwrap();
     }
@@ -415,15 +420,15 @@ fn verify_is_clean_while_another_thread_commits() {
 }
 
 /// A file layer whose Nth append writes half its bytes and fails (a full
-/// disk), or whose Nth sync fails after a whole append: the ledger then cuts
-/// the file back. That cut must remove only the failed batch's own bytes.
+/// disk), or whose Nth sync fails after a whole append. Nothing may cut the
+/// file afterwards (the layer has no way to, and no other path may): the
+/// writer stops, and the next open lists the failed batch's bytes as a tail
+/// not known to have been acknowledged and goes on in a new segment.
 #[derive(Debug)]
 struct Flaky {
     fail_at: u64,
     on_sync: bool,
     ops: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    /// The length passed to every truncate.
-    cuts: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
 }
 
 struct FlakyFile {
@@ -431,7 +436,6 @@ struct FlakyFile {
     fail_at: u64,
     on_sync: bool,
     ops: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    cuts: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
 }
 
 impl ledger::AppendFile for FlakyFile {
@@ -450,10 +454,6 @@ impl ledger::AppendFile for FlakyFile {
         }
         self.f.sync_data()
     }
-    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
-        self.cuts.lock().unwrap().push(len);
-        self.f.set_len(len)
-    }
 }
 
 impl ledger::FileLayer for Flaky {
@@ -463,35 +463,61 @@ impl ledger::FileLayer for Flaky {
             fail_at: self.fail_at,
             on_sync: self.on_sync,
             ops: self.ops.clone(),
-            cuts: self.cuts.clone(),
         }))
     }
-    fn create_durably(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-        ledger::OsFiles.create_durably(path, bytes)
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        ledger::OsFiles.write_file(path, bytes)
+    }
+    fn sync_file(&self, path: &Path) -> std::io::Result<()> {
+        ledger::OsFiles.sync_file(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        ledger::OsFiles.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+        ledger::OsFiles.remove_file(path)
+    }
+    fn remove_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        ledger::OsFiles.remove_dir_all(path)
+    }
+    fn create_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        ledger::OsFiles.create_dir_all(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        ledger::OsFiles.sync_dir(dir)
     }
 }
 
+fn segment_lengths(dir: &Path) -> Vec<u64> {
+    let mut v: Vec<_> = std::fs::read_dir(dir.join("segments"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    v.sort();
+    v.iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .collect()
+}
+
 #[test]
-fn a_failed_write_cuts_only_its_own_unacknowledged_bytes() {
+fn a_failed_write_is_never_cut_and_the_next_open_steps_over_it() {
     for on_sync in [false, true] {
         for fail_at in [1u64, 2, 7, 19] {
             let tmp = tempfile::tempdir().unwrap();
             let dir = tmp.path().join("l");
-            let cuts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
             let opts = Options {
                 segment_max: 2048,
                 files: std::sync::Arc::new(Flaky {
                     fail_at,
                     on_sync,
                     ops: Default::default(),
-                    cuts: cuts.clone(),
                 }),
                 ..Options::default()
             };
             let l = Ledger::init_with(&dir, opts).unwrap();
             let mut acked: Vec<Id> = Vec::new();
             let mut head = None;
-            let mut acked_len = 0;
+            let mut failed = None;
             for i in 0u32..40 {
                 let blob = format!("payload {i} ").repeat(20);
                 let mut b = l.batch();
@@ -507,45 +533,69 @@ fn a_failed_write_cuts_only_its_own_unacknowledged_bytes() {
                     Ok(()) => {
                         acked.extend([bl, ev]);
                         head = Some(ev);
-                        let last = std::fs::read_dir(dir.join("segments")).unwrap().count() as u32;
-                        acked_len = std::fs::metadata(seg(&dir, last)).unwrap().len();
                     }
-                    Err(_) => break,
+                    Err(_) => {
+                        failed = Some(ev);
+                        break;
+                    }
                 }
-            }
-            // The cut went exactly to the end of the last acknowledged batch
-            // (of the segment being written) and the writer stopped.
-            let cuts = cuts.lock().unwrap().clone();
-            assert_eq!(
-                cuts.len(),
-                1,
-                "fail_at {fail_at} on_sync {on_sync}: {cuts:?}"
-            );
-            let last = std::fs::read_dir(dir.join("segments")).unwrap().count() as u32;
-            let len_now = std::fs::metadata(seg(&dir, last)).unwrap().len();
-            assert_eq!(len_now, cuts[0]);
-            if len_now > 16 {
-                assert_eq!(len_now, acked_len, "fail_at {fail_at} on_sync {on_sync}");
             }
             assert!(
                 l.put_blob(b"after the failure").is_err(),
                 "a poisoned writer refuses"
             );
+            let before = segment_lengths(&dir);
             drop(l);
             let (l, report) = Ledger::open_reporting(&dir).unwrap();
-            assert!(report.set_aside.is_empty(), "{report:?}");
+            let after = segment_lengths(&dir);
+            for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+                assert_eq!(b, a, "segment {} changed length", i + 1);
+            }
+            if on_sync {
+                // The whole batch reached the file (only its fsync failed):
+                // complete, it is read like any batch that was not
+                // acknowledged but reached the disk whole.
+                assert!(report.tails.is_empty(), "{report:?}");
+                assert_eq!(l.head("s").unwrap(), failed);
+                continue;
+            }
+            // The half-written batch is a tail (listed, copied, left in
+            // place), and the writer went on in a new segment.
+            assert_eq!(
+                report.tails.len(),
+                1,
+                "fail_at {fail_at} on_sync {on_sync}: {report:?}"
+            );
+            assert_eq!(report.new_segment, Some(before.len() as u32 + 1));
+            let t = &report.tails[0];
+            let q = std::fs::read(dir.join(&t.file)).unwrap();
+            let seg_bytes = std::fs::read(seg(&dir, t.segment)).unwrap();
+            assert_eq!(
+                &q[..],
+                &seg_bytes[t.offset as usize..(t.offset + t.len) as usize]
+            );
             for id in &acked {
                 l.raw_object(id)
                     .unwrap_or_else(|e| panic!("{id} lost: {e}"));
             }
             assert_eq!(l.head("s").unwrap(), head);
+            let next = l.put_blob(b"after the reopen").unwrap();
+            let v = l.verify(&|_| Ok(())).unwrap();
+            assert!(
+                v.is_clean(),
+                "fail_at {fail_at} on_sync {on_sync}: {:?}",
+                v.problems
+            );
+            drop(l);
+            let l = Ledger::open(&dir).unwrap();
+            assert_eq!(l.get_blob(&next).unwrap(), b"after the reopen");
             assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
         }
     }
 }
 
-/// Opening removes what a killed `reindex` leaves (`index.new/`) and an index
-/// in the earlier sled format (`index/db`). Both are derived data; the
+/// Opening removes what a killed `reindex` leaves (`index.new/` without its
+/// completion mark). That is derived data; the
 /// removal must never reach a recorded byte: not through a symlink planted
 /// where a leftover is expected, not through anything next to the index.
 /// Every file outside the index stays byte-identical and every acknowledged
@@ -559,13 +609,11 @@ fn removing_leftover_index_dirs_never_touches_the_log() {
     assert!(before.keys().any(|p| p.starts_with("segments")));
     let want = read_all(&Ledger::open_read_only(&dir).unwrap(), &ids);
 
-    // A partial rebuild, and an old sled index inside index/.
+    // A partial rebuild.
     fs::create_dir_all(dir.join("index.new/sub")).unwrap();
     fs::write(dir.join("index.new/sub/partial.idx"), b"half a table").unwrap();
-    fs::create_dir_all(dir.join("index/db")).unwrap();
-    fs::write(dir.join("index/db/conf"), b"sled leftovers").unwrap();
     let l = Ledger::open(&dir).unwrap();
-    assert!(!dir.join("index.new").exists() && !dir.join("index/db").exists());
+    assert!(!dir.join("index.new").exists());
     assert_eq!(read_all(&l, &ids), want);
     drop(l);
     assert_eq!(files(&dir), before, "a recorded byte changed");

@@ -32,7 +32,7 @@ pub fn verify(
             "clean": r.is_clean(),
             "blobs": r.blobs, "trees": r.trees, "events": r.events, "refs": r.refs,
             "records": r.records, "bytes_scanned": r.bytes_scanned,
-            "set_aside_by_repair": r.set_aside,
+            "listed_ranges_stepped_over": r.set_aside,
             "opening": recovery_json(opened),
             "problems": r.problems.iter().map(|p| json!({"id": p.id.map(|i| i.to_hex()), "problem": p.what})).collect::<Vec<_>>(),
         });
@@ -45,7 +45,7 @@ pub fn verify(
         if r.set_aside > 0 {
             writeln!(
                 out,
-                "note: stepped over {} damaged range(s) that `mass repair` set aside (quarantine/damaged.jsonl)",
+                "note: stepped over {} damaged range(s) or tail(s) listed in quarantine/damaged.jsonl",
                 r.set_aside
             )?;
         }
@@ -132,6 +132,46 @@ pub fn reindex(dir: &Path) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `mass migrate --from OLD`: a format-1 ledger copied into a new ledger.
+pub fn migrate(from: &Path, dir: &Path) -> Result<ExitCode> {
+    if !ledger::is_v1(from) {
+        return Err(super::CliError::Usage(format!(
+            "{} is not a format-1 ledger (its FORMAT file must say `mass-ledger 1`)",
+            from.display()
+        ))
+        .into());
+    }
+    let l = Ledger::init(dir).with_context(|| {
+        format!(
+            "cannot create the new ledger at {} (it must be a new or empty directory)",
+            dir.display()
+        )
+    })?;
+    let m = ledger::migrate_v1(from, &l)
+        .with_context(|| format!("cannot migrate {} into {}", from.display(), dir.display()))?;
+    println!(
+        "copied {} batches ({} objects, {} ref updates) from {} into {}",
+        m.batches,
+        m.objects,
+        m.ref_updates,
+        from.display(),
+        dir.display()
+    );
+    if m.listed_damage > 0 {
+        println!(
+            "stepped over {} range(s) the old ledger listed as damaged",
+            m.listed_damage
+        );
+    }
+    if m.tail_bytes > 0 {
+        println!(
+            "left out {} bytes after the old log's last commit marker (an interrupted write, never acknowledged)",
+            m.tail_bytes
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn repair(dir: &Path, json: bool) -> Result<ExitCode> {
     let (_l, r) =
         Ledger::repair(dir).with_context(|| format!("cannot repair {}", dir.display()))?;
@@ -147,13 +187,13 @@ pub fn repair(dir: &Path, json: bool) -> Result<ExitCode> {
     if r.known_damage > 0 {
         writeln!(
             out,
-            "stepped over {} range(s) set aside by an earlier repair",
+            "stepped over {} range(s) listed before",
             r.known_damage
         )?;
     }
     writeln!(
         out,
-        "kept {} intact records; set aside {} damaged range(s) (copies in {}/, list in {}/damaged.jsonl); no segment bytes were changed{}",
+        "kept {} intact records; listed {} new damaged range(s) (copies in {}/, list in {}/damaged.jsonl); no segment bytes were changed{}",
         r.reindexed_records,
         r.damage.len(),
         ledger::QUARANTINE_DIR,
@@ -168,7 +208,8 @@ fn recovery_json(r: &ledger::RecoveryReport) -> serde_json::Value {
     json!({
         "reindexed_records": r.reindexed_records,
         "index_rebuilt": r.index_rebuilt,
-        "set_aside": r.set_aside.iter().map(|s| json!({
+        "new_segment": r.new_segment,
+        "tails": r.tails.iter().map(|s| json!({
             "segment": s.segment, "offset": s.offset, "len": s.len,
             "file": s.file.display().to_string(),
         })).collect::<Vec<_>>(),

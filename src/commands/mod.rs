@@ -167,6 +167,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Stats { json } => maintain::stats(&open_read(&dir)?, json),
         Command::Reindex => maintain::reindex(&dir),
         Command::Repair { json } => maintain::repair(&dir, json),
+        Command::Migrate { from } => maintain::migrate(&from, &dir),
         Command::Export {
             what: ExportWhat::Events { start, out },
         } => export::events(&open_read(&dir)?, start.as_deref(), &out),
@@ -244,8 +245,15 @@ pub fn open_read(dir: &std::path::Path) -> Result<Ledger> {
     for d in &l.recovery().damage {
         eprintln!(
             "warning: damaged bytes in segment {} at byte {} ({} bytes: {}) were skipped; \
-             `mass verify --log-only` names what they held, `mass repair` sets them aside",
+             `mass verify --log-only` names what they held, `mass repair` lists them",
             d.segment, d.offset, d.len, d.reason
+        );
+    }
+    if l.recovery().unread_tail > 0 {
+        eprintln!(
+            "note: {} bytes after the last commit marker were not read (a write in progress, \
+             or an interrupted one the next writer will list)",
+            l.recovery().unread_tail
         );
     }
     Ok(l)
@@ -254,15 +262,20 @@ pub fn open_read(dir: &std::path::Path) -> Result<Ledger> {
 /// One line per thing opening did, for people.
 pub fn recovery_lines(r: &ledger::RecoveryReport) -> Vec<String> {
     let mut out = Vec::new();
-    for s in &r.set_aside {
+    for s in &r.tails {
         out.push(format!(
-            "an interrupted write left {} bytes after the last commit in segment {} (byte {}); \
-             they were never acknowledged and are kept in {}",
+            "{} bytes after the last commit marker of segment {} (from byte {}) are not known to \
+             have been acknowledged (an interrupted write): left in place, listed in \
+             {}/damaged.jsonl and copied to {}",
             s.len,
             s.segment,
             s.offset,
+            ledger::QUARANTINE_DIR,
             s.file.display()
         ));
+    }
+    if let Some(n) = r.new_segment {
+        out.push(format!("writing continues in segment {n}"));
     }
     if let Some(why) = &r.index_rebuilt {
         out.push(format!(
@@ -271,7 +284,7 @@ pub fn recovery_lines(r: &ledger::RecoveryReport) -> Vec<String> {
     }
     for d in &r.damage {
         out.push(format!(
-            "damaged bytes in segment {} at byte {} ({} bytes: {}){}",
+            "damaged bytes in segment {} at byte {} ({} bytes: {}){}; listed and stepped over",
             d.segment,
             d.offset,
             d.len,

@@ -425,6 +425,10 @@ pub fn why_in(l: &Ledger, id: Id, run: Option<&str>) -> Result<Why> {
             rationale: j.rationale,
         });
     }
+    // By stream (the pair's name), not by log order: duels run concurrently,
+    // so their order in the log depends on timing, and `why` must print the
+    // same for the same run.
+    judgments.sort_by(|a, b| (&a.stream, &a.event).cmp(&(&b.stream, &b.event)));
     // Runs share events: a fork or a re-judge ranks the same rollout again
     // and takes its own decisions. Each ranking that names the rollout
     // starts a chain (selection, dataset, training); the chain shown is the
