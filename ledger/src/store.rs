@@ -1948,6 +1948,12 @@ impl<'a> Batch<'a> {
     /// the ledger when that is much smaller (a workspace's versions differ
     /// by small edits; without this every edited copy is stored whole).
     pub fn snapshot_dir(&mut self, dir: &Path) -> Result<Id> {
+        self.snapshot_dir_limited(dir, tree::SnapshotLimits::default())
+    }
+
+    /// [`Batch::snapshot_dir`] within `limits` (entries and bytes), checked
+    /// while walking, before any content is read.
+    pub fn snapshot_dir_limited(&mut self, dir: &Path, limits: tree::SnapshotLimits) -> Result<Id> {
         let parent: HashMap<String, Id> = match self.ledger.idx.latest_trees().any {
             Some(t) => match self.ledger.get_tree(&t) {
                 Ok(t) => t
@@ -1961,8 +1967,8 @@ impl<'a> Batch<'a> {
             None => HashMap::new(),
         };
         let mut entries = Vec::new();
-        for item in tree::walk(dir)? {
-            let content = tree::read_item(&item)?;
+        for item in tree::walk_limited(dir, limits)? {
+            let content = tree::read_item_beneath(dir, &item)?;
             let (blob, size) = match item.kind {
                 tree::EntryKind::Dir => ([0u8; 32], 0),
                 _ => {

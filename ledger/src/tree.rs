@@ -45,7 +45,9 @@ impl EntryKind {
 pub struct TreeEntry {
     pub path: String,
     pub kind: EntryKind,
-    /// Permission bits (`0o7777` mask) for files and dirs; `0o777` for symlinks.
+    /// Permission bits for files and dirs (`0o777`: snapshots never record
+    /// setuid, setgid or sticky bits, and checkouts mask them off); `0o777`
+    /// for symlinks.
     pub mode: u32,
     /// Content length in bytes (the link target's length for symlinks, 0 for dirs).
     pub size: u64,
@@ -202,8 +204,110 @@ pub struct WalkItem {
     pub mode: u32,
 }
 
+/// `struct open_how` of openat2(2).
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+const RESOLVE_BENEATH: u64 = 0x08;
+
+/// Opens `rel` below the directory `root` without following any symlink on
+/// the way and without leaving `root` (openat2 with RESOLVE_BENEATH and
+/// RESOLVE_NO_SYMLINKS), non-blocking, so that a path a process swapped for
+/// a symlink or a FIFO between the walk and the read is an error, never a
+/// read of another file or a hang.
+fn open_beneath(root: &Path, rel: &str) -> std::io::Result<fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let dir = fs::File::open(root)?;
+    let c =
+        std::ffi::CString::new(rel).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let how = OpenHow {
+        flags: (libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
+        mode: 0,
+        resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: valid fd, C string and open_how of the size given.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new fd owned by nobody else.
+    Ok(unsafe { fs::File::from_raw_fd(fd as i32) })
+}
+
+/// How much a snapshot may hold: entries and bytes of file content. The
+/// walk stops with an error as soon as either is exceeded, before any
+/// content is read, so a workspace that floods its disk cannot flood the
+/// harness's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotLimits {
+    pub max_entries: u64,
+    pub max_bytes: u64,
+}
+
+impl Default for SnapshotLimits {
+    /// 100,000 entries and 1 GiB.
+    fn default() -> Self {
+        SnapshotLimits {
+            max_entries: 100_000,
+            max_bytes: 1 << 30,
+        }
+    }
+}
+
+/// What is left of the limits during a walk.
+struct Budget {
+    limits: SnapshotLimits,
+    entries: u64,
+    bytes: u64,
+}
+
+impl Budget {
+    fn take(&mut self, path: &Path, bytes: u64) -> Result<()> {
+        self.entries += 1;
+        self.bytes = self.bytes.saturating_add(bytes);
+        let over = if self.entries > self.limits.max_entries {
+            Some(format!("more than {} entries", self.limits.max_entries))
+        } else if self.bytes > self.limits.max_bytes {
+            Some(format!(
+                "more than {} bytes of file content",
+                self.limits.max_bytes
+            ))
+        } else {
+            None
+        };
+        match over {
+            Some(what) => Err(LedgerError::Snapshot {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "the directory holds {what} (the snapshot limit); nothing was stored"
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Lists everything under `root` (not following symlinks), sorted by path.
 pub fn walk(root: &Path) -> Result<Vec<WalkItem>> {
+    walk_limited(root, SnapshotLimits::default())
+}
+
+/// [`walk`] within `limits`.
+pub fn walk_limited(root: &Path, limits: SnapshotLimits) -> Result<Vec<WalkItem>> {
     let meta = fs::symlink_metadata(root).map_err(|e| LedgerError::Snapshot {
         path: root.to_path_buf(),
         reason: e.to_string(),
@@ -215,12 +319,17 @@ pub fn walk(root: &Path) -> Result<Vec<WalkItem>> {
         });
     }
     let mut out = Vec::new();
-    walk_into(root, "", &mut out)?;
+    let mut budget = Budget {
+        limits,
+        entries: 0,
+        bytes: 0,
+    };
+    walk_into(root, "", &mut out, &mut budget)?;
     out.sort_by(|a, b| a.rel.as_bytes().cmp(b.rel.as_bytes()));
     Ok(out)
 }
 
-fn walk_into(dir: &Path, prefix: &str, out: &mut Vec<WalkItem>) -> Result<()> {
+fn walk_into(dir: &Path, prefix: &str, out: &mut Vec<WalkItem>, budget: &mut Budget) -> Result<()> {
     let snap_err = |path: &Path, reason: String| LedgerError::Snapshot {
         path: path.to_path_buf(),
         reason,
@@ -241,7 +350,10 @@ fn walk_into(dir: &Path, prefix: &str, out: &mut Vec<WalkItem>) -> Result<()> {
         check_path(&rel)?;
         let md = fs::symlink_metadata(&abs).map_err(|e| snap_err(&abs, e.to_string()))?;
         let ft = md.file_type();
-        let mode = md.permissions().mode() & 0o7777;
+        // Permission bits only: no setuid, setgid or sticky bit is ever
+        // recorded (a checkout as root would recreate them).
+        let mode = md.permissions().mode() & 0o777;
+        budget.take(&abs, if ft.is_file() { md.len() } else { 0 })?;
         if ft.is_symlink() {
             out.push(WalkItem {
                 rel,
@@ -256,7 +368,7 @@ fn walk_into(dir: &Path, prefix: &str, out: &mut Vec<WalkItem>) -> Result<()> {
                 kind: EntryKind::Dir,
                 mode,
             });
-            walk_into(&abs, &rel, out)?;
+            walk_into(&abs, &rel, out, budget)?;
         } else if ft.is_file() {
             out.push(WalkItem {
                 rel,
@@ -272,6 +384,30 @@ fn walk_into(dir: &Path, prefix: &str, out: &mut Vec<WalkItem>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Reads the content a [`WalkItem`] contributes: file bytes or the link
+/// target. A file is opened below `root` without following symlinks and
+/// must still be a regular file (see [`open_beneath`]).
+pub fn read_item_beneath(root: &Path, item: &WalkItem) -> Result<Vec<u8>> {
+    if item.kind != EntryKind::File {
+        return read_item(item);
+    }
+    let res = open_beneath(root, &item.rel).and_then(|mut f| {
+        let md = f.metadata()?;
+        if !md.is_file() {
+            return Err(std::io::Error::other(
+                "is no longer a regular file (it changed while the directory was snapshotted)",
+            ));
+        }
+        let mut buf = Vec::with_capacity(md.len() as usize);
+        std::io::Read::read_to_end(&mut f, &mut buf)?;
+        Ok(buf)
+    });
+    res.map_err(|e| LedgerError::Snapshot {
+        path: item.abs.clone(),
+        reason: e.to_string(),
+    })
 }
 
 /// Reads the content a [`WalkItem`] contributes: file bytes or the link target.
@@ -326,12 +462,14 @@ pub fn materialise_entry(dest: &Path, e: &TreeEntry, content: &[u8]) -> Result<(
             let mut f = fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
-                .custom_flags(libc_o_nofollow())
+                .custom_flags(libc::O_NOFOLLOW)
                 .mode(0o600)
                 .open(&target)
                 .map_err(|x| err(x.to_string()))?;
             f.write_all(content).map_err(|x| err(x.to_string()))?;
-            f.set_permissions(fs::Permissions::from_mode(e.mode))
+            // Permission bits only, whatever a stored tree says: a checkout
+            // (often as root) never makes a setuid or setgid file.
+            f.set_permissions(fs::Permissions::from_mode(e.mode & 0o777))
                 .map_err(|x| err(x.to_string()))
         }
         EntryKind::Symlink => {
@@ -352,7 +490,7 @@ pub fn finish_checkout(dest: &Path, tree: &Tree) -> Result<()> {
         .filter(|e| e.kind == EntryKind::Dir)
     {
         let p = dest.join(&e.path);
-        fs::set_permissions(&p, fs::Permissions::from_mode(e.mode)).map_err(|x| {
+        fs::set_permissions(&p, fs::Permissions::from_mode(e.mode & 0o777)).map_err(|x| {
             LedgerError::Checkout {
                 path: p.clone(),
                 reason: x.to_string(),
@@ -360,11 +498,6 @@ pub fn finish_checkout(dest: &Path, tree: &Tree) -> Result<()> {
         })?;
     }
     Ok(())
-}
-
-const fn libc_o_nofollow() -> i32 {
-    // O_NOFOLLOW on Linux (all architectures Rust supports there use 0o400000).
-    0o400000
 }
 
 /// How a path differs between two trees.

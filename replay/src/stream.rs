@@ -81,6 +81,8 @@ impl Stream {
                         .push_back((st, e));
                 }
             }
+            step_over_retried(&mut source);
+            skip_consumed(&mut source, &history)?;
         }
         Ok(Stream {
             session,
@@ -637,4 +639,41 @@ fn load_chain(ledger: &ledger::Ledger, head: Option<Id>) -> Result<Vec<Event>> {
     }
     v.reverse();
     Ok(v)
+}
+
+/// A source attempt that failed transiently and that a later attempt of the
+/// same request follows is stepped over, as resume steps over one in a
+/// run's own history: serving it would only make the caller retry (and
+/// charge its retry budget, and sleep) to reach the attempt the source
+/// moved on with. A transient failure with no later attempt stays: the
+/// source ended there.
+fn step_over_retried(source: &mut HashMap<Id, VecDeque<(Option<Effect>, Effect)>>) {
+    for q in source.values_mut() {
+        let n = q.len();
+        let kept: VecDeque<_> = q
+            .drain(..)
+            .enumerate()
+            .filter(|(i, (_, e))| !(e.status == EffectStatus::Retriable && i + 1 < n))
+            .map(|(_, x)| x)
+            .collect();
+        *q = kept;
+    }
+}
+
+/// On resume, what this stream's history already holds of each request
+/// (its final results, served from the source or performed) is not served
+/// again from the source.
+fn skip_consumed(
+    source: &mut HashMap<Id, VecDeque<(Option<Effect>, Effect)>>,
+    history: &[Event],
+) -> Result<()> {
+    for ev in history.iter().filter(|ev| ev.kind == "effect") {
+        let e: Effect = schemas::decode_event(ev)?;
+        if matches!(e.status, EffectStatus::Ok | EffectStatus::Failed) {
+            if let Some(q) = source.get_mut(&Id(e.request.0)) {
+                q.pop_front();
+            }
+        }
+    }
+    Ok(())
 }
