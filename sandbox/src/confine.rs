@@ -15,23 +15,27 @@
 //!    with ordinary signal semantics;
 //! 4. private mounts, a fresh /proc and a private /dev/shm;
 //! 5. rlimits;
-//! 6. Landlock (sets no_new_privs); after the mounts, since a Landlock
+//! 6. no_new_privs, then Landlock; after the mounts, since a Landlock
 //!    domain cannot mount;
 //! 7. inherited fds marked close-on-exec;
 //! 8. seccomp last, because it denies mount/unshare and needs no_new_privs.
+//!
+//! `Policy::unprotected` (tests only) leaves single steps out; each
+//! `Layer` names the step it skips, and nothing else changes.
 
 use crate::error::SandboxError;
 use crate::launch;
-use crate::policy::{Level, Limits, Policy};
+use crate::policy::{Layer, Level, Limits, Policy};
 use crate::probe::probe;
 use crate::rules;
 use crate::sys::{self, cvt, note, SANDBOX_ID};
-use landlock::{RulesetCreated, RulesetStatus};
+use landlock::{RulesetCreated, RulesetCreatedAttr, RulesetStatus};
 use seccompiler::BpfProgram;
 use serde::{Deserialize, Serialize};
 use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::Path;
 use std::process::Command;
 
 type RlimitTable = [(libc::__rlimit_resource_t, libc::rlim_t); 6];
@@ -54,6 +58,15 @@ fn rlimit_table(l: &Limits) -> RlimitTable {
     ]
 }
 
+/// Lowers the process's priority to `nice` (inherited by every child). A
+/// process may always lower its own priority.
+fn set_nice(nice: u8) -> io::Result<()> {
+    // SAFETY: plain syscall.
+    cvt(unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, libc::c_int::from(nice.min(19))) })
+        .map(|_| ())
+        .inspect_err(|_| note(b"sandbox: setpriority failed\n"))
+}
+
 fn set_rlimits(table: &RlimitTable) -> io::Result<()> {
     for &(res, v) in table {
         // soft = hard: the command cannot raise them back.
@@ -70,12 +83,14 @@ fn set_rlimits(table: &RlimitTable) -> io::Result<()> {
     Ok(())
 }
 
-fn restrict(rs: Option<RulesetCreated>) -> io::Result<()> {
+/// Enforces the Landlock ruleset (none when the test switch left out every
+/// part of it). With `nnp` false (test switch) Landlock does not set
+/// no_new_privs itself and relies on the launcher's CAP_SYS_ADMIN.
+fn restrict(rs: Option<RulesetCreated>, nnp: bool) -> io::Result<()> {
     let Some(rs) = rs else {
-        note(b"sandbox: Landlock ruleset missing\n");
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        return Ok(());
     };
-    match rs.restrict_self() {
+    match rs.no_new_privs(nnp).restrict_self() {
         Ok(st) if st.ruleset == RulesetStatus::FullyEnforced => Ok(()),
         Ok(_) => {
             note(b"sandbox: Landlock not fully enforced\n");
@@ -88,9 +103,43 @@ fn restrict(rs: Option<RulesetCreated>) -> io::Result<()> {
     }
 }
 
-fn apply_seccomp(progs: &[BpfProgram]) -> io::Result<()> {
+/// Sets no_new_privs: no exec (a setuid or file-capability binary) can
+/// give the command more privilege than it has.
+fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: plain prctl.
+    cvt(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) })
+        .map(|_| ())
+        .inspect_err(|_| note(b"sandbox: setting no_new_privs failed\n"))
+}
+
+/// Installs the seccomp programs in order. `nnp` false (test switch):
+/// through the raw syscall, which then needs CAP_SYS_ADMIN instead of
+/// no_new_privs (seccompiler would set no_new_privs itself).
+fn apply_seccomp(progs: &[BpfProgram], nnp: bool) -> io::Result<()> {
     for p in progs {
-        if seccompiler::apply_filter(p).is_err() {
+        let ok = if nnp {
+            seccompiler::apply_filter(p).is_ok()
+        } else {
+            #[repr(C)]
+            struct Fprog {
+                len: libc::c_ushort,
+                filter: *const seccompiler::sock_filter,
+            }
+            let prog = Fprog {
+                len: p.len() as libc::c_ushort,
+                filter: p.as_ptr(),
+            };
+            // SAFETY: a valid sock_fprog pointing at `p`, which outlives the call.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_seccomp,
+                    libc::SECCOMP_SET_MODE_FILTER,
+                    0 as libc::c_uint,
+                    &prog as *const Fprog,
+                ) == 0
+            }
+        };
+        if !ok {
             note(b"sandbox: installing the seccomp filter failed\n");
             return Err(io::Error::from_raw_os_error(libc::EPERM));
         }
@@ -132,6 +181,30 @@ pub fn command(program: impl AsRef<OsStr>, policy: &Policy) -> Result<Command, S
     for p in policy.writable.iter().chain(&policy.readable) {
         if !p.is_absolute() {
             return Err(SandboxError::RelativePath(p.clone()));
+        }
+    }
+    if !policy.forward.is_empty() && (policy.level != Level::Full || policy.network) {
+        return Err(SandboxError::Launch(
+            "loopback endpoints (forward) need Level::Full and no network".into(),
+        ));
+    }
+    if !policy.forward.is_empty()
+        && policy.off(Layer::PidNamespace)
+        && !policy.off(Layer::NetNamespace)
+    {
+        // Test switch: without the PID namespace nothing would end the relay.
+        return Err(SandboxError::Launch(
+            "loopback endpoints (forward) need the PID namespace".into(),
+        ));
+    }
+    for h in &policy.hide {
+        let system = ["/usr", "/bin", "/lib", "/lib64", "/etc", "/proc", "/dev"];
+        if !h.is_absolute() || system.iter().any(|s| Path::new(s).starts_with(h)) {
+            return Err(SandboxError::PathUnusable {
+                role: "hidden",
+                path: h.clone(),
+                reason: "hiding it would hide the system files every command needs".into(),
+            });
         }
     }
     let avail = probe();
@@ -188,7 +261,15 @@ pub(crate) struct LaunchSpec {
 pub(crate) fn confine_self(spec: &LaunchSpec) -> io::Result<()> {
     let policy = &spec.policy;
     let limits = rlimit_table(&policy.limits);
-    let (abi, drop) = (spec.landlock_abi, spec.drop_root);
+    let off = |l: Layer| policy.off(l);
+    let abi = spec.landlock_abi;
+    let drop = spec.drop_root && !off(Layer::DropRoot);
+    let nnp = !off(Layer::NoNewPrivs);
+    let rlimits = !off(Layer::Rlimits);
+    if !policy.unprotected.is_empty() {
+        note(b"sandbox: TEST SWITCH: layers left out: ");
+        note(format!("{:?}\n", policy.unprotected).as_bytes());
+    }
     let failed = |what: &'static [u8]| {
         move |e: SandboxError| {
             note(what);
@@ -196,25 +277,53 @@ pub(crate) fn confine_self(spec: &LaunchSpec) -> io::Result<()> {
         }
     };
     match policy.level {
-        Level::None => set_rlimits(&limits),
+        Level::None => {
+            if rlimits {
+                set_rlimits(&limits)?;
+            }
+            set_nice(policy.limits.nice)
+        }
         Level::Landlock => {
             // Built while still root: the rules open every allowed path.
             let ruleset = rules::landlock_ruleset(policy, abi, true)
                 .map_err(failed(b"sandbox: building the Landlock ruleset failed\n"))?;
-            let progs = rules::seccomp_programs(policy.network)
+            let progs = rules::seccomp_programs(policy)
                 .map_err(failed(b"sandbox: building the seccomp filter failed\n"))?;
-            set_core_zero();
+            if rlimits {
+                set_core_zero();
+            }
             prefer_for_oom();
+            if !nnp {
+                // Test switch: without no_new_privs only root may install
+                // Landlock and seccomp, so do it before dropping root.
+                restrict(ruleset, false)?;
+                apply_seccomp(&progs, false)?;
+                drop_root_step(drop)?;
+                if rlimits {
+                    set_rlimits(&limits)?;
+                }
+                set_nice(policy.limits.nice)?;
+                if !off(Layer::Cloexec) {
+                    cloexec_inherited_fds();
+                }
+                return Ok(());
+            }
             drop_root_step(drop)?;
-            set_rlimits(&limits)?;
-            restrict(Some(ruleset))?;
-            cloexec_inherited_fds();
-            apply_seccomp(&progs)
+            if rlimits {
+                set_rlimits(&limits)?;
+            }
+            set_nice(policy.limits.nice)?;
+            set_no_new_privs()?;
+            restrict(ruleset, true)?;
+            if !off(Layer::Cloexec) {
+                cloexec_inherited_fds();
+            }
+            apply_seccomp(&progs, true)
         }
         Level::Full => {
             let ruleset = rules::landlock_ruleset(policy, abi, false)
                 .map_err(failed(b"sandbox: building the Landlock ruleset failed\n"))?;
-            let progs = rules::seccomp_programs(policy.network)
+            let progs = rules::seccomp_programs(policy)
                 .map_err(failed(b"sandbox: building the seccomp filter failed\n"))?;
             // Identity map of the (possibly dropped) uid: the command is not
             // root inside the namespace either, so it loses the namespace's
@@ -227,27 +336,60 @@ pub(crate) fn confine_self(spec: &LaunchSpec) -> io::Result<()> {
             };
             let uid_map = format!("{uid} {uid} 1\n").into_bytes();
             let gid_map = format!("{gid} {gid} 1\n").into_bytes();
-            let have_shm = std::path::Path::new("/dev/shm").is_dir();
-            let mut flags = libc::CLONE_NEWUSER
-                | libc::CLONE_NEWNS
-                | libc::CLONE_NEWPID
-                | libc::CLONE_NEWIPC
-                | libc::CLONE_NEWUTS;
-            if !policy.network {
+            // Opened while still root: a hidden directory may be closed to
+            // everyone else.
+            let view = if off(Layer::View) {
+                None
+            } else {
+                crate::view::View::plan(policy)
+                    .inspect_err(|_| note(b"sandbox: opening the paths to bind back failed\n"))?
+            };
+            let have_shm = std::path::Path::new("/dev/shm").is_dir() && !off(Layer::PrivateShm);
+            let pid_ns = !off(Layer::PidNamespace);
+            let net_ns = !policy.network && !off(Layer::NetNamespace);
+            let mut flags = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWUTS;
+            if pid_ns {
+                flags |= libc::CLONE_NEWPID;
+            }
+            if !off(Layer::IpcNamespace) {
+                flags |= libc::CLONE_NEWIPC;
+            }
+            if net_ns {
                 flags |= libc::CLONE_NEWNET;
             }
-            set_core_zero();
+            if rlimits {
+                set_core_zero();
+            }
             prefer_for_oom();
             drop_root_step(drop)?;
             enter_namespaces(flags, &uid_map, &gid_map)?;
-            become_pid1()?;
-            mount_proc()?;
+            if pid_ns {
+                become_pid1()?;
+            }
+            mount_proc(pid_ns)?;
+            if let Some(v) = &view {
+                v.apply()?;
+            }
+            if net_ns {
+                crate::forward::start(&policy.forward)?;
+            }
             let shm = mount_shm(have_shm)?;
-            set_rlimits(&limits)?;
-            let rs = add_mounted(ruleset, abi, shm)?;
-            restrict(Some(rs))?;
-            cloexec_inherited_fds();
-            apply_seccomp(&progs)
+            if rlimits {
+                set_rlimits(&limits)?;
+            }
+            set_nice(policy.limits.nice)?;
+            if nnp {
+                set_no_new_privs()?;
+            }
+            let rs = match ruleset {
+                Some(rs) if !off(Layer::LandlockFs) => Some(add_mounted(rs, abi, shm)?),
+                rs => rs,
+            };
+            restrict(rs, nnp)?;
+            if !off(Layer::Cloexec) {
+                cloexec_inherited_fds();
+            }
+            apply_seccomp(&progs, nnp)
         }
     }
 }
@@ -416,7 +558,10 @@ fn run_init(st_w: libc::c_int) -> io::Result<()> {
     }
 }
 
-fn mount_proc() -> io::Result<()> {
+/// Makes every mount private and, with a PID namespace, mounts a fresh
+/// /proc (the caller's PID namespace's proc cannot be mounted from a user
+/// namespace: without one the command keeps the host's /proc).
+fn mount_proc(pid_ns: bool) -> io::Result<()> {
     // SAFETY: static C strings, null data pointers as documented for these flags.
     unsafe {
         cvt(libc::mount(
@@ -427,6 +572,9 @@ fn mount_proc() -> io::Result<()> {
             std::ptr::null(),
         ))
         .inspect_err(|_| note(b"sandbox: making mounts private failed\n"))?;
+        if !pid_ns {
+            return Ok(());
+        }
         cvt(libc::mount(
             c"proc".as_ptr(),
             c"/proc".as_ptr(),

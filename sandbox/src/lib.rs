@@ -13,16 +13,18 @@
 
 mod confine;
 mod error;
+mod forward;
 mod launch;
 mod policy;
 mod prepare;
 mod probe;
 mod rules;
 mod sys;
+mod view;
 
 pub use confine::command;
 pub use error::SandboxError;
-pub use policy::{Level, Limits, Policy};
+pub use policy::{Forward, Layer, Level, Limits, Policy};
 pub use prepare::{outside_links, prepare};
 pub use probe::{probe, Availability, FULL_LEVEL_MIN_ABI, LANDLOCK_LEVEL_MIN_ABI};
 pub use rules::system_read_paths;

@@ -49,6 +49,11 @@ pub struct Limits {
     pub file_size_mb: u64,
     /// Open file descriptors per process (RLIMIT_NOFILE).
     pub open_files: u64,
+    /// The scheduling niceness of every process of the command (0-19): the
+    /// harness (its proxy, its ledger writer) keeps its share of the CPU
+    /// however many processes the commands start. There is no per-rollout
+    /// CPU weight without cgroups.
+    pub nice: u8,
 }
 
 impl Default for Limits {
@@ -59,6 +64,7 @@ impl Default for Limits {
             processes: 128,
             file_size_mb: 256,
             open_files: 256,
+            nice: 10,
         }
     }
 }
@@ -81,6 +87,87 @@ pub struct Policy {
     /// Resource limits.
     #[serde(default)]
     pub limits: Limits,
+    /// Directories whose contents the command must not see (Level::Full):
+    /// in its mount namespace each is covered by an empty, read-only tmpfs
+    /// and the writable and readable paths below it are bound back at
+    /// their own paths, so nothing else below it can be named (other
+    /// rollouts' workspaces, homes, check copies). Ignored at lower levels.
+    #[serde(default)]
+    pub hide: Vec<PathBuf>,
+    /// Loopback endpoints in the command's own network namespace
+    /// (Level::Full, `network` false): each listens on 127.0.0.1:`port`
+    /// there and relays every connection to the unix socket `socket` of the
+    /// harness (which must be visible to the command: a readable path). The
+    /// command may then create IP sockets, and reach only these endpoints.
+    #[serde(default)]
+    pub forward: Vec<Forward>,
+    /// TEST ONLY: layers to leave out, so the escape tests can show that
+    /// each refusal they assert comes from the layer they name (with that
+    /// layer off, the attack gets through or fails differently). Empty in
+    /// every real policy. It cannot be set from `mass`'s configuration: no
+    /// config file holds a `Policy` (the engine builds one with
+    /// [`Policy::new`] from `level`, `limits` and its own paths), and the
+    /// field is hidden from the docs. The launcher names the layers left
+    /// out on the command's stderr, so a policy carrying them is never
+    /// silent. A command that starts the launcher again from inside a
+    /// sandbox cannot use it to lift a layer: every layer it already runs
+    /// under is inherited.
+    #[doc(hidden)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unprotected: Vec<Layer>,
+}
+
+/// TEST ONLY: one layer of the confinement that [`Policy::unprotected`] can
+/// leave out. Each names one step of the launcher; nothing else changes.
+/// The user namespace itself is not a switch: at `Level::Full` every other
+/// namespace and mount is made inside it.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layer {
+    /// Dropping root to uid/gid 65534: the command keeps the caller's ids
+    /// (under `Level::Full`, root of its own user namespace mapped to root).
+    DropRoot,
+    /// The PID namespace with its relay and init, and the fresh /proc
+    /// (which needs it): the command runs in the caller's PID namespace.
+    PidNamespace,
+    /// The network namespace (and with it the `forward` endpoints, which
+    /// live in it): the command shares the caller's network.
+    NetNamespace,
+    /// The IPC namespace: the command shares the host's SysV IPC and
+    /// POSIX message queues.
+    IpcNamespace,
+    /// The view of `Policy::hide`: hidden directories stay as they are.
+    View,
+    /// The private /dev/shm: the command sees the host's.
+    PrivateShm,
+    /// Every resource limit (CPU, AS, NPROC, FSIZE, NOFILE, CORE=0); the
+    /// niceness stays.
+    Rlimits,
+    /// Landlock's file-system rules (no file-system right is handled).
+    LandlockFs,
+    /// Landlock's TCP bind/connect rules.
+    LandlockNet,
+    /// Landlock's scopes (signals, abstract unix sockets).
+    LandlockScopes,
+    /// no_new_privs: Landlock and seccomp are then installed with the
+    /// launcher's privilege (CAP_SYS_ADMIN, inside the user namespace or as
+    /// root before dropping it) instead.
+    NoNewPrivs,
+    /// The seccomp deny-list (EPERM) and the clone3 program (ENOSYS).
+    Seccomp,
+    /// The seccomp program that kills x32 syscall numbers and other
+    /// architectures.
+    X32Killer,
+    /// Marking inherited fds above 2 close-on-exec.
+    Cloexec,
+}
+
+/// One loopback endpoint of [`Policy::forward`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Forward {
+    pub port: u16,
+    pub socket: PathBuf,
 }
 
 impl Policy {
@@ -93,6 +180,14 @@ impl Policy {
             readable: Vec::new(),
             network: false,
             limits: Limits::default(),
+            hide: Vec::new(),
+            forward: Vec::new(),
+            unprotected: Vec::new(),
         }
+    }
+
+    /// Whether the test-only switch leaves `layer` out.
+    pub(crate) fn off(&self, layer: Layer) -> bool {
+        self.unprotected.contains(&layer)
     }
 }

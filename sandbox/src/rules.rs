@@ -4,10 +4,10 @@
 //! keeps allocation and path resolution out of the fork-exec window.
 
 use crate::error::SandboxError;
-use crate::policy::Policy;
+use crate::policy::{Layer, Policy};
 use landlock::{
-    Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
-    RulesetAttr, RulesetCreated, RulesetCreatedAttr, Scope, ABI,
+    Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
+    Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, Scope, ABI,
 };
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -128,7 +128,8 @@ fn add_path(
 /// Every file-system right the ABI knows is handled (so anything not
 /// granted below is denied); TCP bind/connect are handled with no port
 /// rules unless the policy allows network; signals and abstract unix
-/// sockets are scoped to the sandbox's own domain.
+/// sockets are scoped to the sandbox's own domain. `None` when the test
+/// switch (`Policy::unprotected`) leaves out all three parts.
 ///
 /// `with_proc`: add /proc now (Level::Landlock). Level::Full mounts a new
 /// proc in the child, whose root is a different inode, so the child adds
@@ -137,18 +138,34 @@ pub(crate) fn landlock_ruleset(
     policy: &Policy,
     abi: i32,
     with_proc: bool,
-) -> Result<RulesetCreated, SandboxError> {
+) -> Result<Option<RulesetCreated>, SandboxError> {
     let v = abi_of(abi);
-    let mut rs = Ruleset::default()
-        .set_compatibility(CompatLevel::HardRequirement)
-        .handle_access(AccessFs::from_all(v))?;
-    if !policy.network && abi >= 4 {
+    let fs = !policy.off(Layer::LandlockFs);
+    let tcp = !policy.network && abi >= 4 && !policy.off(Layer::LandlockNet);
+    let scopes = abi >= 6 && !policy.off(Layer::LandlockScopes);
+    if !(fs || tcp || scopes) {
+        return Ok(None);
+    }
+    let mut rs = Ruleset::default().set_compatibility(CompatLevel::HardRequirement);
+    if fs {
+        rs = rs.handle_access(AccessFs::from_all(v))?;
+    }
+    if tcp {
         rs = rs.handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)?;
     }
-    if abi >= 6 {
+    if scopes {
         rs = rs.scope(Scope::AbstractUnixSocket | Scope::Signal)?;
     }
     let mut rs = rs.create()?;
+    if tcp {
+        // Only the loopback endpoints (in the command's own namespace).
+        for f in &policy.forward {
+            rs = rs.add_rule(NetPort::new(f.port, AccessNet::ConnectTcp))?;
+        }
+    }
+    if !fs {
+        return Ok(Some(rs));
+    }
     for p in &policy.writable {
         rs = add_path(rs, p, "writable", |d| all_rights(v, d))?;
     }
@@ -169,7 +186,7 @@ pub(crate) fn landlock_ruleset(
             rs = add_path(rs, p, "system", |_| dev)?;
         }
     }
-    Ok(rs)
+    Ok(Some(rs))
 }
 
 /// Adds a directory mounted in the child (fresh /proc read-only, private
@@ -190,6 +207,8 @@ pub(crate) fn add_mounted_dir(
 }
 
 /// Seccomp programs, applied in this order in the child:
+/// 0. On x86_64, kill the process on an x32 syscall number (see
+///    [`x32_killer`]) or another architecture's.
 /// 1. EPERM for syscalls a command never needs and that widen the attack
 ///    surface or could undo the confinement (ptrace, process_vm_*, bpf,
 ///    keyrings, perf, mounts, unshare/setns, io_uring, namespace-creating
@@ -197,7 +216,11 @@ pub(crate) fn add_mounted_dir(
 ///    (Landlock has no UDP rule and no rule for connecting to a unix socket by path; socketpair() stays).
 /// 2. ENOSYS for clone3, whose flags live in memory where seccomp cannot
 ///    look; libc falls back to clone(2), which program 1 checks.
-pub(crate) fn seccomp_programs(network: bool) -> Result<Vec<BpfProgram>, SandboxError> {
+///
+/// The test switch (`Policy::unprotected`) leaves out program 0
+/// (`Layer::X32Killer`) or programs 1 and 2 (`Layer::Seccomp`).
+pub(crate) fn seccomp_programs(policy: &Policy) -> Result<Vec<BpfProgram>, SandboxError> {
+    let (network, loopback) = (policy.network, !policy.forward.is_empty());
     let arch = TargetArch::try_from(std::env::consts::ARCH)
         .map_err(|e| SandboxError::Seccomp(e.to_string()))?;
     let err = |e: seccompiler::BackendError| SandboxError::Seccomp(e.to_string());
@@ -250,10 +273,12 @@ pub(crate) fn seccomp_programs(network: bool) -> Result<Vec<BpfProgram>, Sandbox
         clone_rules.push(SeccompRule::new(vec![cond]).map_err(err)?);
     }
     deny.insert(libc::SYS_clone, clone_rules);
-    // Under Level::Full the command is PID 1 of its namespace and dies with
-    // the relay only through PR_SET_PDEATHSIG(SIGKILL). Clearing it (or
-    // setting a signal PID 1 ignores) and calling setsid() would let it
-    // outlive the caller's killpg; setting SIGKILL stays allowed.
+    // Written when the command was PID 1 of its namespace and died with the
+    // relay only through PR_SET_PDEATHSIG(SIGKILL). The command now runs as
+    // PID 2 under a minimal init that holds that signal itself (prctl acts
+    // on the caller only), so this rule no longer protects anything: the
+    // namespace dies with init whatever the command sets. Setting SIGKILL
+    // stays allowed.
     let pdeath = vec![
         SeccompCondition::new(
             0,
@@ -274,12 +299,23 @@ pub(crate) fn seccomp_programs(network: bool) -> Result<Vec<BpfProgram>, Sandbox
         libc::SYS_prctl,
         vec![SeccompRule::new(pdeath).map_err(err)?],
     );
-    if !network {
+    if !network && !loopback {
         // No socket() at all: Landlock (ABI 7) does not cover connecting to
         // a unix socket by path, so a world-writable one of the host (an X
         // server in /tmp/.X11-unix, say) was reachable (tested).
         // socketpair() stays: it reaches nothing outside.
         deny.insert(libc::SYS_socket, Vec::new());
+    } else if !network {
+        // Loopback endpoints only: IP sockets (the namespace has nothing
+        // but `lo`), never a unix socket by path or another family.
+        let ne = |v: libc::c_int| {
+            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, v as u64)
+                .map_err(err)
+        };
+        deny.insert(
+            libc::SYS_socket,
+            vec![SeccompRule::new(vec![ne(libc::AF_INET)?, ne(libc::AF_INET6)?]).map_err(err)?],
+        );
     }
     let eperm = SeccompFilter::new(
         deny,
@@ -297,8 +333,42 @@ pub(crate) fn seccomp_programs(network: bool) -> Result<Vec<BpfProgram>, Sandbox
         arch,
     )
     .map_err(err)?;
-    Ok(vec![
-        eperm.try_into().map_err(err)?,
-        enosys.try_into().map_err(err)?,
+    let mut progs = Vec::new();
+    if !policy.off(Layer::X32Killer) {
+        progs.extend(x32_killer());
+    }
+    if !policy.off(Layer::Seccomp) {
+        progs.push(eperm.try_into().map_err(err)?);
+        progs.push(enosys.try_into().map_err(err)?);
+    }
+    Ok(progs)
+}
+
+/// On x86_64, a syscall number with the x32 bit (`0x40000000`) set is the
+/// x32 ABI's entry to the same syscall: a deny-list keyed by x86_64 numbers
+/// would let `unshare | 0x40000000` through on a kernel that enables x32.
+/// This program, applied first, kills the process on any such number (and
+/// on any architecture but x86_64: no other ABI's numbers are expected).
+fn x32_killer() -> Option<BpfProgram> {
+    if !cfg!(target_arch = "x86_64") {
+        return None;
+    }
+    const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    const RET_KILL_PROCESS: u32 = 0x8000_0000;
+    let ins = |code, jt, jf, k| seccompiler::sock_filter { code, jt, jf, k };
+    Some(vec![
+        ins(LD_W_ABS, 0, 0, 4),              // seccomp_data.arch
+        ins(JEQ_K, 1, 0, AUDIT_ARCH_X86_64), // x86_64: go on
+        ins(RET_K, 0, 0, RET_KILL_PROCESS),  // another arch: kill
+        ins(LD_W_ABS, 0, 0, 0),              // seccomp_data.nr
+        ins(JGE_K, 0, 1, X32_SYSCALL_BIT),   // x32 bit set?
+        ins(RET_K, 0, 0, RET_KILL_PROCESS),  //   kill
+        ins(RET_K, 0, 0, RET_ALLOW),         // else on to the next program
     ])
 }

@@ -1,0 +1,282 @@
+//! What the command can name (`Level::Full`): in its private mount namespace
+//! every directory of `Policy::hide` is covered by an empty, read-only
+//! tmpfs, and the policy's own writable and readable paths below it are
+//! bound back at their own paths. Everything else below a hidden directory
+//! (other rollouts' workspaces, homes, check copies, proxy sockets) cannot be
+//! named at all, so no operation Landlock does not govern (chmod, chown,
+//! utime, xattrs, inotify, listing, `..` from the cwd) can reach it.
+//!
+//! The bind sources are opened (`O_PATH`) by the launcher before it drops
+//! root, so a hidden directory may be closed to everyone but root (mode
+//! 0700); the mounts are made after `unshare`, inside the namespace, where
+//! the launcher holds the namespace's capabilities.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use crate::policy::Policy;
+use crate::sys::{cvt, note};
+
+/// One path bound back below a hidden directory.
+struct Bind {
+    path: CString,
+    /// Components between the hidden directory and the path, each a
+    /// directory to create in the tmpfs (the last one the mount point).
+    parents: Vec<CString>,
+    /// The detached mount tree to attach there.
+    tree: OwnedFd,
+    is_dir: bool,
+}
+
+/// Everything the mounts need, prepared while the launcher is still root
+/// (it may be the only one that can open the sources).
+pub(crate) struct View {
+    hidden: Vec<CString>,
+    binds: Vec<Bind>,
+    cwd: Option<CString>,
+}
+
+fn c(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// The policy paths below `hide`, the outermost only (a path below another
+/// bind comes along with it).
+fn binds_below(policy: &Policy, hide: &Path) -> Vec<(PathBuf, bool)> {
+    let mut out: Vec<(PathBuf, bool)> = policy
+        .writable
+        .iter()
+        .map(|p| (p.clone(), true))
+        .chain(policy.readable.iter().map(|p| (p.clone(), false)))
+        .filter(|(p, _)| p.starts_with(hide) && p != hide)
+        .collect();
+    out.sort();
+    let mut kept: Vec<(PathBuf, bool)> = Vec::new();
+    for (p, w) in out {
+        match kept.iter_mut().find(|(k, _)| p.starts_with(k)) {
+            // Writable wins when the same path is both.
+            Some(k) if k.0 == p => k.1 |= w,
+            Some(_) => {}
+            None => kept.push((p, w)),
+        }
+    }
+    kept
+}
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const AT_EMPTY_PATH: libc::c_uint = 0x1000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOUNT_ATTR_RDONLY: u64 = 1;
+
+/// `struct mount_attr` of mount_setattr(2).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// A detached copy of the mount tree at `path` (chosen by the harness, not
+/// the command): made before the namespaces exist, while the launcher is
+/// still root, and attached inside the new mount namespace later (a bind
+/// mount cannot take its source from another namespace, and the launcher
+/// may not be able to reach the path by then). Read-only when `writable`
+/// is false. Also whether it is a directory.
+fn clone_tree(path: &CString, writable: bool) -> io::Result<(OwnedFd, bool)> {
+    // SAFETY: valid C string; the fd is owned immediately.
+    let fd = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            OPEN_TREE_CLONE | AT_RECURSIVE | libc::O_CLOEXEC as libc::c_uint,
+        ) as libc::c_int
+    })?;
+    // SAFETY: just opened, owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    if !writable {
+        let attr = MountAttr {
+            attr_set: MOUNT_ATTR_RDONLY,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: 0,
+        };
+        // SAFETY: valid fd, empty path, and a mount_attr of the size given.
+        cvt(unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                fd.as_raw_fd(),
+                c"".as_ptr(),
+                AT_EMPTY_PATH | AT_RECURSIVE,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            ) as libc::c_int
+        })?;
+    }
+    // SAFETY: valid fd and out-pointer.
+    let st = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        cvt(libc::fstat(fd.as_raw_fd(), &mut st))?;
+        st
+    };
+    Ok((fd, st.st_mode & libc::S_IFMT == libc::S_IFDIR))
+}
+
+impl View {
+    /// Prepares the view of `policy` (nothing to do when it hides nothing).
+    pub(crate) fn plan(policy: &Policy) -> io::Result<Option<View>> {
+        if policy.hide.is_empty() {
+            return Ok(None);
+        }
+        let mut hidden = Vec::new();
+        let mut binds = Vec::new();
+        for h in &policy.hide {
+            hidden.push(c(h)?);
+            for (p, writable) in binds_below(policy, h) {
+                let path = c(&p)?;
+                let (tree, is_dir) = clone_tree(&path, writable)?;
+                let rel = p.strip_prefix(h).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+                let mut parents = Vec::new();
+                let mut cur = h.to_path_buf();
+                for comp in rel.components() {
+                    cur.push(comp);
+                    parents.push(c(&cur)?);
+                }
+                binds.push(Bind {
+                    path,
+                    parents,
+                    tree,
+                    is_dir,
+                });
+            }
+        }
+        let cwd = std::env::current_dir().ok().map(|d| c(&d)).transpose()?;
+        Ok(Some(View { hidden, binds, cwd }))
+    }
+
+    /// Inside the mount namespace (mounts already private): covers each
+    /// hidden directory and binds the policy's paths back, then re-enters
+    /// the cwd through the new mounts (the old cwd would lead `..` to the
+    /// hidden directory's real contents).
+    pub(crate) fn apply(&self) -> io::Result<()> {
+        let fail = |what: &'static [u8]| {
+            move |e: io::Error| {
+                note(what);
+                note(format!("  ({e})\n").as_bytes());
+                e
+            }
+        };
+        for h in &self.hidden {
+            mount(c"tmpfs", h, c"tmpfs", libc::MS_NOSUID | libc::MS_NODEV, c"mode=0755,size=64k")
+                .map_err(fail(b"sandbox: covering a hidden directory failed\n"))?;
+        }
+        for b in &self.binds {
+            b.make_mount_point()
+                .map_err(fail(b"sandbox: making a mount point in a hidden directory failed\n"))?;
+            b.bind()
+                .map_err(fail(b"sandbox: binding a path back into a hidden directory failed\n"))?;
+        }
+        for h in &self.hidden {
+            let flags = libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+            mount_raw(None, h, None, flags, None)
+                .map_err(fail(b"sandbox: making a hidden directory read-only failed\n"))?;
+        }
+        if let Some(d) = &self.cwd {
+            // SAFETY: valid C string.
+            cvt(unsafe { libc::chdir(d.as_ptr()) })
+                .map_err(fail(b"sandbox: re-entering the working directory failed\n"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Bind {
+    fn make_mount_point(&self) -> io::Result<()> {
+        let last = self.parents.len().saturating_sub(1);
+        for (i, p) in self.parents.iter().enumerate() {
+            let r = if i < last || self.is_dir {
+                // SAFETY: valid C string.
+                unsafe { libc::mkdir(p.as_ptr(), 0o755) }
+            } else {
+                // SAFETY: valid C string; the fd is closed at once.
+                unsafe {
+                    let fd = libc::open(p.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o644);
+                    if fd >= 0 {
+                        libc::close(fd);
+                        0
+                    } else {
+                        -1
+                    }
+                }
+            };
+            if r != 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EEXIST) {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn bind(&self) -> io::Result<()> {
+        // SAFETY: valid fd and C strings.
+        cvt(unsafe {
+            libc::syscall(
+                libc::SYS_move_mount,
+                self.tree.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_FDCWD,
+                self.path.as_ptr(),
+                MOVE_MOUNT_F_EMPTY_PATH,
+            ) as libc::c_int
+        })
+        .map(|_| ())
+    }
+}
+
+fn mount(
+    src: &std::ffi::CStr,
+    target: &CString,
+    fstype: &std::ffi::CStr,
+    flags: libc::c_ulong,
+    data: &std::ffi::CStr,
+) -> io::Result<()> {
+    // SAFETY: valid C strings.
+    cvt(unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            flags,
+            data.as_ptr().cast(),
+        )
+    })
+    .map(|_| ())
+}
+
+fn mount_raw(
+    src: Option<&CString>,
+    target: &CString,
+    fstype: Option<&CString>,
+    flags: libc::c_ulong,
+    data: Option<&CString>,
+) -> io::Result<()> {
+    let p = |o: Option<&CString>| o.map_or(std::ptr::null(), |s| s.as_ptr());
+    // SAFETY: valid C strings or nulls, as mount(2) documents for these flags.
+    cvt(unsafe {
+        libc::mount(
+            p(src),
+            target.as_ptr(),
+            p(fstype),
+            flags,
+            data.map_or(std::ptr::null(), |s| s.as_ptr().cast()),
+        )
+    })
+    .map(|_| ())
+}
