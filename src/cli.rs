@@ -177,8 +177,13 @@ pub enum Command {
     /// from that recording instead (no upstream needed), matching requests
     /// by their normalised content and failing closed (HTTP 400 naming the
     /// stream, the position and a diff) on a request the recording does not
-    /// hold. Runs until SIGINT or SIGTERM, then waits for every record to be
-    /// durable. API keys pass through and are never recorded.
+    /// hold. Runs until SIGINT or SIGTERM; then takes no new requests, waits
+    /// up to --drain-secs (10 s; a second signal: no longer) for exchanges in
+    /// flight, waits for every record to be durable, and exits 1 naming any
+    /// exchange it could not record. API keys pass through (or, with
+    /// --upstream-key-env, mass sends its own) and are never recorded,
+    /// printed or echoed: key-like query parameters, URL passwords and
+    /// key-like body fields are redacted in everything kept or shown.
     Proxy {
         /// Address to listen on (port 0: any free port).
         #[arg(long, default_value = "127.0.0.1:0")]
@@ -207,6 +212,8 @@ pub enum Command {
         /// Write the client base URL to this file once listening.
         #[arg(long, value_name = "FILE")]
         url_file: Option<PathBuf>,
+        #[command(flatten)]
+        guards: ProxyGuards,
     },
     /// Run a recorded external-harness rollout's program again (`[harness]
     /// kind = "external"`), in a fresh checkout of its initial workspace,
@@ -373,4 +380,26 @@ fn parse_level(s: &str) -> Result<sandbox::Level, String> {
             "unknown sandbox level {other:?}: use full, landlock or none"
         )),
     }
+}
+
+/// `mass proxy`'s credentials, caps and shutdown.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProxyGuards {
+    /// Send the key in environment variable VAR upstream (`Authorization:
+    /// Bearer`), in place of the client's credentials.
+    #[arg(long, value_name = "VAR")]
+    pub upstream_key_env: Option<String>,
+    /// Serve only requests carrying the token in environment variable VAR
+    /// (`Authorization: Bearer`, `api-key` or `x-api-key`); others get 401.
+    #[arg(long, value_name = "VAR")]
+    pub token_env: Option<String>,
+    /// Refuse a request body longer than this (HTTP 413).
+    #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]
+    pub max_request_bytes: usize,
+    /// Abort a response body longer than this (recorded as failed).
+    #[arg(long, value_name = "BYTES", default_value_t = 128 << 20)]
+    pub max_response_bytes: usize,
+    /// On SIGINT/SIGTERM, wait this long for exchanges in flight.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    pub drain_secs: u64,
 }

@@ -26,6 +26,7 @@ pub mod prompts;
 pub mod proxy;
 pub mod status;
 pub mod suite;
+pub mod supervise;
 pub mod task;
 pub mod tools;
 pub mod trainer;

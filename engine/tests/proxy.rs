@@ -779,9 +779,11 @@ async fn a_second_attempt_on_the_same_stream_replays_and_splits_on_its_own() {
     }
 }
 
-/// An upstream whose connection breaks mid-body: the client gets what came,
-/// and the exchange is recorded as a transient failure saying why, its
-/// partial body kept and served again on replay.
+/// An upstream whose connection breaks mid-body: the client gets what came
+/// and then an error (never a clean end: the bug was a cut body reaching
+/// the client as a whole reply), and the exchange is recorded as a
+/// transient failure saying why, its partial body kept and served again on
+/// replay, where it breaks off again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_cut_off_mid_stream_is_recorded_as_a_transient_failure_with_its_cause() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -803,8 +805,12 @@ async fn a_body_cut_off_mid_stream_is_recorded_as_a_transient_failure_with_its_c
     let (_server, route, base) = recording_proxy(&ledger, "rec", up).await;
     let client = reqwest::Client::new();
     let body = json!({"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true});
-    let got = post(&client, &base, &body, "k").await;
-    assert_eq!(got.body, partial.as_bytes());
+    let (got, broke) = post_until_error(&client, &base, &body).await;
+    assert_eq!(got, partial.as_bytes());
+    assert!(
+        broke,
+        "the client saw a clean end of a body the upstream cut"
+    );
     route.finish().await.unwrap();
     let recorded = engine::proxy::log::load(&ledger, "rec", "agent").unwrap();
     assert_eq!(recorded.len(), 1);
@@ -817,8 +823,26 @@ async fn a_body_cut_off_mid_stream_is_recorded_as_a_transient_failure_with_its_c
         other => panic!("{other:?}"),
     }
     let (_s, _r, base) = replaying_proxy(&ledger, "rec", Normaliser::default()).await;
-    assert_eq!(
-        post(&client, &base, &body, "k").await.body,
-        partial.as_bytes()
-    );
+    let (again, broke) = post_until_error(&client, &base, &body).await;
+    assert_eq!(again, partial.as_bytes());
+    assert!(broke, "the replay ended the cut body cleanly");
+}
+
+/// POSTs `body` and reads the reply until it ends or breaks: the bytes, and
+/// whether it broke (an error instead of a clean end).
+async fn post_until_error(client: &reqwest::Client, base: &str, body: &Value) -> (Vec<u8>, bool) {
+    let mut r = client
+        .post(format!("{base}/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    loop {
+        match r.chunk().await {
+            Ok(Some(c)) => out.extend_from_slice(&c),
+            Ok(None) => return (out, false),
+            Err(_) => return (out, true),
+        }
+    }
 }

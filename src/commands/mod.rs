@@ -183,6 +183,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             normalise,
             into,
             url_file,
+            guards,
         } => proxy::run(
             &dir,
             &proxy::ProxyOptions {
@@ -194,6 +195,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 normalise,
                 into,
                 url_file,
+                guards,
             },
         ),
         Command::Sandbox {

@@ -2,17 +2,21 @@
 //! `mass harness-replay`: an external-harness rollout re-executed against
 //! its recording.
 //! Prints the client base URL on stdout once listening; on SIGINT or SIGTERM
-//! waits for the records, prints what was recorded or served, and exits 0,
-//! or 1 when a replay answered a request with a miss.
+//! drains the exchanges in flight (`--drain-secs`), waits for the records,
+//! prints what was recorded or served, and exits 0, or 1 when a replay
+//! answered a request with a miss or an exchange could not be recorded
+//! (each named). Nothing printed holds a credential: URLs are shown without
+//! userinfo and with key-like query parameters redacted.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use engine::proxy::{Mode, NormaliseConfig, Normaliser, Upstream};
+use engine::proxy::{Limits, Mode, NormaliseConfig, Normaliser, Secret, ServeOptions, Upstream};
 
 use super::CliError;
+use crate::cli::ProxyGuards;
 
 pub struct ProxyOptions {
     pub listen: std::net::SocketAddr,
@@ -23,6 +27,7 @@ pub struct ProxyOptions {
     pub normalise: Option<PathBuf>,
     pub into: Option<String>,
     pub url_file: Option<PathBuf>,
+    pub guards: ProxyGuards,
 }
 
 fn normaliser(file: Option<&PathBuf>) -> Result<Normaliser> {
@@ -38,14 +43,47 @@ fn normaliser(file: Option<&PathBuf>) -> Result<Normaliser> {
     Normaliser::new(&cfg).map_err(|e| CliError::Usage(e.to_string()).into())
 }
 
-fn upstream(u: &str) -> Result<Upstream> {
-    Upstream::new(u).map_err(|e| CliError::Usage(e.to_string()).into())
+/// The secret in environment variable `var` (`what` names it in errors;
+/// the value never appears in one).
+fn secret_env(var: &str, what: &str) -> Result<Secret> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => Ok(Secret::new(v.trim())),
+        _ => Err(CliError::Usage(format!("{what}: environment variable {var} is not set")).into()),
+    }
+}
+
+fn upstream(u: &str, g: &ProxyGuards) -> Result<Upstream> {
+    let up = Upstream::new(u).map_err(|e| CliError::Usage(e.to_string()))?;
+    Ok(match &g.upstream_key_env {
+        Some(var) => up.with_api_key(secret_env(var, "--upstream-key-env")?),
+        None => up,
+    })
+}
+
+fn serve_options(g: &ProxyGuards) -> Result<ServeOptions> {
+    if g.max_request_bytes == 0 || g.max_response_bytes == 0 {
+        return Err(CliError::Usage(
+            "--max-request-bytes and --max-response-bytes must be above 0".into(),
+        )
+        .into());
+    }
+    Ok(ServeOptions {
+        limits: Limits {
+            max_request_bytes: g.max_request_bytes,
+            max_response_bytes: g.max_response_bytes,
+        },
+        token: match &g.token_env {
+            Some(var) => Some(secret_env(var, "--token-env")?),
+            None => None,
+        },
+        drain: std::time::Duration::from_secs(g.drain_secs),
+    })
 }
 
 pub fn run(dir: &std::path::Path, o: &ProxyOptions) -> Result<ExitCode> {
     let (mode, writes) = if o.replay {
         let mixed = match (&o.upstream, &o.into) {
-            (Some(u), Some(into)) => Some((upstream(u)?, into.clone())),
+            (Some(u), Some(into)) => Some((upstream(u, &o.guards)?, into.clone())),
             (None, None) => None,
             _ => {
                 return Err(CliError::Usage(
@@ -74,7 +112,7 @@ pub fn run(dir: &std::path::Path, o: &ProxyOptions) -> Result<ExitCode> {
         }
         (
             Mode::Record {
-                upstream: upstream(u)?,
+                upstream: upstream(u, &o.guards)?,
             },
             true,
         )
@@ -86,9 +124,16 @@ pub fn run(dir: &std::path::Path, o: &ProxyOptions) -> Result<ExitCode> {
     } else {
         super::open_read(dir)?
     });
+    let opts = serve_options(&o.guards)?;
     let url_file = o.url_file.clone();
-    let summary =
-        engine::proxy::serve_until_signal(ledger, o.listen, &o.run, &o.stream, mode, move |url| {
+    let summary = engine::proxy::serve_until_signal(
+        ledger,
+        o.listen,
+        &o.run,
+        &o.stream,
+        mode,
+        &opts,
+        move |url| {
             println!("{url}");
             if let Some(f) = &url_file {
                 // Written whole, then renamed: a reader never sees half.
@@ -97,8 +142,9 @@ pub fn run(dir: &std::path::Path, o: &ProxyOptions) -> Result<ExitCode> {
                     eprintln!("warning: cannot write {}: {e}", f.display());
                 }
             }
-        })
-        .map_err(engine::error::EngineError::from)?;
+        },
+    )
+    .map_err(engine::error::EngineError::from)?;
     if let Some(h) = summary.head {
         let target = o.into.as_deref().unwrap_or(&o.run);
         eprintln!(
@@ -113,11 +159,16 @@ pub fn run(dir: &std::path::Path, o: &ProxyOptions) -> Result<ExitCode> {
     for m in &summary.misses {
         eprintln!("{m}");
     }
-    Ok(if summary.misses.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    for u in &summary.unrecorded {
+        eprintln!("not recorded: {u}");
+    }
+    Ok(
+        if summary.misses.is_empty() && summary.unrecorded.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        },
+    )
 }
 
 pub fn harness_replay(dir: &std::path::Path, rollout: &str, json: bool) -> Result<ExitCode> {

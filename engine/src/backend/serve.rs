@@ -6,10 +6,10 @@
 //! the ledger). A replayed call never reaches a server, so replaying,
 //! re-judging offline or auditing a run starts none.
 //!
-//! Each server runs in a process group of its own, its output in a log
-//! file beside the others (the path is in every error), and dies with
-//! `mass` (the group is killed on drop, and the kernel's parent-death
-//! signal covers a `mass` that is killed outright). A server is ready when
+//! Each server runs supervised (`crate::supervise`): its output goes to a
+//! log file beside the others (the path is in every error), and its whole
+//! tree, daemons that left its process group included, ends when the pool
+//! is dropped or when `mass` dies however it dies. A server is ready when
 //! `ready_path` answers HTTP 200; one that exits first, or is not ready in
 //! `start_timeout_secs`, is an infrastructure failure naming its log.
 
@@ -20,13 +20,14 @@ use std::time::{Duration, Instant};
 
 use super::BackendError;
 use crate::config::{expand_placeholders, shell_quote, ServeParams};
+use crate::supervise::{Child, Command};
 
 /// How often a starting server is polled.
 const POLL: Duration = Duration::from_millis(250);
 
 /// A running server.
 struct Server {
-    child: std::process::Child,
+    child: Child,
     base_url: String,
 }
 
@@ -149,23 +150,12 @@ impl ServerPool {
         let err_log = log
             .try_clone()
             .map_err(|e| self.failed(format!("{}: {e}", log_path.display())))?;
-        let mut cmd = std::process::Command::new("bash");
+        let mut cmd = Command::new("bash");
         cmd.arg("-c")
             .arg(&line)
             .stdin(std::process::Stdio::null())
             .stdout(log)
             .stderr(err_log);
-        {
-            use std::os::unix::process::CommandExt;
-            cmd.process_group(0);
-            // SAFETY: prctl is async-signal-safe; the hook allocates nothing.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    Ok(())
-                });
-            }
-        }
         let mut child = cmd
             .spawn()
             .map_err(|e| self.failed(format!("cannot start the model server: {e}")))?;
@@ -213,24 +203,10 @@ impl Drop for ServerPool {
     }
 }
 
-fn kill_group(child: &mut std::process::Child) {
-    // SAFETY: killpg only sends a signal, to the group the child leads
-    // (process_group(0) made it the leader).
-    unsafe {
-        libc::killpg(child.id() as libc::pid_t, libc::SIGTERM);
-    }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // SAFETY: as above.
-    unsafe {
-        libc::killpg(child.id() as libc::pid_t, libc::SIGKILL);
-    }
-    let _ = child.wait();
+/// Ends a server's whole tree: SIGTERM, then after the grace period
+/// SIGKILL to everything it left behind; returns when nothing is left.
+fn kill_group(child: &mut Child) {
+    let _ = child.stop();
 }
 
 /// A port nobody listens on now (the OS picks it; the server binds it a

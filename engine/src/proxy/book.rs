@@ -2,9 +2,12 @@
 //! matched by its normalised content, never by arrival order (a harness's
 //! background subagents interleave with the orchestrator differently on
 //! every run): its key hashes the method, path, model, parameters, tools and
-//! message list after the normaliser ran. Equal keys are served in recorded
-//! order, each once. A miss is reported with the stream, the position and a
-//! readable diff against the closest recorded request still unserved.
+//! message list after the normaliser ran. A received request is scrubbed
+//! first exactly as the recording was (`scrub::request`), so a request that
+//! carries a credential still matches, and no miss report shows one. Equal
+//! keys are served in recorded order, each once. A miss is reported with
+//! the stream, the position and a readable diff against the closest
+//! recorded request still unserved.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -14,6 +17,7 @@ use serde_json::{json, Map, Value};
 
 use super::log::{self, chain_step, Recorded};
 use super::normalise::Normaliser;
+use super::scrub::{self, Needles};
 use super::wire::ChatBody;
 use super::ProxyError;
 
@@ -36,8 +40,9 @@ pub struct Book {
     /// Each exchange's key.
     keys: Vec<[u8; 32]>,
     received: u64,
-    /// Normalised hash of each message or tools blob, by blob id.
-    norm_cache: HashMap<Id, [u8; 32]>,
+    /// Normalised hash of each message or tools blob (`true`: tools), by
+    /// blob id.
+    norm_cache: HashMap<(bool, Id), [u8; 32]>,
     /// Per exchange: the chain hash of its normalised message list.
     chains: Vec<Option<([u8; 32], usize)>>,
 }
@@ -187,13 +192,20 @@ impl Book {
         })
     }
 
-    fn norm_blob(&mut self, id: &Id) -> Result<[u8; 32], ProxyError> {
-        if let Some(h) = self.norm_cache.get(id) {
+    /// The normalised hash of a recorded message (`field` "messages") or
+    /// tools blob ("tools", scrubbed again: recorded before scrubbing
+    /// existed, it still matches).
+    fn norm_blob(&mut self, field: &str, id: &Id) -> Result<[u8; 32], ProxyError> {
+        let key = (field == "tools", *id);
+        if let Some(h) = self.norm_cache.get(&key) {
             return Ok(*h);
         }
-        let v = self.blob_value(id)?;
-        let h = hash_value(&self.normaliser.value(&v));
-        self.norm_cache.insert(*id, h);
+        let mut v = self.blob_value(id)?;
+        if field == "tools" {
+            scrub::json(&mut v, &mut Needles::new());
+        }
+        let h = hash_value(&self.normaliser.field(field, &v));
+        self.norm_cache.insert(key, h);
         Ok(h)
     }
 
@@ -214,7 +226,7 @@ impl Book {
             return Ok(Self::opaque_key(
                 &self.normaliser,
                 &r.request["method"],
-                &r.request["path"],
+                &recorded_path(&r.request["path"]),
                 &body,
             ));
         }
@@ -232,7 +244,7 @@ impl Book {
             None => ([0; 32], 0),
         };
         for m in r.new_messages() {
-            let nh = self.norm_blob(&m)?;
+            let nh = self.norm_blob("messages", &m)?;
             h = chain_step(h, &Id(nh));
             count += 1;
         }
@@ -241,15 +253,17 @@ impl Book {
             .as_str()
             .and_then(|t| t.parse::<Id>().ok())
         {
-            Some(t) => Some(self.norm_blob(&t)?),
+            Some(t) => Some(self.norm_blob("tools", &t)?),
             None => None,
         };
+        let mut params = r.request["params"].as_object().cloned().unwrap_or_default();
+        scrub::fields(&mut params, &mut Needles::new());
         Ok(Self::chat_key(
             &self.normaliser,
             &r.request["method"],
-            &r.request["path"],
+            &recorded_path(&r.request["path"]),
             &r.request["model"],
-            r.request["params"].as_object(),
+            Some(&params),
             tools,
             h,
             count,
@@ -271,13 +285,13 @@ impl Book {
             .into_iter()
             .flatten()
             .filter(|(k, _)| !n.ignores(k))
-            .map(|(k, v)| (k.clone(), n.value(v)))
+            .map(|(k, v)| (k.clone(), n.field(k, v)))
             .collect();
         let keep = |field: &str, v: Value| if n.ignores(field) { Value::Null } else { v };
         hash_value(&json!({
             "method": method,
             "path": path,
-            "model": keep("model", n.value(model)),
+            "model": keep("model", n.field("model", model)),
             "params": params,
             "tools": keep("tools", json!(tools.map(hex::encode))),
             "messages": keep("messages", json!(hex::encode(messages))),
@@ -287,8 +301,8 @@ impl Book {
 
     fn opaque_key(n: &Normaliser, method: &Value, path: &Value, body: &[u8]) -> [u8; 32] {
         let body = match serde_json::from_slice::<Value>(body) {
-            Ok(v) => n.value(&v),
-            Err(_) => Value::String(n.text(&String::from_utf8_lossy(body))),
+            Ok(v) => n.body(&v),
+            Err(_) => Value::String(n.text("body", &String::from_utf8_lossy(body))),
         };
         hash_value(&json!({"method": method, "path": path, "body": body}))
     }
@@ -297,16 +311,34 @@ impl Book {
     fn received_chain(&self, chat: &ChatBody) -> Vec<[u8; 32]> {
         chat.messages
             .iter()
-            .map(|m| hash_value(&self.incoming.value(m)))
+            .map(|m| hash_value(&self.incoming.field("messages", m)))
             .collect()
     }
 
     /// Finds the recorded answer to a request and marks it served.
     pub fn answer(&mut self, method: &str, path: &str, body: &[u8]) -> Result<Answer, ProxyError> {
+        self.answer_with(method, path, body, &Needles::new())
+    }
+
+    /// [`Book::answer`], knowing secrets the request may carry (`known`:
+    /// the route's, the request's credential headers): the request is
+    /// scrubbed as the recording was before it is compared.
+    pub fn answer_with(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        known: &Needles,
+    ) -> Result<Answer, ProxyError> {
         self.received += 1;
         let position = self.received;
+        let (path, body, _) = scrub::request(path, body, known);
         let (method, path) = (json!(method), json!(path));
-        let chat = ChatBody::parse(body);
+        let (chat, body) = match body {
+            scrub::Body::Chat(c) => (Some(c), Vec::new()),
+            scrub::Body::Opaque(b) => (None, b),
+        };
+        let body = &body[..];
         let key = match &chat {
             Some(c) => {
                 let mut h = [0; 32];
@@ -316,7 +348,7 @@ impl Book {
                 let tools = c
                     .tools
                     .as_ref()
-                    .map(|t| hash_value(&self.incoming.value(t)));
+                    .map(|t| hash_value(&self.incoming.field("tools", t)));
                 let model = json!(c.model);
                 Self::chat_key(
                     &self.incoming,
@@ -373,14 +405,20 @@ impl Book {
             .as_str()
             .and_then(|t| t.parse::<Id>().ok())
         {
-            Some(t) => Some(self.blob_value(&t)?),
+            Some(t) => {
+                let mut t = self.blob_value(&t)?;
+                scrub::json(&mut t, &mut Needles::new());
+                Some(t)
+            }
             None => None,
         };
+        let mut params = r.request["params"].as_object().cloned().unwrap_or_default();
+        scrub::fields(&mut params, &mut Needles::new());
         let body = ChatBody {
             model: r.request["model"].as_str().unwrap_or_default().to_string(),
             messages,
             tools,
-            params: r.request["params"].as_object().cloned().unwrap_or_default(),
+            params,
         };
         Ok(comparable(&self.normaliser, &body))
     }
@@ -461,9 +499,18 @@ impl Book {
     }
 }
 
+/// A recorded path, scrubbed again (recorded before scrubbing existed, it
+/// still matches).
+fn recorded_path(p: &Value) -> Value {
+    match p.as_str() {
+        Some(s) => json!(scrub::query(s, &mut Needles::new())),
+        None => p.clone(),
+    }
+}
+
 /// A request as compared: normalised, ignored fields dropped.
 fn comparable(n: &Normaliser, chat: &ChatBody) -> Value {
-    let mut v = n.value(&chat.to_value());
+    let mut v = n.body(&chat.to_value());
     if let Value::Object(m) = &mut v {
         m.retain(|k, _| !n.ignores(k));
     }

@@ -7,8 +7,11 @@
 //! The response is stored as its raw bytes (one blob), the byte lengths of
 //! the chunks it arrived in, its status and headers, and the message
 //! reassembled from it. A request that is not a chat completion (`GET
-//! /v1/models`, embeddings) is an `http` effect with its body as one blob. Timings go in the event's unhashed metadata.
-//! The record format is `wire` version 1, documented in SCHEMAS.md.
+//! /v1/models`, embeddings) is an `http` effect with its body as one blob.
+//! Timings go in the event's unhashed metadata. Nothing is recorded before
+//! `scrub.rs` took the credentials out. A failed exchange says why in its
+//! error's `failure` class (`failure::*`). The record format is `wire`
+//! version 1, documented in SCHEMAS.md.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,7 +20,8 @@ use ledger::{Id, Ledger, ObjectKind};
 use schemas::{Effect, EffectStatus, Hash32};
 use serde_json::{json, Value};
 
-use super::wire::{self, ChatBody};
+use super::scrub::{self, Needles};
+use super::wire;
 use super::ProxyError;
 
 /// The wire record version written in every request (`"wire": 1`).
@@ -30,6 +34,65 @@ pub enum Outcome {
     /// No HTTP response at all (connection refused, reset, timed out); the
     /// client was answered 502 with this text.
     Unreachable(String),
+    /// The proxy stopped the exchange itself (`stop` says why, `detail` in
+    /// words); `reply` is what the upstream had sent by then (status,
+    /// headers, the body so far), `None` if it had not answered yet. The
+    /// client's reply was aborted.
+    Stopped {
+        stop: Stop,
+        detail: String,
+        reply: Option<HttpReply>,
+    },
+}
+
+/// Why the proxy stopped an exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The client closed its connection: the upstream request was
+    /// cancelled (recorded `Failed`, failure `client_cancelled`).
+    ClientGone,
+    /// The response grew past the route's cap (recorded `Failed`, failure
+    /// `response_too_large`).
+    TooLarge,
+}
+
+impl Stop {
+    /// The `failure` class recorded.
+    pub fn class(self) -> &'static str {
+        match self {
+            Stop::ClientGone => failure::CLIENT_CANCELLED,
+            Stop::TooLarge => failure::RESPONSE_TOO_LARGE,
+        }
+    }
+
+    fn of_class(class: &str) -> Option<Stop> {
+        match class {
+            failure::CLIENT_CANCELLED => Some(Stop::ClientGone),
+            failure::RESPONSE_TOO_LARGE => Some(Stop::TooLarge),
+            _ => None,
+        }
+    }
+}
+
+/// The `failure` classes a failed exchange is recorded with (its error's
+/// `failure` field; SCHEMAS.md).
+pub mod failure {
+    /// A non-2xx status (`Retriable` for 429 and 5xx, else `Failed`).
+    pub const HTTP_STATUS: &str = "http_status";
+    /// No HTTP response at all (`Retriable`).
+    pub const UNREACHABLE: &str = "unreachable";
+    /// The upstream's body broke off mid-way (`Retriable`).
+    pub const CUT: &str = "cut";
+    /// A 2xx chat reply whose body carries an error (`Retriable`).
+    pub const IN_BAND_ERROR: &str = "in_band_error";
+    /// A 2xx chat reply in which no choice has a finish reason (`Retriable`).
+    pub const NO_FINISH_REASON: &str = "no_finish_reason";
+    /// A 2xx chat reply that does not parse (`Failed`).
+    pub const UNPARSABLE: &str = "unparsable";
+    /// The client closed its connection (`Failed`).
+    pub const CLIENT_CANCELLED: &str = "client_cancelled";
+    /// The response exceeded the proxy's cap (`Failed`).
+    pub const RESPONSE_TOO_LARGE: &str = "response_too_large";
 }
 
 /// An HTTP response as passed through: status, headers (hop-by-hop ones
@@ -117,6 +180,50 @@ pub struct Recorded {
     pub reply: RecordedOutcome,
     /// The effect's status (`Ok`, or a failure class).
     pub status: EffectStatus,
+    /// The recorded failure class (`failure::*`), if any.
+    pub failure: Option<String>,
+}
+
+impl Recorded {
+    /// The outcome as it is recorded again (mixed mode): what the proxy
+    /// stopped stays stopped, with its class.
+    pub fn outcome(&self, body: Vec<u8>) -> Outcome {
+        let stop = self.failure.as_deref().and_then(Stop::of_class);
+        match (&self.reply, stop) {
+            (RecordedOutcome::Unreachable(d), Some(stop)) => Outcome::Stopped {
+                stop,
+                detail: d.clone(),
+                reply: None,
+            },
+            (RecordedOutcome::Unreachable(d), None) => Outcome::Unreachable(d.clone()),
+            (
+                RecordedOutcome::Http {
+                    status,
+                    headers,
+                    chunks,
+                    cut,
+                    ..
+                },
+                stop,
+            ) => {
+                let reply = HttpReply {
+                    status: *status,
+                    headers: headers.clone(),
+                    body,
+                    chunks: chunks.clone(),
+                    cut: cut.clone(),
+                };
+                match stop {
+                    Some(stop) => Outcome::Stopped {
+                        stop,
+                        detail: cut.clone().unwrap_or_default(),
+                        reply: Some(HttpReply { cut: None, ..reply }),
+                    },
+                    None => Outcome::Http(reply),
+                }
+            }
+        }
+    }
 }
 
 impl Recorded {
@@ -208,109 +315,29 @@ impl WireLog {
     /// thread of its own, never from an async worker, whose requests it
     /// would hold up (`cargo bench --bench proxy` measured that).
     pub fn record(&mut self, ex: &Exchange) -> Result<Id, ProxyError> {
+        self.record_with(ex, &Needles::new())
+    }
+
+    /// [`WireLog::record`], knowing secrets that must not be recorded
+    /// (`known`: the route's token, the upstream's key, the credentials the
+    /// request carried in its headers). Everything is scrubbed
+    /// (`scrub.rs`): the path's query, the request body, the response body,
+    /// headers and error texts, the metadata.
+    pub fn record_with(&mut self, ex: &Exchange, known: &Needles) -> Result<Id, ProxyError> {
+        let (path, body, needles) = scrub::request(&ex.path, &ex.body, known);
         let ledger = self.ledger.clone();
         let mut b = ledger.batch();
         let mut links: Vec<Id> = Vec::new();
-        let put = |b: &mut ledger::Batch<'_>,
-                   links: &mut Vec<Id>,
-                   bytes: &[u8]|
-         -> Result<Id, ProxyError> {
-            let id = b.put_blob(bytes)?;
-            links.push(id);
-            Ok(id)
-        };
-        let mut full_chain = None;
-        let request = match ChatBody::parse(&ex.body) {
-            Some(chat) => {
-                let blobs: Vec<Vec<u8>> =
-                    chat.messages.iter().map(replay::canonical_json).collect();
-                let ids: Vec<Id> = blobs.iter().map(|m| Id::of(ObjectKind::Blob, m)).collect();
-                // The longest earlier request this one extends.
-                let mut hashes = Vec::with_capacity(ids.len() + 1);
-                let mut h = [0u8; 32];
-                hashes.push(h);
-                for id in &ids {
-                    h = chain_step(h, id);
-                    hashes.push(h);
-                }
-                full_chain = Some(h);
-                let (covered, prefix) = (0..hashes.len())
-                    .rev()
-                    .find_map(|i| self.requests.get(&hashes[i]).map(|e| (i, Some(*e))))
-                    .unwrap_or((0, None));
-                let mut new = Vec::new();
-                for blob in &blobs[covered..] {
-                    new.push(put(&mut b, &mut links, blob)?.to_hex());
-                }
-                let tools = match &chat.tools {
-                    Some(t) => Some(put(&mut b, &mut links, &replay::canonical_json(t))?.to_hex()),
-                    None => None,
-                };
-                if let Some(p) = prefix {
-                    links.push(p);
-                }
-                json!({
-                    "wire": WIRE_VERSION,
-                    "method": ex.method,
-                    "path": ex.path,
-                    "model": chat.model,
-                    "params": chat.params,
-                    "tools": tools,
-                    "prefix": prefix.map(|p| p.to_hex()),
-                    "messages": new,
-                })
-            }
-            None => {
-                let body = put(&mut b, &mut links, &ex.body)?;
-                json!({"wire": WIRE_VERSION, "method": ex.method, "path": ex.path, "body": body.to_hex()})
-            }
-        };
-        let request_bytes = replay::canonical_json(&request);
-        let request_id = b.put_blob(&request_bytes)?;
-        let (status, output, error) = match &ex.outcome {
-            Outcome::Http(h)
-                if full_chain.is_none() && h.cut.is_none() && (200..300).contains(&h.status) =>
-            {
-                let raw = put(&mut b, &mut links, &h.body)?;
-                let out = json!({"http": h.http_json(), "raw_body": raw.to_hex()});
-                let oid = b.put_blob(&replay::canonical_json(&out))?;
-                (EffectStatus::Ok, Some(Hash32(oid.0)), String::new())
-            }
-            Outcome::Http(h) => {
-                let raw = put(&mut b, &mut links, &h.body)?;
-                let reply = ((200..300).contains(&h.status) && h.cut.is_none())
-                    .then(|| wire::reply_of(&h.body, h.event_stream()))
-                    .flatten();
-                match reply {
-                    Some(reply) => {
-                        let mut out = reply.to_value();
-                        out["raw_body"] = json!(raw.to_hex());
-                        out["http"] = h.http_json();
-                        let oid = b.put_blob(&replay::canonical_json(&out))?;
-                        (EffectStatus::Ok, Some(Hash32(oid.0)), String::new())
-                    }
-                    None => {
-                        let err = json!({"http": h.http_json(), "raw_body": raw.to_hex()});
-                        let status = if h.cut.is_some() || h.status == 429 || h.status >= 500 {
-                            EffectStatus::Retriable
-                        } else {
-                            EffectStatus::Failed
-                        };
-                        (
-                            status,
-                            None,
-                            String::from_utf8_lossy(&replay::canonical_json(&err)).into_owned(),
-                        )
-                    }
-                }
-            }
-            Outcome::Unreachable(msg) => (
-                EffectStatus::Retriable,
-                None,
-                String::from_utf8_lossy(&replay::canonical_json(&json!({"unreachable": msg})))
-                    .into_owned(),
-            ),
-        };
+        let (request, full_chain) =
+            self.request_record(&mut b, &mut links, &ex.method, &path, body)?;
+        let request_id = b.put_blob(&replay::canonical_json(&request))?;
+        let (status, output, error) = outcome_record(
+            &mut b,
+            &mut links,
+            &ex.outcome,
+            full_chain.is_some(),
+            &needles,
+        )?;
         links.sort();
         links.dedup();
         let effect = Effect {
@@ -330,7 +357,7 @@ impl WireLog {
         };
         let mut ev = schemas::to_event(&effect)?.in_stream(self.rel.clone());
         ev = ev
-            .with_meta("wire.served_by", ex.served_by.clone())
+            .with_meta("wire.served_by", needles.text(&scrub::url(&ex.served_by)))
             .with_meta("wire.headers_us", ex.timing.headers_us.to_string())
             .with_meta("wire.total_us", ex.timing.total_us.to_string())
             .with_meta(
@@ -343,7 +370,7 @@ impl WireLog {
                     .join(","),
             );
         if let Some(ua) = &ex.user_agent {
-            ev = ev.with_meta("wire.user_agent", ua.clone());
+            ev = ev.with_meta("wire.user_agent", needles.text(ua));
         }
         let id = b.append(&self.ref_name, self.head, ev)?;
         let durable = b.submit()?;
@@ -356,6 +383,196 @@ impl WireLog {
         durable.wait()?;
         Ok(id)
     }
+
+    /// The request record (scrubbed already) and, for a chat request, the
+    /// chain hash of its whole message list.
+    fn request_record(
+        &self,
+        b: &mut ledger::Batch<'_>,
+        links: &mut Vec<Id>,
+        method: &str,
+        path: &str,
+        body: scrub::Body,
+    ) -> Result<(Value, Option<[u8; 32]>), ProxyError> {
+        let chat = match body {
+            scrub::Body::Chat(chat) => chat,
+            scrub::Body::Opaque(bytes) => {
+                let body = put(b, links, &bytes)?;
+                return Ok((
+                    json!({"wire": WIRE_VERSION, "method": method, "path": path, "body": body.to_hex()}),
+                    None,
+                ));
+            }
+        };
+        let blobs: Vec<Vec<u8>> = chat.messages.iter().map(replay::canonical_json).collect();
+        let ids: Vec<Id> = blobs.iter().map(|m| Id::of(ObjectKind::Blob, m)).collect();
+        // The longest earlier request this one extends.
+        let mut hashes = Vec::with_capacity(ids.len() + 1);
+        let mut h = [0u8; 32];
+        hashes.push(h);
+        for id in &ids {
+            h = chain_step(h, id);
+            hashes.push(h);
+        }
+        let (covered, prefix) = (0..hashes.len())
+            .rev()
+            .find_map(|i| self.requests.get(&hashes[i]).map(|e| (i, Some(*e))))
+            .unwrap_or((0, None));
+        let mut new = Vec::new();
+        for blob in &blobs[covered..] {
+            new.push(put(b, links, blob)?.to_hex());
+        }
+        let tools = match &chat.tools {
+            Some(t) => Some(put(b, links, &replay::canonical_json(t))?.to_hex()),
+            None => None,
+        };
+        if let Some(p) = prefix {
+            links.push(p);
+        }
+        Ok((
+            json!({
+                "wire": WIRE_VERSION,
+                "method": method,
+                "path": path,
+                "model": chat.model,
+                "params": chat.params,
+                "tools": tools,
+                "prefix": prefix.map(|p| p.to_hex()),
+                "messages": new,
+            }),
+            Some(h),
+        ))
+    }
+}
+
+/// Stores a blob the effect links to.
+fn put(b: &mut ledger::Batch<'_>, links: &mut Vec<Id>, bytes: &[u8]) -> Result<Id, ProxyError> {
+    let id = b.put_blob(bytes)?;
+    links.push(id);
+    Ok(id)
+}
+
+/// A reply with every known secret masked (body: same length, so the chunk
+/// boundaries stay true; headers and the cut's cause: replaced).
+fn masked(h: &HttpReply, needles: &Needles) -> HttpReply {
+    HttpReply {
+        status: h.status,
+        headers: h
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), needles.text(v)))
+            .collect(),
+        body: needles.masked(&h.body).into_owned(),
+        chunks: h.chunks.clone(),
+        cut: h.cut.as_ref().map(|c| needles.text(c)),
+    }
+}
+
+/// The effect's status, output and error for what answered (secrets
+/// masked with `needles`).
+fn outcome_record(
+    b: &mut ledger::Batch<'_>,
+    links: &mut Vec<Id>,
+    outcome: &Outcome,
+    chat: bool,
+    needles: &Needles,
+) -> Result<(EffectStatus, Option<Hash32>, String), ProxyError> {
+    let text = |v: Value| String::from_utf8_lossy(&replay::canonical_json(&v)).into_owned();
+    let h = match outcome {
+        Outcome::Unreachable(msg) => {
+            return Ok((
+                EffectStatus::Retriable,
+                None,
+                text(json!({"unreachable": needles.text(msg), "failure": failure::UNREACHABLE})),
+            ))
+        }
+        Outcome::Stopped {
+            stop,
+            detail,
+            reply: None,
+        } => {
+            return Ok((
+                EffectStatus::Failed,
+                None,
+                text(json!({"no_response": needles.text(detail), "failure": stop.class()})),
+            ))
+        }
+        Outcome::Stopped {
+            stop,
+            detail,
+            reply: Some(h),
+        } => {
+            let mut h = masked(h, needles);
+            h.cut = Some(needles.text(detail));
+            let err = http_failure(b, links, &h, stop.class())?;
+            return Ok((EffectStatus::Failed, None, err));
+        }
+        Outcome::Http(h) => masked(h, needles),
+    };
+    if !(200..300).contains(&h.status) {
+        let status = if h.status == 429 || h.status >= 500 {
+            EffectStatus::Retriable
+        } else {
+            EffectStatus::Failed
+        };
+        return Ok((
+            status,
+            None,
+            http_failure(b, links, &h, failure::HTTP_STATUS)?,
+        ));
+    }
+    if h.cut.is_some() {
+        return Ok((
+            EffectStatus::Retriable,
+            None,
+            http_failure(b, links, &h, failure::CUT)?,
+        ));
+    }
+    let raw = put(b, links, &h.body)?;
+    let mut out = json!({"http": h.http_json(), "raw_body": raw.to_hex()});
+    if chat {
+        let es = h.event_stream();
+        let problem = wire::reply_problem(&h.body, es);
+        if let Some(wire::Problem::InBandError(_)) = problem {
+            return Ok((
+                EffectStatus::Retriable,
+                None,
+                http_failure(b, links, &h, failure::IN_BAND_ERROR)?,
+            ));
+        }
+        let Some(reply) = wire::reply_of(&h.body, es) else {
+            return Ok((
+                EffectStatus::Failed,
+                None,
+                http_failure(b, links, &h, failure::UNPARSABLE)?,
+            ));
+        };
+        if problem == Some(wire::Problem::NoFinishReason) {
+            return Ok((
+                EffectStatus::Retriable,
+                None,
+                http_failure(b, links, &h, failure::NO_FINISH_REASON)?,
+            ));
+        }
+        let mut v = reply.to_value();
+        v["raw_body"] = out["raw_body"].take();
+        v["http"] = out["http"].take();
+        out = v;
+    }
+    let oid = b.put_blob(&replay::canonical_json(&out))?;
+    Ok((EffectStatus::Ok, Some(Hash32(oid.0)), String::new()))
+}
+
+/// The error of a failed HTTP exchange: `{"http", "raw_body", "failure"}`.
+fn http_failure(
+    b: &mut ledger::Batch<'_>,
+    links: &mut Vec<Id>,
+    h: &HttpReply,
+    class: &str,
+) -> Result<String, ProxyError> {
+    let raw = put(b, links, &h.body)?;
+    let err = json!({"http": h.http_json(), "raw_body": raw.to_hex(), "failure": class});
+    Ok(String::from_utf8_lossy(&replay::canonical_json(&err)).into_owned())
 }
 
 /// Every exchange recorded on stream `rel` of `run`, oldest first.
@@ -402,22 +619,26 @@ pub fn load_chain(
                 ev.id.short(12)
             )));
         }
-        let reply = match (&e.status, e.output) {
+        let (reply, failure) = match (&e.status, e.output) {
             (EffectStatus::Ok, Some(o)) => {
                 let v: Value = serde_json::from_slice(&ledger.get_blob(&Id(o.0))?)
                     .map_err(|x| bad(format!("output of {}: {x}", ev.id.short(12))))?;
-                http_outcome(&v)
-                    .ok_or_else(|| bad(format!("output of {} has no http part", ev.id.short(12))))?
+                let reply = http_outcome(&v).ok_or_else(|| {
+                    bad(format!("output of {} has no http part", ev.id.short(12)))
+                })?;
+                (reply, None)
             }
             _ => {
                 let v: Value = serde_json::from_str(&e.error)
                     .map_err(|x| bad(format!("error of {}: {x}", ev.id.short(12))))?;
-                match v["unreachable"].as_str() {
+                // No response at all: unreachable, or stopped before one came.
+                let reply = match v["unreachable"].as_str().or(v["no_response"].as_str()) {
                     Some(m) => RecordedOutcome::Unreachable(m.to_string()),
                     None => http_outcome(&v).ok_or_else(|| {
                         bad(format!("error of {} has no http part", ev.id.short(12)))
                     })?,
-                }
+                };
+                (reply, v["failure"].as_str().map(str::to_string))
             }
         };
         out.push(Recorded {
@@ -426,6 +647,7 @@ pub fn load_chain(
             request,
             reply,
             status: e.status,
+            failure,
         });
     }
     out.reverse();

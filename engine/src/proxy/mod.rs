@@ -4,25 +4,33 @@
 //! the same client again from that recording with no upstream at all.
 //! `wire.rs` reads the wire format, `log.rs` writes and reads proxy streams,
 //! `normalise.rs` says when two requests are the same, `book.rs` matches
-//! requests to recorded exchanges, `server.rs` is the HTTP side.
-//! API keys and other credential headers pass through to the upstream and
-//! are never recorded.
+//! requests to recorded exchanges, `scrub.rs` keeps credentials out of
+//! everything recorded, printed or echoed, `route.rs` is what a route
+//! forwards to, records into and lets through, `server.rs` is the HTTP side.
+//! The client's credential headers pass through to the upstream (or, when
+//! the route has a token or its upstream a key of its own, are replaced)
+//! and are never recorded.
 
 pub mod book;
 pub mod log;
 pub mod normalise;
+pub mod route;
+pub mod scrub;
 pub mod server;
 pub mod wire;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ledger::{Id, Ledger};
 
 pub use book::Book;
 pub use log::WireLog;
 pub use normalise::{NormaliseConfig, Normaliser};
-pub use server::{ProxyServer, Route, Upstream};
+pub use route::{Limits, Route, Upstream};
+pub use scrub::Secret;
+pub use server::ProxyServer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -67,17 +75,43 @@ pub struct Summary {
     pub progress: Option<(usize, usize)>,
     /// Replay: the miss reports.
     pub misses: Vec<String>,
+    /// Exchanges passed through (or still in flight when the drain ended)
+    /// that were not recorded, named.
+    pub unrecorded: Vec<String>,
+}
+
+/// How `serve_until_signal` serves and stops.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub limits: Limits,
+    /// Requests must carry this token (`Route::require_token`).
+    pub token: Option<Secret>,
+    /// How long a stop waits for exchanges in flight.
+    pub drain: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> ServeOptions {
+        ServeOptions {
+            limits: Limits::default(),
+            token: None,
+            drain: Duration::from_secs(10),
+        }
+    }
 }
 
 /// Runs a proxy on `listen` for stream `stream` of `run` until SIGINT or
-/// SIGTERM; `ready` gets the client base URL once it listens. Everything
-/// passed through is durable when this returns.
+/// SIGTERM; `ready` gets the client base URL once it listens. On the
+/// signal it stops taking requests and waits up to `opts.drain` (a second
+/// signal: no longer) for the exchanges in flight; everything recorded is
+/// durable when this returns, and `Summary::unrecorded` names what was not.
 pub fn serve_until_signal(
     ledger: Arc<Ledger>,
     listen: SocketAddr,
     run: &str,
     stream: &str,
     mode: Mode,
+    opts: &ServeOptions,
     ready: impl FnOnce(&str),
 ) -> Result<Summary, ProxyError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -88,7 +122,7 @@ pub fn serve_until_signal(
             source: e,
         })?;
     rt.block_on(async move {
-        let route = Arc::new(match mode {
+        let mut route = match mode {
             Mode::Record { upstream } => {
                 Route::record(WireLog::open(ledger.clone(), run, stream)?, upstream)
             }
@@ -103,19 +137,30 @@ pub fn serve_until_signal(
                     None => Route::replay(book, None, None),
                 }
             }
-        });
+        }
+        .with_limits(opts.limits);
+        if let Some(t) = &opts.token {
+            route = route.require_token(t.clone());
+        }
+        let route = Arc::new(route);
         let server = ProxyServer::bind(listen).await?;
         // Handlers first: a signal that follows the announcement at once
         // must stop the proxy cleanly, not kill it.
-        let signals = Signals::install()?;
+        let mut signals = Signals::install()?;
         ready(&server.set_default(route.clone()));
         signals.wait().await;
+        let mut unrecorded = tokio::select! {
+            left = server.drain(opts.drain) => left,
+            _ = signals.wait() => server.drain(Duration::ZERO).await,
+        };
         drop(server);
         let head = route.finish().await?;
+        unrecorded.extend(route.unrecorded());
         Ok(Summary {
             head,
             progress: route.progress(),
             misses: route.misses(),
+            unrecorded,
         })
     })
 }
@@ -138,7 +183,7 @@ impl Signals {
         })
     }
 
-    async fn wait(mut self) {
+    async fn wait(&mut self) {
         tokio::select! {
             _ = self.int.recv() => {}
             _ = self.term.recv() => {}

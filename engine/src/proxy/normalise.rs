@@ -2,23 +2,35 @@
 //! put the date, the working directory, home paths and random ids in their
 //! prompts, so a request replayed on another day, in another directory, does
 //! not repeat the recorded bytes. The rules are explicit: a list of regular
-//! expressions, each replacing what it matches in every string of the
-//! request (keys are left alone), applied in order, plus top-level fields
-//! left out of the comparison. No rule is implied: with none, requests must
-//! be equal as JSON values.
+//! expressions, each replacing what it matches in every string (keys are
+//! left alone) of the request fields it names, applied in order, plus
+//! top-level fields left out of the comparison. A rule names no field by
+//! default: then it touches the conversation only (every string of every
+//! message, `messages`), never `model`, `tools` or another parameter, so
+//! `gpt-4o-2024-08-06` and `gpt-4o-2024-05-13` stay different under a date
+//! rule. No rule is implied: with none, requests must be equal as JSON
+//! values.
 
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// One rule as written in a file: `pattern` (Rust `regex` syntax) and what
-/// replaces each match (`$1` names a group).
+/// One rule as written in a file: `pattern` (Rust `regex` syntax), what
+/// replaces each match (`$1` names a group), and the top-level request
+/// fields it applies to (`fields`; none given: `["messages"]`, the
+/// conversation). A field of an opaque (non-chat) JSON body is named the
+/// same way; `"body"` names a body that is not JSON.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Rule {
     pub pattern: String,
     pub replace: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<String>,
 }
+
+/// The field a rule touches when it names none.
+pub const DEFAULT_FIELD: &str = "messages";
 
 /// The normaliser as written (`--normalise FILE`, or `[harness.normalise]`):
 ///
@@ -26,7 +38,11 @@ pub struct Rule {
 /// ignore = ["max_tokens"]               # top-level request fields not compared
 /// [[rules]]
 /// pattern = '\d{4}-\d{2}-\d{2}'
-/// replace = "<DATE>"
+/// replace = "<DATE>"                     # in messages only
+/// [[rules]]
+/// pattern = '/tmp/ws-\d+'
+/// replace = "<WS>"
+/// fields = ["messages", "tools"]         # here also in the tool definitions
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -43,11 +59,19 @@ pub struct NormaliseError {
     pub detail: String,
 }
 
+/// A compiled rule: the pattern, its replacement, the fields it touches.
+#[derive(Debug, Clone)]
+struct Compiled {
+    re: Regex,
+    replace: String,
+    fields: Vec<String>,
+}
+
 /// A compiled normaliser.
 #[derive(Debug, Clone, Default)]
 pub struct Normaliser {
     ignore: Vec<String>,
-    rules: Vec<(Regex, String)>,
+    rules: Vec<Compiled>,
 }
 
 impl Normaliser {
@@ -59,7 +83,16 @@ impl Normaliser {
                 pattern: r.pattern.clone(),
                 detail: e.to_string(),
             })?;
-            rules.push((re, r.replace.clone()));
+            let fields = if r.fields.is_empty() {
+                vec![DEFAULT_FIELD.to_string()]
+            } else {
+                r.fields.clone()
+            };
+            rules.push(Compiled {
+                re,
+                replace: r.replace.clone(),
+                fields,
+            });
         }
         Ok(Normaliser {
             ignore: cfg.ignore.clone(),
@@ -67,13 +100,22 @@ impl Normaliser {
         })
     }
 
-    /// Adds a rule replacing a literal string (a workspace path, say).
+    /// Adds a rule replacing a literal string (a workspace path, say) in
+    /// the messages and the tool definitions (a harness names its working
+    /// directory in both).
     pub fn with_literal(mut self, literal: &str, replace: &str) -> Normaliser {
         if !literal.is_empty() {
             if let Ok(re) = Regex::new(&regex::escape(literal)) {
                 // Literal rules go first: a path is replaced before a
                 // pattern could cut into it.
-                self.rules.insert(0, (re, replace.replace('$', "$$")));
+                self.rules.insert(
+                    0,
+                    Compiled {
+                        re,
+                        replace: replace.replace('$', "$$"),
+                        fields: vec![DEFAULT_FIELD.into(), "tools".into()],
+                    },
+                );
             }
         }
         self
@@ -84,29 +126,58 @@ impl Normaliser {
         self.ignore.iter().any(|f| f == field)
     }
 
-    /// A string with every rule applied in order.
-    pub fn text(&self, s: &str) -> String {
+    fn touches(&self, field: &str) -> bool {
+        self.rules
+            .iter()
+            .any(|r| r.fields.iter().any(|f| f == field))
+    }
+
+    /// A string of field `field` with every rule naming it applied in order.
+    pub fn text(&self, field: &str, s: &str) -> String {
         let mut cur = std::borrow::Cow::Borrowed(s);
-        for (re, rep) in &self.rules {
-            if let std::borrow::Cow::Owned(o) = re.replace_all(&cur, rep.as_str()) {
+        for r in &self.rules {
+            if !r.fields.iter().any(|f| f == field) {
+                continue;
+            }
+            if let std::borrow::Cow::Owned(o) = r.re.replace_all(&cur, r.replace.as_str()) {
                 cur = std::borrow::Cow::Owned(o);
             }
         }
         cur.into_owned()
     }
 
-    /// A JSON value with every string (not key) normalised.
-    pub fn value(&self, v: &Value) -> Value {
-        if self.rules.is_empty() {
+    /// The value of top-level field `field` with every string (not key)
+    /// normalised by the rules naming that field.
+    pub fn field(&self, field: &str, v: &Value) -> Value {
+        if !self.touches(field) {
             return v.clone();
         }
+        self.strings(field, v)
+    }
+
+    fn strings(&self, field: &str, v: &Value) -> Value {
         match v {
-            Value::String(s) => Value::String(self.text(s)),
-            Value::Array(a) => Value::Array(a.iter().map(|x| self.value(x)).collect()),
-            Value::Object(m) => {
-                Value::Object(m.iter().map(|(k, x)| (k.clone(), self.value(x))).collect())
-            }
+            Value::String(s) => Value::String(self.text(field, s)),
+            Value::Array(a) => Value::Array(a.iter().map(|x| self.strings(field, x)).collect()),
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .map(|(k, x)| (k.clone(), self.strings(field, x)))
+                    .collect(),
+            ),
             other => other.clone(),
+        }
+    }
+
+    /// A whole request body (a JSON object) normalised field by field;
+    /// anything else is the field `body`.
+    pub fn body(&self, v: &Value) -> Value {
+        match v {
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .map(|(k, x)| (k.clone(), self.field(k, x)))
+                    .collect(),
+            ),
+            other => self.field("body", other),
         }
     }
 }
@@ -117,7 +188,7 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn rules_apply_to_strings_in_order_and_literals_first() {
+    fn rules_apply_to_message_strings_in_order_and_literals_first() {
         let cfg: NormaliseConfig = toml::from_str(
             r#"
             ignore = ["max_tokens"]
@@ -133,14 +204,47 @@ mod tests {
         let n = Normaliser::new(&cfg)
             .unwrap()
             .with_literal("/tmp/ws-1$x", "<WS>");
-        let v =
-            json!({"a": ["on 2026-12-01 in /tmp/ws-1$x/f", {"2026-12-01": "session 9f3"}], "n": 3});
+        let v = json!(["on 2026-12-01 in /tmp/ws-1$x/f", {"2026-12-01": "session 9f3"}]);
         assert_eq!(
-            n.value(&v),
-            json!({"a": ["on <DATE> in <WS>/f", {"2026-12-01": "session <ID>"}], "n": 3})
+            n.field("messages", &v),
+            json!(["on <DATE> in <WS>/f", {"2026-12-01": "session <ID>"}])
+        );
+        // Literal rules reach the tools; the patterns do not.
+        assert_eq!(
+            n.field("tools", &json!("in /tmp/ws-1$x on 2026-12-01")),
+            json!("in <WS> on 2026-12-01")
         );
         assert!(n.ignores("max_tokens"));
         assert!(!n.ignores("model"));
+    }
+
+    /// The bug: the date rule applied to `model` made two model versions
+    /// the same request.
+    #[test]
+    fn a_date_rule_leaves_the_model_name_alone_unless_it_names_it() {
+        let date = |fields: &str| {
+            let cfg: NormaliseConfig = toml::from_str(&format!(
+                "[[rules]]\npattern = '\\d{{4}}-\\d{{2}}-\\d{{2}}'\nreplace = \"<DATE>\"\n{fields}"
+            ))
+            .unwrap();
+            Normaliser::new(&cfg).unwrap()
+        };
+        let n = date("");
+        let a =
+            json!({"model": "gpt-4o-2024-08-06", "messages": ["2026-01-01"], "stop": "2024-01-01"});
+        let b =
+            json!({"model": "gpt-4o-2024-05-13", "messages": ["2026-01-02"], "stop": "2024-01-01"});
+        assert_ne!(n.body(&a), n.body(&b));
+        assert_eq!(n.body(&a)["messages"], n.body(&b)["messages"]);
+        let m = date("fields = [\"model\", \"messages\"]");
+        assert_eq!(m.body(&a), m.body(&b));
+        // Written back the same way (the harness records its config).
+        let cfg: NormaliseConfig =
+            toml::from_str("[[rules]]\npattern = 'x'\nreplace = 'y'").unwrap();
+        assert_eq!(
+            serde_json::to_value(&cfg).unwrap()["rules"][0],
+            json!({"pattern": "x", "replace": "y"})
+        );
     }
 
     #[test]
@@ -150,6 +254,7 @@ mod tests {
             rules: vec![Rule {
                 pattern: "(".into(),
                 replace: String::new(),
+                fields: vec![],
             }],
         };
         let e = Normaliser::new(&cfg).unwrap_err();

@@ -1,243 +1,184 @@
-//! The proxy's HTTP side: a hyper HTTP/1 server whose routes each record
-//! into, or answer from, one proxy stream. Requests are forwarded as
-//! received (method, path, query, body bytes, headers but hop-by-hop ones
-//! and `accept-encoding`, so bodies come back readable), and responses come
-//! back chunk by chunk as the upstream sends them: the client's bytes are
-//! never held for the recording, which happens after the last chunk is
-//! passed on, in order, by one writer thread per route.
+//! The proxy's HTTP side: a hyper HTTP/1 server (on TCP or a unix socket)
+//! whose routes each record into, or answer from, one proxy stream.
+//! Requests are forwarded as received (method, path, query, body bytes,
+//! headers but hop-by-hop ones and `accept-encoding`, so bodies come back
+//! readable; the client's credentials are replaced when the route has a
+//! token or its upstream a key), and responses come back chunk by chunk as
+//! the upstream sends them: the client's bytes are never held for the
+//! recording, which happens after the last chunk is passed on, in order, by
+//! one writer thread per route.
 //!
-//! A route is chosen by path: `/s/<token>/...` is route `<token>` (the
-//! harness executor gives every rollout one), anything else the default
-//! route (`mass proxy`).
+//! An exchange that does not end cleanly does not look clean to the
+//! client: a body the upstream breaks off, or one past the route's cap,
+//! aborts the client's reply (no terminating chunk). A client that goes
+//! away cancels the upstream request (its future is dropped). Each is
+//! recorded with its failure class.
+//!
+//! A route is chosen by path: `/s/<name>/...` is route `<name>` (one per
+//! rollout), anything else the default route (`mass proxy`).
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming};
 use hyper::{Request, Response};
-use ledger::Id;
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::book::{Answer, Book};
-use super::log::{Exchange, HttpReply, Outcome, RecordedOutcome, Timing, WireLog};
+use super::book::Answer;
+use super::log::{Exchange, HttpReply, Outcome, RecordedOutcome, Stop, Timing};
+use super::route::{Route, RouteMode, Upstream};
+use super::scrub::{self, Needles};
 use super::ProxyError;
 
-/// A response body: chunks passed on as they arrive, or recorded chunks.
-pub enum ProxyBody {
-    Live(mpsc::Receiver<Bytes>),
-    Recorded(VecDeque<Bytes>),
+/// Why the proxy ended a reply without its clean end (the client sees an
+/// incomplete body).
+#[derive(Debug, thiserror::Error)]
+#[error("mass proxy aborted the reply: {0}")]
+pub struct Aborted(pub String);
+
+/// A response body: chunks passed on as they arrive, or recorded chunks;
+/// either may end in an abort, which comes after what went before has been
+/// flushed to the client (it gets the bytes, then the broken end).
+pub struct ProxyBody {
+    source: Source,
+    /// An abort waiting to be sent, and whether the bytes before it had
+    /// their chance to be flushed.
+    abort: Option<Aborted>,
+    flushed: bool,
+}
+
+enum Source {
+    Live(mpsc::Receiver<Result<Bytes, Aborted>>),
+    /// Recorded chunks, then (a recorded cut) an abort.
+    Recorded(VecDeque<Bytes>, Option<String>),
+}
+
+impl ProxyBody {
+    fn live(rx: mpsc::Receiver<Result<Bytes, Aborted>>) -> ProxyBody {
+        ProxyBody {
+            source: Source::Live(rx),
+            abort: None,
+            flushed: false,
+        }
+    }
+
+    fn recorded(chunks: VecDeque<Bytes>, abort: Option<String>) -> ProxyBody {
+        ProxyBody {
+            source: Source::Recorded(chunks, abort),
+            abort: None,
+            flushed: false,
+        }
+    }
+
+    fn whole(b: Bytes) -> ProxyBody {
+        ProxyBody::recorded(VecDeque::from([b]), None)
+    }
 }
 
 impl Body for ProxyBody {
     type Data = Bytes;
-    type Error = Infallible;
+    type Error = Aborted;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        match self.get_mut() {
-            ProxyBody::Live(rx) => rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
-            ProxyBody::Recorded(q) => Poll::Ready(q.pop_front().map(|b| Ok(Frame::data(b)))),
-        }
-    }
-}
-
-/// Where a route forwards: an OpenAI-compatible base URL (`.../v1`).
-#[derive(Debug, Clone)]
-pub struct Upstream {
-    base: String,
-}
-
-impl Upstream {
-    pub fn new(base: &str) -> Result<Upstream, ProxyError> {
-        let base = base.trim_end_matches('/').to_string();
-        if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(ProxyError::Config(format!(
-                "upstream {base:?} is not an http(s) URL (give the server's OpenAI base URL, e.g. http://127.0.0.1:8080/v1)"
-            )));
-        }
-        Ok(Upstream { base })
-    }
-
-    /// The upstream URL of a client path: clients use `http://PROXY/v1` as
-    /// their base URL, so a path under `/v1` maps under the upstream's base.
-    pub fn url(&self, path_and_query: &str) -> String {
-        if self.base.ends_with("/v1") {
-            if let Some(rest) = path_and_query.strip_prefix("/v1") {
-                if rest.is_empty() || rest.starts_with('/') || rest.starts_with('?') {
-                    return format!("{}{rest}", self.base);
-                }
+    ) -> Poll<Option<Result<Frame<Bytes>, Aborted>>> {
+        let this = self.get_mut();
+        if this.abort.is_none() {
+            let next = match &mut this.source {
+                Source::Live(rx) => match rx.poll_recv(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(n) => n,
+                },
+                Source::Recorded(q, abort) => match q.pop_front() {
+                    Some(b) => Some(Ok(b)),
+                    None => abort.take().map(|a| Err(Aborted(a))),
+                },
+            };
+            match next {
+                Some(Ok(b)) => return Poll::Ready(Some(Ok(Frame::data(b)))),
+                None => return Poll::Ready(None),
+                Some(Err(a)) => this.abort = Some(a),
             }
         }
-        format!("{}{path_and_query}", self.base)
-    }
-
-    pub fn base(&self) -> &str {
-        &self.base
+        if !this.flushed {
+            // Pending once: hyper flushes what it holds before the abort.
+            this.flushed = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Poll::Ready(this.abort.take().map(Err))
     }
 }
 
-/// The writer's result: the stream's head when it ends.
-type WriterResult = Result<Option<Id>, ProxyError>;
-
-/// The writer of a route: a thread of its own (recording is blocking work:
-/// hashing, compression, the fsync), taking exchanges in the order they
-/// finished and recording each durably before the next.
-struct Recorder {
-    tx: Mutex<Option<mpsc::UnboundedSender<Exchange>>>,
-    done: Mutex<Option<tokio::sync::oneshot::Receiver<WriterResult>>>,
-    failed: Arc<Mutex<Option<String>>>,
+/// Exchanges in flight (from arrival until queued for the writer), so a
+/// shutdown can wait for them and name those it could not.
+#[derive(Default)]
+struct Flights {
+    next: AtomicU64,
+    live: Mutex<HashMap<u64, (String, Instant)>>,
+    idle: tokio::sync::Notify,
 }
 
-impl Recorder {
-    fn start(mut log: WireLog) -> Recorder {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Exchange>();
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-        let failed = Arc::new(Mutex::new(None));
-        let flag = failed.clone();
-        let spawned = std::thread::Builder::new()
-            .name("mass-proxy-writer".into())
-            .spawn(move || {
-                let mut result = Ok(());
-                while let Some(ex) = rx.blocking_recv() {
-                    if let Err(e) = log.record(&ex) {
-                        *flag.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
-                        result = Err(e);
-                        break;
-                    }
-                }
-                let _ = done_tx.send(result.map(|()| log.head()));
-            });
-        if let Err(e) = spawned {
-            *failed.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some(format!("cannot start the recording thread: {e}"));
-        }
-        Recorder {
-            tx: Mutex::new(Some(tx)),
-            done: Mutex::new(Some(done_rx)),
-            failed,
-        }
-    }
+/// One exchange in flight; ends when dropped.
+pub(crate) struct Flight {
+    flights: Arc<Flights>,
+    id: u64,
+}
 
-    fn send(&self, ex: Exchange) {
-        if let Some(tx) = self.tx.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            let _ = tx.send(ex);
-        }
-    }
-
-    fn failure(&self) -> Option<String> {
-        self.failed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    async fn finish(&self) -> Result<Option<Id>, ProxyError> {
-        drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
-        let done = self.done.lock().unwrap_or_else(|p| p.into_inner()).take();
-        match done {
-            Some(rx) => rx.await.unwrap_or_else(|_| {
-                Err(ProxyError::Config(self.failure().unwrap_or_else(|| {
-                    "the recording thread ended without a result".into()
-                })))
-            }),
-            None => Err(ProxyError::Config("the route was already finished".into())),
+impl Drop for Flight {
+    fn drop(&mut self) {
+        let mut live = lock(&self.flights.live);
+        live.remove(&self.id);
+        if live.is_empty() {
+            self.flights.idle.notify_waiters();
         }
     }
 }
 
-/// How a route answers.
-pub enum RouteMode {
-    /// Forward everything to the upstream; record every exchange.
-    Record { upstream: Upstream },
-    /// Answer from a recording; a miss fails closed, or (mixed mode) goes
-    /// to `fallback` and is recorded.
-    Replay {
-        book: Box<Mutex<Book>>,
-        fallback: Option<Upstream>,
-    },
-}
-
-/// One route: a stream recorded into and/or answered from.
-pub struct Route {
-    label: String,
-    mode: RouteMode,
-    recorder: Option<Recorder>,
-    /// Requests that missed (replay mode), for the operator.
-    misses: Mutex<Vec<String>>,
-}
-
-impl Route {
-    /// Records into `log`, forwarding to `upstream`.
-    pub fn record(log: WireLog, upstream: Upstream) -> Route {
-        Route {
-            label: log.ref_name().to_string(),
-            mode: RouteMode::Record { upstream },
-            recorder: Some(Recorder::start(log)),
-            misses: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// Answers from `book`; with `into`, records what it serves (and, with
-    /// `fallback`, the misses it forwards) there.
-    pub fn replay(book: Book, fallback: Option<Upstream>, into: Option<WireLog>) -> Route {
-        Route {
-            label: book.label().to_string(),
-            mode: RouteMode::Replay {
-                book: Box::new(Mutex::new(book)),
-                fallback,
-            },
-            recorder: into.map(Recorder::start),
-            misses: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// Waits until everything passed through is recorded durably; returns the
-    /// stream's head (`None`: the route records nothing).
-    pub async fn finish(&self) -> Result<Option<Id>, ProxyError> {
-        match &self.recorder {
-            Some(r) => r.finish().await,
-            None => Ok(None),
-        }
-    }
-
-    /// The miss reports so far (replay mode).
-    pub fn misses(&self) -> Vec<String> {
-        self.misses
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Served of recorded exchanges (replay mode).
-    pub fn progress(&self) -> Option<(usize, usize)> {
-        match &self.mode {
-            RouteMode::Replay { book, .. } => {
-                Some(book.lock().unwrap_or_else(|p| p.into_inner()).progress())
-            }
-            RouteMode::Record { .. } => None,
-        }
-    }
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 struct State {
     client: reqwest::Client,
     routes: RwLock<HashMap<String, Arc<Route>>>,
     default: RwLock<Option<Arc<Route>>>,
+    closing: AtomicBool,
+    flights: Arc<Flights>,
 }
 
-/// A running proxy. Dropping it stops accepting connections.
+impl State {
+    fn take_off(&self, what: String) -> Flight {
+        let id = self.flights.next.fetch_add(1, Ordering::SeqCst);
+        lock(&self.flights.live).insert(id, (what, Instant::now()));
+        Flight {
+            flights: self.flights.clone(),
+            id,
+        }
+    }
+}
+
+/// Where a server listens.
+enum Local {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+/// A running proxy. Dropping it stops accepting connections (and removes
+/// its unix socket).
 pub struct ProxyServer {
-    addr: SocketAddr,
+    local: Local,
     state: Arc<State>,
     accept: tokio::task::JoinHandle<()>,
 }
@@ -245,7 +186,41 @@ pub struct ProxyServer {
 impl Drop for ProxyServer {
     fn drop(&mut self) {
         self.accept.abort();
+        if let Local::Unix(p) = &self.local {
+            let _ = std::fs::remove_file(p);
+        }
     }
+}
+
+fn new_state() -> Result<Arc<State>, ProxyError> {
+    let client = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .no_proxy()
+        .build()
+        .map_err(|e| ProxyError::Config(format!("cannot build the HTTP client: {e}")))?;
+    Ok(Arc::new(State {
+        client,
+        routes: RwLock::new(HashMap::new()),
+        default: RwLock::new(None),
+        closing: AtomicBool::new(false),
+        flights: Arc::new(Flights::default()),
+    }))
+}
+
+/// Serves one connection (HTTP/1) until it closes.
+fn serve<IO>(st: Arc<State>, io: IO)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let svc = hyper::service::service_fn(move |req| {
+            let st = st.clone();
+            async move { Ok::<_, Infallible>(handle(st, req).await) }
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(hyper_util::rt::TokioIo::new(io), svc)
+            .await;
+    });
 }
 
 impl ProxyServer {
@@ -262,16 +237,7 @@ impl ProxyServer {
             what: "read the bound address".into(),
             source: e,
         })?;
-        let client = reqwest::Client::builder()
-            .tcp_nodelay(true)
-            .no_proxy()
-            .build()
-            .map_err(|e| ProxyError::Config(format!("cannot build the HTTP client: {e}")))?;
-        let state = Arc::new(State {
-            client,
-            routes: RwLock::new(HashMap::new()),
-            default: RwLock::new(None),
-        });
+        let state = new_state()?;
         let st = state.clone();
         let accept = tokio::spawn(async move {
             loop {
@@ -279,30 +245,72 @@ impl ProxyServer {
                     continue;
                 };
                 let _ = sock.set_nodelay(true);
-                let st = st.clone();
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| {
-                        let st = st.clone();
-                        async move { Ok::<_, Infallible>(handle(st, req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(sock), svc)
-                        .await;
-                });
+                serve(st.clone(), sock);
             }
         });
         Ok(ProxyServer {
-            addr,
+            local: Local::Tcp(addr),
             state,
             accept,
         })
     }
 
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
+    /// Binds a unix socket at `path` (which must not exist; made mode 0600,
+    /// so only this user can connect until the caller grants more) and
+    /// serves the same routes over HTTP/1 on it. Removed when the server is
+    /// dropped. Must be called inside a tokio runtime.
+    pub async fn bind_unix(path: &Path) -> Result<ProxyServer, ProxyError> {
+        use std::os::unix::fs::PermissionsExt;
+        let io = |what: &str| {
+            let what = format!("{what} {}", path.display());
+            move |e| ProxyError::Io { what, source: e }
+        };
+        let listener = tokio::net::UnixListener::bind(path).map_err(io("listen on"))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(io("restrict"))?;
+        let state = new_state()?;
+        let st = state.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((sock, _)) = listener.accept().await else {
+                    continue;
+                };
+                serve(st.clone(), sock);
+            }
+        });
+        Ok(ProxyServer {
+            local: Local::Unix(path.to_path_buf()),
+            state,
+            accept,
+        })
     }
 
-    /// Serves `route` for every path not under `/s/<token>/`; returns the
+    /// The TCP address (`None` on a unix socket).
+    pub fn addr(&self) -> Option<SocketAddr> {
+        match &self.local {
+            Local::Tcp(a) => Some(*a),
+            Local::Unix(_) => None,
+        }
+    }
+
+    /// The unix socket's path (`None` on TCP).
+    pub fn unix_path(&self) -> Option<&Path> {
+        match &self.local {
+            Local::Unix(p) => Some(p),
+            Local::Tcp(_) => None,
+        }
+    }
+
+    /// `http://ADDR`; on a unix socket `http://localhost` (whatever relays
+    /// to the socket decides the real host).
+    fn origin(&self) -> String {
+        match &self.local {
+            Local::Tcp(a) => format!("http://{a}"),
+            Local::Unix(_) => "http://localhost".into(),
+        }
+    }
+
+    /// Serves `route` for every path not under `/s/<name>/`; returns the
     /// base URL clients use (`http://ADDR/v1`).
     pub fn set_default(&self, route: Arc<Route>) -> String {
         *self
@@ -310,37 +318,66 @@ impl ProxyServer {
             .default
             .write()
             .unwrap_or_else(|p| p.into_inner()) = Some(route);
-        format!("http://{}/v1", self.addr)
+        format!("{}/v1", self.origin())
     }
 
-    /// Serves `route` under `/s/<token>/`; returns its client base URL.
-    pub fn add(&self, token: &str, route: Arc<Route>) -> String {
+    /// Serves `route` under `/s/<name>/`; returns its client base URL.
+    pub fn add(&self, name: &str, route: Arc<Route>) -> String {
         self.state
             .routes
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(token.to_string(), route);
-        format!("http://{}/s/{token}/v1", self.addr)
+            .insert(name.to_string(), route);
+        format!("{}/s/{name}/v1", self.origin())
     }
 
-    /// Stops serving route `token` (requests to it get 404 from now on).
-    pub fn remove(&self, token: &str) -> Option<Arc<Route>> {
+    /// Stops serving route `name` (requests to it get 404 from now on).
+    pub fn remove(&self, name: &str) -> Option<Arc<Route>> {
         self.state
             .routes
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(token)
+            .remove(name)
+    }
+
+    /// Stops taking requests (new ones get HTTP 503) and waits up to
+    /// `grace` for the exchanges in flight to be queued for their routes'
+    /// writers (then `Route::finish` records them). Returns those still in
+    /// flight at the deadline, named (method, path, route, age): they will
+    /// not be recorded.
+    pub async fn drain(&self, grace: Duration) -> Vec<String> {
+        self.state.closing.store(true, Ordering::SeqCst);
+        self.accept.abort();
+        let flights = &self.state.flights;
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            let idle = flights.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if lock(&flights.live).is_empty() {
+                return Vec::new();
+            }
+            if tokio::time::timeout_at(deadline, idle).await.is_err() {
+                let mut left: Vec<(String, Instant)> =
+                    lock(&flights.live).values().cloned().collect();
+                left.sort_by_key(|(_, t)| *t);
+                return left
+                    .into_iter()
+                    .map(|(w, t)| format!("{w}, in flight for {:.1?}", t.elapsed()))
+                    .collect();
+            }
+        }
     }
 }
 
 fn route_of(st: &State, path: &str) -> Option<(Arc<Route>, String)> {
     if let Some(rest) = path.strip_prefix("/s/") {
-        let (token, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let (name, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         let r = st
             .routes
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .get(token)
+            .get(name)
             .cloned()?;
         return Some((
             r,
@@ -359,11 +396,10 @@ fn route_of(st: &State, path: &str) -> Option<(Arc<Route>, String)> {
     Some((r, path.to_string()))
 }
 
-fn error_response(status: u16, kind: &str, message: &str) -> Response<ProxyBody> {
-    let body = json!({"error": {"message": message, "type": kind, "code": kind}});
-    let mut r = Response::new(ProxyBody::Recorded(VecDeque::from([Bytes::from(
-        body.to_string(),
-    )])));
+/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+fn error_response(status: u16, kind: &str, code: &str, message: &str) -> Response<ProxyBody> {
+    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
+    let mut r = Response::new(ProxyBody::whole(Bytes::from(body.to_string())));
     *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::BAD_GATEWAY);
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -372,14 +408,32 @@ fn error_response(status: u16, kind: &str, message: &str) -> Response<ProxyBody>
     r
 }
 
+/// An error of the proxy's own (type and code the same).
+fn proxy_error(status: u16, kind: &str, message: &str) -> Response<ProxyBody> {
+    error_response(status, kind, kind, message)
+}
+
 /// The body of the 502 the proxy answers when the upstream is unreachable
 /// (recorded as such, answered again the same way on replay).
 fn unreachable_response(detail: &str) -> Response<ProxyBody> {
-    error_response(
+    proxy_error(
         502,
         "upstream_unreachable",
         &format!("mass proxy: the upstream is unreachable: {detail}"),
     )
+}
+
+/// A request as received, read whole.
+struct Received {
+    method: String,
+    /// The route's path with the client's query, as forwarded.
+    path: String,
+    body: Bytes,
+    user_agent: Option<String>,
+    headers: hyper::HeaderMap,
+    /// The secrets it may carry: the route's and its credential headers'.
+    known: Needles,
+    t0: Instant,
 }
 
 async fn handle(st: Arc<State>, req: Request<Incoming>) -> Response<ProxyBody> {
@@ -389,15 +443,34 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Response<ProxyBody> {
         .path_and_query()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "/".into());
+    let shown = scrub::query(&path_q, &mut Needles::new()).into_owned();
     let Some((route, path)) = route_of(&st, &path_q) else {
-        return error_response(
+        return proxy_error(
             404,
             "mass_proxy_no_route",
-            &format!("mass proxy: no stream is served at {path_q}"),
+            &format!("mass proxy: no stream is served at {shown}"),
         );
     };
-    if let Some(f) = route.recorder.as_ref().and_then(Recorder::failure) {
+    if !route.admits(req.headers()) {
         return error_response(
+            401,
+            "invalid_request_error",
+            "invalid_api_key",
+            "mass proxy: this route needs its token (Authorization: Bearer <token>, api-key or x-api-key)",
+        );
+    }
+    // In flight before the closing check: a shutdown that begins now either
+    // waits for this exchange or is seen here.
+    let flight = st.take_off(format!("{} {shown} on {}", req.method(), route.label));
+    if st.closing.load(Ordering::SeqCst) {
+        return proxy_error(
+            503,
+            "mass_proxy_shutting_down",
+            "mass proxy: shutting down, not taking requests",
+        );
+    }
+    if let Some(f) = route.recording_failure() {
+        return proxy_error(
             500,
             "mass_proxy_recording_failed",
             &format!(
@@ -406,209 +479,341 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Response<ProxyBody> {
             ),
         );
     }
-    let (parts, body) = req.into_parts();
-    let body = match body.collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return error_response(
-                400,
-                "mass_proxy_bad_request",
-                &format!("cannot read the request body: {e}"),
-            )
-        }
+    let received = match receive(&route, req, path, t0).await {
+        Ok(r) => r,
+        Err(resp) => return resp,
     };
-    let method = parts.method.as_str().to_string();
-    let user_agent = parts
-        .headers
-        .get(hyper::header::USER_AGENT)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
     let upstream = match &route.mode {
         RouteMode::Record { upstream } => upstream.clone(),
         RouteMode::Replay { book, fallback } => {
-            let answer = {
-                let mut b = book.lock().unwrap_or_else(|p| p.into_inner());
-                b.answer(&method, &path, &body).map(|a| match a {
-                    Answer::Hit(i) => Ok((b.exchange(i).clone(), b.ledger().clone())),
-                    Answer::Miss(m) => Err(m),
-                })
-            };
-            match answer {
-                Err(e) => {
-                    return error_response(500, "mass_proxy_recording_unreadable", &e.to_string())
+            match from_book(&route, book, fallback.as_ref(), received, flight).await {
+                Ok(resp) => return resp,
+                Err((u, received, flight)) => {
+                    return forward(&st, &route, &u, received, flight).await
                 }
-                Ok(Ok((rec, ledger))) => {
-                    return serve_recorded(
-                        &route, &rec, &ledger, method, path, body, user_agent, t0,
-                    )
-                }
-                Ok(Err(miss)) => match fallback {
-                    Some(u) => u.clone(),
-                    None => {
-                        route
-                            .misses
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push(miss.report.clone());
-                        return error_response(400, "mass_replay_miss", &miss.report);
-                    }
-                },
             }
         }
     };
-    forward(
-        &st, &route, &upstream, parts, method, path, body, user_agent, t0,
-    )
-    .await
+    forward(&st, &route, &upstream, received, flight).await
 }
 
-#[allow(clippy::too_many_arguments)]
-fn serve_recorded(
+/// Reads the request, its body up to the route's cap (HTTP 413 past it).
+async fn receive(
+    route: &Route,
+    req: Request<Incoming>,
+    path: String,
+    t0: Instant,
+) -> Result<Received, Response<ProxyBody>> {
+    let cap = route.limits().max_request_bytes;
+    let too_large = || {
+        proxy_error(
+            413,
+            "mass_proxy_request_too_large",
+            &format!("mass proxy: the request body exceeds this route's cap of {cap} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > cap as u64) {
+        return Err(too_large());
+    }
+    let (parts, body) = req.into_parts();
+    let body = match http_body_util::Limited::new(body, cap).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
+        Err(e) => {
+            return Err(proxy_error(
+                400,
+                "mass_proxy_bad_request",
+                &format!("cannot read the request body: {e}"),
+            ))
+        }
+    };
+    let mut known = route.needles().clone();
+    known.extend(&scrub::header_secrets(
+        parts
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_bytes())),
+    ));
+    Ok(Received {
+        method: parts.method.as_str().to_string(),
+        path,
+        body,
+        user_agent: parts
+            .headers
+            .get(hyper::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+        headers: parts.headers,
+        known,
+        t0,
+    })
+}
+
+type Fallback = (Upstream, Received, Flight);
+
+/// Answers from the recording; a miss in mixed mode comes back as the
+/// upstream to forward to.
+async fn from_book(
+    route: &Arc<Route>,
+    book: &Mutex<super::book::Book>,
+    fallback: Option<&Upstream>,
+    r: Received,
+    flight: Flight,
+) -> Result<Response<ProxyBody>, Fallback> {
+    let answer = {
+        let mut b = lock(book);
+        b.answer_with(&r.method, &r.path, &r.body, &r.known)
+            .map(|a| match a {
+                Answer::Hit(i) => Ok((b.exchange(i).clone(), b.ledger().clone())),
+                Answer::Miss(m) => Err(m),
+            })
+    };
+    match answer {
+        Err(e) => Ok(proxy_error(
+            500,
+            "mass_proxy_recording_unreadable",
+            &r.known.text(&e.to_string()),
+        )),
+        Ok(Ok((rec, ledger))) => Ok(serve_recorded(route, &rec, &ledger, r, flight).await),
+        Ok(Err(miss)) => match fallback {
+            Some(u) => Err((u.clone(), r, flight)),
+            None => {
+                let report = r.known.text(&miss.report);
+                lock(&route.misses).push(report.clone());
+                Ok(proxy_error(400, "mass_replay_miss", &report))
+            }
+        },
+    }
+}
+
+/// The recorded chunks of a body, as they came.
+fn rechunk(bytes: &[u8], chunks: &[usize]) -> VecDeque<Bytes> {
+    let mut q = VecDeque::new();
+    let mut at = 0;
+    for &n in chunks {
+        let end = (at + n).min(bytes.len());
+        q.push_back(Bytes::copy_from_slice(&bytes[at..end]));
+        at = end;
+    }
+    if at < bytes.len() {
+        q.push_back(Bytes::copy_from_slice(&bytes[at..]));
+    }
+    q
+}
+
+async fn serve_recorded(
     route: &Arc<Route>,
     rec: &super::log::Recorded,
     ledger: &ledger::Ledger,
-    method: String,
-    path: String,
-    body: Bytes,
-    user_agent: Option<String>,
-    t0: Instant,
+    r: Received,
+    flight: Flight,
 ) -> Response<ProxyBody> {
     let served_by = format!("recording {} event {}", route.label, rec.event.to_hex());
-    let (resp, outcome) = match &rec.reply {
-        RecordedOutcome::Unreachable(detail) => (
-            unreachable_response(detail),
-            Outcome::Unreachable(detail.clone()),
-        ),
+    let bytes = match &rec.reply {
+        RecordedOutcome::Http { body: Some(id), .. } => match ledger.get_blob(id) {
+            Ok(b) => b,
+            Err(e) => {
+                return proxy_error(
+                    500,
+                    "mass_proxy_recording_unreadable",
+                    &format!("the recorded response {} is unreadable: {e}", id.short(12)),
+                )
+            }
+        },
+        _ => Vec::new(),
+    };
+    let resp = match &rec.reply {
+        RecordedOutcome::Unreachable(detail) => match rec.failure.as_deref() {
+            Some(super::log::failure::CLIENT_CANCELLED) => proxy_error(
+                499,
+                "mass_client_cancelled",
+                &format!("mass proxy replay: when recorded, {detail}"),
+            ),
+            _ => unreachable_response(detail),
+        },
         RecordedOutcome::Http {
             status,
             headers,
-            body: raw,
             chunks,
             cut,
+            ..
         } => {
-            let bytes = match raw {
-                Some(id) => match ledger.get_blob(id) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        return error_response(
-                            500,
-                            "mass_proxy_recording_unreadable",
-                            &format!("the recorded response {} is unreadable: {e}", id.short(12)),
-                        )
-                    }
-                },
-                None => Vec::new(),
-            };
-            let mut q = VecDeque::new();
-            let mut at = 0;
-            for &n in chunks {
-                let end = (at + n).min(bytes.len());
-                q.push_back(Bytes::copy_from_slice(&bytes[at..end]));
-                at = end;
-            }
-            if at < bytes.len() {
-                q.push_back(Bytes::copy_from_slice(&bytes[at..]));
-            }
-            let mut r = Response::new(ProxyBody::Recorded(q));
-            *r.status_mut() =
+            // A body that broke off (or was stopped) breaks off again.
+            let mut resp = Response::new(ProxyBody::recorded(rechunk(&bytes, chunks), cut.clone()));
+            *resp.status_mut() =
                 hyper::StatusCode::from_u16(*status).unwrap_or(hyper::StatusCode::BAD_GATEWAY);
             for (k, v) in headers {
                 if let (Ok(k), Ok(v)) = (
                     hyper::header::HeaderName::from_bytes(k.as_bytes()),
                     hyper::header::HeaderValue::from_str(v),
                 ) {
-                    r.headers_mut().append(k, v);
+                    resp.headers_mut().append(k, v);
                 }
             }
-            let reply = HttpReply {
-                status: *status,
-                headers: headers.clone(),
-                body: bytes,
-                chunks: chunks.clone(),
-                cut: cut.clone(),
-            };
-            (r, Outcome::Http(reply))
+            resp
         }
     };
-    if let Some(rc) = &route.recorder {
-        let us = t0.elapsed().as_micros() as u64;
-        rc.send(Exchange {
-            method,
-            path,
-            body: body.to_vec(),
-            user_agent,
-            outcome,
-            timing: Timing {
-                headers_us: us,
-                chunks_us: Vec::new(),
-                total_us: us,
-            },
-            served_by,
-        });
+    if route.records() {
+        let us = r.t0.elapsed().as_micros() as u64;
+        let outcome = rec.outcome(bytes);
+        let timing = Timing {
+            headers_us: us,
+            chunks_us: Vec::new(),
+            total_us: us,
+        };
+        let mut p = Pending::new(route, &r, served_by, flight);
+        p.body = r.body;
+        p.finish(outcome, timing).await;
     }
     resp
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn forward(
-    st: &State,
-    route: &Arc<Route>,
-    upstream: &Upstream,
-    parts: hyper::http::request::Parts,
+/// An exchange forwarded and not yet queued for the writer. Dropped
+/// unfinished, it is recorded as cancelled by the client: hyper drops the
+/// handler (and with it the upstream request) when the client's connection
+/// closes before the upstream answered.
+struct Pending {
+    route: Arc<Route>,
     method: String,
     path: String,
     body: Bytes,
     user_agent: Option<String>,
+    served_by: String,
     t0: Instant,
+    known: Needles,
+    flight: Option<Flight>,
+}
+
+impl Pending {
+    fn new(route: &Arc<Route>, r: &Received, served_by: String, flight: Flight) -> Pending {
+        Pending {
+            route: route.clone(),
+            method: r.method.clone(),
+            path: r.path.clone(),
+            body: r.body.clone(),
+            user_agent: r.user_agent.clone(),
+            served_by,
+            t0: r.t0,
+            known: r.known.clone(),
+            flight: Some(flight),
+        }
+    }
+
+    fn exchange(&mut self, outcome: Outcome, timing: Timing) -> Exchange {
+        Exchange {
+            method: std::mem::take(&mut self.method),
+            path: std::mem::take(&mut self.path),
+            body: std::mem::take(&mut self.body).to_vec(),
+            user_agent: self.user_agent.take(),
+            outcome,
+            timing,
+            served_by: std::mem::take(&mut self.served_by),
+        }
+    }
+
+    fn at_once(&self) -> Timing {
+        let us = self.t0.elapsed().as_micros() as u64;
+        Timing {
+            headers_us: us,
+            chunks_us: Vec::new(),
+            total_us: us,
+        }
+    }
+
+    /// Queues the exchange for the writer (waiting while its queue is full).
+    async fn finish(mut self, outcome: Outcome, timing: Timing) {
+        let ex = self.exchange(outcome, timing);
+        let known = std::mem::take(&mut self.known);
+        let flight = self.flight.take();
+        self.route.queue(ex, known).await;
+        drop(flight);
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(flight) = self.flight.take() else {
+            return;
+        };
+        let timing = self.at_once();
+        let ex = self.exchange(
+            Outcome::Stopped {
+                stop: Stop::ClientGone,
+                detail: "the client closed its connection before the upstream answered".into(),
+                reply: None,
+            },
+            timing,
+        );
+        let (route, known) = (self.route.clone(), std::mem::take(&mut self.known));
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                route.queue(ex, known).await;
+                drop(flight);
+            });
+        }
+    }
+}
+
+/// Credential headers the client's request loses when the route replaces
+/// them (its token must not reach the upstream).
+fn is_credential_header(name: &str) -> bool {
+    matches!(
+        name.to_ascii_lowercase().as_str(),
+        "authorization" | "proxy-authorization" | "api-key" | "x-api-key"
+    )
+}
+
+async fn forward(
+    st: &State,
+    route: &Arc<Route>,
+    upstream: &Upstream,
+    r: Received,
+    flight: Flight,
 ) -> Response<ProxyBody> {
-    let url = upstream.url(&path);
-    let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap_or(reqwest::Method::POST);
+    let url = upstream.url(&r.path);
+    let m = reqwest::Method::from_bytes(r.method.as_bytes()).unwrap_or(reqwest::Method::POST);
     let mut rb = st.client.request(m, &url);
-    for (k, v) in &parts.headers {
+    let replace = route.replaces_credentials(upstream);
+    for (k, v) in &r.headers {
         let name = k.as_str();
-        if super::wire::is_hop_header(name) || name.eq_ignore_ascii_case("accept-encoding") {
+        if super::wire::is_hop_header(name)
+            || name.eq_ignore_ascii_case("accept-encoding")
+            || (replace && is_credential_header(name))
+        {
             continue;
         }
         rb = rb.header(name, v.as_bytes());
     }
-    let record = |outcome: Outcome, timing: Timing| {
-        if let Some(rc) = &route.recorder {
-            rc.send(Exchange {
-                method: method.clone(),
-                path: path.clone(),
-                body: body.to_vec(),
-                user_agent: user_agent.clone(),
-                outcome,
-                timing,
-                served_by: upstream.base().to_string(),
-            });
-        }
-    };
-    let mut resp = match rb.body(body.clone()).send().await {
-        Ok(r) => r,
+    let pending = Pending::new(route, &r, upstream.base().to_string(), flight);
+    // Dropped here (the client went away): `pending` records it.
+    let resp = match send(st, rb.body(r.body.clone()), upstream).await {
+        Ok(resp) => resp,
         Err(e) => {
-            let detail = format!("{url}: {}", describe(&e));
-            let us = t0.elapsed().as_micros() as u64;
-            record(
-                Outcome::Unreachable(detail.clone()),
-                Timing {
-                    headers_us: us,
-                    chunks_us: Vec::new(),
-                    total_us: us,
-                },
-            );
+            let detail = r.known.text(&format!("{}: {e}", scrub::url(&url)));
+            let timing = pending.at_once();
+            pending
+                .finish(Outcome::Unreachable(detail.clone()), timing)
+                .await;
             return unreachable_response(&detail);
         }
     };
-    let headers_us = t0.elapsed().as_micros() as u64;
+    let headers_us = r.t0.elapsed().as_micros() as u64;
     let status = resp.status().as_u16();
     let mut out = Response::builder().status(status);
     let mut kept = Vec::new();
+    // What the client never had (the upstream's key, its URL's password)
+    // does not reach it through an upstream that echoes it either.
+    let mask = upstream.needles().clone();
     for (k, v) in resp.headers() {
         if super::wire::is_hop_header(k.as_str()) {
             continue;
         }
-        out = out.header(k.as_str(), v.as_bytes());
+        out = out.header(k.as_str(), mask.masked(v.as_bytes()).as_ref());
         if super::wire::is_secret_header(k.as_str()) || k.as_str() == "set-cookie" {
             continue;
         }
@@ -617,70 +822,153 @@ async fn forward(
             String::from_utf8_lossy(v.as_bytes()).into_owned(),
         ));
     }
-    let (tx, rx) = mpsc::channel::<Bytes>(64);
-    let recorder_route = route.clone();
-    let (method2, path2, body2, ua2, served_by) = (
-        method.clone(),
-        path.clone(),
-        body.to_vec(),
-        user_agent.clone(),
-        upstream.base().to_string(),
-    );
-    tokio::spawn(async move {
-        let mut all = Vec::new();
-        let mut chunks = Vec::new();
-        let mut chunks_us = Vec::new();
-        let mut client_gone = false;
-        let mut cut = None;
-        loop {
-            match resp.chunk().await {
-                Ok(Some(c)) => {
-                    chunks_us.push(t0.elapsed().as_micros() as u64);
-                    chunks.push(c.len());
-                    all.extend_from_slice(&c);
-                    // A client that went away does not stop the recording:
-                    // the upstream produced this answer.
-                    if !client_gone && tx.send(c).await.is_err() {
-                        client_gone = true;
-                    }
+    let (tx, rx) = mpsc::channel::<Result<Bytes, Aborted>>(64);
+    let head = Head {
+        status,
+        headers: kept,
+        headers_us,
+        cap: route.limits().max_response_bytes,
+        mask,
+    };
+    tokio::spawn(relay(resp, tx, pending, head));
+    out.body(ProxyBody::live(rx))
+        .unwrap_or_else(|e| proxy_error(502, "mass_proxy_bad_response", &e.to_string()))
+}
+
+/// Sends a request upstream; the upstream's key, if it has one, is its one
+/// `Authorization` (replacing one an HTTP client derives from the URL's
+/// userinfo). The error is described without the URL.
+async fn send(
+    st: &State,
+    rb: reqwest::RequestBuilder,
+    upstream: &Upstream,
+) -> Result<reqwest::Response, String> {
+    let mut req = rb.build().map_err(|e| describe(&e.without_url()))?;
+    if let Some(key) = upstream.key() {
+        use reqwest::header::{HeaderValue, AUTHORIZATION};
+        let mut v = HeaderValue::from_str(&format!("Bearer {}", key.expose()))
+            .map_err(|_| "the upstream's key is not a valid header value".to_string())?;
+        v.set_sensitive(true);
+        req.headers_mut().insert(AUTHORIZATION, v);
+    }
+    st.client
+        .execute(req)
+        .await
+        .map_err(|e| describe(&e.without_url()))
+}
+
+/// What the upstream's response head said, and the body's cap.
+struct Head {
+    status: u16,
+    headers: Vec<(String, String)>,
+    headers_us: u64,
+    cap: usize,
+    /// Secrets masked in each chunk before it is passed on (within a chunk:
+    /// a secret split across two chunks is only masked in the recording).
+    mask: Needles,
+}
+
+/// How a relayed body ended.
+enum End {
+    Done,
+    Cut(String),
+    TooLarge,
+    ClientGone,
+}
+
+/// Passes the upstream's body on chunk by chunk, then queues the exchange
+/// for the writer before the client sees the end (so the conversation's
+/// next request finds this one as its prefix). A broken or oversized body
+/// aborts the client's reply; a client that goes away stops the upstream's.
+async fn relay(
+    mut resp: reqwest::Response,
+    tx: mpsc::Sender<Result<Bytes, Aborted>>,
+    pending: Pending,
+    head: Head,
+) {
+    let t0 = pending.t0;
+    let (mut all, mut chunks, mut chunks_us) = (Vec::new(), Vec::new(), Vec::new());
+    let end = loop {
+        let next = tokio::select! {
+            c = resp.chunk() => c,
+            _ = tx.closed() => break End::ClientGone,
+        };
+        match next {
+            Ok(Some(c)) => {
+                if all.len() + c.len() > head.cap {
+                    break End::TooLarge;
                 }
-                Ok(None) => break,
-                Err(e) => {
-                    // A cut body is passed on (and recorded) as far as it
-                    // came, with why it broke off.
-                    cut = Some(describe(&e));
-                    break;
+                let c = if !head.mask.is_empty() && head.mask.any_in(&c) {
+                    Bytes::from(head.mask.masked(&c).into_owned())
+                } else {
+                    c
+                };
+                chunks_us.push(t0.elapsed().as_micros() as u64);
+                chunks.push(c.len());
+                all.extend_from_slice(&c);
+                if tx.send(Ok(c)).await.is_err() {
+                    break End::ClientGone;
                 }
             }
+            Ok(None) => break End::Done,
+            Err(e) => break End::Cut(describe(&e.without_url())),
         }
-        let total_us = t0.elapsed().as_micros() as u64;
-        // Queued for the writer before the client sees the end, so the
-        // conversation's next request finds this one as its prefix.
-        if let Some(rc) = &recorder_route.recorder {
-            rc.send(Exchange {
-                method: method2,
-                path: path2,
-                body: body2,
-                user_agent: ua2,
-                outcome: Outcome::Http(HttpReply {
-                    status,
-                    headers: kept,
-                    body: all,
-                    chunks,
-                    cut,
+    };
+    // Cancels the upstream's request if it is still sending.
+    drop(resp);
+    let timing = Timing {
+        headers_us: head.headers_us,
+        chunks_us,
+        total_us: t0.elapsed().as_micros() as u64,
+    };
+    let reply = HttpReply {
+        status: head.status,
+        headers: head.headers,
+        body: all,
+        chunks,
+        cut: None,
+    };
+    let (outcome, abort) = ended(end, reply, head.cap, &pending.known);
+    pending.finish(outcome, timing).await;
+    if let Some(a) = abort {
+        let _ = tx.send(Err(Aborted(a))).await;
+    }
+}
+
+/// The outcome to record for how a body ended, and why the client's reply
+/// is aborted, if it is.
+fn ended(end: End, reply: HttpReply, cap: usize, known: &Needles) -> (Outcome, Option<String>) {
+    match end {
+        End::Done => (Outcome::Http(reply), None),
+        End::Cut(c) => {
+            let c = known.text(&c);
+            let why = format!("the upstream's body broke off: {c}");
+            (
+                Outcome::Http(HttpReply {
+                    cut: Some(c),
+                    ..reply
                 }),
-                timing: Timing {
-                    headers_us,
-                    chunks_us,
-                    total_us,
-                },
-                served_by,
-            });
+                Some(why),
+            )
         }
-        drop(tx);
-    });
-    out.body(ProxyBody::Live(rx))
-        .unwrap_or_else(|e| error_response(502, "mass_proxy_bad_response", &e.to_string()))
+        End::TooLarge => {
+            let detail = format!("the response exceeded the proxy's cap of {cap} bytes");
+            let stopped = Outcome::Stopped {
+                stop: Stop::TooLarge,
+                detail: detail.clone(),
+                reply: Some(reply),
+            };
+            (stopped, Some(detail))
+        }
+        End::ClientGone => (
+            Outcome::Stopped {
+                stop: Stop::ClientGone,
+                detail: "the client closed its connection".into(),
+                reply: Some(reply),
+            },
+            None,
+        ),
+    }
 }
 
 fn describe(e: &reqwest::Error) -> String {

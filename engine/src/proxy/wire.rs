@@ -22,11 +22,18 @@ impl ChatBody {
     /// Reads a request body; `None` when it is not a JSON object with a
     /// `messages` array (then it is recorded as opaque bytes).
     pub fn parse(bytes: &[u8]) -> Option<ChatBody> {
-        let Value::Object(mut map) = serde_json::from_slice::<Value>(bytes).ok()? else {
-            return None;
+        ChatBody::from_value(serde_json::from_slice::<Value>(bytes).ok()?).ok()
+    }
+
+    /// A parsed body taken apart; the value back when it is not a chat
+    /// request.
+    pub fn from_value(v: Value) -> Result<ChatBody, Value> {
+        let mut map = match v {
+            Value::Object(m) if m.get("messages").is_some_and(Value::is_array) => m,
+            other => return Err(other),
         };
-        let Value::Array(messages) = map.remove("messages")? else {
-            return None;
+        let Some(Value::Array(messages)) = map.remove("messages") else {
+            return Err(Value::Object(map));
         };
         let model = match map.remove("model") {
             Some(Value::String(s)) => s,
@@ -34,7 +41,7 @@ impl ChatBody {
             None => String::new(),
         };
         let tools = map.remove("tools");
-        Some(ChatBody {
+        Ok(ChatBody {
             model,
             messages,
             tools,
@@ -229,6 +236,81 @@ pub fn reply_from_sse(body: &[u8]) -> Option<Reply> {
     })
 }
 
+/// Why a 2xx chat reply is not a whole answer, though the upstream ended
+/// its body cleanly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Problem {
+    /// The body carries an error: a top-level `error` in the JSON reply or
+    /// in one of the stream's events, or an SSE event named `error`. The
+    /// text is the error as sent.
+    InBandError(String),
+    /// No choice has a `finish_reason`: the reply stopped before the model
+    /// finished (a server or a hop in between ended it early).
+    NoFinishReason,
+}
+
+/// What is wrong with a 2xx chat reply's body, if anything.
+pub fn reply_problem(body: &[u8], event_stream: bool) -> Option<Problem> {
+    let error = |v: &Value| match v.get("error") {
+        Some(Value::Null) | None => None,
+        Some(e) => Some(Problem::InBandError(e.to_string())),
+    };
+    let finished = |v: &Value| {
+        v["choices"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["finish_reason"].as_str().is_some_and(|f| !f.is_empty()))
+        })
+    };
+    if !event_stream {
+        let v: Value = serde_json::from_slice(body).ok()?;
+        return error(&v).or((!finished(&v)).then_some(Problem::NoFinishReason));
+    }
+    let mut any_finish = false;
+    for (event, data) in sse_events(body) {
+        if event.as_deref() == Some("error") {
+            return Some(Problem::InBandError(data));
+        }
+        if data.trim() == "[DONE]" {
+            break;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(&data) else {
+            continue;
+        };
+        if let Some(p) = error(&v) {
+            return Some(p);
+        }
+        any_finish |= finished(&v);
+    }
+    (!any_finish).then_some(Problem::NoFinishReason)
+}
+
+/// The events of a server-sent-event body, in order: each event's name
+/// (`event:`, if any) and its `data:` lines joined with `\n`.
+pub fn sse_events(body: &[u8]) -> Vec<(Option<String>, String)> {
+    let text = String::from_utf8_lossy(body);
+    let mut out = Vec::new();
+    let mut data: Vec<&str> = Vec::new();
+    let mut event: Option<String> = None;
+    let mut flush = |event: &mut Option<String>, data: &mut Vec<&str>| {
+        if !data.is_empty() || event.is_some() {
+            out.push((event.take(), data.join("\n")));
+            data.clear();
+        }
+    };
+    for line in text.split('\n') {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.is_empty() {
+            flush(&mut event, &mut data);
+        } else if let Some(rest) = line.strip_prefix("data:") {
+            data.push(rest.strip_prefix(' ').unwrap_or(rest));
+        } else if let Some(rest) = line.strip_prefix("event:") {
+            event = Some(rest.trim().to_string());
+        }
+    }
+    flush(&mut event, &mut data);
+    out
+}
+
 /// Reads a response body by its content type.
 pub fn reply_of(body: &[u8], event_stream: bool) -> Option<Reply> {
     if event_stream {
@@ -322,6 +404,44 @@ mod tests {
         assert_eq!(b.to_value(), serde_json::from_slice::<Value>(raw).unwrap());
         assert!(ChatBody::parse(b"[1]").is_none());
         assert!(ChatBody::parse(b"{\"prompt\":\"x\"}").is_none());
+    }
+
+    #[test]
+    fn in_band_errors_and_missing_finish_reasons_are_problems() {
+        let ok = sse(&[
+            json!({"choices":[{"index":0,"delta":{"content":"a"}}]}),
+            json!({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}),
+        ]);
+        assert_eq!(reply_problem(&ok, true), None);
+        let err = sse(&[
+            json!({"choices":[{"index":0,"delta":{"content":"a"}}]}),
+            json!({"error":{"message":"overloaded","code":503}}),
+        ]);
+        assert!(matches!(
+            reply_problem(&err, true),
+            Some(Problem::InBandError(m)) if m.contains("overloaded")
+        ));
+        let named = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":\"stop\"}]}\n\nevent: error\ndata: boom\n\n";
+        assert_eq!(
+            reply_problem(named, true),
+            Some(Problem::InBandError("boom".into()))
+        );
+        let unfinished = sse(&[json!({"choices":[{"index":0,"delta":{"content":"a"}}]})]);
+        assert_eq!(
+            reply_problem(&unfinished, true),
+            Some(Problem::NoFinishReason)
+        );
+        let plain = br#"{"choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"stop"}]}"#;
+        assert_eq!(reply_problem(plain, false), None);
+        let plain_unfinished = br#"{"choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":null}]}"#;
+        assert_eq!(
+            reply_problem(plain_unfinished, false),
+            Some(Problem::NoFinishReason)
+        );
+        assert!(matches!(
+            reply_problem(br#"{"error":{"message":"no"}}"#, false),
+            Some(Problem::InBandError(_))
+        ));
     }
 
     #[test]
