@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod common;
-use common::{root, scripted_server, text};
+use common::{root, scripted_server, scripted_server_dumping, text};
 
 /// A port nothing listens on.
 fn dead_url() -> String {
@@ -33,6 +33,12 @@ struct Setup {
 /// as given), the judge and optimizer simulated. The directory is made
 /// traversable: the sandbox user runs the agent from it.
 fn setup(command: &str, timeout_secs: u64) -> Setup {
+    setup_with(command, timeout_secs, "", "")
+}
+
+/// [`setup`] with lines added to the server backend's and the harness's
+/// tables.
+fn setup_with(command: &str, timeout_secs: u64, backend: &str, harness: &str) -> Setup {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -68,6 +74,7 @@ base_url = "http://127.0.0.1:9/v1"
 base_url_env = "OPENAI_BASE_URL"
 model = "scripted"
 timeout_secs = 30
+{backend}
 
 [backends.sim]
 kind = "sim"
@@ -96,6 +103,7 @@ command = '{command}'
 pass_env = ["TINY_AGENT"]
 readable = ["$TINY_AGENT_DIR"]
 timeout_secs = {timeout_secs}
+{harness}
 "#
         ),
     )
@@ -293,4 +301,240 @@ fn a_model_server_that_is_not_there_stops_the_run_with_exit_7_and_resume_runs_th
     );
     let v: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
     assert_eq!(v["identical"], true, "{}", text(&o));
+}
+
+/// What the probing harness below does before it runs the tiny agent: dumps
+/// its environment into the workspace and on stdout (both recorded), then
+/// runs [`PROBE_PY`] (saved beside the tiny agent).
+const PROBE: &str = r#"env > env-dump.txt; env; python3 "$(dirname "$TINY_AGENT")/probe.py" 2> probe-err.txt; python3 "$TINY_AGENT" {prompt_file}"#;
+
+/// Tries the model server directly and its own route with a wrong token,
+/// and lists what it can see beside its workspace.
+const PROBE_PY: &str = r#"import json, os, socket, urllib.request, urllib.error
+out = {}
+host, port = os.environ["REAL_SERVER"].split(":")
+try:
+    socket.create_connection((host, int(port)), timeout=3).close()
+    out["direct"] = "connected"
+except OSError as e:
+    out["direct"] = "refused: %s" % e
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/models",
+                             headers={"authorization": "Bearer sk-guessed"})
+try:
+    urllib.request.urlopen(req, timeout=5)
+    out["wrong_token"] = "served"
+except urllib.error.HTTPError as e:
+    out["wrong_token"] = e.code
+except OSError as e:
+    out["wrong_token"] = "unreachable: %s" % e
+try:
+    out["siblings"] = sorted(os.listdir(".."))
+except OSError as e:
+    out["siblings"] = "unlistable: %s" % e
+out["me"] = os.path.basename(os.getcwd())
+open("probe.json", "w").write(json.dumps(out))
+"#;
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// `mass ARGS` for a setup whose server backend reads its key from
+/// PLANTED_SERVER_KEY; `extra` adds environment variables.
+fn mass_keyed(s: &Setup, url: &str, key: &str, extra: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mass"));
+    c.current_dir(&s.dir)
+        .arg("--ledger")
+        .arg(s.dir.join("ledger"))
+        .args(args)
+        .env_remove("MASS_LEDGER")
+        .env("OPENAI_BASE_URL", url)
+        .env("PLANTED_SERVER_KEY", key)
+        .env("TINY_AGENT", s.dir.join("agent/tiny_agent.py"))
+        .env("TINY_AGENT_DIR", s.dir.join("agent"));
+    for (k, v) in extra {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+/// The authorization headers the scripted server received, per request.
+fn upstream_auth(dump: &std::path::Path) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dump).unwrap() {
+        let v: Value =
+            serde_json::from_str(&std::fs::read_to_string(e.unwrap().path()).unwrap()).unwrap();
+        out.push(
+            v["headers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|h| h[0].as_str().unwrap().eq_ignore_ascii_case("authorization"))
+                .map(|h| h[1].as_str().unwrap().to_string())
+                .collect(),
+        );
+    }
+    out
+}
+
+/// Checks one probed rollout's workspace; returns its token.
+fn check_probe(ws: &std::path::Path) -> String {
+    let env = std::fs::read_to_string(ws.join("env-dump.txt")).unwrap();
+    let token = env
+        .lines()
+        .find_map(|l| l.strip_prefix("OPENAI_API_KEY="))
+        .unwrap_or_default()
+        .to_string();
+    assert!(token.starts_with("mass-rollout-"), "{env}");
+    let Ok(probe) = std::fs::read_to_string(ws.join("probe.json")) else {
+        panic!(
+            "the probe failed: {}",
+            std::fs::read_to_string(ws.join("probe-err.txt")).unwrap_or_default()
+        );
+    };
+    let probe: Value = serde_json::from_str(&probe).unwrap();
+    assert!(
+        probe["direct"].as_str().unwrap().starts_with("refused"),
+        "the program reached the model server: {probe}"
+    );
+    assert_eq!(probe["wrong_token"], 401, "{probe}");
+    // Its own workspace, home and proxy directory, or nothing; nobody
+    // else's.
+    if probe["siblings"].is_string() {
+        return token;
+    }
+    let me = probe["me"].as_str().unwrap();
+    let want: Vec<String> = ["", ".home", ".proxy"]
+        .iter()
+        .map(|t| format!("{me}{t}"))
+        .collect();
+    let seen: Vec<String> = probe["siblings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(seen, want, "{probe}");
+    token
+}
+
+/// Regression (#24): an external harness was handed the backend's real key
+/// as `OPENAI_API_KEY` and ran on the host network, so a program that
+/// printed its environment put the key into its workspace, its output and
+/// 8 places in the ledger, and could reach the model server (and every
+/// other rollout's proxy) directly. Now the program holds a per-rollout
+/// token that opens its own route only, the route sends the real key
+/// upstream, and the program's namespace has no other endpoint: the key
+/// (a fresh random one) is in no decompressed object, no metadata entry,
+/// no ledger file and no output of any command, while the server saw it on
+/// every call.
+#[test]
+fn regression_an_external_harness_never_holds_the_backend_key() {
+    let key = format!(
+        "sk-planted-{}",
+        blake3::hash(format!("{:?}", std::time::SystemTime::now()).as_bytes()).to_hex()
+    );
+    let dump = tempfile::tempdir().unwrap();
+    let s0 = setup(PROBE, 60);
+    let (server, url) = scripted_server_dumping(&s0.dir, "qwen_script.json", Some(dump.path()));
+    let real = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .to_string();
+    let s = setup_with(
+        PROBE,
+        60,
+        r#"api_key_env = "PLANTED_SERVER_KEY""#,
+        &format!("env = {{ REAL_SERVER = \"{real}\" }}"),
+    );
+    std::fs::write(s.dir.join("agent/probe.py"), PROBE_PY).unwrap();
+    let run = |args: &[&str]| {
+        let o = mass_keyed(&s, &url, &key, &[], args);
+        assert!(o.status.success(), "mass {args:?}: {}", text(&o));
+        let all = [o.stdout.as_slice(), o.stderr.as_slice()].concat();
+        assert!(
+            !contains(&all, key.as_bytes()),
+            "mass {args:?} printed the key"
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    run(&["init"]);
+    run(&["run", s.exp.to_str().unwrap(), "--quiet"]);
+    let rs: Vec<Value> = serde_json::from_str(&run(&["runs", "tiny", "--json"])).unwrap();
+    assert_eq!(rs.len(), 4);
+    let mut tokens = std::collections::BTreeSet::new();
+    for r in &rs {
+        let id = r["event"].as_str().unwrap();
+        let p: Value = serde_json::from_str(&run(&["show", id, "--json"])).unwrap();
+        let p = &p["payload"];
+        assert_eq!(p["status"], "finished", "{p}");
+        let ws = s.dir.join(format!("ws-{}", &id[..12]));
+        run(&[
+            "checkout",
+            p["tree"].as_str().unwrap(),
+            ws.to_str().unwrap(),
+        ]);
+        tokens.insert(check_probe(&ws));
+    }
+    assert_eq!(tokens.len(), 4, "one token per rollout: {tokens:?}");
+    drop(server);
+    let auth = upstream_auth(dump.path());
+    assert_eq!(auth.len(), 24, "6 calls per rollout");
+    for a in &auth {
+        assert_eq!(a, &vec![format!("Bearer {key}")]);
+    }
+    // Every object decompressed, every metadata entry, every file.
+    let l = ledger::Ledger::open_read_only(&s.dir.join("ledger")).unwrap();
+    let mut ids = Vec::new();
+    l.for_each_location(|id, _| ids.push(id)).unwrap();
+    assert!(ids.len() > 100, "{} objects", ids.len());
+    for id in &ids {
+        let (_, bytes) = l.raw_object(id).unwrap();
+        assert!(
+            !contains(&bytes, key.as_bytes()),
+            "object {id} holds the key"
+        );
+        let meta = format!("{:?}", l.get_meta(id).unwrap());
+        assert!(!meta.contains(&key), "metadata of {id} holds the key");
+    }
+    let out = Command::new("grep")
+        .args(["-rlF", &key])
+        .arg(s.dir.join("ledger"))
+        .output()
+        .unwrap();
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// A program is never handed a credential through `pass_env` either: a
+/// variable named like one is refused, and so is one that holds the
+/// backend's key; neither message shows a value.
+#[test]
+fn a_harness_passing_a_credential_is_refused() {
+    for (pass, msg) in [
+        ("OTHER_API_KEY", "holds a credential by its name"),
+        ("INNOCENT", "holds the backend's API key"),
+    ] {
+        let s = setup_with(AGENT, 60, r#"api_key_env = "PLANTED_SERVER_KEY""#, "");
+        let exp = std::fs::read_to_string(&s.exp).unwrap().replace(
+            r#"pass_env = ["TINY_AGENT"]"#,
+            &format!(r#"pass_env = ["TINY_AGENT", "{pass}"]"#),
+        );
+        std::fs::write(&s.exp, exp).unwrap();
+        let url = dead_url();
+        let extra = [
+            ("OTHER_API_KEY", "sk-planted-other"),
+            ("INNOCENT", "prefix sk-planted-pass-env"),
+        ];
+        let go = |args: &[&str]| mass_keyed(&s, &url, "sk-planted-pass-env", &extra, args);
+        assert!(go(&["init"]).status.success());
+        let o = go(&["run", s.exp.to_str().unwrap(), "--quiet"]);
+        let t = text(&o);
+        assert!(!o.status.success(), "{pass}: {t}");
+        assert!(t.contains(msg), "{pass}: {t}");
+        assert!(!t.contains("sk-planted"), "{pass}: {t}");
+    }
 }

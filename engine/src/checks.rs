@@ -38,6 +38,7 @@ pub fn run_on_tree(
     ledger
         .checkout(&tree, &copy.0)
         .map_err(|e| format!("cannot materialise {} for the checks: {e}", tree.short(12)))?;
+    close_to_others(&copy.0)?;
     let ws = tools::Workspace::new(&copy.0).map_err(|e| e.to_string())?;
     let checks_dir = task.checks_dir();
     let mut text = String::new();
@@ -61,6 +62,19 @@ pub fn run_on_tree(
         }
     }
     Ok(text)
+}
+
+/// The check copy's top directory can be entered only by the sandbox uid
+/// (and root): no other local user may change the tree a check reads while
+/// it runs. Without root the harness is that uid already, so 0700 suffices.
+fn close_to_others(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let why = |e: std::io::Error| format!("cannot close the check copy {}: {e}", dir.display());
+    if sandbox::probe().root {
+        std::os::unix::fs::lchown(dir, Some(sandbox::SANDBOX_ID), Some(sandbox::SANDBOX_ID))
+            .map_err(why)?;
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(why)
 }
 
 /// A directory removed when dropped (also on an early return).

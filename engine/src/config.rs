@@ -707,11 +707,39 @@ impl Default for Limits {
 /// `sandbox` crate). A level this machine cannot provide refuses the run's
 /// start; lowering it is an explicit, recorded choice of the experiment.
 /// Network access is the task's to declare (`network` in `task.toml`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SandboxConfig {
     pub level: sandbox::Level,
     pub limits: sandbox::Limits,
+    /// Most entries (files, directories, links) a workspace snapshot may
+    /// hold; a workspace over it fails its run's step before anything is
+    /// read into memory.
+    pub workspace_entries: u64,
+    /// Most bytes of file content a workspace snapshot may hold, in MiB.
+    pub workspace_mb: u64,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        let d = ledger::tree::SnapshotLimits::default();
+        SandboxConfig {
+            level: sandbox::Level::default(),
+            limits: sandbox::Limits::default(),
+            workspace_entries: d.max_entries,
+            workspace_mb: d.max_bytes >> 20,
+        }
+    }
+}
+
+impl SandboxConfig {
+    /// The snapshot limits in force.
+    pub fn snapshot_limits(&self) -> ledger::tree::SnapshotLimits {
+        ledger::tree::SnapshotLimits {
+            max_entries: self.workspace_entries,
+            max_bytes: self.workspace_mb.saturating_mul(1 << 20),
+        }
+    }
 }
 
 /// `[guards]`: what is checked on every run's final workspace against

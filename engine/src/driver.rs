@@ -27,7 +27,10 @@ use crate::task::load_suite;
 /// previous cycle's model and on training tasks too, with the self-judge as
 /// well as the external ones (`mass.evaluation` v2, `mass.cycle` v2).
 /// Version 5 records each dataset line's provenance (`mass.dataset` v2).
-pub const DRIVER: &str = "mass-engine/6";
+/// Version 7 isolates rollouts from each other and records it, with every
+/// limit in force (the sandbox note: niceness, workspace snapshot limits),
+/// and runs external harnesses in a network namespace of their own.
+pub const DRIVER: &str = "mass-engine/7";
 
 /// What to run.
 pub struct RunRequest<'a> {
@@ -86,20 +89,54 @@ fn reassign_roles(
     Ok(())
 }
 
-/// The mixed-mode source a re-judge recorded on its main stream (`run.mixed`).
+/// The mixed-mode source a re-judge recorded on its main stream (`run.mixed`):
+/// pinned by its streams' heads (v2), which must still be in the ledger; a
+/// source recorded by name alone (v1) must still have its main ref. A source
+/// that is gone is `NotFound`, never a silent live run.
 pub fn recorded_source(ledger: &ledger::Ledger, run: &str) -> Result<Option<replay::SourceRun>> {
     let Some(head) = ledger.head(run)? else {
         return Ok(None);
     };
     for ev in ledger.chain(head) {
         let ev = ev?;
-        if ev.kind == schemas::RunMixed::KIND {
-            let m: schemas::RunMixed = schemas::decode_event(&ev)?;
-            return Ok(Some(replay::SourceRun {
-                run: m.source_run,
-                live_kinds: m.live_kinds.into_iter().collect(),
-            }));
-        }
+        let Some(m) = schemas::RunMixed::read(&ev) else {
+            continue;
+        };
+        let m = m?;
+        let gone = |why: String| {
+            EngineError::NotFound(format!(
+                "run {run} re-judges run {}, whose records {why}: nothing was run. Re-judge a run that exists (`mass rejudge SOURCE --judge ...`), or fork this one (`mass fork {run} ...`) to go on without a source",
+                m.source_run
+            ))
+        };
+        let heads = if m.heads.is_empty() {
+            if ledger.head(&m.source_run)?.is_none() {
+                return Err(gone(
+                    "this re-judge named by ref alone (an older build), and that ref is gone"
+                        .into(),
+                ));
+            }
+            None
+        } else {
+            let mut map = std::collections::BTreeMap::new();
+            for h in &m.heads {
+                let id = ledger::Id(h.head.0);
+                if !ledger.contains(&id)? {
+                    return Err(gone(format!(
+                        "are not in this ledger (stream {} at {})",
+                        h.stream,
+                        id.short(12)
+                    )));
+                }
+                map.insert(h.stream.clone(), id);
+            }
+            Some(map)
+        };
+        return Ok(Some(replay::SourceRun {
+            run: m.source_run.clone(),
+            live_kinds: m.live_kinds.into_iter().collect(),
+            heads,
+        }));
     }
     Ok(None)
 }
@@ -388,17 +425,26 @@ pub fn build_backends(exp: &Experiment, tasks: &Path) -> Result<Backends> {
     Backends::build(&exp.backends, tasks).map_err(|e| EngineError::Invalid(e.to_string()))
 }
 
-/// The main-stream note that records how the run's commands are confined.
+/// The main-stream note that records how the run's commands are confined:
+/// the level, every limit in force, and what the level isolates.
 fn sandbox_note(s: &crate::config::SandboxConfig) -> String {
     let l = &s.limits;
+    let isolation = match s.level {
+        sandbox::Level::Full => "each command sees no workspace, home or check copy but its own rollout's; an external harness reaches only its own proxy route (with a token of its rollout); network only for tasks that declare it",
+        sandbox::Level::Landlock => "rollouts are not isolated from each other at this level; network only for tasks that declare it (external harnesses run on the host network, their proxy routes behind a token of their rollout)",
+        sandbox::Level::None => "no confinement: limits only",
+    };
     format!(
-        "sandbox: level {}; per command: {} s CPU, {} MiB address space, {} processes, {} MiB per file, {} open files; network only for tasks that declare it",
+        "sandbox: level {}; per command: {} s CPU, {} MiB address space, {} processes, {} MiB per file, {} open files, niceness {}; per workspace snapshot: {} entries, {} MiB; {isolation}",
         s.level.as_str(),
         l.cpu_secs,
         l.address_space_mb,
         l.processes,
         l.file_size_mb,
-        l.open_files
+        l.open_files,
+        l.nice,
+        s.workspace_entries,
+        s.workspace_mb,
     )
 }
 

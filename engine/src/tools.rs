@@ -502,6 +502,14 @@ pub struct Confinement {
     pub writable: Vec<PathBuf>,
     /// The workspace is read-only too (checks): only its `TMPDIR` is writable.
     pub read_only: bool,
+    /// Directories whose other contents the command must not see (the
+    /// scratch root holding every rollout's workspace, home and check copy;
+    /// see `sandbox::Policy::hide`).
+    pub hide: Vec<PathBuf>,
+    /// Loopback ports relayed to unix sockets (an external program's proxy
+    /// route; see `sandbox::Policy::forward`). Needs `Level::Full` and no
+    /// network.
+    pub forward: Vec<sandbox::Forward>,
 }
 
 impl Confinement {
@@ -516,6 +524,8 @@ impl Confinement {
             p.readable.push(root.to_path_buf());
         }
         p.writable.extend(self.writable.iter().cloned());
+        p.hide = self.hide.clone();
+        p.forward = self.forward.clone();
         p
     }
 }

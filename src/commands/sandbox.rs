@@ -53,6 +53,10 @@ pub fn run(opts: &SandboxOptions<'_>) -> Result<ExitCode> {
             level: cfg.level,
             limits: cfg.limits,
             network: opts.network,
+            // As a rollout sees its scratch root: the workspace's siblings
+            // cannot be named.
+            hide: root.parent().map(Path::to_path_buf).into_iter().collect(),
+            forward: Vec::new(),
             ..Default::default()
         },
         ..Default::default()

@@ -34,14 +34,24 @@ impl Drop for Server {
 /// The scripted server playing `script` (a file in tests/fixtures) on a
 /// free port; its base URL. Its log goes to `dir/server.log`.
 pub fn scripted_server(dir: &Path, script: &str) -> (Server, String) {
+    scripted_server_dumping(dir, script, None)
+}
+
+/// [`scripted_server`], saving each request's headers and body in `dump`.
+#[allow(dead_code)] // not every test crate sharing this module dumps
+pub fn scripted_server_dumping(dir: &Path, script: &str, dump: Option<&Path>) -> (Server, String) {
     let port_file = dir.join(format!("port-{}", std::process::id()));
     let _ = std::fs::remove_file(&port_file);
-    let child = Command::new("python3")
-        .arg(root().join("tests/fixtures/scripted_openai.py"))
+    let mut cmd = Command::new("python3");
+    cmd.arg(root().join("tests/fixtures/scripted_openai.py"))
         .args(["--port", "0", "--port-file"])
         .arg(&port_file)
         .arg("--script")
-        .arg(root().join("tests/fixtures").join(script))
+        .arg(root().join("tests/fixtures").join(script));
+    if let Some(d) = dump {
+        cmd.arg("--dump-dir").arg(d);
+    }
+    let child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::from(
             std::fs::File::create(dir.join("server.log")).expect("server log"),

@@ -30,7 +30,7 @@ use super::{
 use crate::config::{expand_placeholders, shell_quote, HarnessConfig};
 use crate::error::{EngineError, Result};
 use crate::exec;
-use crate::proxy::{self, Book, Normaliser, ProxyServer, Route, Upstream, WireLog};
+use crate::proxy::{self, Book, Normaliser, ProxyServer, Route, Secret, Upstream, WireLog};
 use crate::tools::{self, BashOptions, BashOutput};
 
 /// The `harness` effect's request (SCHEMAS.md, "External harness"): the
@@ -54,6 +54,12 @@ struct HarnessRequest {
     tree: String,
     /// The wire stream (relative name).
     wire: String,
+    /// The task declared network access (`network = true` in `task.toml`):
+    /// the program ran on the host network, its proxy route on loopback
+    /// TCP. Absent (false) otherwise: its own network namespace, the route
+    /// reached through a forwarded port only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    network: bool,
 }
 
 impl HarnessRequest {
@@ -119,24 +125,17 @@ impl HarnessRun {
     }
 }
 
-/// Plays one rollout with the external harness.
-pub async fn run(
-    session: &replay::Session,
+/// The `harness` effect's request for one rollout.
+fn harness_request(
     spec: &RunSpec<'_>,
     team: &Team,
     rules: &RunRules,
-) -> Result<RunOutcome> {
+    prompt_blob: &[u8],
+    initial: Id,
+    wire: &str,
+) -> HarnessRequest {
     let h = &rules.harness;
-    let mut orch = exec::ledger(|| session.stream(&format!("{}/orch", spec.stream)))?;
-    let mut ws = LiveWorkspace::new(session, spec);
-    let initial = initial_snapshot(&mut orch, &mut ws, spec).await?;
-    let prompt = task_prompt(
-        spec,
-        &crate::prompts::external_directive(&spec.task.id, &spec.task.deliverables),
-    );
-    let wire = format!("{}/wire", spec.stream);
-    let prompt_blob = prompt.as_bytes().to_vec();
-    let request = HarnessRequest {
+    HarnessRequest {
         harness: "external".into(),
         command: h.command.clone(),
         env: h.env.clone(),
@@ -148,10 +147,31 @@ pub async fn run(
         sandbox: rules.sandbox,
         output_bytes: rules.limits.tool_output_bytes,
         model: team.orchestrator_model.clone(),
-        prompt: Id::of(ledger::ObjectKind::Blob, &prompt_blob).to_hex(),
+        prompt: Id::of(ledger::ObjectKind::Blob, prompt_blob).to_hex(),
         tree: initial.to_hex(),
-        wire: wire.clone(),
-    };
+        wire: wire.to_string(),
+        network: spec.task.network,
+    }
+}
+
+/// Plays one rollout with the external harness.
+pub async fn run(
+    session: &replay::Session,
+    spec: &RunSpec<'_>,
+    team: &Team,
+    rules: &RunRules,
+) -> Result<RunOutcome> {
+    let h = &rules.harness;
+    let mut orch = exec::ledger(|| session.stream(&format!("{}/orch", spec.stream)))?;
+    let mut ws = LiveWorkspace::new(session, spec, rules);
+    let initial = initial_snapshot(&mut orch, &mut ws, spec).await?;
+    let prompt = task_prompt(
+        spec,
+        &crate::prompts::external_directive(&spec.task.id, &spec.task.deliverables),
+    );
+    let wire = format!("{}/wire", spec.stream);
+    let prompt_blob = prompt.as_bytes().to_vec();
+    let request = harness_request(spec, team, rules, &prompt_blob, initial, &wire);
     let request = serde_json::to_value(&request)
         .map_err(|e| EngineError::Invalid(format!("harness request: {e}")))?;
     let req = EffectRequest::json("harness", &request)
@@ -165,7 +185,15 @@ pub async fn run(
         Begin::Served(r) => Ok::<_, EngineError>(r),
         Begin::Perform(p) => {
             let out = perform(
-                &handle, &ledger, &run_name, &wire, &mut ws, team, rules, &prompt,
+                &handle,
+                &ledger,
+                &run_name,
+                &wire,
+                &mut ws,
+                team,
+                rules,
+                &prompt,
+                spec.task.network,
             );
             Ok(exec::ledger(|| orch.finish(p, out))?)
         }
@@ -242,6 +270,98 @@ fn expand_env_path(entry: &str) -> std::result::Result<PathBuf, String> {
     Ok(PathBuf::from(format!("{value}{tail}")))
 }
 
+/// The port an external program reaches its own proxy route on inside its
+/// own network namespace. Nothing else listens there, so any port would do;
+/// a fixed one gives every rollout the same base URL.
+pub const PROXY_PORT: u16 = 8080;
+
+/// How a program reaches its own proxy route, and what its confinement
+/// needs for that.
+struct Reach {
+    base_url: String,
+    network: bool,
+    forward: Vec<sandbox::Forward>,
+    readable: Vec<PathBuf>,
+}
+
+/// The route's server, where only the program it is for can reach it.
+struct Served {
+    server: ProxyServer,
+    reach: Reach,
+}
+
+/// Serves `route` for the program in `workspace`. At `Level::Full` without
+/// network: on a unix socket in `<workspace>.proxy` (beside the workspace,
+/// so hidden from every other rollout with the scratch root), which the
+/// program's namespace relays 127.0.0.1:[`PROXY_PORT`] to; the program has
+/// no other network. Otherwise (the task declared network, or a lower
+/// level, which isolates no rollout from another) on loopback TCP. Either
+/// way the route serves only the rollout's token.
+fn serve_route(
+    handle: &tokio::runtime::Handle,
+    route: Arc<Route>,
+    workspace: &Path,
+    level: sandbox::Level,
+    network: bool,
+) -> std::result::Result<Served, String> {
+    if level != sandbox::Level::Full || network {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let server = handle
+            .block_on(ProxyServer::bind(addr))
+            .map_err(|e| format!("the proxy: {e}"))?;
+        let base_url = server.set_default(route);
+        let reach = Reach {
+            base_url,
+            network: true,
+            forward: Vec::new(),
+            readable: Vec::new(),
+        };
+        return Ok(Served { server, reach });
+    }
+    let dir = proxy_dir_of(workspace);
+    let what = |e: std::io::Error| format!("the proxy directory {}: {e}", dir.display());
+    fresh_dir(&dir).map_err(what)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).map_err(what)?;
+    }
+    let socket = dir.join("api.sock");
+    let server = handle
+        .block_on(ProxyServer::bind_unix(&socket))
+        .map_err(|e| format!("the proxy: {e}"))?;
+    // The relay connects as the sandbox uid when mass runs as root.
+    if sandbox::probe().root {
+        std::os::unix::fs::lchown(
+            &socket,
+            Some(sandbox::SANDBOX_ID),
+            Some(sandbox::SANDBOX_ID),
+        )
+        .map_err(what)?;
+    }
+    server.set_default(route);
+    let reach = Reach {
+        base_url: format!("http://127.0.0.1:{PROXY_PORT}/v1"),
+        network: false,
+        forward: vec![sandbox::Forward {
+            port: PROXY_PORT,
+            socket,
+        }],
+        readable: vec![dir],
+    };
+    Ok(Served { server, reach })
+}
+
+/// The proxy socket's directory beside a workspace.
+fn proxy_dir_of(workspace: &Path) -> PathBuf {
+    let mut name = workspace.as_os_str().to_owned();
+    name.push(".proxy");
+    PathBuf::from(name)
+}
+
+/// The program's command line and environment. Its `OPENAI_API_KEY` is the
+/// rollout's token, never a key: the proxy route adds the real credential
+/// upstream. A `pass_env` variable whose name says it holds a credential is
+/// refused, and so is any variable holding one of `secrets`.
 #[allow(clippy::too_many_arguments)]
 fn invocation(
     h: &HarnessConfig,
@@ -249,26 +369,25 @@ fn invocation(
     workspace: &Path,
     home: &Path,
     prompt_file: &Path,
-    base_url: &str,
-    api_key: Option<&str>,
+    reach: &Reach,
+    token: &str,
     model: &str,
+    secrets: &[&str],
 ) -> std::result::Result<Invocation, String> {
     let lookup = |name: &str| {
         Some(shell_quote(&match name {
             "prompt_file" => prompt_file.display().to_string(),
             "workspace" => workspace.display().to_string(),
             "home" => home.display().to_string(),
-            "base_url" => base_url.to_string(),
+            "base_url" => reach.base_url.clone(),
             "model" => model.to_string(),
             _ => return None,
         }))
     };
     let line = expand_placeholders(&h.command, lookup)?;
     let mut env: Vec<(String, String)> = vec![
-        ("OPENAI_BASE_URL".into(), base_url.into()),
-        // A key the upstream ignores when none is configured: clients
-        // refuse to start without one.
-        ("OPENAI_API_KEY".into(), api_key.unwrap_or("sk-none").into()),
+        ("OPENAI_BASE_URL".into(), reach.base_url.clone()),
+        ("OPENAI_API_KEY".into(), token.into()),
         ("OPENAI_MODEL".into(), model.into()),
         ("MASS_HARNESS_HOME".into(), home.display().to_string()),
     ];
@@ -276,15 +395,29 @@ fn invocation(
         env.push((k.clone(), v.clone()));
     }
     for name in &h.pass_env {
+        if proxy::scrub::is_secret_name(name) {
+            return Err(format!(
+                "harness.pass_env names {name}, which holds a credential by its name: a sandboxed program never gets one (the proxy adds the backend's key upstream); remove it from pass_env"
+            ));
+        }
         let v = std::env::var(name).map_err(|_| {
             format!("harness.pass_env names {name}, which is not set in mass's environment")
         })?;
         env.push((name.clone(), v));
     }
+    if let Some((k, _)) = env
+        .iter()
+        .find(|(_, v)| secrets.iter().any(|s| !s.is_empty() && v.contains(s)))
+    {
+        return Err(format!(
+            "the harness environment variable {k} holds the backend's API key: a sandboxed program never gets one (the proxy adds it upstream); take it out of harness.env or harness.pass_env"
+        ));
+    }
     let mut readable = Vec::new();
     for r in &h.readable {
         readable.push(expand_env_path(r)?);
     }
+    readable.extend(reach.readable.iter().cloned());
     let opts = BashOptions {
         timeout: Duration::from_secs(h.timeout_secs),
         max_output_bytes: rules.limits.tool_output_bytes as usize,
@@ -292,11 +425,17 @@ fn invocation(
         confinement: tools::Confinement {
             level: rules.sandbox.level,
             limits: h.limits.unwrap_or(rules.sandbox.limits),
-            // The program must reach the proxy on the loopback interface.
-            network: true,
+            network: reach.network,
             readable,
             writable: vec![home.to_path_buf()],
             read_only: false,
+            // Every other rollout's workspace, home and proxy socket.
+            hide: workspace
+                .parent()
+                .map(Path::to_path_buf)
+                .into_iter()
+                .collect(),
+            forward: reach.forward.clone(),
         },
     };
     Ok(Invocation { line, opts })
@@ -328,6 +467,7 @@ fn perform(
     team: &Team,
     rules: &RunRules,
     prompt: &str,
+    network: bool,
 ) -> std::result::Result<EffectOutput, EffectError> {
     let transient =
         |what: &str, e: &dyn std::fmt::Display| EffectError::transient(format!("{what}: {e}"));
@@ -339,8 +479,11 @@ fn perform(
                 "the orchestrator's backend has no HTTP endpoint for an external harness",
             )
         })?;
-    let upstream =
+    let mut upstream =
         Upstream::new(&endpoint.base_url).map_err(|e| EffectError::final_(e.to_string()))?;
+    if let Some(key) = endpoint.api_key.as_deref() {
+        upstream = upstream.with_api_key(Secret::new(key));
+    }
     let dir = ws.ensure().map_err(|e| transient("the workspace", &e))?;
     let home = home_of(&dir);
     fresh_dir(&home).map_err(|e| transient("the harness home", &e))?;
@@ -349,24 +492,21 @@ fn perform(
     let log =
         WireLog::open(ledger.clone(), run, wire).map_err(|e| transient("the wire stream", &e))?;
     let wire_from = log.head();
-    let route = Arc::new(Route::record(log, upstream));
-    let server = handle
-        .block_on(ProxyServer::bind(
-            "127.0.0.1:0"
-                .parse()
-                .map_err(|e| transient("the proxy address", &e))?,
-        ))
+    let token = super::rollout_token().map_err(|e| transient("a rollout token", &e))?;
+    let route = Arc::new(Route::record(log, upstream).require_token(Secret::new(token.as_str())));
+    let served = serve_route(handle, route.clone(), &dir, rules.sandbox.level, network)
         .map_err(|e| transient("the proxy", &e))?;
-    let base_url = server.set_default(route.clone());
+    let secrets: Vec<&str> = endpoint.api_key.as_deref().into_iter().collect();
     let inv = invocation(
         &rules.harness,
         rules,
         &dir,
         &home,
         &prompt_file,
-        &base_url,
-        endpoint.api_key.as_deref(),
+        &served.reach,
+        &token,
         &team.orchestrator_model,
+        &secrets,
     )
     .map_err(EffectError::final_)?;
     let out = tools::Workspace::new(&dir)
@@ -375,11 +515,12 @@ fn perform(
             w.bash(&inv.line, &inv.opts)
                 .map_err(|e| transient("the harness", &e))
         });
-    drop(server);
+    drop(served.server);
     let wire_to = handle
         .block_on(route.finish())
         .map_err(|e| transient("recording the harness's traffic", &e))?;
     let _ = std::fs::remove_dir_all(&home);
+    let _ = std::fs::remove_dir_all(proxy_dir_of(&dir));
     let out: BashOutput = out?;
     if out.exit_code != Some(0) {
         if let Some(e) = server_failure(ledger, wire, wire_from, wire_to)? {
@@ -650,7 +791,7 @@ pub fn reexecute(ledger: Arc<Ledger>, rollout: Id) -> Result<Reexecution> {
     // bytes.
     let dir = PathBuf::from(&recorded.workspace);
     let home = PathBuf::from(&recorded.home);
-    let _places = Places::claim(&[&dir, &home])?;
+    let _places = Places::claim(&[&dir, &home, &proxy_dir_of(&dir)])?;
     ledger.checkout(&initial, &dir)?;
     fresh_dir(&home).map_err(|e| EngineError::io("create the harness home", e))?;
     let prompt_file = home.join("prompt.md");
@@ -670,13 +811,17 @@ pub fn reexecute(ledger: Arc<Ledger>, rollout: Id) -> Result<Reexecution> {
         .enable_all()
         .build()
         .map_err(|e| EngineError::io("start the async runtime", e))?;
-    let route = Arc::new(Route::replay(book, None, None));
-    let server = rt.block_on(ProxyServer::bind(
-        "127.0.0.1:0"
-            .parse()
-            .map_err(|e| EngineError::Invalid(format!("{e}")))?,
-    ))?;
-    let base_url = server.set_default(route.clone());
+    let token = super::rollout_token().map_err(|e| EngineError::io("make a rollout token", e))?;
+    let route =
+        Arc::new(Route::replay(book, None, None).require_token(Secret::new(token.as_str())));
+    let served = serve_route(
+        rt.handle(),
+        route.clone(),
+        &dir,
+        req.sandbox.level,
+        req.network,
+    )
+    .map_err(|e| EngineError::Invalid(format!("the replaying proxy: {e}")))?;
     let r = RunRules {
         sandbox: req.sandbox,
         limits: crate::config::Limits {
@@ -686,13 +831,23 @@ pub fn reexecute(ledger: Arc<Ledger>, rollout: Id) -> Result<Reexecution> {
         harness: h.clone(),
         ..Default::default()
     };
-    let inv = invocation(&h, &r, &dir, &home, &prompt_file, &base_url, None, &model)
-        .map_err(EngineError::Invalid)?;
+    let inv = invocation(
+        &h,
+        &r,
+        &dir,
+        &home,
+        &prompt_file,
+        &served.reach,
+        &token,
+        &model,
+        &[],
+    )
+    .map_err(EngineError::Invalid)?;
     let out = tools::Workspace::new(&dir)
         .map_err(|e| EngineError::Invalid(e.to_string()))?
         .bash(&inv.line, &inv.opts)
         .map_err(|e| EngineError::Invalid(format!("the harness could not run: {e}")))?;
-    drop(server);
+    drop(served.server);
     let (served, total) = route.progress().unwrap_or((0, 0));
     let misses = route.misses();
     // The recorded final workspace beside this one, compared file by file.

@@ -91,11 +91,18 @@ pub(crate) struct LiveWorkspace<'a> {
     dir_tree: Option<Id>,
     /// The latest recorded tree of this run.
     last_tree: Option<Id>,
+    /// How much a snapshot of it may hold (`[sandbox]`).
+    limits: ledger::tree::SnapshotLimits,
 }
 
 impl<'a> LiveWorkspace<'a> {
-    pub(crate) fn new(session: &replay::Session, spec: &RunSpec<'a>) -> LiveWorkspace<'a> {
+    pub(crate) fn new(
+        session: &replay::Session,
+        spec: &RunSpec<'a>,
+        rules: &RunRules,
+    ) -> LiveWorkspace<'a> {
         LiveWorkspace {
+            limits: rules.sandbox.snapshot_limits(),
             ledger: session.ledger().clone(),
             task: spec.task,
             scratch: scratch_dir(session.run(), &spec.stream),
@@ -114,6 +121,8 @@ impl<'a> LiveWorkspace<'a> {
         }
         let d = self.scratch.clone();
         let _ = std::fs::remove_dir_all(&d);
+        ensure_scratch_root()
+            .map_err(|e| format!("cannot create {}: {e}", scratch_root().display()))?;
         match self.last_tree {
             Some(t) => exec::ledger(|| self.ledger.checkout(&t, &d))
                 .map_err(|e| format!("cannot materialise workspace {}: {e}", t.short(12)))?,
@@ -146,7 +155,7 @@ impl<'a> LiveWorkspace<'a> {
         let d = self.dir.clone().ok_or("no workspace")?;
         let t = exec::ledger(|| {
             let mut b = self.ledger.batch();
-            let t = b.snapshot_dir(&d)?;
+            let t = b.snapshot_dir_limited(&d, self.limits)?;
             drop(b.submit()?);
             Ok::<_, ledger::LedgerError>(t)
         })
@@ -172,19 +181,64 @@ impl Drop for LiveWorkspace<'_> {
     }
 }
 
-/// Where live workspaces are created.
+/// Where live workspaces are created: one directory per `mass` process
+/// that others may traverse but not list (mode 0711), in which every
+/// workspace, home and check copy gets a name no one can guess. Sandboxed
+/// commands see none of it but their own (`Confinement::hide`).
 pub fn scratch_root() -> PathBuf {
     std::env::temp_dir().join(format!("mass-work-{}", std::process::id()))
 }
 
+/// Creates the scratch root (mode 0711) if it is missing.
+fn ensure_scratch_root() -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let root = scratch_root();
+    if !root.is_dir() {
+        std::fs::create_dir_all(&root)?;
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o711))?;
+    }
+    Ok(())
+}
+
 /// A fresh directory name for one run's workspace: unique within the process
-/// even when several sessions run the same stream names at once. The path is
-/// never part of what is recorded.
+/// even when several sessions run the same stream names at once, and not
+/// guessable (a random part). The path is never part of what is recorded.
 fn scratch_dir(run: &str, stream: &str) -> PathBuf {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    static NONCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    // Unguessable where the kernel gives randomness; unique regardless.
+    let nonce = NONCE.get_or_init(|| {
+        random_hex().unwrap_or_else(|_| format!("{:?}", std::time::SystemTime::now()))
+    });
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tag = blake3::hash(format!("{run}/{stream}").as_bytes()).to_hex();
-    scratch_root().join(format!("{}-{n}", &tag[..16]))
+    let tag = blake3::hash(format!("{nonce}/{run}/{stream}/{n}").as_bytes()).to_hex();
+    scratch_root().join(format!("{}-{n}", &tag[..24]))
+}
+
+/// 16 bytes from the kernel's random source (`getrandom(2)`), as hex.
+fn random_hex() -> std::io::Result<String> {
+    let mut b = [0u8; 16];
+    let mut got = 0;
+    while got < b.len() {
+        // SAFETY: writes at most the remaining length into `b`.
+        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+            continue;
+        }
+        got += n as usize;
+    }
+    Ok(hex::encode(b))
+}
+
+/// A fresh token for one rollout's proxy route: what its program gets as
+/// `OPENAI_API_KEY` in place of a key. It opens that route only, and only
+/// while the rollout runs.
+pub(crate) fn rollout_token() -> std::io::Result<String> {
+    Ok(format!("mass-rollout-{}", random_hex()?))
 }
 
 struct Budget {
@@ -216,7 +270,7 @@ pub async fn run_team(
         return external::run(session, spec, team, rules).await;
     }
     let mut orch = exec::ledger(|| session.stream(&format!("{}/orch", spec.stream)))?;
-    let mut ws = LiveWorkspace::new(session, spec);
+    let mut ws = LiveWorkspace::new(session, spec, rules);
     let initial = initial_snapshot(&mut orch, &mut ws, spec).await?;
     let prompt = task_prompt(
         spec,
@@ -352,6 +406,9 @@ pub(crate) fn command_options(spec: &RunSpec<'_>, rules: &RunRules) -> BashOptio
             level: rules.sandbox.level,
             limits: rules.sandbox.limits,
             network: spec.task.network,
+            // No rollout can name another's workspace, home or check copy.
+            hide: vec![scratch_root()],
+            forward: Vec::new(),
             ..Default::default()
         },
     }
