@@ -34,7 +34,9 @@ pub(crate) fn start(forwards: &[Forward]) -> io::Result<()> {
     loopback_up().inspect_err(|_| note(b"sandbox: bringing up the loopback interface failed\n"))?;
     let mut eps = Vec::with_capacity(forwards.len());
     for f in forwards {
-        eps.push(listen(f).inspect_err(|_| note(b"sandbox: opening a loopback endpoint failed\n"))?);
+        eps.push(
+            listen(f).inspect_err(|_| note(b"sandbox: opening a loopback endpoint failed\n"))?,
+        );
     }
     // SAFETY: fork in a single-threaded process; the child never returns.
     let pid = cvt(unsafe { libc::fork() })?;
@@ -57,7 +59,11 @@ pub(crate) fn start(forwards: &[Forward]) -> io::Result<()> {
 fn loopback_up() -> io::Result<()> {
     // SAFETY: plain socket/ioctl calls on a local ifreq; the fd is closed.
     unsafe {
-        let fd = cvt(libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0))?;
+        let fd = cvt(libc::socket(
+            libc::AF_INET,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            0,
+        ))?;
         let mut req: libc::ifreq = std::mem::zeroed();
         for (i, b) in b"lo\0".iter().enumerate() {
             req.ifr_name[i] = *b as libc::c_char;
@@ -81,7 +87,11 @@ fn listen(f: &Forward) -> io::Result<Endpoint> {
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: plain socket calls on a local sockaddr_in.
     unsafe {
-        let fd = cvt(libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0))?;
+        let fd = cvt(libc::socket(
+            libc::AF_INET,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+        ))?;
         let one: libc::c_int = 1;
         libc::setsockopt(
             fd,
@@ -138,7 +148,12 @@ fn relay(eps: &[Endpoint]) -> ! {
                     continue;
                 }
                 p.revents = 0;
-                let c = libc::accept4(p.fd, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC);
+                let c = libc::accept4(
+                    p.fd,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_CLOEXEC,
+                );
                 if c < 0 {
                     continue;
                 }
@@ -179,8 +194,16 @@ unsafe fn copy_conn(client: libc::c_int, target: &CString) -> ! {
     let mut buf = [0u8; 64 * 1024];
     while open[0] || open[1] {
         let mut p = [
-            libc::pollfd { fd: if open[0] { client } else { -1 }, events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: if open[1] { up } else { -1 }, events: libc::POLLIN, revents: 0 },
+            libc::pollfd {
+                fd: if open[0] { client } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if open[1] { up } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
         if libc::poll(p.as_mut_ptr(), 2, -1) < 0 {
             if *libc::__errno_location() == libc::EINTR {

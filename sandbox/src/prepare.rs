@@ -78,7 +78,13 @@ fn give_tree(dir: &Path) -> Result<(), SandboxError> {
         }
         // SAFETY: valid fd and C string.
         let r = unsafe {
-            libc::fchownat(parent, name.as_ptr(), SANDBOX_ID, SANDBOX_ID, libc::AT_SYMLINK_NOFOLLOW)
+            libc::fchownat(
+                parent,
+                name.as_ptr(),
+                SANDBOX_ID,
+                SANDBOX_ID,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
         };
         if r != 0 {
             return Err(SandboxError::Chown {
@@ -107,9 +113,9 @@ fn fd_walk(root: &Path, f: &mut Visit<'_>) -> Result<(), SandboxError> {
         move |source| SandboxError::Walk { path, source }
     };
     let parent = root.parent().unwrap_or(Path::new("/"));
-    let name = root.file_name().ok_or_else(|| {
-        walk_err(root)(std::io::Error::from_raw_os_error(libc::EINVAL))
-    })?;
+    let name = root
+        .file_name()
+        .ok_or_else(|| walk_err(root)(std::io::Error::from_raw_os_error(libc::EINVAL)))?;
     let pfd = open_dir(libc::AT_FDCWD, &cstr(parent.as_os_str().as_bytes()), false)
         .map_err(walk_err(parent))?;
     let cname = cstr(name.as_bytes());

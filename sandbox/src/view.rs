@@ -140,7 +140,9 @@ impl View {
             for (p, writable) in binds_below(policy, h) {
                 let path = c(&p)?;
                 let (tree, is_dir) = clone_tree(&path, writable)?;
-                let rel = p.strip_prefix(h).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+                let rel = p
+                    .strip_prefix(h)
+                    .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
                 let mut parents = Vec::new();
                 let mut cur = h.to_path_buf();
                 for comp in rel.components() {
@@ -172,19 +174,28 @@ impl View {
             }
         };
         for h in &self.hidden {
-            mount(c"tmpfs", h, c"tmpfs", libc::MS_NOSUID | libc::MS_NODEV, c"mode=0755,size=64k")
-                .map_err(fail(b"sandbox: covering a hidden directory failed\n"))?;
+            mount(
+                c"tmpfs",
+                h,
+                c"tmpfs",
+                libc::MS_NOSUID | libc::MS_NODEV,
+                c"mode=0755,size=64k",
+            )
+            .map_err(fail(b"sandbox: covering a hidden directory failed\n"))?;
         }
         for b in &self.binds {
-            b.make_mount_point()
-                .map_err(fail(b"sandbox: making a mount point in a hidden directory failed\n"))?;
-            b.bind()
-                .map_err(fail(b"sandbox: binding a path back into a hidden directory failed\n"))?;
+            b.make_mount_point().map_err(fail(
+                b"sandbox: making a mount point in a hidden directory failed\n",
+            ))?;
+            b.bind().map_err(fail(
+                b"sandbox: binding a path back into a hidden directory failed\n",
+            ))?;
         }
         for h in &self.hidden {
             let flags = libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
-            mount_raw(None, h, None, flags, None)
-                .map_err(fail(b"sandbox: making a hidden directory read-only failed\n"))?;
+            mount_raw(None, h, None, flags, None).map_err(fail(
+                b"sandbox: making a hidden directory read-only failed\n",
+            ))?;
         }
         if let Some(d) = &self.cwd {
             // SAFETY: valid C string.
@@ -205,7 +216,11 @@ impl Bind {
             } else {
                 // SAFETY: valid C string; the fd is closed at once.
                 unsafe {
-                    let fd = libc::open(p.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o644);
+                    let fd = libc::open(
+                        p.as_ptr(),
+                        libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+                        0o644,
+                    );
                     if fd >= 0 {
                         libc::close(fd);
                         0
