@@ -437,10 +437,7 @@ fn rejudging_calls_only_the_judge(s: &Seeded) {
         ],
     )
     .unwrap();
-    let src = SourceRun {
-        run: "smoke".into(),
-        live_kinds: ["judge".to_string()].into_iter().collect(),
-    };
+    let src = SourceRun::pinned(l, "smoke", ["judge".to_string()].into_iter().collect()).unwrap();
     let r = run(l, "rejudged", Mode::Live, None, Some(src));
     let live: BTreeSet<&str> = r
         .counts

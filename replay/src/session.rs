@@ -9,10 +9,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use ledger::Ledger;
+use ledger::{Id, Ledger};
 
 use crate::effect::Served;
-use crate::error::Result;
+use crate::error::{ReplayError, Result};
 use crate::stream::Stream;
 
 /// The relative name of a run's main stream.
@@ -31,13 +31,57 @@ pub enum Mode {
 }
 
 /// A second run to take effect results from (mixed mode): once a stream is past
-/// its own history, an effect whose kind is not in `live_kinds` and whose
-/// request the source stream recorded is served from the source instead of
-/// being performed. Re-judging = source run with rollouts, live `judge` calls.
+/// its own history, and while it is an exact prefix of the source's same
+/// stream, an effect whose kind is not in `live_kinds` and that the source
+/// recorded at that position is served from the source instead of being
+/// performed. Re-judging = source run with rollouts, live `judge` calls.
 #[derive(Debug, Clone)]
 pub struct SourceRun {
     pub run: String,
     pub live_kinds: BTreeSet<String>,
+    /// The head of every stream of the source (by relative name) when the
+    /// mixed run began: the source by id, whatever its refs do later. `None`
+    /// only for a re-judge recorded by an older build, which named its
+    /// source by ref alone.
+    pub heads: Option<BTreeMap<String, Id>>,
+}
+
+impl SourceRun {
+    /// Run `run` as it stands now, pinned by its streams' heads. Fails with
+    /// `NoSuchRef` when it has no stream at all.
+    pub fn pinned(ledger: &Ledger, run: &str, live_kinds: BTreeSet<String>) -> Result<SourceRun> {
+        let prefix = format!("{run}/");
+        let mut heads = BTreeMap::new();
+        for (name, head) in crate::remove::run_refs(ledger, run)? {
+            let rel = if name == run {
+                MAIN.to_string()
+            } else {
+                match name.strip_prefix(&prefix) {
+                    Some(r) => r.to_string(),
+                    None => continue,
+                }
+            };
+            heads.insert(rel, head);
+        }
+        if heads.is_empty() {
+            return Err(ReplayError::Ledger(ledger::LedgerError::NoSuchRef {
+                name: run.to_string(),
+            }));
+        }
+        Ok(SourceRun {
+            run: run.to_string(),
+            live_kinds,
+            heads: Some(heads),
+        })
+    }
+
+    /// The head stream `rel` of the source had (`None`: no such stream).
+    pub(crate) fn head(&self, ledger: &Ledger, rel: &str) -> Result<Option<Id>> {
+        match &self.heads {
+            Some(h) => Ok(h.get(rel).copied()),
+            None => Ok(ledger.head(&ref_name(&self.run, rel))?),
+        }
+    }
 }
 
 /// A clock, injectable so tests can be deterministic.

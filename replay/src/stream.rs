@@ -10,7 +10,7 @@
 //! after; on resume, a `started` without a result is run again, a result is
 //! never re-run.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::future::Future;
 
 use ledger::{Event, EventEnvelope, Id, NewEvent, ObjectKind};
@@ -27,9 +27,9 @@ pub struct Stream {
     history: Vec<Event>,
     pos: usize,
     head: Option<Id>,
-    /// Mixed mode: completed effects of the source run's same stream, by request
-    /// id, each with its `started` record when it had one.
-    source: HashMap<Id, VecDeque<(Option<Effect>, Effect)>>,
+    /// Mixed mode: the source run's same stream, in order, and the effect
+    /// kinds never taken from it.
+    source: Option<(Vec<Event>, std::collections::BTreeSet<String>)>,
     clock_counter: u64,
 }
 
@@ -59,31 +59,13 @@ impl Stream {
         let ledger = session.ledger().clone();
         let head = ledger.head(&ref_name)?;
         let history = load_chain(&ledger, head)?;
-        let mut source = HashMap::new();
-        if let Some(src) = &session.inner.source {
-            let sref = crate::session::ref_name(&src.run, rel);
-            let mut started: Option<Effect> = None;
-            for ev in load_chain(&ledger, ledger.head(&sref)?)? {
-                if ev.kind != "effect" {
-                    started = None;
-                    continue;
-                }
-                let e: Effect = schemas::decode_event(&ev)?;
-                if e.status == EffectStatus::Started {
-                    started = Some(e);
-                    continue;
-                }
-                let st = started.take().filter(|s| s.request == e.request);
-                if !src.live_kinds.contains(&e.effect) {
-                    source
-                        .entry(Id(e.request.0))
-                        .or_insert_with(VecDeque::new)
-                        .push_back((st, e));
-                }
-            }
-            step_over_retried(&mut source);
-            skip_consumed(&mut source, &history)?;
-        }
+        let source = match &session.inner.source {
+            Some(src) => Some((
+                load_chain(&ledger, src.head(&ledger, rel)?)?,
+                src.live_kinds.clone(),
+            )),
+            None => None,
+        };
         Ok(Stream {
             session,
             rel: rel.to_string(),
@@ -252,26 +234,8 @@ impl Stream {
             }
         }
         self.ensure_live()?;
-        if let Some((started, done)) = self.source.get_mut(&request_id).and_then(|q| q.pop_front())
-        {
-            // Copy the source's records as they were (started, then result), so
-            // this stream's ids match the source's while decisions agree.
-            let mut b = self.session.ledger().batch();
-            let mut head = self.head;
-            if let Some(st) = &started {
-                head = Some(b.append(&self.ref_name, head, self.effect_event(st)?)?);
-                self.pos += 1;
-            }
-            let id = b.append(&self.ref_name, head, self.effect_event(&done)?)?;
-            b.commit()?;
-            self.pos += 1;
-            self.head = Some(id);
-            self.session.count(&req.kind, Served::Source);
-            return Ok(Begin::Served(self.recorded_with_id(
-                id,
-                &done,
-                Served::Source,
-            )?));
+        if let Some(begin) = self.serve_from_source(&req)? {
+            return Ok(begin);
         }
         let started = if req.journaled {
             let mut b = self.session.ledger().batch();
@@ -419,6 +383,58 @@ impl Stream {
     /// A seed for `purpose` in this stream, derived from the run's root seed.
     pub fn derive_seed(&self, purpose: &str) -> u64 {
         self.session.derive_seed(&self.rel, purpose)
+    }
+
+    /// Mixed mode: the source's records for `req` at this stream's position,
+    /// copied as they were, and what to do next. Only while this stream is an
+    /// exact prefix of the source's same stream: its head is the source's
+    /// record at the same position (ids chain, so every earlier record, the
+    /// requests and results that shaped the workspace included, is the
+    /// same). From the first difference on the stream is live to its end.
+    /// Attempts that failed transiently and that another attempt follows are
+    /// copied but stepped over, as a replay of the run's own history does;
+    /// a transient failure that ends the source is copied and retried live.
+    fn serve_from_source(&mut self, req: &EffectRequest) -> Result<Option<Begin>> {
+        let Some((src, live_kinds)) = &self.source else {
+            return Ok(None);
+        };
+        let aligned = match self.pos {
+            0 => self.head.is_none(),
+            p => src.get(p - 1).map(|e| e.id) == self.head,
+        };
+        if !aligned || live_kinds.contains(&req.kind) {
+            return Ok(None);
+        }
+        let run = source_run(src, self.pos, req)?;
+        let Some(last) = run.last().cloned() else {
+            return Ok(None);
+        };
+        let mut b = self.session.ledger().batch();
+        let mut head = self.head;
+        for e in &run {
+            head = Some(b.append(&self.ref_name, head, self.effect_event(e)?)?);
+        }
+        b.commit()?;
+        self.pos += run.len();
+        self.head = head;
+        let id = head.unwrap_or(Id([0; 32]));
+        let moved_on = src.len() > self.pos;
+        match last.status {
+            EffectStatus::Started => Ok(Some(Begin::Perform(Pending {
+                req: req.clone(),
+                started: Some(id),
+            }))),
+            // The source ended on it: retry, as a resume of the source would.
+            EffectStatus::Retriable if !moved_on => Ok(None),
+            _ => {
+                self.session.count(&req.kind, Served::Source);
+                Ok(Some(Begin::Served(self.recorded_with_id(
+                    id,
+                    &last,
+                    Served::Source,
+                )?)))
+            }
+        }
     }
 
     /// Moves the cursor past a history record.
@@ -641,39 +657,30 @@ fn load_chain(ledger: &ledger::Ledger, head: Option<Id>) -> Result<Vec<Event>> {
     Ok(v)
 }
 
-/// A source attempt that failed transiently and that a later attempt of the
-/// same request follows is stepped over, as resume steps over one in a
-/// run's own history: serving it would only make the caller retry (and
-/// charge its retry budget, and sleep) to reach the attempt the source
-/// moved on with. A transient failure with no later attempt stays: the
-/// source ended there.
-fn step_over_retried(source: &mut HashMap<Id, VecDeque<(Option<Effect>, Effect)>>) {
-    for q in source.values_mut() {
-        let n = q.len();
-        let kept: VecDeque<_> = q
-            .drain(..)
-            .enumerate()
-            .filter(|(i, (_, e))| !(e.status == EffectStatus::Retriable && i + 1 < n))
-            .map(|(_, x)| x)
-            .collect();
-        *q = kept;
-    }
-}
-
-/// On resume, what this stream's history already holds of each request
-/// (its final results, served from the source or performed) is not served
-/// again from the source.
-fn skip_consumed(
-    source: &mut HashMap<Id, VecDeque<(Option<Effect>, Effect)>>,
-    history: &[Event],
-) -> Result<()> {
-    for ev in history.iter().filter(|ev| ev.kind == "effect") {
+/// The records of `req` at position `at` of a source stream: its attempts
+/// (each `started` when journaled, then its result), up to and including
+/// the first that is not a transient failure another attempt follows.
+/// Empty when the record there is anything else.
+fn source_run(src: &[Event], at: usize, req: &EffectRequest) -> Result<Vec<Effect>> {
+    let request = req.id();
+    let attempt = |i: usize| -> Result<Option<Effect>> {
+        let Some(ev) = src.get(i).filter(|ev| ev.kind == "effect") else {
+            return Ok(None);
+        };
         let e: Effect = schemas::decode_event(ev)?;
-        if matches!(e.status, EffectStatus::Ok | EffectStatus::Failed) {
-            if let Some(q) = source.get_mut(&Id(e.request.0)) {
-                q.pop_front();
-            }
+        Ok((e.request.0 == request.0 && e.effect == req.kind).then_some(e))
+    };
+    let mut run = Vec::new();
+    let mut i = at;
+    while let Some(e) = attempt(i)? {
+        i += 1;
+        let status = e.status;
+        run.push(e);
+        match status {
+            EffectStatus::Started => {}
+            EffectStatus::Retriable if attempt(i)?.is_some() => {}
+            _ => break,
         }
     }
-    Ok(())
+    Ok(run)
 }

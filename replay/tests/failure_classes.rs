@@ -135,10 +135,7 @@ fn a_transient_failure_the_run_moved_past_is_served() {
 fn mixed(l: &Arc<ledger::Ledger>, run: &str, source: &str) -> Session {
     let s = Session::new(l.clone(), run, Mode::Live)
         .unwrap()
-        .with_source(replay::SourceRun {
-            run: source.into(),
-            live_kinds: Default::default(),
-        });
+        .with_source(replay::SourceRun::pinned(l, source, Default::default()).unwrap());
     s.set_seed(1);
     s
 }

@@ -187,10 +187,8 @@ fn mixed_mode_calls_only_the_live_kind() {
     )
     .unwrap();
     let fx = Effects::default();
-    let s = session(&l, "rejudged", Mode::Live, 11).with_source(SourceRun {
-        run: "orig".into(),
-        live_kinds: BTreeSet::from(["judge".to_string()]),
-    });
+    let s = session(&l, "rejudged", Mode::Live, 11)
+        .with_source(SourceRun::pinned(&l, "orig", BTreeSet::from(["judge".to_string()])).unwrap());
     // A different judge: its scores differ, nothing else may run.
     let v = Variant {
         judge_bias: 100,

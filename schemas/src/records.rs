@@ -274,11 +274,46 @@ impl Record for RunForked {
     }
 }
 
-/// `run.mixed` v1: appended by `mass rejudge` right after `run.forked`: this
-/// run takes effect results from `source_run` where its requests match,
-/// except for `live_kinds`, which run live. Recorded so a resume of an
-/// interrupted re-judge runs in the same mixed mode (and ends at the same
-/// head) as an uninterrupted one.
+/// `run.mixed` v1 (read only): named the source by its ref alone, so a
+/// source removed (or replaced by a run of the same name) went unnoticed.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq, Eq,
+)]
+pub struct RunMixedV1 {
+    pub source_run: String,
+    /// Effect kinds that run live (sorted), e.g. `judge`.
+    pub live_kinds: Vec<String>,
+}
+
+impl Record for RunMixedV1 {
+    const KIND: &'static str = "run.mixed";
+    const VERSION: u32 = 1;
+    fn sample() -> Self {
+        RunMixedV1 {
+            source_run: "exp".into(),
+            live_kinds: vec!["judge".into()],
+        }
+    }
+}
+
+/// One stream of a source run and the head it had (`stream` relative to
+/// the run: `main` for its main stream).
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq, Eq,
+)]
+pub struct StreamHead {
+    pub stream: String,
+    pub head: Hash32,
+}
+
+/// `run.mixed` v2: appended by `mass rejudge` right after `run.forked`: this
+/// run takes effect results from the source run, named by `source_run` and
+/// pinned by the head every one of its streams had (`heads`, sorted by
+/// stream; also among the event's links), while a stream is an exact prefix
+/// of the source's same stream; `live_kinds` always run live. Recorded so a
+/// resume of an interrupted re-judge runs in the same mixed mode against the
+/// same source records (and ends at the same head) as an uninterrupted one,
+/// whatever happened to the source's refs since.
 #[derive(
     rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq, Eq,
 )]
@@ -286,15 +321,46 @@ pub struct RunMixed {
     pub source_run: String,
     /// Effect kinds that run live (sorted), e.g. `judge`.
     pub live_kinds: Vec<String>,
+    pub heads: Vec<StreamHead>,
 }
 
 impl Record for RunMixed {
     const KIND: &'static str = "run.mixed";
-    const VERSION: u32 = 1;
+    const VERSION: u32 = 2;
+    fn links(&self) -> Vec<Hash32> {
+        let mut v: Vec<Hash32> = self.heads.iter().map(|h| h.head).collect();
+        v.sort_by_key(|h| h.0);
+        v.dedup();
+        v
+    }
     fn sample() -> Self {
         RunMixed {
             source_run: "exp".into(),
             live_kinds: vec!["judge".into()],
+            heads: vec![StreamHead {
+                stream: "main".into(),
+                head: Hash32([13; 32]),
+            }],
+        }
+    }
+}
+
+impl RunMixed {
+    /// Reads a `run.mixed` event of any version this build knows (v1 with no
+    /// heads: its source is known by name only); `None` for other kinds and
+    /// for versions this build does not know.
+    pub fn read(ev: &ledger::Event) -> Option<Result<RunMixed, crate::SchemaError>> {
+        if ev.kind != <RunMixed as Record>::KIND {
+            return None;
+        }
+        match ev.version {
+            1 => Some(crate::decode_event::<RunMixedV1>(ev).map(|m| RunMixed {
+                source_run: m.source_run,
+                live_kinds: m.live_kinds,
+                heads: Vec::new(),
+            })),
+            2 => Some(crate::decode_event::<RunMixed>(ev)),
+            _ => None,
         }
     }
 }

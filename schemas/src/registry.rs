@@ -6,8 +6,8 @@
 use crate::{
     decode, Cycle, CycleV1, Dataset, DatasetV1, Effect, Evaluation, EvaluationV1, GuardCheck,
     Judgment, ModelCall, Note, Promotion, ProposalRecord, Ranking, Record, Rollout, RunForked,
-    RunMixed, RunRemoved, RunStarted, RunStartedV1, SchemaError, Selection, TrainStep, Training,
-    TrainingV1, WorkspaceSnapshot,
+    RunMixed, RunMixedV1, RunRemoved, RunStarted, RunStartedV1, SchemaError, Selection, TrainStep,
+    Training, TrainingV1, WorkspaceSnapshot,
 };
 
 /// A known kind and its current version.
@@ -94,7 +94,7 @@ registry!(
         Evaluation,
         Cycle,
     ],
-    older: [RunStartedV1, EvaluationV1, CycleV1, DatasetV1, TrainingV1],
+    older: [RunStartedV1, EvaluationV1, CycleV1, DatasetV1, TrainingV1, RunMixedV1],
 );
 
 /// Validates a payload against its kind and version.

@@ -124,6 +124,11 @@ const PINS: &[(&str, u32, &str)] = &[
         "72a75fff1cf937750cab3f9c24b6a2573d72dd2bf09333b3cf85e98ce071458f",
     ),
     (
+        "run.mixed",
+        2,
+        "1fb26b1f163385a6a99044b5e2426d6e44f76d998f29698f681b64e862f61843",
+    ),
+    (
         "run.removed",
         1,
         "55097c92dfcef3518867e4c9908e30787ff11c967f971a597c8d07870da2c733",
@@ -157,6 +162,7 @@ fn sample_hash(kind: &str, version: u32) -> String {
         ("mass.dataset", 2) => encode(&schemas::Dataset::sample()),
         ("mass.training", 1) => encode(&schemas::TrainingV1::sample()),
         ("mass.training", 2) => encode(&schemas::Training::sample()),
+        ("run.mixed", 2) => encode(&schemas::RunMixed::sample()),
         (_, v) if v != 1 => panic!("{kind} v{version} has no sample in this test: add it"),
         ("note", _) => encode(&Note::sample()),
         ("model.call", _) => encode(&ModelCall::sample()),
@@ -164,7 +170,7 @@ fn sample_hash(kind: &str, version: u32) -> String {
         ("effect", _) => encode(&Effect::sample()),
         ("run.forked", _) => encode(&RunForked::sample()),
         ("run.removed", _) => encode(&schemas::RunRemoved::sample()),
-        ("run.mixed", _) => encode(&schemas::RunMixed::sample()),
+        ("run.mixed", _) => encode(&schemas::RunMixedV1::sample()),
         ("mass.rollout", _) => encode(&schemas::Rollout::sample()),
         ("mass.judgment", _) => encode(&schemas::Judgment::sample()),
         ("mass.proposal", _) => encode(&schemas::ProposalRecord::sample()),

@@ -278,16 +278,25 @@ pub fn rejudge(
     }
     engine::driver::check_overrides(&ledger, &start, &overrides)
         .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
+    // The source by id: the heads its streams have now.
+    let src = SourceRun::pinned(&ledger, source, ["judge".to_string()].into_iter().collect())
+        .map_err(ledger_cause)?;
     let forked = replay::fork_run(&ledger, source, at, name, &overrides).map_err(ledger_cause)?;
-    let src = SourceRun {
-        run: source.to_string(),
-        live_kinds: ["judge".to_string()].into_iter().collect(),
-    };
     // Recorded, so `mass resume NAME` after an interruption re-judges in the
-    // same mixed mode instead of running everything live.
+    // same mixed mode, against the same source records, instead of running
+    // everything live.
     let mixed = schemas::RunMixed {
         source_run: src.run.clone(),
         live_kinds: src.live_kinds.iter().cloned().collect(),
+        heads: src
+            .heads
+            .iter()
+            .flatten()
+            .map(|(stream, head)| schemas::StreamHead {
+                stream: stream.clone(),
+                head: schemas::Hash32(head.0),
+            })
+            .collect(),
     };
     ledger.append(name, Some(forked), schemas::to_event(&mixed)?)?;
     let code = go(
