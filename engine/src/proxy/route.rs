@@ -237,7 +237,35 @@ pub struct Route {
     needles: Needles,
     /// Exchanges that could not be queued for the writer.
     lost: Mutex<Vec<String>>,
+    /// Exchanges forwarded and not yet queued (see [`Route::hold`]).
+    pending: Arc<Settling>,
 }
+
+/// Counts a route's exchanges between forwarding and queueing, so
+/// [`Route::finish`] can wait for one whose client went away: its record is
+/// queued from a task spawned when its handler was dropped, which may run
+/// after the upstream already saw the connection close.
+#[derive(Default)]
+pub(crate) struct Settling {
+    n: std::sync::atomic::AtomicUsize,
+    settled: tokio::sync::Notify,
+}
+
+/// One exchange not yet queued; settles when dropped.
+pub(crate) struct Hold(Arc<Settling>);
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if self.0.n.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            self.0.settled.notify_waiters();
+        }
+    }
+}
+
+/// How long [`Route::finish`] waits for exchanges still being queued (a
+/// handler that never ends must not hang a shutdown; what it could not
+/// queue later is named in [`Route::unrecorded`]).
+const SETTLE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Route {
     fn new(label: String, mode: RouteMode, log: Option<WireLog>, needles: Needles) -> Route {
@@ -252,7 +280,34 @@ impl Route {
             limits: Limits::default(),
             needles,
             lost: Mutex::new(Vec::new()),
+            pending: Arc::default(),
         }
+    }
+
+    /// Marks one exchange as forwarded and not yet queued, until the
+    /// returned hold is dropped (after queueing).
+    pub(crate) fn hold(&self) -> Hold {
+        self.pending
+            .n
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Hold(self.pending.clone())
+    }
+
+    /// Waits (up to [`SETTLE_LIMIT`]) until no exchange is between
+    /// forwarding and queueing.
+    async fn settle(&self) {
+        let wait = async {
+            loop {
+                let n = self.pending.settled.notified();
+                tokio::pin!(n);
+                n.as_mut().enable();
+                if self.pending.n.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                    return;
+                }
+                n.await;
+            }
+        };
+        let _ = tokio::time::timeout(SETTLE_LIMIT, wait).await;
     }
 
     /// Records into `log`, forwarding to `upstream`.
@@ -363,6 +418,7 @@ impl Route {
     /// Waits until everything passed through is recorded durably; returns the
     /// stream's head (`None`: the route records nothing).
     pub async fn finish(&self) -> Result<Option<Id>, ProxyError> {
+        self.settle().await;
         match &self.recorder {
             Some(r) => Ok(r.finish().await?.or(self.start)),
             None => Ok(None),

@@ -687,6 +687,7 @@ struct Pending {
     t0: Instant,
     known: Needles,
     flight: Option<Flight>,
+    hold: Option<crate::proxy::route::Hold>,
 }
 
 impl Pending {
@@ -701,6 +702,7 @@ impl Pending {
             t0: r.t0,
             known: r.known.clone(),
             flight: Some(flight),
+            hold: Some(route.hold()),
         }
     }
 
@@ -730,8 +732,10 @@ impl Pending {
         let ex = self.exchange(outcome, timing);
         let known = std::mem::take(&mut self.known);
         let flight = self.flight.take();
+        let hold = self.hold.take();
         self.route.queue(ex, known).await;
         drop(flight);
+        drop(hold);
     }
 }
 
@@ -750,10 +754,12 @@ impl Drop for Pending {
             timing,
         );
         let (route, known) = (self.route.clone(), std::mem::take(&mut self.known));
+        let hold = self.hold.take();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 route.queue(ex, known).await;
                 drop(flight);
+                drop(hold);
             });
         }
     }
