@@ -260,6 +260,10 @@ fn recorded_start(ledger: &Ledger, run: &str, first: &Event) -> Result<Start> {
 
 /// Records, resumes, continues a fork of, or checks a run.
 pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
+    // Workspaces of a mass that died mid-run are never picked up again.
+    if req.mode == Mode::Live {
+        crate::harness::clean_stale_scratch();
+    }
     let mut session = Session::new(ledger.clone(), req.run.clone(), req.mode.clone())?;
     // A re-judge records its mixed mode, so resuming it (or checking it)
     // takes results from the same source as the uninterrupted run did.

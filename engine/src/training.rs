@@ -9,7 +9,7 @@
 //! why, the adapter files as a tree, the trainer's own version line.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ledger::Id;
 use replay::EffectError;
@@ -21,9 +21,6 @@ use crate::config::{Backend as BackendCfg, Experiment, TrainerArgs, TrainerKind}
 use crate::cycle::{json_effect, step, Ctx, Models};
 use crate::error::{EngineError, Result};
 use crate::trainer::{best_checkpoint, sim_train, TrainOutput};
-
-/// How often a running trainer is checked for exit or timeout.
-const POLL: Duration = Duration::from_millis(200);
 
 #[allow(clippy::too_many_arguments)]
 pub fn train(
@@ -250,46 +247,36 @@ pub fn train(
     })
 }
 
-/// Runs a trainer command line through `bash -c` in `dir`, in a process
-/// group of its own, its output to a log file (a pipe would block a chatty
-/// trainer). Past `timeout_secs` the whole group is killed. Returns the
-/// exit code (-1 for a signal) and the log.
+/// Runs a trainer command line through `bash -c` in `dir`, supervised
+/// (`crate::supervise`: its whole tree ends when it is stopped, when it
+/// exits, and when `mass` dies however it dies, so a resume never trains
+/// beside an orphan), its output to a log file (a pipe would block a chatty
+/// trainer). Past `timeout_secs` the whole tree is killed. Returns the exit
+/// code (-1 for a signal) and the log.
 fn run_trainer(line: &str, dir: &Path, timeout_secs: u64) -> Result<(i32, String), EffectError> {
-    use std::os::unix::process::CommandExt;
     let log_path = dir.join("trainer.log");
     let io = |e: std::io::Error| EffectError::transient(format!("cannot run trainer: {e}"));
+    let sup = |e: crate::supervise::SuperviseError| {
+        EffectError::transient(format!("cannot run trainer: {e}"))
+    };
     let log = std::fs::File::create(&log_path).map_err(io)?;
-    let mut child = std::process::Command::new("bash")
-        .arg("-c")
+    let mut cmd = crate::supervise::Command::new("bash");
+    cmd.arg("-c")
         .arg(line)
         .current_dir(dir)
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone().map_err(io)?)
-        .stderr(log)
-        .process_group(0)
-        .spawn()
-        .map_err(io)?;
-    let started = Instant::now();
+        .stderr(log);
+    let mut child = cmd.spawn().map_err(sup)?;
     let limit = Duration::from_secs(timeout_secs);
-    let status = loop {
-        if let Some(status) = child.try_wait().map_err(io)? {
-            break status;
-        }
-        if started.elapsed() >= limit {
-            // SAFETY: killpg with the child's own group id (process_group(0)
-            // made the child its group's leader); it only sends a signal.
-            unsafe {
-                libc::killpg(child.id() as libc::pid_t, libc::SIGKILL);
-            }
-            let _ = child.wait();
-            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(3).collect();
-            return Err(EffectError::transient(format!(
-                "trainer ran past trainer.timeout_secs ({timeout_secs} s) and was killed; last lines: {}",
-                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-            )));
-        }
-        std::thread::sleep(POLL);
+    let Some(status) = child.wait_timeout(limit).map_err(sup)? else {
+        let _ = child.kill();
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(3).collect();
+        return Err(EffectError::transient(format!(
+            "trainer ran past trainer.timeout_secs ({timeout_secs} s) and was killed; last lines: {}",
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        )));
     };
     let log = std::fs::read(&log_path).map_err(io)?;
     Ok((

@@ -20,6 +20,12 @@
 //! 7. inherited fds marked close-on-exec;
 //! 8. seccomp last, because it denies mount/unshare and needs no_new_privs.
 //!
+//! The launcher dies with the thread of the process that started it
+//! (PDEATHSIG(SIGKILL), armed first and again after each credential change,
+//! and checked against the parent it was started by): a `mass` killed
+//! outright takes every confined command with it, the relay and with it the
+//! namespace at `Level::Full`, the command itself below it.
+//!
 //! `Policy::unprotected` (tests only) leaves single steps out; each
 //! `Layer` names the step it skips, and nothing else changes.
 
@@ -147,12 +153,30 @@ fn apply_seccomp(progs: &[BpfProgram], nnp: bool) -> io::Result<()> {
     Ok(())
 }
 
-fn drop_root_step(drop: bool) -> io::Result<()> {
+fn drop_root_step(drop: bool, parent: u32) -> io::Result<()> {
     if drop {
         give_std_pipes();
         sys::drop_root().inspect_err(|_| note(b"sandbox: dropping root to uid 65534 failed\n"))?;
+        // Changing credentials cleared the parent-death signal: arm it again.
+        die_with_parent(parent);
     }
     Ok(())
+}
+
+/// Ties this process to the thread of `parent` that started it: SIGKILL
+/// when that thread (and so `mass`, however it died) goes. A parent that
+/// is already gone (this process was reparented before the signal was
+/// armed) ends it at once. The signal survives `execve`; credential
+/// changes clear it, so it is armed again after each (`drop_root_step`,
+/// the relay after the namespaces).
+fn die_with_parent(parent: u32) {
+    // SAFETY: plain prctl/getppid; _exit is always safe.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        if parent != 0 && libc::getppid() as u32 != parent {
+            libc::_exit(137);
+        }
+    }
 }
 
 /// A command that runs `program` confined as `policy` says. The caller adds
@@ -220,6 +244,7 @@ pub fn command(program: impl AsRef<OsStr>, policy: &Policy) -> Result<Command, S
         policy: policy.clone(),
         landlock_abi: avail.landlock_abi.unwrap_or(0),
         drop_root: avail.root,
+        parent: std::process::id(),
     };
     let spec = serde_json::to_string(&spec).map_err(|e| SandboxError::Launch(e.to_string()))?;
     let mut cmd = Command::new(LAUNCHER);
@@ -252,6 +277,8 @@ pub(crate) struct LaunchSpec {
     pub(crate) policy: Policy,
     pub(crate) landlock_abi: i32,
     pub(crate) drop_root: bool,
+    /// The process that starts the launcher, which dies with it.
+    pub(crate) parent: u32,
 }
 
 /// In the launcher: applies every layer of `spec` to this process, in the
@@ -259,6 +286,7 @@ pub(crate) struct LaunchSpec {
 /// command (under `Level::Full`, PID 2 of the new PID namespace; the relay
 /// and the namespace's init never return).
 pub(crate) fn confine_self(spec: &LaunchSpec) -> io::Result<()> {
+    die_with_parent(spec.parent);
     let policy = &spec.policy;
     let limits = rlimit_table(&policy.limits);
     let off = |l: Layer| policy.off(l);
@@ -298,7 +326,7 @@ pub(crate) fn confine_self(spec: &LaunchSpec) -> io::Result<()> {
                 // Landlock and seccomp, so do it before dropping root.
                 restrict(ruleset, false)?;
                 apply_seccomp(&progs, false)?;
-                drop_root_step(drop)?;
+                drop_root_step(drop, spec.parent)?;
                 if rlimits {
                     set_rlimits(&limits)?;
                 }
@@ -308,7 +336,7 @@ pub(crate) fn confine_self(spec: &LaunchSpec) -> io::Result<()> {
                 }
                 return Ok(());
             }
-            drop_root_step(drop)?;
+            drop_root_step(drop, spec.parent)?;
             if rlimits {
                 set_rlimits(&limits)?;
             }
@@ -361,8 +389,11 @@ pub(crate) fn confine_self(spec: &LaunchSpec) -> io::Result<()> {
                 set_core_zero();
             }
             prefer_for_oom();
-            drop_root_step(drop)?;
+            drop_root_step(drop, spec.parent)?;
             enter_namespaces(flags, &uid_map, &gid_map)?;
+            // The new user namespace may have cleared the parent-death
+            // signal; this process becomes the relay, which keeps it.
+            die_with_parent(spec.parent);
             if pid_ns {
                 become_pid1()?;
             }

@@ -5,7 +5,7 @@
 //! or a process; when a partly recorded run resumes, its workspace is
 //! materialised from the last recorded snapshot, never shared with another run.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -198,6 +198,38 @@ fn ensure_scratch_root() -> std::io::Result<()> {
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o711))?;
     }
     Ok(())
+}
+
+/// Removes what dead `mass` processes left in the system temp dir: their
+/// scratch roots (`mass-work-PID`: workspaces, homes, proxy sockets and
+/// check copies of rollouts that never finished) and their model servers'
+/// logs (`mass-serve-PID-*`). Only directories named for a pid that no
+/// longer runs; a pid now used by another process keeps its directory (it
+/// cannot be told apart). Nothing in them is recorded: the ledger holds
+/// every snapshot a run took. Returns what was removed.
+pub fn clean_stale_scratch() -> Vec<PathBuf> {
+    let tmp = std::env::temp_dir();
+    let Ok(entries) = std::fs::read_dir(&tmp) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix("mass-work-")
+            .or_else(|| name.strip_prefix("mass-serve-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        let Some(pid) = pid else { continue };
+        let is_dir = e.file_type().map(|t| t.is_dir()).unwrap_or(false);
+        if !is_dir || pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if std::fs::remove_dir_all(e.path()).is_ok() {
+            removed.push(e.path());
+        }
+    }
+    removed
 }
 
 /// A fresh directory name for one run's workspace: unique within the process
