@@ -382,8 +382,10 @@ impl Session<'_> {
         let (p, url) = self.start("replay", &["--run", RUN, "--replay"]);
         self.post(&url, "1", 200, "the replayed reply");
         self.post(&url, "changed", 400, "the miss reply");
-        assert!(p.stderr().contains("turn changed"), "{}", p.output());
+        // The miss reports are printed when the proxy stops.
         self.stop(p, 1);
+        let last = self.procs.last().expect("just stopped");
+        assert!(last.stderr().contains("turn changed"), "{}", last.output());
         let up_url = self.up_url.clone();
         let args = [
             "--run",

@@ -237,14 +237,15 @@ pub struct Route {
     needles: Needles,
     /// Exchanges that could not be queued for the writer.
     lost: Mutex<Vec<String>>,
-    /// Exchanges forwarded and not yet queued (see [`Route::hold`]).
+    /// Exchanges whose client went away, being queued (see [`Route::hold`]).
     pending: Arc<Settling>,
 }
 
-/// Counts a route's exchanges between forwarding and queueing, so
-/// [`Route::finish`] can wait for one whose client went away: its record is
-/// queued from a task spawned when its handler was dropped, which may run
-/// after the upstream already saw the connection close.
+/// Counts a route's exchanges whose client went away and whose record is
+/// being queued, so [`Route::finish`] waits for them: the record is queued
+/// from a task spawned when the handler was dropped, which may run after
+/// the upstream already saw the connection close. (An exchange still in
+/// flight is the drain's to wait for, not this.)
 #[derive(Default)]
 pub(crate) struct Settling {
     n: std::sync::atomic::AtomicUsize,
@@ -262,9 +263,9 @@ impl Drop for Hold {
     }
 }
 
-/// How long [`Route::finish`] waits for exchanges still being queued (a
-/// handler that never ends must not hang a shutdown; what it could not
-/// queue later is named in [`Route::unrecorded`]).
+/// How long [`Route::finish`] waits for abandoned exchanges being queued
+/// (a writer queue that stays full must not hang a shutdown; what could
+/// not be queued is named in [`Route::unrecorded`]).
 const SETTLE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Route {
@@ -284,8 +285,8 @@ impl Route {
         }
     }
 
-    /// Marks one exchange as forwarded and not yet queued, until the
-    /// returned hold is dropped (after queueing).
+    /// Marks one abandoned exchange as being queued, until the returned
+    /// hold is dropped (after queueing).
     pub(crate) fn hold(&self) -> Hold {
         self.pending
             .n
@@ -293,8 +294,8 @@ impl Route {
         Hold(self.pending.clone())
     }
 
-    /// Waits (up to [`SETTLE_LIMIT`]) until no exchange is between
-    /// forwarding and queueing.
+    /// Waits (up to [`SETTLE_LIMIT`]) until no abandoned exchange is being
+    /// queued.
     async fn settle(&self) {
         let wait = async {
             loop {

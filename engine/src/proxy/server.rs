@@ -687,7 +687,6 @@ struct Pending {
     t0: Instant,
     known: Needles,
     flight: Option<Flight>,
-    hold: Option<crate::proxy::route::Hold>,
 }
 
 impl Pending {
@@ -702,7 +701,6 @@ impl Pending {
             t0: r.t0,
             known: r.known.clone(),
             flight: Some(flight),
-            hold: Some(route.hold()),
         }
     }
 
@@ -732,10 +730,8 @@ impl Pending {
         let ex = self.exchange(outcome, timing);
         let known = std::mem::take(&mut self.known);
         let flight = self.flight.take();
-        let hold = self.hold.take();
         self.route.queue(ex, known).await;
         drop(flight);
-        drop(hold);
     }
 }
 
@@ -744,6 +740,9 @@ impl Drop for Pending {
         let Some(flight) = self.flight.take() else {
             return;
         };
+        // Counted before anything else, so a `Route::finish` that follows
+        // the client's going away waits for this record.
+        let hold = self.route.hold();
         let timing = self.at_once();
         let ex = self.exchange(
             Outcome::Stopped {
@@ -754,7 +753,6 @@ impl Drop for Pending {
             timing,
         );
         let (route, known) = (self.route.clone(), std::mem::take(&mut self.known));
-        let hold = self.hold.take();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 route.queue(ex, known).await;
