@@ -873,6 +873,7 @@ pub fn reexecute(ledger: Arc<Ledger>, rollout: Id) -> Result<Reexecution> {
 struct Places {
     made: Vec<PathBuf>,
     parents: Vec<PathBuf>,
+    marks: Vec<PathBuf>,
 }
 
 impl Places {
@@ -880,6 +881,7 @@ impl Places {
         let mut p = Places {
             made: Vec::new(),
             parents: Vec::new(),
+            marks: Vec::new(),
         };
         for d in dirs {
             if d.as_os_str().is_empty() || !d.is_absolute() {
@@ -906,6 +908,14 @@ impl Places {
             if let Some(parent) = d.parent() {
                 std::fs::create_dir_all(parent)
                     .map_err(|e| EngineError::io(format!("create {}", parent.display()), e))?;
+                // A live run's clean-up of dead processes' scratch roots
+                // leaves this one alone while the mark is there.
+                let mark = parent.join(super::claim_mark());
+                if !mark.exists() {
+                    std::fs::write(&mark, b"")
+                        .map_err(|e| EngineError::io(format!("create {}", mark.display()), e))?;
+                    p.marks.push(mark);
+                }
             }
             p.made.push(d.to_path_buf());
             p.parents.extend(missing);
@@ -918,6 +928,9 @@ impl Drop for Places {
     fn drop(&mut self) {
         for d in &self.made {
             let _ = std::fs::remove_dir_all(d);
+        }
+        for m in &self.marks {
+            let _ = std::fs::remove_file(m);
         }
         // Parents only if nothing else came to live in them.
         for d in &self.parents {

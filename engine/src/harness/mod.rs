@@ -204,8 +204,8 @@ fn ensure_scratch_root() -> std::io::Result<()> {
 /// scratch roots (`mass-work-PID`: workspaces, homes, proxy sockets and
 /// check copies of rollouts that never finished) and their model servers'
 /// logs (`mass-serve-PID-*`). Only directories named for a pid that no
-/// longer runs; a pid now used by another process keeps its directory (it
-/// cannot be told apart). Nothing in them is recorded: the ledger holds
+/// longer runs (a pid now used by another process keeps its directory: it
+/// cannot be told apart), and none a live process claimed. Nothing in them is recorded: the ledger holds
 /// every snapshot a run took. Returns what was removed.
 pub fn clean_stale_scratch() -> Vec<PathBuf> {
     let tmp = std::env::temp_dir();
@@ -222,7 +222,7 @@ pub fn clean_stale_scratch() -> Vec<PathBuf> {
             .and_then(|p| p.parse::<u32>().ok());
         let Some(pid) = pid else { continue };
         let is_dir = e.file_type().map(|t| t.is_dir()).unwrap_or(false);
-        if !is_dir || pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+        if !is_dir || alive(pid) || claimed(&e.path()) {
             continue;
         }
         if std::fs::remove_dir_all(e.path()).is_ok() {
@@ -230,6 +230,31 @@ pub fn clean_stale_scratch() -> Vec<PathBuf> {
         }
     }
     removed
+}
+
+fn alive(pid: u32) -> bool {
+    pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The name of the file a process that reuses a dead process's scratch root
+/// (`mass harness-replay`, at the recorded paths) leaves in it while it
+/// works there.
+pub(crate) fn claim_mark() -> String {
+    format!(".claimed-by-{}", std::process::id())
+}
+
+/// Whether a live process claimed `dir` (see [`claim_mark`]).
+fn claimed(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        e.file_name()
+            .to_string_lossy()
+            .strip_prefix(".claimed-by-")
+            .and_then(|p| p.parse::<u32>().ok())
+            .is_some_and(alive)
+    })
 }
 
 /// A fresh directory name for one run's workspace: unique within the process
