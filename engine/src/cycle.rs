@@ -613,6 +613,10 @@ pub fn run_cycle(
     result.collected_runs = total_runs as u32;
     result.delegating_runs = delegating as u32;
     result.tampered_runs = tampering_runs.len() as u32;
+    // Every collected run is a parent of the step, the ones the guards
+    // exclude too: a fork there keeps their streams instead of running them
+    // again live.
+    let collected: Vec<Id> = runs.iter().map(|r| r.event).collect();
     for r in runs {
         let task = r.record.task.clone();
         by_task.entry(task.clone()).or_default();
@@ -633,7 +637,7 @@ pub fn run_cycle(
         note(format!(
             "cycle {cycle}: collection done ({total_runs} runs)"
         ))?
-        .with_parents(by_task.values().flatten().map(|r| r.event).collect()),
+        .with_parents(collected),
     )?;
 
     // Pairwise judging on a seeded connected schedule. The judge is read

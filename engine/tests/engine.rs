@@ -778,6 +778,47 @@ fn ids_do_not_depend_on_how_many_units_run_at_once() {
     }
 }
 
+/// Regression (#25): runs the guards excluded were not parents of the
+/// "collection done" step, so a fork there lacked their streams and ran
+/// them again live. Every collected run of a cycle is a parent of its step;
+/// returns how many were checked.
+fn collected_runs_are_parents_of_collection_done(l: &Ledger, run: &str) -> usize {
+    let mut collected: Vec<(u32, Id)> = Vec::new();
+    for (_, head) in replay::run_refs(l, run).unwrap() {
+        for ev in l.chain(head) {
+            let ev = ev.unwrap();
+            if ev.kind == "mass.rollout" {
+                let r: schemas::Rollout = schemas::decode_event(&ev).unwrap();
+                if r.purpose == "collect" && !collected.iter().any(|(_, id)| *id == ev.id) {
+                    collected.push((r.cycle, ev.id));
+                }
+            }
+        }
+    }
+    let main: Vec<ledger::Event> = l
+        .chain(l.head(run).unwrap().unwrap())
+        .map(|e| e.unwrap())
+        .collect();
+    for (cycle, id) in &collected {
+        let prefix = format!("cycle {cycle}: collection done");
+        let step = main
+            .iter()
+            .find(|e| {
+                e.kind == "note"
+                    && schemas::decode_event::<schemas::Note>(e)
+                        .map(|n| n.text.starts_with(&prefix))
+                        .unwrap_or(false)
+            })
+            .unwrap_or_else(|| panic!("no {prefix} step"));
+        assert!(
+            step.parents.contains(id),
+            "collected run {} of cycle {cycle} is not a parent of its step",
+            id.short(12)
+        );
+    }
+    collected.len()
+}
+
 /// The planted blind spot (examples/blindspot.toml and its -noguards twin,
 /// three cycles each): a self-judge that rewards confident reports and
 /// workers that sometimes tamper. With guards on, no training example comes
@@ -817,6 +858,7 @@ fn guards_keep_tampered_runs_out_of_training_and_without_them_the_habit_grows() 
                                 Some((text, path.to_string_lossy().into_owned())),
                                 None,
                             );
+                            collected_runs_are_parents_of_collection_done(&l, "bs");
                             (*file, s.cycles)
                         })
                         .collect::<Vec<_>>()
