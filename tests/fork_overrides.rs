@@ -61,6 +61,46 @@ fn fork_overrides_are_validated_before_anything_is_written() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// Regression (#25, item 7): overrides were applied and validated one at a
+/// time, so `--set roles.judge=j2 --set backends.j2.kind=sim` was refused
+/// ("unknown backend j2") while the same two flags the other way round were
+/// accepted. A set is applied whole and validated once: both orders give
+/// the same fork, and a key given twice is refused, whatever the order.
+#[test]
+fn override_validation_does_not_depend_on_the_order_of_the_flags() {
+    let d = tempfile::tempdir().unwrap();
+    let l = d.path().join("ledger");
+    let o = mass(&l, &["run", "examples/smoke.toml", "--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (role, backend) = ("roles.judge=j2", "backends.j2.kind=sim");
+    for (name, first, second) in [("a", role, backend), ("b", backend, role)] {
+        let o = mass(
+            &l,
+            &[
+                "fork", "smoke", "--name", name, "--set", first, "--set", second,
+            ],
+        );
+        assert!(
+            o.status.success(),
+            "--set {first} --set {second}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let before = refs(&l);
+    for (first, second) in [("cycles=2", "cycles=3"), ("cycles=3", "cycles=2")] {
+        let o = mass(
+            &l,
+            &[
+                "fork", "smoke", "--name", "twice", "--set", first, "--set", second,
+            ],
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains("given twice"), "{err}");
+        assert_eq!(refs(&l), before);
+    }
+}
+
 /// Before: a backend override at a fork point after the run's start was
 /// refused ("backends are built when a run starts"), so a fork could not go
 /// on with a changed or added model. Now a changed backend is built again at

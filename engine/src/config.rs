@@ -1416,44 +1416,49 @@ impl Experiment {
         }
     }
 
-    /// Applies a dotted-key override (`inner.iterations=3`, `roles.judge=external`,
+    /// Applies one `key=value` override (see [`Experiment::apply_override_set`]).
+    pub fn apply_override(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        self.apply_override_set(&[(key.to_string(), value.to_string())])
+    }
+
+    /// Applies dotted-key overrides (`inner.iterations=3`, `roles.judge=external`,
     /// `backends.sim.sim.skill=0.6`). The value is parsed as a TOML value; if it
     /// is not valid TOML it is taken as a bare string, so `roles.judge=external`
     /// works without quotes. The result is re-validated; on error `self` is unchanged.
-    pub fn apply_override(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+    ///
+    /// All of `overrides` are set first and the experiment is validated
+    /// once, so their order does not matter (a role may name a backend
+    /// another override of the same set adds). A key given twice is refused:
+    /// which value would win is not something to leave to the order.
+    pub fn apply_override_set(
+        &mut self,
+        overrides: &[(String, String)],
+    ) -> Result<(), ConfigError> {
+        let mut seen = BTreeSet::new();
+        for (k, _) in overrides {
+            if !seen.insert(k.trim()) {
+                return Err(ConfigError::Override {
+                    key: k.trim().to_string(),
+                    message: "given twice: give each key once".into(),
+                });
+            }
+        }
+        let label = overrides
+            .iter()
+            .map(|(k, _)| k.trim())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut root = toml::Table::try_from(&*self).map_err(|e| ConfigError::Override {
+            key: label.clone(),
+            message: format!("cannot serialise the current experiment: {e}"),
+        })?;
+        for (k, v) in overrides {
+            insert_override(&mut root, k.trim(), v.trim())?;
+        }
         let fail = |message: String| ConfigError::Override {
-            key: key.to_string(),
+            key: label.clone(),
             message,
         };
-        let segments: Vec<&str> = key.split('.').map(str::trim).collect();
-        if segments.iter().any(|s| s.is_empty()) {
-            return Err(fail("the key has an empty segment".into()));
-        }
-        let Some((last, parents)) = segments.split_last() else {
-            return Err(fail("the key is empty".into()));
-        };
-        let mut root = toml::Table::try_from(&*self)
-            .map_err(|e| fail(format!("cannot serialise the current experiment: {e}")))?;
-        let mut table = &mut root;
-        for (depth, seg) in parents.iter().enumerate() {
-            // Missing tables are created so optional tables (e.g. a new
-            // backend's [sim]) can be set; deserialisation below rejects
-            // anything the schema does not know.
-            let entry = table
-                .entry(seg.to_string())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            table = match entry {
-                toml::Value::Table(t) => t,
-                other => {
-                    return Err(fail(format!(
-                        "{} is a {}, not a table",
-                        segments[..=depth].join("."),
-                        other.type_str()
-                    )))
-                }
-            };
-        }
-        table.insert(last.to_string(), parse_override_value(value));
         let mut updated: Experiment = toml::Value::Table(root)
             .try_into()
             .map_err(|e: toml::de::Error| fail(clean_serde_message(e.message())))?;
@@ -1471,11 +1476,13 @@ impl Experiment {
         Ok(())
     }
 
-    /// Applies `key=value` strings in order (as given on a command line).
+    /// Applies `key=value` strings as one set (as given on a command line;
+    /// see [`Experiment::apply_override_set`]).
     pub fn apply_overrides<'a>(
         &mut self,
         overrides: impl IntoIterator<Item = &'a str>,
     ) -> Result<(), ConfigError> {
+        let mut set = Vec::new();
         for item in overrides {
             let Some((key, value)) = item.split_once('=') else {
                 return Err(ConfigError::Override {
@@ -1483,9 +1490,9 @@ impl Experiment {
                     message: "expected key=value".into(),
                 });
             };
-            self.apply_override(key.trim(), value.trim())?;
+            set.push((key.trim().to_string(), value.trim().to_string()));
         }
-        Ok(())
+        self.apply_override_set(&set)
     }
 
     /// The experiment re-serialised with every default written out, in a fixed
@@ -2280,4 +2287,40 @@ optimizer = "sim"
         let m = e.select_tasks(&suite).map(|_| ()).unwrap_err().to_string();
         assert!(m.contains("overlap"), "{m}");
     }
+}
+
+/// Sets `key` (dotted) to `value` in the experiment's TOML table, creating
+/// missing tables (so optional tables, e.g. a new backend's `[sim]`, can be
+/// set; deserialisation afterwards rejects anything the schema does not
+/// know).
+fn insert_override(root: &mut toml::Table, key: &str, value: &str) -> Result<(), ConfigError> {
+    let fail = |message: String| ConfigError::Override {
+        key: key.to_string(),
+        message,
+    };
+    let segments: Vec<&str> = key.split('.').map(str::trim).collect();
+    if segments.iter().any(|s| s.is_empty()) {
+        return Err(fail("the key has an empty segment".into()));
+    }
+    let Some((last, parents)) = segments.split_last() else {
+        return Err(fail("the key is empty".into()));
+    };
+    let mut table = root;
+    for (depth, seg) in parents.iter().enumerate() {
+        let entry = table
+            .entry(seg.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table = match entry {
+            toml::Value::Table(t) => t,
+            other => {
+                return Err(fail(format!(
+                    "{} is a {}, not a table",
+                    segments[..=depth].join("."),
+                    other.type_str()
+                )))
+            }
+        };
+    }
+    table.insert(last.to_string(), parse_override_value(value));
+    Ok(())
 }

@@ -187,13 +187,22 @@ pub fn apply_forks(main: &mut Stream, exp: &mut Experiment) -> Result<()> {
     while main.take_recorded("run.mixed").is_some() {}
     while let Some(f) = main.take_recorded("run.forked") {
         let rf: schemas::RunForked = schemas::decode_event(&f)?;
-        for o in rf.overrides {
-            check_fork_override(&o.key)?;
-            exp.apply_override(&o.key, &o.value)?;
-            // Seeds derive from the root seed: from here on, the new one.
-            if o.key.trim() == "seed" {
-                main.session().set_seed(exp.seed);
-            }
+        // A key a fork recorded twice (older builds allowed it) keeps the
+        // value given last, as it did then.
+        let mut set: Vec<(String, String)> = Vec::new();
+        for o in &rf.overrides {
+            set.retain(|(k, _)| k.trim() != o.key.trim());
+            set.push((o.key.clone(), o.value.clone()));
+        }
+        for (k, _) in &set {
+            check_fork_override(k)?;
+        }
+        // One set, validated once: the order they were given in does not
+        // matter.
+        exp.apply_override_set(&set)?;
+        // Seeds derive from the root seed: from here on, the new one.
+        if set.iter().any(|(k, _)| k.trim() == "seed") {
+            main.session().set_seed(exp.seed);
         }
         while main.take_recorded("run.mixed").is_some() {}
     }

@@ -151,10 +151,10 @@ pub fn check_overrides(
     overrides: &[(String, String)],
 ) -> Result<()> {
     let mut exp = recorded_experiment(ledger, first)?;
-    for (k, v) in overrides {
+    for (k, _) in overrides {
         crate::cycle::check_fork_override(k)?;
-        exp.apply_override(k, v)?;
     }
+    exp.apply_override_set(overrides)?;
     Ok(())
 }
 
