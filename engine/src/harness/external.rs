@@ -940,25 +940,26 @@ impl Drop for Places {
 }
 
 fn files_under(root: &Path) -> std::io::Result<BTreeMap<PathBuf, Vec<u8>>> {
+    // Every error names the path it is about.
+    let at = |p: &Path| {
+        let p = p.to_path_buf();
+        move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", p.display()))
+    };
     let mut out = BTreeMap::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d)? {
-            let e = e?;
+        for e in std::fs::read_dir(&d).map_err(at(&d))? {
+            let e = e.map_err(at(&d))?;
             let p = e.path();
-            let t = e.file_type()?;
+            let t = e.file_type().map_err(at(&p))?;
             let rel = p.strip_prefix(root).unwrap_or(&p).to_path_buf();
             if t.is_dir() {
                 stack.push(p);
             } else if t.is_symlink() {
-                out.insert(
-                    rel,
-                    std::fs::read_link(&p)?
-                        .into_os_string()
-                        .into_encoded_bytes(),
-                );
+                let target = std::fs::read_link(&p).map_err(at(&p))?;
+                out.insert(rel, target.into_os_string().into_encoded_bytes());
             } else {
-                out.insert(rel, std::fs::read(&p)?);
+                out.insert(rel, std::fs::read(&p).map_err(at(&p))?);
             }
         }
     }
