@@ -54,6 +54,9 @@ pub struct RunSummary {
     pub cycles: Vec<CycleResult>,
     pub head: Option<ledger::Id>,
     pub counts: std::collections::BTreeMap<(String, replay::Served), u64>,
+    /// Every stream the driver opened: (recorded events it went past,
+    /// recorded events it had). See `replay::Session::visited`.
+    pub visited: std::collections::BTreeMap<String, (u64, u64)>,
 }
 
 /// A run's start: the experiment text, its blob and the task suite's tree.
@@ -339,6 +342,7 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
         cycles: Vec::new(),
         head: None,
         counts: Default::default(),
+        visited: Default::default(),
     };
     let backends = build_backends(&exp, checkout.path())?;
     let suite = load_suite(checkout.path())?;
@@ -419,6 +423,8 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
     }
     summary.head = main.head();
     summary.counts = session.counts();
+    main.note_visit();
+    summary.visited = session.visited();
     Ok(summary)
 }
 

@@ -95,6 +95,9 @@ pub(crate) struct Inner {
     pub seed: Mutex<u64>,
     pub clock: Clock,
     pub counts: Mutex<BTreeMap<(String, Served), u64>>,
+    /// Per stream opened: how many of its recorded events the session went
+    /// past (its furthest position), and how many it had.
+    pub visited: Mutex<BTreeMap<String, (u64, u64)>>,
 }
 
 /// Cheap to clone; share one per run between tasks.
@@ -124,6 +127,7 @@ impl Session {
                         .unwrap_or(0)
                 }),
                 counts: Mutex::new(BTreeMap::new()),
+                visited: Mutex::new(BTreeMap::new()),
             }),
         })
     }
@@ -146,6 +150,7 @@ impl Session {
             seed: Mutex::new(*arc.seed.lock().unwrap_or_else(|p| p.into_inner())),
             clock: arc.clock.clone(),
             counts: Mutex::new(BTreeMap::new()),
+            visited: Mutex::new(BTreeMap::new()),
         });
         let mut inner = old;
         f(&mut inner);
@@ -198,6 +203,25 @@ impl Session {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Every stream this session opened, with how far into its recorded
+    /// history it went and how long that history was (`mass replay
+    /// --check` requires every stream of the run to be reproduced to its
+    /// end).
+    pub fn visited(&self) -> BTreeMap<String, (u64, u64)> {
+        self.inner
+            .visited
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn note_visit(&self, rel: &str, reached: u64, recorded: u64) {
+        let mut v = self.inner.visited.lock().unwrap_or_else(|p| p.into_inner());
+        let e = v.entry(rel.to_string()).or_insert((0, recorded));
+        e.0 = e.0.max(reached.min(recorded));
+        e.1 = e.1.max(recorded);
     }
 
     pub(crate) fn count(&self, kind: &str, how: Served) {

@@ -33,6 +33,13 @@ pub struct Stream {
     clock_counter: u64,
 }
 
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.session
+            .note_visit(&self.rel, self.pos as u64, self.history.len() as u64);
+    }
+}
+
 /// A live effect in progress: returned by [`Stream::begin`], closed by [`Stream::finish`].
 pub struct Pending {
     req: EffectRequest,
@@ -84,6 +91,13 @@ impl Stream {
 
     pub fn session(&self) -> &Session {
         &self.session
+    }
+
+    /// Records how far into its history this stream went (also done when
+    /// it is dropped; see [`Session::visited`]).
+    pub fn note_visit(&self) {
+        self.session
+            .note_visit(&self.rel, self.pos as u64, self.history.len() as u64);
     }
 
     /// The last event this stream has produced or replayed.

@@ -183,7 +183,7 @@ pub fn replay_check(dir: &Path, run: &str, check: bool) -> Result<ExitCode> {
     })?;
     let start = Instant::now();
     let s = drive(
-        ledger,
+        ledger.clone(),
         RunRequest {
             run: run.to_string(),
             experiment: None,
@@ -202,8 +202,73 @@ pub fn replay_check(dir: &Path, run: &str, check: bool) -> Result<ExitCode> {
             head
         );
     }
-    println!("replay check passed: every event id of {run} reproduced ({served} effects served from the ledger, none run) in {:.1}s", start.elapsed().as_secs_f64());
+    let unreached = unreached_streams(&ledger, run, &s.visited)?;
+    if !unreached.is_empty() {
+        bail!(
+            "replay check failed: the replay reproduced the main head, but not every stream of {run}:\n  {}",
+            unreached.join("\n  ")
+        );
+    }
+    let streams = replay::run_refs(&ledger, run)?.len();
+    println!("replay check passed: every event id of {run}'s {streams} streams reproduced ({served} effects served from the ledger, none run) in {:.1}s", start.elapsed().as_secs_f64());
     Ok(ExitCode::SUCCESS)
+}
+
+/// The streams of `run` a replay check did not reproduce to their end: a
+/// stream the driver opened must have been replayed through every recorded
+/// event (`visited`: reached, recorded); one it never opened (a proxy's
+/// wire stream, written outside the driver) must be named, by its head, in
+/// an event of a stream the replay reproduced, which pins every byte of it.
+fn unreached_streams(
+    ledger: &Ledger,
+    run: &str,
+    visited: &std::collections::BTreeMap<String, (u64, u64)>,
+) -> Result<Vec<String>> {
+    let prefix = format!("{run}/");
+    let mut out = Vec::new();
+    for (name, head) in replay::run_refs(ledger, run)? {
+        let rel = if name == run {
+            replay::MAIN.to_string()
+        } else {
+            name.strip_prefix(&prefix).unwrap_or(&name).to_string()
+        };
+        match visited.get(&rel) {
+            Some((reached, recorded)) if reached < recorded => out.push(format!(
+                "stream {rel}: {reached} of its {recorded} recorded events reproduced"
+            )),
+            Some(_) => {}
+            None if !pinned_by_visited(ledger, run, &head, visited)? => out.push(format!(
+                "stream {rel} (head {}): never reached by the replay, and no reproduced event names it",
+                head.short(12)
+            )),
+            None => {}
+        }
+    }
+    Ok(out)
+}
+
+/// Whether an event of a stream the replay reproduced links to `id`.
+fn pinned_by_visited(
+    ledger: &Ledger,
+    run: &str,
+    id: &ledger::Id,
+    visited: &std::collections::BTreeMap<String, (u64, u64)>,
+) -> Result<bool> {
+    for r in ledger.referrers(id)? {
+        let ev = ledger.get_event(&r)?;
+        if !visited.contains_key(&ev.stream) {
+            continue;
+        }
+        let Some(head) = ledger.head(&replay::ref_name(run, &ev.stream))? else {
+            continue;
+        };
+        for e in ledger.chain(head) {
+            if e?.id == r {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
 }
 
 /// What to re-judge (`mass rejudge`).
