@@ -308,8 +308,9 @@ fn a_model_server_that_is_not_there_stops_the_run_with_exit_7_and_resume_runs_th
 /// runs [`PROBE_PY`] (saved beside the tiny agent).
 const PROBE: &str = r#"env > env-dump.txt; env; python3 "$(dirname "$TINY_AGENT")/probe.py" 2> probe-err.txt; python3 "$TINY_AGENT" {prompt_file}"#;
 
-/// Tries the model server directly and its own route with a wrong token,
-/// and lists what it can see beside its workspace.
+/// Tries the model server directly, its own route with a wrong token, the
+/// upstream's other endpoints and a path out of its base with its own, and
+/// lists what it can see beside its workspace.
 const PROBE_PY: &str = r#"import json, os, socket, urllib.request, urllib.error
 out = {}
 host, port = os.environ["REAL_SERVER"].split(":")
@@ -327,6 +328,18 @@ except urllib.error.HTTPError as e:
     out["wrong_token"] = e.code
 except OSError as e:
     out["wrong_token"] = "unreachable: %s" % e
+def status(method, path):
+    req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + path, method=method,
+                                 headers={"authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+    try:
+        urllib.request.urlopen(req, timeout=5)
+        return 200
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError as e:
+        return "unreachable: %s" % e
+out["files"] = status("GET", "/files")
+out["escape"] = status("GET", "/%2e%2e/%2e%2e/admin/keys")
 try:
     out["siblings"] = sorted(os.listdir(".."))
 except OSError as e:
@@ -398,6 +411,9 @@ fn check_probe(ws: &std::path::Path) -> String {
         "the program reached the model server: {probe}"
     );
     assert_eq!(probe["wrong_token"], 401, "{probe}");
+    // Its token opens model calls only, under the upstream's base path.
+    assert_eq!(probe["files"], 403, "{probe}");
+    assert_eq!(probe["escape"], 400, "{probe}");
     // Its own workspace, home and proxy directory, or nothing; nobody
     // else's.
     if probe["siblings"].is_string() {
@@ -515,7 +531,7 @@ fn regression_an_external_harness_never_holds_the_backend_key() {
 #[test]
 fn a_harness_passing_a_credential_is_refused() {
     for (pass, msg) in [
-        ("OTHER_API_KEY", "holds a credential by its name"),
+        ("OTHER_API_KEY", "is named like a credential"),
         ("INNOCENT", "holds the backend's API key"),
     ] {
         let s = setup_with(AGENT, 60, r#"api_key_env = "PLANTED_SERVER_KEY""#, "");

@@ -99,6 +99,15 @@ fn override_validation_does_not_depend_on_the_order_of_the_flags() {
         assert!(err.contains("given twice"), "{err}");
         assert_eq!(refs(&l), before);
     }
+    // A re-judge serves the source's tool results: settings they ran under
+    // are refused there (a fork takes them).
+    for key in ["limits.tool_output_bytes=64", "sandbox.level=landlock"] {
+        let o = mass(&l, &["rejudge", "smoke", "--name", "rj", "--set", key]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains("fork instead"), "{err}");
+        assert_eq!(refs(&l), before);
+    }
 }
 
 /// Before: a backend override at a fork point after the run's start was

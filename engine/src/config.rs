@@ -1144,6 +1144,17 @@ impl Experiment {
                         "harness.timeout_secs must be at least 1",
                     );
                 }
+                // Refused here, before the run records anything: a value in
+                // harness.env is part of the recorded experiment and of every
+                // harness request, and would reach the sandboxed program.
+                for name in h.env.keys().chain(h.pass_env.iter()) {
+                    if crate::proxy::scrub::is_secret_name(name) {
+                        v.add(
+                            "harness.env",
+                            format!("harness: {name} is named like a credential: a sandboxed program never gets one (the proxy adds the backend's key upstream); remove it from harness.env / harness.pass_env"),
+                        );
+                    }
+                }
                 if let Err(e) = crate::proxy::Normaliser::new(&h.normalise) {
                     v.add("harness.normalise", format!("harness.normalise: {e}"));
                 }
@@ -1815,6 +1826,42 @@ impl Validator {
     }
 }
 
+/// Sets `key` (dotted) to `value` in the experiment's TOML table, creating
+/// missing tables (so optional tables, e.g. a new backend's `[sim]`, can be
+/// set; deserialisation afterwards rejects anything the schema does not
+/// know).
+fn insert_override(root: &mut toml::Table, key: &str, value: &str) -> Result<(), ConfigError> {
+    let fail = |message: String| ConfigError::Override {
+        key: key.to_string(),
+        message,
+    };
+    let segments: Vec<&str> = key.split('.').map(str::trim).collect();
+    if segments.iter().any(|s| s.is_empty()) {
+        return Err(fail("the key has an empty segment".into()));
+    }
+    let Some((last, parents)) = segments.split_last() else {
+        return Err(fail("the key is empty".into()));
+    };
+    let mut table = root;
+    for (depth, seg) in parents.iter().enumerate() {
+        let entry = table
+            .entry(seg.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table = match entry {
+            toml::Value::Table(t) => t,
+            other => {
+                return Err(fail(format!(
+                    "{} is a {}, not a table",
+                    segments[..=depth].join("."),
+                    other.type_str()
+                )))
+            }
+        };
+    }
+    table.insert(last.to_string(), parse_override_value(value));
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2287,40 +2334,4 @@ optimizer = "sim"
         let m = e.select_tasks(&suite).map(|_| ()).unwrap_err().to_string();
         assert!(m.contains("overlap"), "{m}");
     }
-}
-
-/// Sets `key` (dotted) to `value` in the experiment's TOML table, creating
-/// missing tables (so optional tables, e.g. a new backend's `[sim]`, can be
-/// set; deserialisation afterwards rejects anything the schema does not
-/// know).
-fn insert_override(root: &mut toml::Table, key: &str, value: &str) -> Result<(), ConfigError> {
-    let fail = |message: String| ConfigError::Override {
-        key: key.to_string(),
-        message,
-    };
-    let segments: Vec<&str> = key.split('.').map(str::trim).collect();
-    if segments.iter().any(|s| s.is_empty()) {
-        return Err(fail("the key has an empty segment".into()));
-    }
-    let Some((last, parents)) = segments.split_last() else {
-        return Err(fail("the key is empty".into()));
-    };
-    let mut table = root;
-    for (depth, seg) in parents.iter().enumerate() {
-        let entry = table
-            .entry(seg.to_string())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        table = match entry {
-            toml::Value::Table(t) => t,
-            other => {
-                return Err(fail(format!(
-                    "{} is a {}, not a table",
-                    segments[..=depth].join("."),
-                    other.type_str()
-                )))
-            }
-        };
-    }
-    table.insert(last.to_string(), parse_override_value(value));
-    Ok(())
 }

@@ -271,6 +271,24 @@ fn pinned_by_visited(
     Ok(false)
 }
 
+/// A re-judge serves the source's recorded tool, check and harness results
+/// wherever a stream is still the source's prefix, and their requests do
+/// not name the limits, sandbox or harness settings they ran under; an
+/// override of those would be recorded and not honoured for what is
+/// served. Refused (exit 2) with what to do instead.
+fn refuse_execution_overrides(overrides: &[(String, String)]) -> Result<()> {
+    for (k, _) in overrides {
+        let top = k.trim().split('.').next().unwrap_or("");
+        if matches!(top, "limits" | "sandbox" | "harness") {
+            return Err(CliError::Usage(format!(
+                "--set {k}: a re-judge reuses the source's recorded tool results, which ran under the source's [{top}]; to change [{top}], fork instead (`mass fork RUN --set {k}=...` runs everything after the fork point live); nothing was written"
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// What to re-judge (`mass rejudge`).
 pub struct RejudgeOptions {
     pub cycle: Option<u32>,
@@ -306,6 +324,7 @@ pub fn rejudge(
     let start = main.first().context("empty run")?.clone();
     engine::driver::check_run_start(source, &start).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut overrides = parse_sets(&opts.set)?;
+    refuse_execution_overrides(&overrides)?;
     if let Some(j) = &opts.judge {
         let judge = engine::driver::judge_overrides(&ledger, &start, j)
             .map_err(|e| CliError::Usage(format!("--judge {j}: {e}; nothing was written")))?;

@@ -320,11 +320,10 @@ fn serve_route(
     }
     let dir = proxy_dir_of(workspace);
     let what = |e: std::io::Error| format!("the proxy directory {}: {e}", dir.display());
-    fresh_dir(&dir).map_err(what)?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).map_err(what)?;
+    if dir.symlink_metadata().is_ok() {
+        std::fs::remove_dir_all(&dir).map_err(what)?;
     }
+    super::private_dir(&dir, 0o755).map_err(what)?;
     let socket = dir.join("api.sock");
     let server = handle
         .block_on(ProxyServer::bind_unix(&socket))
@@ -493,7 +492,11 @@ fn perform(
         WireLog::open(ledger.clone(), run, wire).map_err(|e| transient("the wire stream", &e))?;
     let wire_from = log.head();
     let token = super::rollout_token().map_err(|e| transient("a rollout token", &e))?;
-    let route = Arc::new(Route::record(log, upstream).require_token(Secret::new(token.as_str())));
+    let route = Arc::new(
+        Route::record(log, upstream)
+            .require_token(Secret::new(token.as_str()))
+            .only_model_calls(),
+    );
     let served = serve_route(handle, route.clone(), &dir, rules.sandbox.level, network)
         .map_err(|e| transient("the proxy", &e))?;
     let secrets: Vec<&str> = endpoint.api_key.as_deref().into_iter().collect();
@@ -884,10 +887,13 @@ impl Places {
             marks: Vec::new(),
         };
         for d in dirs {
-            if d.as_os_str().is_empty() || !d.is_absolute() {
+            if !scratch_shaped(d) {
                 return Err(EngineError::recording(
                     "harness output",
-                    "no absolute workspace path",
+                    format!(
+                        "the recorded path {} is not one mass makes for a rollout (TMP/mass-work-PID/NAME): refusing to create or run anything there",
+                        d.display()
+                    ),
                 ));
             }
             if d.exists() {
@@ -906,8 +912,13 @@ impl Places {
                 a = x.parent();
             }
             if let Some(parent) = d.parent() {
-                std::fs::create_dir_all(parent)
-                    .map_err(|e| EngineError::io(format!("create {}", parent.display()), e))?;
+                let create = |e| EngineError::io(format!("create {}", parent.display()), e);
+                if let Some(up) = parent.parent() {
+                    std::fs::create_dir_all(up).map_err(create)?;
+                }
+                // Made private, or accepted only if it is this user's and
+                // no one else can write to it.
+                super::private_dir(parent, 0o711).map_err(create)?;
                 // A live run's clean-up of dead processes' scratch roots
                 // leaves this one alone while the mark is there.
                 let mark = parent.join(super::claim_mark());
@@ -922,6 +933,34 @@ impl Places {
         }
         Ok(p)
     }
+}
+
+/// Whether `p` has the shape of a path mass gives a rollout: an absolute
+/// `.../mass-work-PID/NAME` where NAME is a workspace's (hex tag, `-`, a
+/// number), optionally followed by `.home` or `.proxy`. A recording naming
+/// anything else (a ledger from elsewhere) must not make root create files
+/// or run a program there.
+fn scratch_shaped(p: &Path) -> bool {
+    let (Some(parent), Some(name)) = (p.parent(), p.file_name()) else {
+        return false;
+    };
+    let parent_ok = parent
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("mass-work-"))
+        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()));
+    let name = name.to_string_lossy();
+    let base = name
+        .strip_suffix(".home")
+        .or_else(|| name.strip_suffix(".proxy"))
+        .unwrap_or(&name);
+    let base_ok = base.split_once('-').is_some_and(|(tag, n)| {
+        !tag.is_empty()
+            && tag.bytes().all(|b| b.is_ascii_hexdigit())
+            && !n.is_empty()
+            && n.bytes().all(|b| b.is_ascii_digit())
+    });
+    p.is_absolute() && parent_ok && base_ok
 }
 
 impl Drop for Places {
@@ -982,4 +1021,35 @@ fn compare_dirs(recorded: &Path, here: &Path) -> std::io::Result<Vec<String>> {
         out.push(format!("+ {}", p.display()));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scratch_shaped;
+    use std::path::Path;
+
+    /// Regression (#24 review): `mass harness-replay` took the workspace and
+    /// home paths from the recording, so a ledger from elsewhere could make
+    /// root create files and run its command anywhere.
+    #[test]
+    fn only_paths_mass_makes_for_rollouts_are_replayed_into() {
+        for ok in [
+            "/tmp/mass-work-12/0123456789abcdef01234567-0",
+            "/tmp/mass-work-12/0123456789abcdef01234567-3.home",
+            "/var/tmp/x/mass-work-1/ab-12.proxy",
+        ] {
+            assert!(scratch_shaped(Path::new(ok)), "{ok}");
+        }
+        for bad in [
+            "/etc/systemd/system/x.service.d",
+            "/tmp/mass-work-12/../../etc/cron.d",
+            "/tmp/mass-work-x/0123-0",
+            "/tmp/mass-work-12/0123-0/sub",
+            "tmp/mass-work-12/0123-0",
+            "/tmp/mass-work-12/zz-0",
+            "/tmp/mass-work-12/0123-",
+        ] {
+            assert!(!scratch_shaped(Path::new(bad)), "{bad}");
+        }
+    }
 }

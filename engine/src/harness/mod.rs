@@ -189,13 +189,44 @@ pub fn scratch_root() -> PathBuf {
     std::env::temp_dir().join(format!("mass-work-{}", std::process::id()))
 }
 
-/// Creates the scratch root (mode 0711) if it is missing.
+/// Creates the scratch root (mode 0711, this process's) if it is missing,
+/// and refuses one that is not safely ours: a directory another user made
+/// (or a symlink planted) at the predictable path before this process
+/// created it would let that user list, read, replace or race everything
+/// under it, the root-run steps included.
 fn ensure_scratch_root() -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let root = scratch_root();
-    if !root.is_dir() {
-        std::fs::create_dir_all(&root)?;
-        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o711))?;
+    private_dir(&scratch_root(), 0o711)
+}
+
+/// Makes `dir` with `mode` (exactly: set through the open directory, not
+/// by path, whatever the umask), or accepts an existing one only if it is
+/// a real directory owned by this process's user that no one else may
+/// write to.
+pub(crate) fn private_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {
+            let f = std::fs::File::open(dir)?;
+            // The fd is the directory just made: a swap after `mkdir` fails
+            // the ownership check below instead of moving the chmod.
+            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let m = std::fs::symlink_metadata(dir)?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !m.is_dir() || m.uid() != me || m.mode() & 0o022 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} exists but is not a private directory of this user (owner uid {}, mode {:o}): another user may have made it; remove it and retry",
+                dir.display(),
+                m.uid(),
+                m.mode() & 0o7777
+            ),
+        ));
     }
     Ok(())
 }
@@ -810,4 +841,43 @@ pub fn parse_score(output: &str) -> (u32, u32) {
         }
     }
     (passed, total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::private_dir;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    /// Regression (#24 review): the scratch root's path is predictable
+    /// (`mass-work-PID`), and an existing directory was used as it was: a
+    /// local user who made it first (mode 777, or a symlink) could list,
+    /// read and replace every rollout's files and race the root-run steps.
+    #[test]
+    fn a_scratch_root_someone_else_made_first_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let ours = t.path().join("ours");
+        private_dir(&ours, 0o711).unwrap();
+        let m = std::fs::metadata(&ours).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o711);
+        private_dir(&ours, 0o711).unwrap();
+
+        let open = t.path().join("world-writable");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = private_dir(&open, 0o711).unwrap_err();
+        assert!(e.to_string().contains("not a private directory"), "{e}");
+
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&ours, &link).unwrap();
+        assert!(private_dir(&link, 0o711).is_err());
+
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let theirs = t.path().join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::os::unix::fs::lchown(&theirs, Some(65534), Some(65534)).unwrap();
+            std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o711)).unwrap();
+            assert!(private_dir(&theirs, 0o711).is_err());
+        }
+    }
 }

@@ -239,6 +239,8 @@ pub struct Route {
     lost: Mutex<Vec<String>>,
     /// Exchanges whose client went away, being queued (see [`Route::hold`]).
     pending: Arc<Settling>,
+    /// Only model calls pass (see [`Route::only_model_calls`]).
+    model_calls_only: bool,
 }
 
 /// Counts a route's exchanges whose client went away and whose record is
@@ -282,6 +284,40 @@ impl Route {
             needles,
             lost: Mutex::new(Vec::new()),
             pending: Arc::default(),
+            model_calls_only: false,
+        }
+    }
+
+    /// Lets only model calls through: `POST` to `chat/completions`,
+    /// `completions`, `responses` or `embeddings`, `GET` of `models`
+    /// (under `/v1` or not); anything else gets HTTP 403 and is neither
+    /// forwarded nor recorded. For a route whose token a sandboxed program
+    /// holds: the upstream's key must not open the rest of its API (files,
+    /// batches, fine-tunes, admin) to it.
+    pub fn only_model_calls(mut self) -> Route {
+        self.model_calls_only = true;
+        self
+    }
+
+    /// Whether a request may pass (see [`Route::only_model_calls`]).
+    pub(crate) fn allows(&self, method: &str, path_q: &str) -> bool {
+        if !self.model_calls_only {
+            return true;
+        }
+        let path = path_q.split('?').next().unwrap_or("");
+        let path = path.strip_prefix("/v1").unwrap_or(path);
+        match method {
+            "POST" => matches!(
+                path,
+                "/chat/completions" | "/completions" | "/responses" | "/embeddings"
+            ),
+            "GET" => {
+                path == "/models"
+                    || path
+                        .strip_prefix("/models/")
+                        .is_some_and(|m| !m.is_empty() && !m.contains('/'))
+            }
+            _ => false,
         }
     }
 
@@ -450,6 +486,38 @@ impl Route {
 mod tests {
     use super::*;
     use crate::proxy::log::{HttpReply, Outcome, Timing};
+
+    #[test]
+    fn a_model_calls_only_route_passes_model_calls_and_nothing_else() {
+        let l =
+            Arc::new(ledger::Ledger::init(&tempfile::tempdir().unwrap().path().join("l")).unwrap());
+        let log = WireLog::open(l, "r", "s").unwrap();
+        let up = Upstream::new("http://127.0.0.1:9/v1").unwrap();
+        let r = Route::record(log, up).only_model_calls();
+        for (m, p) in [
+            ("POST", "/v1/chat/completions"),
+            ("POST", "/chat/completions?x=1"),
+            ("POST", "/v1/completions"),
+            ("POST", "/v1/responses"),
+            ("POST", "/v1/embeddings"),
+            ("GET", "/v1/models"),
+            ("GET", "/v1/models/m"),
+        ] {
+            assert!(r.allows(m, p), "{m} {p}");
+        }
+        for (m, p) in [
+            ("GET", "/v1/files"),
+            ("POST", "/v1/files"),
+            ("POST", "/v1/fine_tuning/jobs"),
+            ("POST", "/v1/batches"),
+            ("DELETE", "/v1/models/m"),
+            ("GET", "/v1/chat/completions"),
+            ("GET", "/v1/models/m/x"),
+            ("POST", "/admin/keys"),
+        ] {
+            assert!(!r.allows(m, p), "{m} {p}");
+        }
+    }
 
     fn exchange(n: usize) -> Exchange {
         Exchange {

@@ -64,7 +64,8 @@ impl fmt::Debug for Secret {
 /// (case-insensitive): key, api_key, apikey, api-key, token, access_token,
 /// auth, authorization, sig, signature, secret, client_secret, password,
 /// passwd, credential(s), x-api-key, and any name ending in `_key`,
-/// `_token`, `_secret` (or `-key`, `-token`, `-secret`).
+/// `_token`, `_secret` (or `-key`, `-token`, `-secret`), `apikey`,
+/// `_password` (`-password`), `_passwd`, `_pat`, `_credential(s)`, `_auth`.
 pub fn is_secret_name(name: &str) -> bool {
     let n = name.trim().to_ascii_lowercase();
     matches!(
@@ -86,9 +87,24 @@ pub fn is_secret_name(name: &str) -> bool {
             | "credential"
             | "credentials"
             | "x-api-key"
-    ) || ["_key", "_token", "_secret", "-key", "-token", "-secret"]
-        .iter()
-        .any(|s| n.ends_with(s))
+    ) || [
+        "_key",
+        "_token",
+        "_secret",
+        "-key",
+        "-token",
+        "-secret",
+        "apikey",
+        "_password",
+        "-password",
+        "_passwd",
+        "_pat",
+        "_credentials",
+        "_credential",
+        "_auth",
+    ]
+    .iter()
+    .any(|s| n.ends_with(s))
 }
 
 /// Known secret values, searched for in recorded bytes and in texts. Each

@@ -459,6 +459,23 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Response<ProxyBody> {
             "mass proxy: this route needs its token (Authorization: Bearer <token>, api-key or x-api-key)",
         );
     }
+    if escapes(&path) {
+        return proxy_error(
+            400,
+            "mass_proxy_bad_path",
+            &format!("mass proxy: {shown}: dot segments and encoded '.' or '/' are refused (they could leave the upstream's base path)"),
+        );
+    }
+    if !route.allows(req.method().as_str(), &path) {
+        return proxy_error(
+            403,
+            "mass_proxy_not_a_model_call",
+            &format!(
+                "mass proxy: {} {shown}: this route passes model calls only",
+                req.method()
+            ),
+        );
+    }
     // In flight before the closing check: a shutdown that begins now either
     // waits for this exchange or is seen here.
     let flight = st.take_off(format!("{} {shown} on {}", req.method(), route.label));
@@ -761,6 +778,19 @@ impl Drop for Pending {
             });
         }
     }
+}
+
+/// Whether a path (before its query) has a dot segment or an encoded `.`
+/// or `/`, with which a request could resolve outside the upstream's base
+/// path (`/v1/../../admin`).
+fn escapes(path_q: &str) -> bool {
+    let path = path_q.split('?').next().unwrap_or("");
+    let lower = path.to_ascii_lowercase();
+    lower.contains("%2e")
+        || lower.contains("%2f")
+        || lower.contains("%5c")
+        || path.contains('\\')
+        || path.split('/').any(|seg| seg == "." || seg == "..")
 }
 
 /// Credential headers the client's request loses when the route replaces
