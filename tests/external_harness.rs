@@ -442,8 +442,8 @@ fn check_probe(ws: &std::path::Path) -> String {
 /// token that opens its own route only, the route sends the real key
 /// upstream, and the program's namespace has no other endpoint: the key
 /// (a fresh random one) is in no decompressed object, no metadata entry,
-/// no ledger file and no output of any command, while the server saw it on
-/// every call.
+/// no ledger file and no output of any command (a re-judge and a replay
+/// check included), while the server saw it on every call.
 #[test]
 fn regression_an_external_harness_never_holds_the_backend_key() {
     let key = format!(
@@ -493,6 +493,10 @@ fn regression_an_external_harness_never_holds_the_backend_key() {
         tokens.insert(check_probe(&ws));
     }
     assert_eq!(tokens.len(), 4, "one token per rollout: {tokens:?}");
+    // A re-judge of the run (its rollouts served from the recording) and
+    // its replay check hold no key either.
+    run(&["rejudge", "tiny", "--name", "rj", "--quiet"]);
+    run(&["replay", "rj", "--check"]);
     drop(server);
     let auth = upstream_auth(dump.path());
     assert_eq!(auth.len(), 24, "6 calls per rollout");
