@@ -468,12 +468,36 @@ impl Stream {
         // The record after this result (pos + 1 is the result itself when
         // it was not journaled; the caller has consumed `started` already).
         match self.history.get(self.pos + 1) {
+            // A mixed stream that copied this failure from its source, which
+            // moved past it (its caller saw it): serve it, as the source did.
+            None if self.source_moved_past(e, req) => Retry::Serve,
             None if *self.session.mode() != Mode::Check => Retry::Live,
             None => Retry::Serve,
             Some(next) => match schemas::decode_event::<Effect>(next) {
                 Ok(n) if n.request == e.request && n.effect == req.kind => Retry::Skip,
                 _ => Retry::Serve,
             },
+        }
+    }
+
+    /// Mixed mode: whether the transient failure `e` at the cursor is the
+    /// source's own record at this position (the stream is its prefix
+    /// through it) and the source went on with something other than another
+    /// attempt of the same request.
+    fn source_moved_past(&self, e: &Effect, req: &EffectRequest) -> bool {
+        let Some((src, _)) = &self.source else {
+            return false;
+        };
+        let here = self.history.get(self.pos).map(|r| r.id);
+        if here.is_none() || src.get(self.pos).map(|r| r.id) != here {
+            return false;
+        }
+        match src.get(self.pos + 1) {
+            None => false,
+            Some(next) => !matches!(
+                schemas::decode_event::<Effect>(next),
+                Ok(n) if n.request == e.request && n.effect == req.kind
+            ),
         }
     }
 

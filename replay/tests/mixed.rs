@@ -234,3 +234,48 @@ fn a_resumed_mixed_stream_keeps_its_place_and_its_divergence() {
         .unwrap();
     assert_eq!((lives, r.output), (1, Ok(b"live".to_vec())));
 }
+
+/// A source whose caller saw a transient failure and went on (no second
+/// attempt) is served that failure; resumed right after it, a mixed stream
+/// serves it again from its own history instead of retrying it live (found
+/// by an attacker's review: the resume retried, and the rest of the stream
+/// ran live).
+#[test]
+fn a_resumed_mixed_stream_serves_a_failure_its_source_moved_past() {
+    for journaled in [false, true] {
+        let d = tempfile::tempdir().unwrap();
+        let l = ledger(d.path());
+        let src = session(&l, "src", None);
+        let mut st = src.stream("s").unwrap();
+        st.effect_blocking(tool("flaky", journaled), || {
+            Err(EffectError::transient("HTTP 503"))
+        })
+        .unwrap();
+        st.effect_blocking(tool("next", journaled), || {
+            Ok(EffectOutput::new(b"went on".to_vec()))
+        })
+        .unwrap();
+        let src_head = st.head();
+        drop(st);
+
+        let rj = session(&l, "rj", Some("src"));
+        let mut st = rj.stream("s").unwrap();
+        let r = st
+            .effect_blocking(tool("flaky", journaled), || panic!("served"))
+            .unwrap();
+        assert!(r.output.is_err(), "journaled {journaled}");
+        drop(st);
+        // Resumed here: the failure is served, then the source goes on.
+        let rj = session(&l, "rj", Some("src"));
+        let mut st = rj.stream("s").unwrap();
+        let r = st
+            .effect_blocking(tool("flaky", journaled), || panic!("not retried"))
+            .unwrap();
+        assert!(r.output.is_err(), "journaled {journaled}");
+        let r = st
+            .effect_blocking(tool("next", journaled), || panic!("served"))
+            .unwrap();
+        assert_eq!(r.output, Ok(b"went on".to_vec()));
+        assert_eq!(st.head(), src_head, "journaled {journaled}");
+    }
+}
