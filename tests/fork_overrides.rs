@@ -99,6 +99,29 @@ fn override_validation_does_not_depend_on_the_order_of_the_flags() {
         assert!(err.contains("given twice"), "{err}");
         assert_eq!(refs(&l), before);
     }
+    // Regression (#25, item 4): a fork inside a rollout with `seed=9` was
+    // accepted and then diverged on resume; a unit keeps the settings it
+    // started with, so a fork point inside one takes no overrides.
+    let v: serde_json::Value = serde_json::from_str(&refs(&l)).unwrap();
+    let inside = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"].as_str().unwrap().starts_with("smoke/"))
+        .map(|r| r["head"].as_str().unwrap().to_string())
+        .expect("a stream of a unit of work");
+    for set in ["seed=9", "sampling.team.temperature=0.3"] {
+        let o = mass(
+            &l,
+            &[
+                "fork", &inside, "--from", "smoke", "--name", "in", "--set", set,
+            ],
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains("inside a unit of work"), "{err}");
+        assert_eq!(refs(&l), before);
+    }
     // A re-judge serves the source's tool results: settings they ran under
     // are refused there (a fork takes them).
     for key in ["limits.tool_output_bytes=64", "sandbox.level=landlock"] {

@@ -590,6 +590,17 @@ pub fn fork(
         let first = l.chain(run_head).last().transpose()?.context("empty run")?;
         engine::driver::check_run_start(&run, &first).map_err(|e| anyhow::anyhow!("{e}"))?;
         let overrides = parse_sets(set)?;
+        if ev.stream != MAIN && !overrides.is_empty() {
+            // The unit keeps the settings it started with, and a changed seed
+            // would not reproduce its recorded prefix: an override here would
+            // be recorded and then ignored, or diverge on resume.
+            return Err(CliError::Usage(format!(
+                "{} is inside a unit of work (stream {}): a fork there cannot change settings (--set), since the unit goes on with those it started with; fork at a step of the run's main stream (`mass log {run}`) to change them; nothing was written",
+                id.short(12),
+                ev.stream
+            ))
+            .into());
+        }
         engine::driver::check_overrides(l, &first, &overrides)
             .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
         let f = replay::fork_run(l, &run, id, name, &overrides).map_err(ledger_cause)?;
