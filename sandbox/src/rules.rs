@@ -22,6 +22,10 @@ use std::path::{Path, PathBuf};
 /// dynamic linker's cache, time zone) plus /proc. /etc/passwd and
 /// /etc/group are deliberately absent (tools only lose the user name).
 /// Debian's python site config (/etc/python3*) is added at run time.
+/// OpenSSL's configuration file is here, not in the network list: node
+/// (Qwen Code) opens it at start-up and exits 13 when it exists but cannot
+/// be read, network or not. It holds no secret (keys live in
+/// /etc/ssl/private, which stays out).
 const SYSTEM_READ: &[&str] = &[
     "/usr",
     "/bin",
@@ -34,6 +38,7 @@ const SYSTEM_READ: &[&str] = &[
     "/etc/ld.so.conf.d",
     "/etc/alternatives",
     "/etc/localtime",
+    "/etc/ssl/openssl.cnf",
     "/proc",
 ];
 

@@ -1274,6 +1274,29 @@ fn system_read_paths_lists_existing_allow_list() {
         .any(|p| p.starts_with("/etc/passwd") || p.starts_with("/root") || p == Path::new("/etc")));
 }
 
+/// Regression (CI, Qwen Code): node exits 13 at start-up when
+/// /etc/ssl/openssl.cnf exists but Landlock denies it, and external
+/// harnesses run without network, where /etc/ssl was not readable.
+#[test]
+fn openssl_config_is_readable_without_network_but_private_keys_are_not() {
+    if !Path::new("/etc/ssl/openssl.cnf").exists() {
+        eprintln!("skipped: this machine has no /etc/ssl/openssl.cnf");
+        return;
+    }
+    let ws = Ws::new();
+    let p = ws.policy(Level::Full);
+    assert!(!p.network);
+    let o = run(
+        &p,
+        &ws.dir,
+        "head -c 1 /etc/ssl/openssl.cnf >/dev/null && echo READ; ls /etc/ssl/private >/dev/null 2>&1 || echo NOPRIVATE; ls /etc/ssl/certs >/dev/null 2>&1 || echo NOCERTS",
+        secs(10),
+    );
+    assert!(o.stdout.contains("READ"), "{o:?}");
+    assert!(o.stdout.contains("NOCERTS"), "certificates are a network-only read: {o:?}");
+    assert!(o.stdout.contains("NOPRIVATE"), "{o:?}");
+}
+
 #[test]
 fn network_policy_true_is_the_control_for_network_tests() {
     // Same connection as tcp_to_host_loopback_is_blocked, with network allowed: it works.
