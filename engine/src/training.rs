@@ -51,7 +51,15 @@ pub fn train(
     let hyperparameters = serde_json::to_vec_pretty(&exp.trainer.hyperparameters)
         .map_err(|e| EngineError::Invalid(format!("trainer.hyperparameters: {e}")))?;
     let mut st = ctx.session.stream(&format!("c{cycle}/train"))?;
-    let request = json!({"cycle": cycle, "dataset": dataset.to_hex(), "base_model": base_model, "trainer": kind, "command": command, "hyperparameters": exp.trainer.hyperparameters, "timeout_secs": exp.trainer.timeout_secs});
+    // The data by content (the blob ids the dataset record names), not by
+    // the dataset event's id: that id depends on the main stream's history
+    // (a re-judge's `run.mixed` record), the data does not, and the request
+    // must name exactly what determines the result.
+    let data = json!({
+        "train": Id::of(ledger::ObjectKind::Blob, train_jsonl.as_bytes()).to_hex(),
+        "validation": Id::of(ledger::ObjectKind::Blob, val_jsonl.as_bytes()).to_hex(),
+    });
+    let request = json!({"cycle": cycle, "data": data, "base_model": base_model, "trainer": kind, "command": command, "hyperparameters": exp.trainer.hyperparameters, "timeout_secs": exp.trainer.timeout_secs});
     let out = json_effect(&mut st, "trainer", request, || {
         let tmp = std::env::temp_dir().join(format!(
             "mass-train-{}-{}",

@@ -1293,7 +1293,10 @@ fn openssl_config_is_readable_without_network_but_private_keys_are_not() {
         secs(10),
     );
     assert!(o.stdout.contains("READ"), "{o:?}");
-    assert!(o.stdout.contains("NOCERTS"), "certificates are a network-only read: {o:?}");
+    assert!(
+        o.stdout.contains("NOCERTS"),
+        "certificates are a network-only read: {o:?}"
+    );
     assert!(o.stdout.contains("NOPRIVATE"), "{o:?}");
 }
 
