@@ -270,3 +270,123 @@ fn rejudge_with_a_judge_defined_in_a_file() {
     );
     assert!(!all.contains("strong.toml"), "a path entered the ledger");
 }
+
+/// The request bodies of a run's model-like effects (`model`, `judge`,
+/// `optimizer`), with the stream each was made on.
+fn requests(l: &Path, run: &str, dir: &Path) -> Vec<(String, String, serde_json::Value)> {
+    let out = dir.join(format!("{run}.jsonl"));
+    let o = mass(
+        l,
+        &["export", "events", run, "--out", out.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut v = Vec::new();
+    for line in std::fs::read_to_string(&out).unwrap().lines() {
+        let e: serde_json::Value = serde_json::from_str(line).unwrap();
+        let kind = e["payload"]["effect"].as_str().unwrap_or("");
+        if e["kind"] != "effect" || !matches!(kind, "model" | "judge" | "optimizer") {
+            continue;
+        }
+        let body = mass(l, &["cat", e["payload"]["request"].as_str().unwrap()]).stdout;
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        v.push((
+            e["stream"].as_str().unwrap().to_string(),
+            kind.to_string(),
+            body,
+        ));
+    }
+    v
+}
+
+/// Regression (#25, item 4): a fork between a cycle's steps recorded its
+/// overrides and `mass status` showed them, but collection, training and
+/// evaluation read a copy of the experiment frozen at the cycle's start:
+/// every later team request still carried temperature 0.7. Now each stage
+/// reads the experiment as it stands: a fork after the inner loop changes
+/// the collection's sampling, hands judging to another backend and plays
+/// it with that backend's model, and the requests made before the fork
+/// point keep what they had.
+#[test]
+fn overrides_taken_mid_cycle_apply_from_the_fork_point() {
+    let d = tempfile::tempdir().unwrap();
+    let l = d.path().join("ledger");
+    let o = mass(&l, &["run", "examples/smoke.toml", "--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let log = String::from_utf8_lossy(&mass(&l, &["log", "smoke"]).stdout).into_owned();
+    // The main stream's 6th step: "cycle 1: inner iteration 3 done", the
+    // last before the collection.
+    let at = log
+        .lines()
+        .find(|x| x.trim_end().ends_with("main#5"))
+        .and_then(|x| x.split_whitespace().next())
+        .expect("main#5 in `mass log`")
+        .to_string();
+    let shown = String::from_utf8_lossy(&mass(&l, &["show", &at]).stdout).into_owned();
+    assert!(shown.contains("inner iteration 3 done"), "{shown}");
+    let sets = [
+        "sampling.team.temperature=0.3",
+        "backends.other.kind=sim",
+        "roles.judge=other",
+        "outer.runs_per_task=4",
+        "outer.train_ranks=3",
+        "seed=9",
+    ];
+    let mut args = vec!["fork", at.as_str(), "--from", "smoke", "--name", "f"];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let o = mass(&l, &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = mass(&l, &["resume", "f", "--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = mass(&l, &["replay", "f", "--check"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let reqs = requests(&l, "f", d.path());
+    let temp = |r: &serde_json::Value| r["params"]["temperature"].as_f64();
+    let collect: Vec<_> = reqs.iter().filter(|r| r.0.contains("/collect/")).collect();
+    assert!(!collect.is_empty());
+    for (s, _, r) in &collect {
+        assert_eq!(temp(r), Some(0.3), "{s}: {r}");
+    }
+    let max_index = collect
+        .iter()
+        .filter_map(|r| r.0.split("/collect/").nth(1)?.get(..2)?.parse::<u32>().ok())
+        .max();
+    assert_eq!(
+        max_index,
+        Some(3),
+        "outer.runs_per_task=4 collects runs 00-03"
+    );
+    // The new seed: every collected rollout's first request carries a seed
+    // other than the source's.
+    let source = requests(&l, "smoke", d.path());
+    let first_seed = |reqs: &[(String, String, serde_json::Value)], stream: &str| {
+        reqs.iter()
+            .find(|r| r.0 == stream)
+            .map(|r| r.2["params"]["seed"].clone())
+    };
+    for (s, _, _) in &collect {
+        let (mine, theirs) = (first_seed(&reqs, s), first_seed(&source, s));
+        assert!(
+            mine.is_some() && mine != theirs,
+            "{s}: seed {mine:?}, source {theirs:?}"
+        );
+    }
+    // Before the fork point: the inner loop as recorded.
+    let inner: Vec<_> = reqs
+        .iter()
+        .filter(|r| r.1 == "model" && (r.0.contains("/inner/") || r.0.ends_with("/reference")))
+        .collect();
+    assert!(
+        !inner.is_empty(),
+        "no inner-loop requests in the fork's history"
+    );
+    assert!(inner.iter().all(|r| temp(&r.2) == Some(0.7)));
+    // Judging after the fork point: the added backend's model.
+    let pairs: Vec<_> = reqs.iter().filter(|r| r.0.contains("/pair/")).collect();
+    assert!(!pairs.is_empty());
+    for (s, _, r) in &pairs {
+        assert_eq!(r["model"], "other/base", "{s}: {r}");
+    }
+}

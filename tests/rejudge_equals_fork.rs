@@ -115,7 +115,7 @@ fn from_source(out: &str) -> u64 {
         .lines()
         .find(|l| l.starts_with("effects:"))
         .unwrap_or("");
-    line.split(|c| c == ',' || c == ';')
+    line.split([',', ';'])
         .filter_map(|p| p.trim().strip_suffix(" from source"))
         .filter_map(|n| n.trim().parse::<u64>().ok())
         .sum()

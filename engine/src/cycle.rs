@@ -119,6 +119,48 @@ fn tampered(task: &Task, convs: &[dataset::Example]) -> bool {
     crate::guards::tampering_in(task, &calls).is_some()
 }
 
+/// The cycle's settings and models as they stand now. A fork taken at any
+/// main-stream step of the cycle applies its overrides right after that
+/// step (`step`), so every stage reads the experiment afresh: `exp` as it
+/// stands, with the models the cycle started with (`m`, played by the roles
+/// of `ctx.exp`, the experiment at the cycle's start) carried over where a
+/// role kept its backend, rebuilt where the fork changed that backend, and
+/// the new backend's base model where it handed the role to another one.
+pub(crate) struct Now {
+    pub exp: Experiment,
+    pub models: Models,
+}
+
+impl Now {
+    pub(crate) fn of(ctx: &Ctx<'_>, exp: &Experiment, m: &Models) -> Result<Now> {
+        let mut models = m.clone();
+        crate::driver::sync_backends(ctx.backends, exp, &mut models)?;
+        crate::driver::reassign_roles(ctx.backends, &ctx.exp.roles, &exp.roles, &mut models)?;
+        Ok(Now {
+            exp: exp.clone(),
+            models,
+        })
+    }
+}
+
+impl<'a> Ctx<'a> {
+    /// This context reading `exp` instead: the experiment as it stands at a
+    /// later step of the cycle (see [`Now`]).
+    pub(crate) fn at<'b>(&self, exp: &'b Experiment) -> Ctx<'b>
+    where
+        'a: 'b,
+    {
+        Ctx {
+            session: self.session,
+            exp,
+            backends: self.backends,
+            train: self.train,
+            heldout: self.heldout,
+            progress: self.progress,
+        }
+    }
+}
+
 impl Ctx<'_> {
     pub(crate) fn threads(&self) -> usize {
         self.exp.concurrency.max(1) as usize
@@ -301,6 +343,32 @@ struct Search {
 }
 
 impl Search {
+    /// The search's team, judge, optimizer and rules under `c`'s settings.
+    fn of(c: &Ctx<'_>, m: &Models, cycle: u32) -> Result<Search> {
+        let e = c.exp;
+        Ok(Search {
+            session: c.session.clone(),
+            team: c.team(m)?,
+            judge: c.judge(
+                &e.roles.judge,
+                &m.judge,
+                e.outer.max_verdict_retries,
+                &e.sampling.judge,
+            )?,
+            opt: Optimizer {
+                backend: c.backends.get(&e.roles.optimizer)?.clone(),
+                model: m.optimizer.clone(),
+                max_retries: e.inner.max_proposal_retries,
+                sampling: e.sampling.optimizer.clone(),
+            },
+            rules: RunRules::of(e),
+            cycle,
+            acceptance: e.inner.acceptance,
+            swap: e.inner.swap_positions,
+            guard_action: e.guards.action,
+        })
+    }
+
     /// A duel of the candidate's run against `other` in stream `{base}/{vs}`.
     async fn duel(
         &self,
@@ -443,18 +511,6 @@ fn inner_loop(
     m: &Models,
 ) -> Result<Vec<InnerTask>> {
     let team = ctx.team(m)?;
-    let judge = ctx.judge(
-        &ctx.exp.roles.judge,
-        &m.judge,
-        ctx.exp.outer.max_verdict_retries,
-        &ctx.exp.sampling.judge,
-    )?;
-    let opt = Optimizer {
-        backend: ctx.backends.get(&ctx.exp.roles.optimizer)?.clone(),
-        model: m.optimizer.clone(),
-        max_retries: ctx.exp.inner.max_proposal_retries,
-        sampling: ctx.exp.sampling.optimizer.clone(),
-    };
     let stage = format!("cycle {cycle}: reference runs");
     ctx.progress.stage(&stage, ctx.train.len() as u64);
     let refs = exec::all(
@@ -503,19 +559,11 @@ fn inner_loop(
         .stage(&stage, (iterations as usize * tasks.len()) as u64);
     for k in 1..=iterations {
         // Read each iteration: a fork at the previous step may change them.
-        let search = Search {
-            session: ctx.session.clone(),
-            team: team.clone(),
-            judge: judge.clone(),
-            opt: opt.clone(),
-            rules: RunRules::of(ctx.exp),
-            cycle,
-            acceptance: exp.inner.acceptance,
-            swap: exp.inner.swap_positions,
-            guard_action: exp.guards.action,
-        };
+        let now = Now::of(ctx, exp, m)?;
+        let c = ctx.at(&now.exp);
+        let search = Search::of(&c, &now.models, cycle)?;
         tasks = exec::all(
-            ctx.threads(),
+            c.threads(),
             std::mem::take(&mut tasks),
             |mut t| {
                 let search = search.clone();
@@ -538,7 +586,9 @@ fn inner_loop(
     Ok(tasks)
 }
 
-/// Runs one whole cycle; returns its figures and the next cycle's models.
+/// Runs one whole cycle; returns its figures, the next cycle's models and
+/// the roles they play (a fork inside the cycle may have moved a role to
+/// another backend).
 pub fn run_cycle(
     ctx: &Ctx<'_>,
     main: &mut Stream,
@@ -546,7 +596,7 @@ pub fn run_cycle(
     cycle: u32,
     m: &Models,
     eval_runs: &mut crate::evaluation::EvalRuns,
-) -> Result<(CycleResult, Models)> {
+) -> Result<(CycleResult, Models, crate::config::Roles)> {
     let inner = inner_loop(ctx, main, exp, cycle, m)?;
     let mut result = CycleResult {
         cycle,
@@ -564,9 +614,12 @@ pub fn run_cycle(
         ctx.assert_trainable(&t.task, "collection")?;
     }
 
-    // Collection: N runs of each champion.
-    let team = ctx.team(m)?;
-    let n = exp.outer.runs_per_task;
+    // Collection: N runs of each champion, under the settings as they
+    // stand after the inner loop's last step.
+    let now = Now::of(ctx, exp, m)?;
+    let c = ctx.at(&now.exp);
+    let team = c.team(&now.models)?;
+    let n = now.exp.outer.runs_per_task;
     let jobs: Vec<(Task, Workflow, u32)> = with_data
         .iter()
         .flat_map(|t| (0..n).map(move |i| (t.task.clone(), t.champion.clone(), i)))
@@ -574,10 +627,10 @@ pub fn run_cycle(
     let stage = format!("cycle {cycle}: collection");
     ctx.progress.stage(&stage, jobs.len() as u64);
     let runs = exec::all(
-        ctx.threads(),
+        c.threads(),
         jobs,
         |(task, workflow, i)| {
-            let (session, team, rules) = (ctx.session.clone(), team.clone(), RunRules::of(ctx.exp));
+            let (session, team, rules) = (c.session.clone(), team.clone(), RunRules::of(c.exp));
             async move {
                 let spec = RunSpec {
                     task: &task,
@@ -654,19 +707,13 @@ pub fn run_cycle(
     // step (`mass rejudge --cycle C --judge NAME`) hands judging to another
     // backend from here on, which plays it with its base model.
     // A backend the fork changed or added (`--judge FILE.toml`) is built now.
-    let mut now = m.clone();
-    crate::driver::sync_backends(ctx.backends, exp, &mut now)?;
-    let judge_model = if exp.roles.judge == ctx.exp.roles.judge {
-        now.judge.clone()
-    } else {
-        ctx.backends.get(&exp.roles.judge)?.base_model()
-    };
-    // Read from the experiment as it stands now, like the judge itself.
-    let judge = ctx.judge(
-        &exp.roles.judge,
-        &judge_model,
-        exp.outer.max_verdict_retries,
-        &exp.sampling.judge,
+    let now = Now::of(ctx, exp, m)?;
+    let c = ctx.at(&now.exp);
+    let judge = c.judge(
+        &now.exp.roles.judge,
+        &now.models.judge,
+        now.exp.outer.max_verdict_retries,
+        &now.exp.sampling.judge,
     )?;
     let mut pair_jobs = Vec::new();
     for (task_id, runs) in &by_task {
@@ -696,7 +743,7 @@ pub fn run_cycle(
     ctx.progress.stage(&stage, pair_jobs.len() as u64);
     let tasks_by_id: BTreeMap<&str, &Task> = ctx.train.iter().map(|t| (t.id.as_str(), t)).collect();
     let verdicts = exec::all(
-        ctx.threads(),
+        c.threads(),
         pair_jobs,
         |(task_id, p, a, b, swapped)| {
             let task = tasks_by_id.get(task_id.as_str()).map(|t| (*t).clone());
@@ -874,11 +921,14 @@ pub fn run_cycle(
     };
     let dataset_id = step(main, exp, schemas::to_event(&ds)?)?;
 
-    // Training, then promotion of the trained model to every role it plays.
+    // Training, then promotion of the trained model to every role it plays,
+    // with the roles and backends as they stand after the dataset step.
+    let now = Now::of(ctx, exp, m)?;
+    let from = now.models.clone();
     let next = if summary.train_examples == 0 {
         step(main, exp, note(format!("cycle {cycle}: no training data (no task's champion beat the reference); the model is unchanged"))?)?;
-        m.clone()
-    } else if !exp.outer.train {
+        from.clone()
+    } else if !now.exp.outer.train {
         step(
             main,
             exp,
@@ -886,27 +936,34 @@ pub fn run_cycle(
                 "cycle {cycle}: dataset recorded, not trained (outer.train = false); the model is unchanged"
             ))?,
         )?;
-        m.clone()
+        from.clone()
     } else {
         crate::training::train(
-            ctx,
+            &ctx.at(&now.exp),
             main,
             exp,
             cycle,
-            &m.orchestrator,
+            &from.orchestrator,
             dataset_id,
             &train_jsonl,
             &val_jsonl,
-            m,
+            &from,
         )?
     };
     result.next_model = next.orchestrator.clone();
 
-    // Evaluation of the new model against the base model and the model
-    // this cycle started from.
-    if !ctx.heldout.is_empty() && next.orchestrator != m.orchestrator {
+    // Evaluation of the new model against the base model and the model it
+    // was trained from, under the settings as they stand after training.
+    if !ctx.heldout.is_empty() && next.orchestrator != from.orchestrator {
+        let settings = exp.clone();
         result.evaluation = Some(crate::evaluation::evaluate(
-            ctx, main, exp, cycle, m, &next, eval_runs,
+            &ctx.at(&settings),
+            main,
+            exp,
+            cycle,
+            &from,
+            &next,
+            eval_runs,
         )?);
     }
     let ev = result.evaluation.clone().unwrap_or_default();
@@ -930,7 +987,7 @@ pub fn run_cycle(
         ev.evaluations.iter().map(|(_, e)| e.clone()).collect();
     result.figures = crate::status::CycleFigures::of(&rec, &evaluations);
     step(main, exp, schemas::to_event(&rec)?)?;
-    Ok((result, next))
+    Ok((result, next, now.exp.roles))
 }
 
 /// The dataset's provenance sidecar (`mass.dataset` v2): one JSON object

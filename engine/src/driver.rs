@@ -71,7 +71,7 @@ struct Start {
 /// other things). Callers that fork a run check this first, so no fork of a
 /// run that cannot continue is created.
 /// Gives each role whose backend changed the new backend's base model.
-fn reassign_roles(
+pub(crate) fn reassign_roles(
     backends: &Backends,
     old: &crate::config::Roles,
     new: &crate::config::Roles,
@@ -402,10 +402,13 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
                 heldout: &sel.heldout,
                 progress: req.progress,
             };
-            let (result, next) =
+            let (result, next, played) =
                 run_cycle(&ctx, &mut main, &mut exp, cycle, &models, &mut eval_runs)?;
             summary.cycles.push(result);
             models = next;
+            // The roles `models` play: a fork inside the cycle may have
+            // moved one, and the cycle's stages followed it.
+            roles = played;
             cycle += 1;
             continue;
         }
