@@ -655,3 +655,103 @@ async fn the_proxy_serves_its_routes_on_a_unix_socket() {
     let (h, _) = scan_ledger(&ledger, &[("the token", token)]);
     assert!(h.is_empty(), "{h:?}");
 }
+
+/// An upstream that streams back the bearer key it was sent, split across
+/// two chunks of a chunked body (sent apart, so the proxy reads them as two):
+/// request n splits the key after byte n.
+async fn splitting_upstream() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                continue;
+            };
+            let n = n.clone();
+            tokio::spawn(async move {
+                while let Some((head, _)) = read_request(&mut sock).await {
+                    let key = head
+                        .lines()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case("authorization")
+                                .then(|| v.trim().trim_start_matches("Bearer ").to_string())
+                        })
+                        .unwrap_or_default();
+                    let at = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % key.len().max(1);
+                    let (a, b) = key.split_at(at);
+                    let first = format!(
+                        "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"your key {a}"
+                    );
+                    let second = format!("{b}\"}}}}]}}\n\ndata: [DONE]\n\n");
+                    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                    let chunk = |s: &str| format!("{:x}\r\n{s}\r\n", s.len());
+                    let parts = [
+                        format!("{head}{}", chunk(&first)),
+                        format!("{}0\r\n\r\n", chunk(&second)),
+                    ];
+                    for p in parts {
+                        if sock.write_all(p.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        let _ = sock.flush().await;
+                        tokio::time::sleep(Duration::from_millis(15)).await;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Regression (#24 review): the proxy masked the upstream's key in each
+/// chunk alone, so an upstream that echoed it across a chunk boundary
+/// handed the agent the key. Every split position of the key: the client
+/// never sees it, and the ledger never holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_echoed_across_a_chunk_boundary_never_reaches_the_client() {
+    let up = splitting_upstream().await;
+    let key = secret("sk-split-");
+    let token = secret("tok-");
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Arc::new(Ledger::init(dir.path()).unwrap());
+    let log = WireLog::open(ledger.clone(), "rec", "agent").unwrap();
+    let upstream = Upstream::new(&format!("http://{up}/v1"))
+        .unwrap()
+        .with_api_key(Secret::new(key.clone()));
+    let route = Arc::new(Route::record(log, upstream).require_token(Secret::new(token.clone())));
+    let server = ProxyServer::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let base = server.set_default(route.clone());
+    let client = reqwest::Client::new();
+    let secrets = [("the upstream key", key.clone())];
+    for i in 0..key.len() {
+        let body = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": format!("turn {i}")}]});
+        let bearer = format!("Bearer {token}");
+        let r = call(
+            &client,
+            reqwest::Method::POST,
+            &format!("{base}/chat/completions"),
+            Some(("authorization", bearer.as_str())),
+            Some(&body),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let h = hits(&format!("reply {i}"), &r.body, &secrets);
+        assert!(h.is_empty(), "split after byte {i}: {h:?}");
+        // The rest of the reply passes unchanged (the mask holds back only
+        // what could start the key).
+        let text = String::from_utf8_lossy(&r.body);
+        assert!(
+            text.ends_with("data: [DONE]\n\n") && text.contains("your key "),
+            "{text}"
+        );
+    }
+    route.finish().await.unwrap();
+    drop(server);
+    let (h, n) = scan_ledger(&ledger, &secrets);
+    assert!(h.is_empty(), "{h:?}");
+    assert!(n > 10, "{n} objects");
+}

@@ -24,6 +24,51 @@ use serde_json::{Map, Value};
 
 use super::wire::ChatBody;
 
+/// Masks known secrets in a body passed on chunk by chunk, one split
+/// across chunks too: each chunk is masked together with what the previous
+/// one held back, and the end that could be the start of a secret is held
+/// back in turn (only such an end: a body with no partial match is passed
+/// on as it comes).
+#[derive(Debug, Default)]
+pub struct StreamMask {
+    needles: Needles,
+    carry: Vec<u8>,
+}
+
+impl StreamMask {
+    pub fn new(needles: Needles) -> StreamMask {
+        StreamMask {
+            needles,
+            carry: Vec::new(),
+        }
+    }
+
+    /// What can be passed on now of `chunk` (after what was held back),
+    /// every whole secret masked.
+    pub fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
+        if self.needles.is_empty() {
+            return chunk.to_vec();
+        }
+        let mut buf = std::mem::take(&mut self.carry);
+        buf.extend_from_slice(chunk);
+        self.needles.mask(&mut buf);
+        let keep = self.needles.partial_at_end(&buf);
+        self.carry = buf.split_off(buf.len() - keep);
+        buf
+    }
+
+    /// What is still held back when the body ends: the start of a secret
+    /// that never completed, masked when it is [`MIN_NEEDLE`] bytes or
+    /// longer (a prefix that long is part of a key all the same).
+    pub fn finish(&mut self) -> Vec<u8> {
+        let mut tail = std::mem::take(&mut self.carry);
+        if tail.len() >= MIN_NEEDLE {
+            tail.fill(b'*');
+        }
+        tail
+    }
+}
+
 /// What replaces a secret value (query parameters, body fields, texts).
 pub const REDACTED: &str = "REDACTED";
 
@@ -204,6 +249,23 @@ impl Needles {
 }
 
 impl Needles {
+    /// The length of the longest end of `bytes` that is the start (not the
+    /// whole) of a secret: what a body passed on in chunks must hold back
+    /// until the next chunk shows whether a secret straddles the boundary.
+    pub fn partial_at_end(&self, bytes: &[u8]) -> usize {
+        let mut keep = 0;
+        for n in &self.0 {
+            let longest = (n.len() - 1).min(bytes.len());
+            for k in (keep + 1..=longest).rev() {
+                if bytes.ends_with(&n[..k]) {
+                    keep = k;
+                    break;
+                }
+            }
+        }
+        keep
+    }
+
     /// Whether any of the secrets occurs in `bytes`.
     pub fn any_in(&self, bytes: &[u8]) -> bool {
         self.0.iter().any(|n| find(bytes, n).is_some())
@@ -561,6 +623,43 @@ mod tests {
         let mut again = Needles::new();
         assert!(!json(&mut v, &mut again));
         assert!(again.is_empty());
+    }
+
+    #[test]
+    fn a_secret_split_across_chunks_is_masked_at_every_split() {
+        // Regression: each chunk was masked alone, so a key the upstream
+        // echoed across a chunk boundary reached the client whole.
+        let key = "sk-live-0123456789abcdef";
+        let mut n = Needles::new();
+        n.add(key.as_bytes());
+        let body = format!("data: {{\"error\":\"bad key {key}\"}}\n\ndata: [DONE]\n\n");
+        let b = body.as_bytes();
+        for i in 0..=b.len() {
+            for j in i..=b.len() {
+                let mut m = StreamMask::new(n.clone());
+                let mut out = Vec::new();
+                for part in [&b[..i], &b[i..j], &b[j..]] {
+                    out.extend(m.push(part));
+                }
+                out.extend(m.finish());
+                assert_eq!(out.len(), b.len(), "split at {i},{j}");
+                assert!(find(&out, key.as_bytes()).is_none(), "split at {i},{j}");
+                assert_eq!(
+                    String::from_utf8_lossy(&out),
+                    body.replace(key, &"*".repeat(key.len())),
+                    "split at {i},{j}"
+                );
+            }
+        }
+        // Nothing is held back where no secret can start.
+        let mut m = StreamMask::new(n.clone());
+        assert_eq!(m.push(b"data: hello\n\n"), b"data: hello\n\n");
+        assert_eq!(m.push(b"data: s"), b"data: ");
+        assert_eq!(m.push(b"o\n"), b"so\n");
+        // A body that ends inside a secret's first 8 bytes or more: masked.
+        let mut m = StreamMask::new(n);
+        assert_eq!(m.push(b"x sk-live-01"), b"x ");
+        assert_eq!(m.finish(), b"**********");
     }
 
     #[test]

@@ -897,8 +897,8 @@ struct Head {
     headers: Vec<(String, String)>,
     headers_us: u64,
     cap: usize,
-    /// Secrets masked in each chunk before it is passed on (within a chunk:
-    /// a secret split across two chunks is only masked in the recording).
+    /// Secrets masked before a chunk is passed on, one split across chunks
+    /// too (`StreamMask`).
     mask: Needles,
 }
 
@@ -922,7 +922,8 @@ async fn relay(
 ) {
     let t0 = pending.t0;
     let (mut all, mut chunks, mut chunks_us) = (Vec::new(), Vec::new(), Vec::new());
-    let end = loop {
+    let mut mask = super::scrub::StreamMask::new(head.mask.clone());
+    let mut end = loop {
         let next = tokio::select! {
             c = resp.chunk() => c,
             _ = tx.closed() => break End::ClientGone,
@@ -932,11 +933,14 @@ async fn relay(
                 if all.len() + c.len() > head.cap {
                     break End::TooLarge;
                 }
-                let c = if !head.mask.is_empty() && head.mask.any_in(&c) {
-                    Bytes::from(head.mask.masked(&c).into_owned())
-                } else {
+                let c = if head.mask.is_empty() {
                     c
+                } else {
+                    Bytes::from(mask.push(&c))
                 };
+                if c.is_empty() {
+                    continue;
+                }
                 chunks_us.push(t0.elapsed().as_micros() as u64);
                 chunks.push(c.len());
                 all.extend_from_slice(&c);
@@ -948,6 +952,17 @@ async fn relay(
             Err(e) => break End::Cut(describe(&e.without_url())),
         }
     };
+    // What the mask held back (the start of a secret that never completed)
+    // goes on and into the record like any other bytes.
+    let tail = mask.finish();
+    if !tail.is_empty() {
+        chunks_us.push(t0.elapsed().as_micros() as u64);
+        chunks.push(tail.len());
+        all.extend_from_slice(&tail);
+        if !matches!(end, End::ClientGone) && tx.send(Ok(Bytes::from(tail))).await.is_err() {
+            end = End::ClientGone;
+        }
+    }
     // Cancels the upstream's request if it is still sending.
     drop(resp);
     let timing = Timing {
