@@ -231,48 +231,6 @@ fn the_path_spelling_of_the_experiment_does_not_change_the_head() {
     }
 }
 
-/// Before (#25, item 7): `run.started` hashed the experiment's text, so a
-/// comment, another `concurrency` or the tasks folder spelt as an absolute
-/// path gave every main-stream id anew. Now the definition is hashed and the
-/// text kept beside it: the same head, and the variant's own settings are
-/// what its resume, replay and forks read (its ledger needs no file).
-#[test]
-fn comments_concurrency_and_tasks_dir_do_not_change_the_head() {
-    for seed in SEEDS {
-        let d = tempfile::tempdir().expect("tempdir");
-        experiment(d.path(), seed);
-        let plain = d.path().join("ledger-plain");
-        ok(d.path(), &plain, &["run", "exp/smoke.toml", "--quiet"]);
-        let text = std::fs::read_to_string(d.path().join("exp/smoke.toml")).expect("toml");
-        let tasks = d.path().join("exp/tasks");
-        let variant = format!(
-            "# run on the big node\nconcurrency = 7   # as many as it has\n{}",
-            text.replace(
-                "tasks_dir = \"tasks\"",
-                &format!(
-                    "tasks_dir = {:?}  # absolute",
-                    tasks.to_str().expect("utf-8")
-                ),
-            )
-        );
-        assert_ne!(variant, text);
-        std::fs::write(d.path().join("variant.toml"), &variant).expect("write");
-        let other = d.path().join("ledger-variant");
-        ok(
-            &repo(),
-            &other,
-            &[
-                "run",
-                d.path().join("variant.toml").to_str().unwrap(),
-                "--quiet",
-            ],
-        );
-        assert_eq!(head(&other, "smoke"), head(&plain, "smoke"), "seed {seed}");
-        std::fs::remove_file(d.path().join("variant.toml")).expect("rm");
-        exercise(&repo(), &other);
-    }
-}
-
 #[test]
 fn editing_a_task_after_the_run_does_not_change_its_replay() {
     for seed in SEEDS {

@@ -124,10 +124,6 @@ pub(crate) fn locate_toml_error(text: &str, err: &toml::de::Error) -> (usize, us
 // ---------------------------------------------------------------------------
 // Schema
 
-/// What an execution setting reads in an experiment's definition
-/// ([`Experiment::definition`]): not a value anything uses.
-pub const EXECUTION_PLACEHOLDER: &str = "(execution setting: not part of the definition)";
-
 /// A whole experiment file. Field order here is the order of
 /// [`Experiment::canonical_toml`]; plain values come before tables as TOML needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1520,39 +1516,6 @@ impl Experiment {
 
     pub fn backend(&self, name: &str) -> Option<&Backend> {
         self.backends.get(name)
-    }
-
-    /// The experiment's definition: what it means, without the settings
-    /// that say only how and where this machine runs it. Execution settings
-    /// are reset to fixed values: `concurrency` (results never depend on
-    /// it), `tasks_dir` (the suite is recorded by content), and each
-    /// OpenAI-compatible backend's address, key source, timeout, retry
-    /// budget and `max_concurrency`. A run hashes this (in canonical form:
-    /// no comments, every default written out), so the same experiment
-    /// gives the same ids on any machine at any concurrency; the text as
-    /// given is kept beside it, unhashed, for resuming.
-    pub fn definition(&self) -> Experiment {
-        let mut d = self.clone();
-        d.concurrency = 1;
-        d.tasks_dir = EXECUTION_PLACEHOLDER.into();
-        for b in d.backends.values_mut() {
-            if let Backend::OpenAi(o) = b {
-                o.base_url = EXECUTION_PLACEHOLDER.into();
-                o.base_url_env = None;
-                o.api_key_env = None;
-                o.api_key_file = None;
-                o.timeout_secs = 0;
-                o.max_retries = 0;
-                o.max_concurrency = 0;
-            }
-        }
-        d
-    }
-
-    /// [`Experiment::definition`] in canonical TOML: the text a run's
-    /// `run.started` names (and so hashes) as its `config`.
-    pub fn definition_toml(&self) -> String {
-        self.definition().canonical_toml()
     }
 
     /// Resolves the train and held-out task lists against a loaded suite:

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use ledger::{Event, Id, Ledger, ObjectKind};
+use ledger::{Event, Id, Ledger};
 use replay::{Mode, Session, SourceRun, MAIN};
 use schemas::{Record, RunStarted};
 
@@ -62,9 +62,6 @@ pub struct RunSummary {
 /// A run's start: the experiment text, its blob and the task suite's tree.
 struct Start {
     text: String,
-    /// The blob of `text`, named by `run.started`'s metadata (unhashed).
-    text_blob: Id,
-    /// The blob of the hashed definition (`Experiment::definition_toml`).
     config: Id,
     tasks: Id,
 }
@@ -164,56 +161,13 @@ pub fn check_overrides(
     Ok(())
 }
 
-/// The metadata key of `run.started` naming the blob of the experiment
-/// text as given (unhashed: its execution settings and comments never
-/// reach an id; `config` names the hashed definition).
-pub const EXPERIMENT_TEXT_META: &str = "experiment";
-
 /// The experiment a run recorded when it started (`first`: its
 /// `run.started`), as parsed then, before any fork's overrides.
 pub fn recorded_experiment(ledger: &Ledger, first: &Event) -> Result<Experiment> {
-    let (text, _, _) = recorded_text(ledger, first)?;
-    Ok(Experiment::parse(&text, "the recorded experiment")?)
-}
-
-/// The experiment text a run started with, the definition it recorded
-/// (`config`) and the text's blob (which its `run.started` metadata names).
-/// The text must
-/// define exactly that definition: metadata is not hashed, so a text that
-/// does not is refused as damaged rather than run.
-pub fn recorded_text(ledger: &Ledger, first: &Event) -> Result<(String, Id, Id)> {
     let rs: RunStarted = schemas::decode_event(first)?;
-    let config = Id(rs.config.0);
-    let what = "experiment text of the run's start";
-    let meta = ledger.get_meta(&first.id)?;
-    let hex = meta.extra.get(EXPERIMENT_TEXT_META).ok_or_else(|| {
-        EngineError::recording(
-            what,
-            format!(
-                "event {} names none (metadata key {EXPERIMENT_TEXT_META:?})",
-                first.id.short(12)
-            ),
-        )
-    })?;
-    let text_id: Id = hex
-        .parse()
-        .map_err(|e| EngineError::recording(what, format!("{hex:?}: {e}")))?;
-    let text = String::from_utf8(ledger.get_blob(&text_id)?)
-        .map_err(|e| EngineError::recording(what, e))?;
-    let exp = Experiment::parse(&text, "the recorded experiment")?;
-    let defines = Id::of(ObjectKind::Blob, exp.definition_toml().as_bytes());
-    if defines != config {
-        return Err(EngineError::recording(
-            what,
-            format!(
-                "blob {} defines {}, not the definition {} the run hashed; the ledger's metadata is damaged (`mass verify`)",
-                text_id.short(12),
-                defines.short(12),
-                config.short(12)
-            ),
-        ));
-    }
-    Ok((text, config, text_id))
+    let text = String::from_utf8(ledger.get_blob(&ledger::Id(rs.config.0))?)
+        .map_err(|e| EngineError::recording("experiment definition", e))?;
+    Ok(Experiment::parse(&text, "the recorded experiment")?)
 }
 
 /// The overrides that hand judging to `judge`: the name of a backend the
@@ -297,10 +251,11 @@ pub fn start_failed(ledger: &Ledger, run: &str) -> Result<Option<Id>> {
 fn recorded_start(ledger: &Ledger, run: &str, first: &Event) -> Result<Start> {
     check_run_start(run, first)?;
     let rs: RunStarted = schemas::decode_event(first)?;
-    let (text, config, text_blob) = recorded_text(ledger, first)?;
+    let config = Id(rs.config.0);
+    let text = String::from_utf8(ledger.get_blob(&config)?)
+        .map_err(|e| EngineError::recording("experiment definition", e))?;
     Ok(Start {
         text,
-        text_blob,
         config,
         tasks: Id(rs.tasks.0),
     })
@@ -354,8 +309,7 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
             sandbox::probe().check(exp.sandbox.level)?;
             let start = Start {
                 tasks: suite::record(&ledger, &on_disk)?,
-                config: ledger.put_blob(exp.definition_toml().as_bytes())?,
-                text_blob: ledger.put_blob(text.as_bytes())?,
+                config: ledger.put_blob(text.as_bytes())?,
                 text: text.clone(),
             };
             (start, exp)
@@ -367,11 +321,7 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
         tasks: start.tasks.into(),
         seed: exp.seed,
     };
-    // The text as given, beside the hashed definition: what a resume on
-    // this or another machine runs with (addresses, concurrency).
-    main.emit(
-        schemas::to_event(&started)?.with_meta(EXPERIMENT_TEXT_META, start.text_blob.to_hex()),
-    )?;
+    main.emit(schemas::to_event(&started)?)?;
     session.set_seed(exp.seed);
 
     // Every session works on its own checkout of the recorded suite (kept

@@ -346,24 +346,12 @@ pub fn unfinished_effects(ledger: &Ledger, run: &str) -> Result<Vec<String>> {
 /// recorded definition. Reads runs of every `run.started` version, so `mass
 /// status` still lists runs recorded by older builds.
 pub fn describe_start(ledger: &Ledger, first: &Event) -> Result<(String, u32)> {
-    let text = match first.version {
-        1 => {
-            let config = schemas::decode_event::<schemas::RunStartedV1>(first)?.config;
-            String::from_utf8(ledger.get_blob(&ledger::Id(config.0))?)
-                .map_err(|e| EngineError::recording("experiment", e))?
-        }
-        // Runs of older builds kept the text itself as `config`.
-        _ if !ledger
-            .get_meta(&first.id)?
-            .extra
-            .contains_key(crate::driver::EXPERIMENT_TEXT_META) =>
-        {
-            let config = schemas::decode_event::<schemas::RunStarted>(first)?.config;
-            String::from_utf8(ledger.get_blob(&ledger::Id(config.0))?)
-                .map_err(|e| EngineError::recording("experiment", e))?
-        }
-        _ => crate::driver::recorded_text(ledger, first)?.0,
+    let config = match first.version {
+        1 => schemas::decode_event::<schemas::RunStartedV1>(first)?.config,
+        _ => schemas::decode_event::<schemas::RunStarted>(first)?.config,
     };
+    let text = String::from_utf8(ledger.get_blob(&ledger::Id(config.0))?)
+        .map_err(|e| EngineError::recording("experiment", e))?;
     let exp = crate::config::Experiment::parse(&text, "recorded experiment")?;
     Ok((exp.name, exp.cycles))
 }

@@ -182,9 +182,7 @@ impl Record for Effect {
 pub struct RunStarted {
     /// The driver that interprets the run, with its version, e.g. `mass-engine/2`.
     pub driver: String,
-    /// Blob of the experiment's definition: canonical TOML without its
-    /// execution settings (the text as given is named by the event's
-    /// unhashed metadata, key `experiment`; see SCHEMAS.md).
+    /// Blob of the experiment definition as given (e.g. the TOML text).
     pub config: Hash32,
     /// Tree of the task suite: every task folder, `<task-id>/...`.
     pub tasks: Hash32,
