@@ -390,3 +390,56 @@ fn overrides_taken_mid_cycle_apply_from_the_fork_point() {
         assert_eq!(r["model"], "other/base", "{s}: {r}");
     }
 }
+
+/// Regression (attacker review of #25, item 4): evaluation read the roles as
+/// they stood after a fork at the training step but the models and backends
+/// of the dataset step, so a backend added there was "not configured" and a
+/// judge moved there was asked for the old backend's model. The fork's
+/// evaluation judges with the added backend's base model.
+#[test]
+fn a_fork_at_the_training_step_hands_evaluation_to_the_new_judge() {
+    let d = tempfile::tempdir().unwrap();
+    let l = d.path().join("ledger");
+    let o = mass(&l, &["run", "examples/smoke.toml", "--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let log = String::from_utf8_lossy(&mass(&l, &["log", "smoke"]).stdout).into_owned();
+    let at = log
+        .lines()
+        .find(|x| x.split_whitespace().nth(1) == Some("mass.training"))
+        .and_then(|x| x.split_whitespace().next())
+        .expect("a mass.training step in `mass log`")
+        .to_string();
+    let o = mass(
+        &l,
+        &[
+            "fork",
+            &at,
+            "--from",
+            "smoke",
+            "--name",
+            "t",
+            "--set",
+            "backends.other.kind=sim",
+            "--set",
+            "roles.judge=other",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = mass(&l, &["resume", "t", "--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = mass(&l, &["replay", "t", "--check"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let reqs = requests(&l, "t", d.path());
+    let eval: Vec<_> = reqs
+        .iter()
+        .filter(|r| r.1 == "judge" && r.0.starts_with("c1/eval/"))
+        .collect();
+    assert!(!eval.is_empty(), "no evaluation judgments");
+    assert!(
+        eval.iter().any(|r| r.2["model"] == "other/base"),
+        "no evaluation judgment by the new judge: {:?}",
+        eval.iter()
+            .map(|r| r.2["model"].clone())
+            .collect::<Vec<_>>()
+    );
+}

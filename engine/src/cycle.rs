@@ -950,12 +950,18 @@ pub fn run_cycle(
             &from,
         )?
     };
-    result.next_model = next.orchestrator.clone();
-
     // Evaluation of the new model against the base model and the model it
-    // was trained from, under the settings as they stand after training.
+    // was trained from, under the settings as they stand after training: a
+    // fork at the training step may have changed or added a backend (built
+    // now) or moved a role (played from here with its new backend's model).
+    let settings = exp.clone();
+    let (mut from, mut next) = (from, next);
+    for models in [&mut from, &mut next] {
+        crate::driver::sync_backends(ctx.backends, &settings, models)?;
+        crate::driver::reassign_roles(ctx.backends, &now.exp.roles, &settings.roles, models)?;
+    }
+    result.next_model = next.orchestrator.clone();
     if !ctx.heldout.is_empty() && next.orchestrator != from.orchestrator {
-        let settings = exp.clone();
         result.evaluation = Some(crate::evaluation::evaluate(
             &ctx.at(&settings),
             main,
@@ -987,7 +993,7 @@ pub fn run_cycle(
         ev.evaluations.iter().map(|(_, e)| e.clone()).collect();
     result.figures = crate::status::CycleFigures::of(&rec, &evaluations);
     step(main, exp, schemas::to_event(&rec)?)?;
-    Ok((result, next, now.exp.roles))
+    Ok((result, next, settings.roles))
 }
 
 /// The dataset's provenance sidecar (`mass.dataset` v2): one JSON object
