@@ -25,47 +25,72 @@ use serde_json::{Map, Value};
 use super::wire::ChatBody;
 
 /// Masks known secrets in a body passed on chunk by chunk, one split
-/// across chunks too: each chunk is masked together with what the previous
-/// one held back, and the end that could be the start of a secret is held
-/// back in turn (only such an end: a body with no partial match is passed
-/// on as it comes).
+/// across chunks too: each chunk is searched together with what the
+/// previous one held back (kept as received, so a secret that starts in it
+/// is still found whole), and the end that could be the start of a secret
+/// is held back in turn (only such an end: a body with no partial match is
+/// passed on as it comes). Bytes already known to be part of a secret stay
+/// marked while held back, so two secrets that overlap are both masked.
 #[derive(Debug, Default)]
 pub struct StreamMask {
     needles: Needles,
     carry: Vec<u8>,
+    /// Which bytes of `carry` belong to a secret found so far.
+    hide: Vec<bool>,
 }
 
 impl StreamMask {
     pub fn new(needles: Needles) -> StreamMask {
         StreamMask {
             needles,
-            carry: Vec::new(),
+            ..StreamMask::default()
         }
     }
 
+    /// How many received bytes are held back.
+    pub fn held(&self) -> usize {
+        self.carry.len()
+    }
+
     /// What can be passed on now of `chunk` (after what was held back),
-    /// every whole secret masked.
+    /// every byte of every secret masked.
     pub fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
         if self.needles.is_empty() {
             return chunk.to_vec();
         }
         let mut buf = std::mem::take(&mut self.carry);
         buf.extend_from_slice(chunk);
-        self.needles.mask(&mut buf);
-        let keep = self.needles.partial_at_end(&buf);
-        self.carry = buf.split_off(buf.len() - keep);
+        let mut hide = std::mem::take(&mut self.hide);
+        hide.resize(buf.len(), false);
+        self.needles.cover(&buf, &mut hide);
+        let cut = buf.len() - self.needles.partial_at_end(&buf);
+        self.carry = buf.split_off(cut);
+        self.hide = hide.split_off(cut);
+        apply(&mut buf, &hide);
         buf
     }
 
     /// What is still held back when the body ends: the start of a secret
-    /// that never completed, masked when it is [`MIN_NEEDLE`] bytes or
-    /// longer (a prefix that long is part of a key all the same).
+    /// that never completed, masked whole when it is [`MIN_NEEDLE`] bytes
+    /// or longer (a prefix that long is part of a key all the same).
     pub fn finish(&mut self) -> Vec<u8> {
         let mut tail = std::mem::take(&mut self.carry);
+        let hide = std::mem::take(&mut self.hide);
         if tail.len() >= MIN_NEEDLE {
             tail.fill(b'*');
+        } else {
+            apply(&mut tail, &hide);
         }
         tail
+    }
+}
+
+/// Overwrites with `*` every byte `hide` marks.
+fn apply(bytes: &mut [u8], hide: &[bool]) {
+    for (b, h) in bytes.iter_mut().zip(hide) {
+        if *h {
+            *b = b'*';
+        }
     }
 }
 
@@ -205,14 +230,26 @@ impl Needles {
 
     /// Overwrites every occurrence in place with `*`, keeping the length (a
     /// response body's chunk boundaries stay true). Whether any was found.
+    /// Occurrences are found in the bytes as given, before any is
+    /// overwritten, so overlapping secrets are all masked whatever their
+    /// order.
     pub fn mask(&self, bytes: &mut [u8]) -> bool {
+        let mut hide = vec![false; bytes.len()];
+        let found = self.cover(bytes, &mut hide);
+        apply(bytes, &hide);
+        found
+    }
+
+    /// Marks in `hide` (as long as `bytes`) every byte of every occurrence
+    /// of every secret, overlapping ones included. Whether any was found.
+    pub fn cover(&self, bytes: &[u8], hide: &mut [bool]) -> bool {
         let mut found = false;
         for n in &self.0 {
             let mut at = 0;
             while let Some(i) = find(&bytes[at..], n) {
                 let s = at + i;
-                bytes[s..s + n.len()].fill(b'*');
-                at = s + n.len();
+                hide[s..s + n.len()].fill(true);
+                at = s + 1;
                 found = true;
             }
         }
@@ -656,6 +693,33 @@ mod tests {
         assert_eq!(m.push(b"data: hello\n\n"), b"data: hello\n\n");
         assert_eq!(m.push(b"data: s"), b"data: ");
         assert_eq!(m.push(b"o\n"), b"so\n");
+        // Overlapping secrets (one a prefix of the other, one ending where
+        // the other starts), in either order, at every split: all masked.
+        for secrets in [
+            ["abcdefgh-TAILSECRET", "abcdefgh"],
+            ["abcdefgh", "abcdefgh-TAILSECRET"],
+            ["pw-0123456789", "0123456789-key-zz"],
+        ] {
+            let mut n2 = Needles::new();
+            for x in secrets {
+                n2.add(x.as_bytes());
+            }
+            let body = format!("x {} y {} z", secrets[0], secrets[1]);
+            let b = body.as_bytes();
+            let mut want = b.to_vec();
+            n2.mask(&mut want);
+            for x in secrets {
+                assert!(find(&want, x.as_bytes()).is_none(), "{secrets:?}");
+            }
+            assert!(!String::from_utf8_lossy(&want).contains("TAIL"), "{secrets:?}");
+            for i in 0..=b.len() {
+                let mut m = StreamMask::new(n2.clone());
+                let mut out = m.push(&b[..i]);
+                out.extend(m.push(&b[i..]));
+                out.extend(m.finish());
+                assert_eq!(out, want, "{secrets:?} split at {i}");
+            }
+        }
         // A body that ends inside a secret's first 8 bytes or more: masked.
         let mut m = StreamMask::new(n);
         assert_eq!(m.push(b"x sk-live-01"), b"x ");

@@ -930,7 +930,7 @@ async fn relay(
         };
         match next {
             Ok(Some(c)) => {
-                if all.len() + c.len() > head.cap {
+                if all.len() + mask.held() + c.len() > head.cap {
                     break End::TooLarge;
                 }
                 let c = if head.mask.is_empty() {
