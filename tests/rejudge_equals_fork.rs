@@ -148,8 +148,26 @@ struct Row {
     served: u64,
 }
 
-fn case(l: &Path, seed: u64, judge: (&'static str, &str), cycle: bool) -> Row {
-    let n = format!("{}-{}", judge.0, if cycle { "c1" } else { "all" });
+/// Where a re-judge forks: the run's start, or cycle 1's collection
+/// (stopping at the dataset, or training on and evaluating).
+#[derive(Clone, Copy, PartialEq)]
+enum At {
+    Start,
+    Collection,
+    CollectionThroughTraining,
+}
+
+fn case(l: &Path, seed: u64, judge: (&'static str, &str), point: At) -> Row {
+    let cycle = point != At::Start;
+    let n = format!(
+        "{}-{}",
+        judge.0,
+        match point {
+            At::Start => "all",
+            At::Collection => "c1",
+            At::CollectionThroughTraining => "c1t",
+        }
+    );
     let (rj, fk) = (format!("rj-{n}"), format!("fk-{n}"));
     let source = events(l, "smoke");
     let mut args = vec![
@@ -164,8 +182,12 @@ fn case(l: &Path, seed: u64, judge: (&'static str, &str), cycle: bool) -> Row {
     let mut sets = vec![judge.1.to_string()];
     let at = if cycle {
         args.extend(["--cycle", "1"]);
-        // What `mass rejudge --cycle 1` adds: stop at the cycle's dataset.
-        sets.extend(["cycles=1".to_string(), "outer.train=false".to_string()]);
+        if point == At::CollectionThroughTraining {
+            args.push("--through-training");
+        } else {
+            // What `mass rejudge --cycle 1` adds: stop at the cycle's dataset.
+            sets.extend(["cycles=1".to_string(), "outer.train=false".to_string()]);
+        }
         source
             .iter()
             .find(|e| {
@@ -218,10 +240,10 @@ fn case(l: &Path, seed: u64, judge: (&'static str, &str), cycle: bool) -> Row {
     Row {
         seed,
         judge: judge.0,
-        at: if cycle {
-            "cycle 1 collection"
-        } else {
-            "run start"
+        at: match point {
+            At::Start => "run start",
+            At::Collection => "cycle 1 collection",
+            At::CollectionThroughTraining => "cycle 1 collection, trained",
         },
         streams: ha.len() - 1,
         equal: ha
@@ -254,10 +276,14 @@ fn a_rejudge_equals_a_fork_with_the_same_judge_stream_for_stream() {
                 .is_some_and(|t| t.starts_with("cycle 1: collection done"))
         });
         for judge in judges {
-            rows.push(case(&l, seed, judge, false));
+            rows.push(case(&l, seed, judge, At::Start));
         }
         if collected {
-            rows.push(case(&l, seed, judges[1], true));
+            rows.push(case(&l, seed, judges[1], At::Collection));
+            // Another learning rate: the judge is the same, the training is
+            // not; a recorded training is served only for the same backend.
+            let lr = ("lr", "backends.sim.sim.learning_rate=0.9");
+            rows.push(case(&l, seed, lr, At::CollectionThroughTraining));
         }
     }
     println!("| seed | judge | fork point | streams besides main | equal heads (re-judge = fork) | main steps | streams moved from source | results served from source |");
@@ -285,5 +311,9 @@ fn a_rejudge_equals_a_fork_with_the_same_judge_stream_for_stream() {
     assert!(
         rows.iter().any(|r| r.at.starts_with("cycle")),
         "no seed collected"
+    );
+    assert!(
+        rows.iter().any(|r| r.judge == "lr" && r.moved > 0),
+        "another learning rate changed no stream"
     );
 }

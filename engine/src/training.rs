@@ -53,13 +53,17 @@ pub fn train(
     let mut st = ctx.session.stream(&format!("c{cycle}/train"))?;
     // The data by content (the blob ids the dataset record names), not by
     // the dataset event's id: that id depends on the main stream's history
-    // (a re-judge's `run.mixed` record), the data does not, and the request
-    // must name exactly what determines the result.
+    // (a re-judge's `run.mixed` record), the data does not. The trained
+    // backend's definition is named too (the simulated trainer's learning
+    // rate, a served model's command): a re-judge serves a recorded
+    // training only for the same data, base model, trainer and backend.
+    let backend_def = serde_json::to_value(exp.backends.get(&backend_name))
+        .map_err(|e| EngineError::Invalid(format!("backends.{backend_name}: {e}")))?;
     let data = json!({
         "train": Id::of(ledger::ObjectKind::Blob, train_jsonl.as_bytes()).to_hex(),
         "validation": Id::of(ledger::ObjectKind::Blob, val_jsonl.as_bytes()).to_hex(),
     });
-    let request = json!({"cycle": cycle, "data": data, "base_model": base_model, "trainer": kind, "command": command, "hyperparameters": exp.trainer.hyperparameters, "timeout_secs": exp.trainer.timeout_secs});
+    let request = json!({"cycle": cycle, "data": data, "backend": backend_def, "base_model": base_model, "trainer": kind, "command": command, "hyperparameters": exp.trainer.hyperparameters, "timeout_secs": exp.trainer.timeout_secs});
     let out = json_effect(&mut st, "trainer", request, || {
         let tmp = std::env::temp_dir().join(format!(
             "mass-train-{}-{}",

@@ -711,7 +711,10 @@ mod tests {
             for x in secrets {
                 assert!(find(&want, x.as_bytes()).is_none(), "{secrets:?}");
             }
-            assert!(!String::from_utf8_lossy(&want).contains("TAIL"), "{secrets:?}");
+            assert!(
+                !String::from_utf8_lossy(&want).contains("TAIL"),
+                "{secrets:?}"
+            );
             for i in 0..=b.len() {
                 let mut m = StreamMask::new(n2.clone());
                 let mut out = m.push(&b[..i]);
