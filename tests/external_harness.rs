@@ -4,8 +4,9 @@
 //! re-executed against the recording with the server stopped) and the
 //! paths off it: a program that fails, one that hangs, and a model server
 //! that is not there (the run stops with exit 7 and `mass resume` runs the
-//! rollout again once it is). tests/qwen_code.rs does the same with the
-//! real Qwen Code.
+//! rollout again once it is), and mass SIGKILLed while a rollout's program
+//! runs (nothing is left running; the resume ends each rollout once).
+//! tests/qwen_code.rs does the same with the real Qwen Code.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -557,4 +558,104 @@ fn a_harness_passing_a_credential_is_refused() {
         assert!(t.contains(msg), "{pass}: {t}");
         assert!(!t.contains("sk-planted"), "{pass}: {t}");
     }
+}
+
+/// Processes whose command line contains `needle`.
+fn running(needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
+            if String::from_utf8_lossy(&c)
+                .replace('\0', " ")
+                .contains(needle)
+            {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// #25 (nothing outlives the run): `kill -9` of mass while a rollout's
+/// program runs a long command leaves no process behind, and `mass resume`
+/// runs that rollout again (once the old one is gone) and each rollout
+/// ends with exactly one result.
+#[test]
+fn a_sigkilled_mass_leaves_no_harness_command_and_resume_runs_each_rollout_once() {
+    let nonce = 7_000_000 + std::process::id() % 1_000_000;
+    let needle = format!("sleep {nonce}");
+    let s = setup(r#"sh "$(dirname "$TINY_AGENT")/long.sh""#, 600);
+    std::fs::write(
+        s.dir.join("agent/long.sh"),
+        format!(
+            "if [ -e \"$(dirname \"$0\")/go\" ]; then echo resumed; exit 4; fi\nexec {needle}\n"
+        ),
+    )
+    .unwrap();
+    let url = dead_url();
+    ok(&s, &url, &["init"]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mass"))
+        .current_dir(&s.dir)
+        .arg("--ledger")
+        .arg(s.dir.join("ledger"))
+        .args(["run", s.exp.to_str().unwrap(), "--quiet"])
+        .env_remove("MASS_LEDGER")
+        .env("OPENAI_BASE_URL", &url)
+        .env("TINY_AGENT", s.dir.join("agent/tiny_agent.py"))
+        .env("TINY_AGENT_DIR", s.dir.join("agent"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while running(&needle).is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "the command never started"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "mass ended first");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t = Instant::now();
+    while !running(&needle).is_empty() && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left = running(&needle);
+    for p in &left {
+        // SAFETY: a plain signal to a process this test caused.
+        unsafe { libc::kill(*p as i32, libc::SIGKILL) };
+    }
+    assert!(left.is_empty(), "the command outlived mass: {left:?}");
+
+    std::fs::write(s.dir.join("agent/go"), b"").unwrap();
+    ok(&s, &url, &["resume", "tiny", "--quiet"]);
+    assert!(running(&needle).is_empty());
+    let rs = rollouts(&s);
+    assert_eq!(rs.len(), 4);
+    for r in &rs {
+        let p = payload(&s, r["event"].as_str().unwrap());
+        assert!(p["detail"].as_str().unwrap().contains("status 4"), "{p}");
+    }
+    // One result per rollout: the killed attempt left only its journal
+    // record, and nothing ran twice.
+    let out = s.dir.join("events.jsonl");
+    ok(
+        &s,
+        &url,
+        &["export", "events", "tiny", "--out", out.to_str().unwrap()],
+    );
+    let results = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["kind"] == "effect" && e["payload"]["effect"] == "harness")
+        .filter(|e| e["payload"]["status"] != "started")
+        .count();
+    assert_eq!(results, rs.len(), "harness results");
+    ok(&s, &url, &["replay", "tiny", "--check"]);
 }
