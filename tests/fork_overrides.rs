@@ -298,6 +298,41 @@ fn requests(l: &Path, run: &str, dir: &Path) -> Vec<(String, String, serde_json:
     v
 }
 
+/// `mass ARGS`, which must succeed.
+fn ok(l: &Path, args: &[&str]) -> Output {
+    let o = mass(l, args);
+    assert!(
+        o.status.success(),
+        "mass {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+/// examples/smoke.toml run into `l`; the id of the first main-stream step
+/// whose `mass log` line satisfies `pick`.
+fn smoke_step(l: &Path, pick: impl Fn(&str) -> bool) -> String {
+    ok(l, &["run", "examples/smoke.toml", "--quiet"]);
+    let log = String::from_utf8_lossy(&ok(l, &["log", "smoke"]).stdout).into_owned();
+    log.lines()
+        .find(|x| pick(x))
+        .and_then(|x| x.split_whitespace().next())
+        .expect("the step in `mass log`")
+        .to_string()
+}
+
+/// Forks smoke at `at` as `name` with `sets`, resumes the fork to its end
+/// and checks its replay.
+fn fork_and_finish(l: &Path, at: &str, name: &str, sets: &[&str]) {
+    let mut args = vec!["fork", at, "--from", "smoke", "--name", name];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    ok(l, &args);
+    ok(l, &["resume", name, "--quiet"]);
+    ok(l, &["replay", name, "--check"]);
+}
+
 /// Regression (#25, item 4): a fork between a cycle's steps recorded its
 /// overrides and `mass status` showed them, but collection, training and
 /// evaluation read a copy of the experiment frozen at the cycle's start:
@@ -310,18 +345,10 @@ fn requests(l: &Path, run: &str, dir: &Path) -> Vec<(String, String, serde_json:
 fn overrides_taken_mid_cycle_apply_from_the_fork_point() {
     let d = tempfile::tempdir().unwrap();
     let l = d.path().join("ledger");
-    let o = mass(&l, &["run", "examples/smoke.toml", "--quiet"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let log = String::from_utf8_lossy(&mass(&l, &["log", "smoke"]).stdout).into_owned();
     // The main stream's 6th step: "cycle 1: inner iteration 3 done", the
     // last before the collection.
-    let at = log
-        .lines()
-        .find(|x| x.trim_end().ends_with("main#5"))
-        .and_then(|x| x.split_whitespace().next())
-        .expect("main#5 in `mass log`")
-        .to_string();
-    let shown = String::from_utf8_lossy(&mass(&l, &["show", &at]).stdout).into_owned();
+    let at = smoke_step(&l, |x| x.trim_end().ends_with("main#5"));
+    let shown = String::from_utf8_lossy(&ok(&l, &["show", &at]).stdout).into_owned();
     assert!(shown.contains("inner iteration 3 done"), "{shown}");
     let sets = [
         "sampling.team.temperature=0.3",
@@ -331,16 +358,7 @@ fn overrides_taken_mid_cycle_apply_from_the_fork_point() {
         "outer.train_ranks=3",
         "seed=9",
     ];
-    let mut args = vec!["fork", at.as_str(), "--from", "smoke", "--name", "f"];
-    for s in sets {
-        args.extend(["--set", s]);
-    }
-    let o = mass(&l, &args);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = mass(&l, &["resume", "f", "--quiet"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = mass(&l, &["replay", "f", "--check"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    fork_and_finish(&l, &at, "f", &sets);
 
     let reqs = requests(&l, "f", d.path());
     let temp = |r: &serde_json::Value| r["params"]["temperature"].as_f64();
@@ -400,35 +418,9 @@ fn overrides_taken_mid_cycle_apply_from_the_fork_point() {
 fn a_fork_at_the_training_step_hands_evaluation_to_the_new_judge() {
     let d = tempfile::tempdir().unwrap();
     let l = d.path().join("ledger");
-    let o = mass(&l, &["run", "examples/smoke.toml", "--quiet"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let log = String::from_utf8_lossy(&mass(&l, &["log", "smoke"]).stdout).into_owned();
-    let at = log
-        .lines()
-        .find(|x| x.split_whitespace().nth(1) == Some("mass.training"))
-        .and_then(|x| x.split_whitespace().next())
-        .expect("a mass.training step in `mass log`")
-        .to_string();
-    let o = mass(
-        &l,
-        &[
-            "fork",
-            &at,
-            "--from",
-            "smoke",
-            "--name",
-            "t",
-            "--set",
-            "backends.other.kind=sim",
-            "--set",
-            "roles.judge=other",
-        ],
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = mass(&l, &["resume", "t", "--quiet"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = mass(&l, &["replay", "t", "--check"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let at = smoke_step(&l, |x| x.split_whitespace().nth(1) == Some("mass.training"));
+    let sets = ["backends.other.kind=sim", "roles.judge=other"];
+    fork_and_finish(&l, &at, "t", &sets);
     let reqs = requests(&l, "t", d.path());
     let eval: Vec<_> = reqs
         .iter()
