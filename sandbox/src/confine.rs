@@ -231,6 +231,7 @@ pub fn command(program: impl AsRef<OsStr>, policy: &Policy) -> Result<Command, S
             });
         }
     }
+    check_places(policy)?;
     let avail = probe();
     avail.check(policy.level)?;
     if policy.level != Level::None {
@@ -250,6 +251,41 @@ pub fn command(program: impl AsRef<OsStr>, policy: &Policy) -> Result<Command, S
     let mut cmd = Command::new(LAUNCHER);
     cmd.arg(launch::FLAG).arg(spec).arg(program);
     Ok(cmd)
+}
+
+/// Each place names a policy path and a distinct `at` strictly below a
+/// hidden directory, neither inside another place's `at`: the view can then
+/// make every mount point in a tmpfs of its own, and no place covers another.
+fn check_places(policy: &Policy) -> Result<(), SandboxError> {
+    for (i, pl) in policy.places.iter().enumerate() {
+        let bad = |reason: &str| SandboxError::PathUnusable {
+            role: "placed",
+            path: pl.path.clone(),
+            reason: format!("{reason} (at {})", pl.at.display()),
+        };
+        if !pl.path.is_absolute() || !pl.at.is_absolute() {
+            return Err(bad("a place needs absolute paths"));
+        }
+        if !policy.writable.contains(&pl.path) && !policy.readable.contains(&pl.path) {
+            return Err(bad(
+                "a placed path must be a writable or readable path of the policy",
+            ));
+        }
+        if !policy
+            .hide
+            .iter()
+            .any(|h| pl.at.starts_with(h) && pl.at != *h)
+        {
+            return Err(bad("a place must lie below a hidden directory"));
+        }
+        let clash = policy.places.iter().enumerate().any(|(j, o)| {
+            j != i && (pl.at.starts_with(&o.at) || o.at.starts_with(&pl.at) || pl.path == o.path)
+        });
+        if clash {
+            return Err(bad("two places overlap"));
+        }
+    }
+    Ok(())
 }
 
 fn check_paths(policy: &Policy) -> Result<(), SandboxError> {
@@ -402,7 +438,16 @@ pub(crate) fn confine_self(spec: &LaunchSpec) -> io::Result<()> {
                 v.apply()?;
             }
             if net_ns {
-                crate::forward::start(&policy.forward)?;
+                // The sockets as the command's namespace names them.
+                let forward: Vec<_> = policy
+                    .forward
+                    .iter()
+                    .map(|f| crate::policy::Forward {
+                        port: f.port,
+                        socket: policy.seen(&f.socket),
+                    })
+                    .collect();
+                crate::forward::start(&forward)?;
             }
             let shm = mount_shm(have_shm)?;
             if rlimits {

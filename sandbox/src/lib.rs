@@ -24,7 +24,7 @@ mod view;
 
 pub use confine::command;
 pub use error::SandboxError;
-pub use policy::{Forward, Layer, Level, Limits, Policy};
+pub use policy::{Forward, Layer, Level, Limits, Place, Policy};
 pub use prepare::{outside_links, prepare};
 pub use probe::{probe, Availability, FULL_LEVEL_MIN_ABI, LANDLOCK_LEVEL_MIN_ABI};
 pub use rules::system_read_paths;

@@ -101,6 +101,18 @@ pub struct Policy {
     /// command may then create IP sockets, and reach only these endpoints.
     #[serde(default)]
     pub forward: Vec<Forward>,
+    /// Paths the command finds somewhere else (Level::Full; ignored below,
+    /// where the command sees every path where it is). Each place's `path`,
+    /// a writable or readable path of the policy with the rights of that
+    /// role, is bound at `at`, below a `hide` directory (its mount point is
+    /// made in the tmpfs covering it), and not at its own path. What lies
+    /// below `path` comes along below `at`; the command's working directory
+    /// and the `forward` sockets are found the same way. Giving every run
+    /// the same `at` is what keeps the host's paths (process ids, random
+    /// names, a user's home) out of everything a command prints.
+    /// [`Policy::seen`] says where the command finds a path.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub places: Vec<Place>,
     /// TEST ONLY: layers to leave out, so the escape tests can show that
     /// each refusal they assert comes from the layer they name (with that
     /// layer off, the attack gets through or fails differently). Empty in
@@ -137,7 +149,8 @@ pub enum Layer {
     /// The IPC namespace: the command shares the host's SysV IPC and
     /// POSIX message queues.
     IpcNamespace,
-    /// The view of `Policy::hide`: hidden directories stay as they are.
+    /// The view of `Policy::hide` and `Policy::places`: hidden directories
+    /// stay as they are and every path is seen where it is.
     View,
     /// The private /dev/shm: the command sees the host's.
     PrivateShm,
@@ -163,6 +176,13 @@ pub enum Layer {
     Cloexec,
 }
 
+/// One entry of [`Policy::places`]: the command sees `path` at `at`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Place {
+    pub path: PathBuf,
+    pub at: PathBuf,
+}
+
 /// One loopback endpoint of [`Policy::forward`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Forward {
@@ -182,8 +202,32 @@ impl Policy {
             limits: Limits::default(),
             hide: Vec::new(),
             forward: Vec::new(),
+            places: Vec::new(),
             unprotected: Vec::new(),
         }
+    }
+
+    /// Where the command finds host path `p`: below the `at` of the
+    /// innermost place whose `path` holds it, when the places apply
+    /// (`Level::Full` with the view); `p` itself otherwise.
+    pub fn seen(&self, p: &Path) -> PathBuf {
+        if self.level != Level::Full || self.off(Layer::View) {
+            return p.to_path_buf();
+        }
+        self.places
+            .iter()
+            .filter_map(|pl| Some((pl, p.strip_prefix(&pl.path).ok()?)))
+            .max_by_key(|(pl, _)| pl.path.components().count())
+            .map_or_else(
+                || p.to_path_buf(),
+                |(pl, rest)| {
+                    if rest.as_os_str().is_empty() {
+                        pl.at.clone()
+                    } else {
+                        pl.at.join(rest)
+                    }
+                },
+            )
     }
 
     /// Whether the test-only switch leaves `layer` out.

@@ -1,15 +1,19 @@
 //! What the command can name (`Level::Full`): in its private mount namespace
 //! every directory of `Policy::hide` is covered by an empty, read-only
 //! tmpfs, and the policy's own writable and readable paths below it are
-//! bound back at their own paths. Everything else below a hidden directory
-//! (other rollouts' workspaces, homes, check copies, proxy sockets) cannot be
-//! named at all, so no operation Landlock does not govern (chmod, chown,
-//! utime, xattrs, inotify, listing, `..` from the cwd) can reach it.
+//! bound back at their own paths, or at their place (`Policy::places`), a
+//! path of the caller's choosing below a hidden directory. Everything else
+//! below a hidden directory (other rollouts' workspaces, homes, check
+//! copies, proxy sockets) cannot be named at all, so no operation Landlock
+//! does not govern (chmod, chown, utime, xattrs, inotify, listing, `..` from
+//! the cwd) can reach it; and a placed path is named the same in every run,
+//! wherever the host keeps it.
 //!
 //! The bind sources are opened (`O_PATH`) by the launcher before it drops
 //! root, so a hidden directory may be closed to everyone but root (mode
 //! 0700); the mounts are made after `unshare`, inside the namespace, where
-//! the launcher holds the namespace's capabilities.
+//! the launcher holds the namespace's capabilities. Landlock's rules, made
+//! from the host paths, follow the inodes, so a bind keeps its rights.
 
 use std::ffi::CString;
 use std::io;
@@ -20,11 +24,14 @@ use std::path::{Path, PathBuf};
 use crate::policy::Policy;
 use crate::sys::{cvt, note};
 
-/// One path bound back below a hidden directory.
+/// One path bound into the view: back at its own path below a hidden
+/// directory, at its place, or over a read-only bind it lies in.
 struct Bind {
-    path: CString,
-    /// Components between the hidden directory and the path, each a
-    /// directory to create in the tmpfs (the last one the mount point).
+    /// Where the command sees it.
+    target: CString,
+    /// Components between the hidden directory and the target, each a
+    /// directory to create in the tmpfs (the last one the mount point);
+    /// empty for a path inside an earlier bind, whose mount point is there.
     parents: Vec<CString>,
     /// The detached mount tree to attach there.
     tree: OwnedFd,
@@ -43,25 +50,68 @@ fn c(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
-/// The policy paths below `hide`, the outermost only (a path below another
-/// bind comes along with it).
-fn binds_below(policy: &Policy, hide: &Path) -> Vec<(PathBuf, bool)> {
-    let mut out: Vec<(PathBuf, bool)> = policy
+/// The hidden directories to cover, the outermost only (one below another
+/// is covered with it, and could not be mounted on once it is).
+fn outermost(hide: &[PathBuf]) -> Vec<PathBuf> {
+    let mut all = hide.to_vec();
+    all.sort();
+    let mut kept: Vec<PathBuf> = Vec::new();
+    for h in all {
+        if !kept.iter().any(|k| h.starts_with(k)) {
+            kept.push(h);
+        }
+    }
+    kept
+}
+
+/// A path the view binds: whether writable, and whether it lies inside an
+/// earlier bind (then its mount point is already there).
+struct Bound {
+    path: PathBuf,
+    writable: bool,
+    nested: bool,
+}
+
+/// What the view binds, outer before inner: every placed path, and every
+/// other policy path below a hidden directory or a placed path, the
+/// outermost only (a path
+/// below another comes along with it) except a writable path inside a
+/// read-only one, which a read-only bind would make read-only. The same
+/// path both writable and readable is writable.
+fn bound_paths(policy: &Policy, hidden: &[PathBuf]) -> Vec<Bound> {
+    let placed = |p: &Path| policy.places.iter().any(|pl| pl.path == p);
+    let mut all: Vec<(PathBuf, bool)> = policy
         .writable
         .iter()
         .map(|p| (p.clone(), true))
         .chain(policy.readable.iter().map(|p| (p.clone(), false)))
-        .filter(|(p, _)| p.starts_with(hide) && p != hide)
+        .filter(|(p, _)| {
+            hidden.iter().any(|h| p.starts_with(h) && p != h)
+                || policy.places.iter().any(|pl| p.starts_with(&pl.path))
+        })
         .collect();
-    out.sort();
-    let mut kept: Vec<(PathBuf, bool)> = Vec::new();
-    for (p, w) in out {
-        match kept.iter_mut().find(|(k, _)| p.starts_with(k)) {
-            // Writable wins when the same path is both.
-            Some(k) if k.0 == p => k.1 |= w,
-            Some(_) => {}
-            None => kept.push((p, w)),
+    // By where the command sees them: an outer bind before what lies in it.
+    all.sort_by_key(|(p, w)| (policy.seen(p), !w));
+    let mut kept: Vec<Bound> = Vec::new();
+    for (path, writable) in all {
+        if kept.iter().any(|k| k.path == path) {
+            continue;
         }
+        let outer = kept
+            .iter()
+            .filter(|k| path.starts_with(&k.path))
+            .max_by_key(|k| k.path.components().count());
+        let nested = match outer {
+            _ if placed(&path) => false,
+            Some(o) if o.writable || !writable => continue,
+            Some(_) => true,
+            None => false,
+        };
+        kept.push(Bound {
+            path,
+            writable,
+            nested,
+        });
     }
     kept
 }
@@ -133,31 +183,39 @@ impl View {
         if policy.hide.is_empty() {
             return Ok(None);
         }
-        let mut hidden = Vec::new();
+        let hidden = outermost(&policy.hide);
         let mut binds = Vec::new();
-        for h in &policy.hide {
-            hidden.push(c(h)?);
-            for (p, writable) in binds_below(policy, h) {
-                let path = c(&p)?;
-                let (tree, is_dir) = clone_tree(&path, writable)?;
-                let rel = p
+        for b in bound_paths(policy, &hidden) {
+            let target = policy.seen(&b.path);
+            let (tree, is_dir) = clone_tree(&c(&b.path)?, b.writable)?;
+            let mut parents = Vec::new();
+            if !b.nested {
+                let h = hidden
+                    .iter()
+                    .find(|h| target.starts_with(h) && target != **h)
+                    .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+                let rel = target
                     .strip_prefix(h)
                     .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-                let mut parents = Vec::new();
-                let mut cur = h.to_path_buf();
+                let mut cur = h.clone();
                 for comp in rel.components() {
                     cur.push(comp);
                     parents.push(c(&cur)?);
                 }
-                binds.push(Bind {
-                    path,
-                    parents,
-                    tree,
-                    is_dir,
-                });
             }
+            binds.push(Bind {
+                target: c(&target)?,
+                parents,
+                tree,
+                is_dir,
+            });
         }
-        let cwd = std::env::current_dir().ok().map(|d| c(&d)).transpose()?;
+        // Re-entered where the command sees it.
+        let cwd = std::env::current_dir()
+            .ok()
+            .map(|d| c(&policy.seen(&d)))
+            .transpose()?;
+        let hidden = hidden.iter().map(|h| c(h)).collect::<io::Result<_>>()?;
         Ok(Some(View { hidden, binds, cwd }))
     }
 
@@ -247,7 +305,7 @@ impl Bind {
                 self.tree.as_raw_fd(),
                 c"".as_ptr(),
                 libc::AT_FDCWD,
-                self.path.as_ptr(),
+                self.target.as_ptr(),
                 MOVE_MOUNT_F_EMPTY_PATH,
             ) as libc::c_int
         })
