@@ -659,3 +659,70 @@ fn a_sigkilled_mass_leaves_no_harness_command_and_resume_runs_each_rollout_once(
     assert_eq!(results, rs.len(), "harness results");
     ok(&s, &url, &["replay", "tiny", "--check"]);
 }
+
+/// An agent that prints where it runs before it works: its directory, its
+/// HOME and TMPDIR, the paths it was told, and a Python traceback from a
+/// file in its home (the tiny agent then states its directory to the model,
+/// as Qwen Code does).
+const PRINTS_PATHS: &str = r#"pwd; echo "home=$HOME tmp=$TMPDIR told={workspace} {home} {prompt_file}"; printf "raise ValueError(1)\n" > {home}/t.py; python3 {home}/t.py; python3 "$TINY_AGENT" {prompt_file}"#;
+
+/// The refs of `s`'s ledger as name -> head.
+fn refs(s: &Setup) -> std::collections::BTreeMap<String, String> {
+    let v: Value = serde_json::from_str(&ok(s, "", &["refs", "--json"])).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let name = r["name"].as_str().unwrap().to_string();
+            (name, r["head"].as_str().unwrap().to_string())
+        })
+        .collect()
+}
+
+/// #25 ("paths never reach ids"): the same experiment run twice, from two
+/// directories, by two mass processes (so every host path differs: the
+/// task folder, the scratch root's pid, the workspaces' random names) gives
+/// the same head, though the agent prints its paths and tells them to the
+/// model. Fails with the places switched off (`Confinement::fixes_paths`
+/// returning false): each run then records its own paths.
+#[test]
+fn two_runs_of_an_agent_printing_its_paths_give_the_same_head() {
+    let (a, b) = (setup(PRINTS_PATHS, 60), setup(PRINTS_PATHS, 60));
+    let mut heads = Vec::new();
+    for s in [&a, &b] {
+        let (_server, url) = scripted_server(&s.dir, "qwen_script.json");
+        ok(s, &url, &["init"]);
+        ok(s, &url, &["run", s.exp.to_str().unwrap(), "--quiet"]);
+        heads.push(refs(s));
+    }
+    // The agent did print paths, and told the model its directory.
+    let out = a.dir.join("events.jsonl");
+    ok(
+        &a,
+        "",
+        &["export", "events", "tiny", "--out", out.to_str().unwrap()],
+    );
+    let outputs: String = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["payload"]["effect"] == "harness" && e["payload"]["status"] == "ok")
+        .map(|e| ok(&a, "", &["cat", e["payload"]["output"].as_str().unwrap()]))
+        .collect();
+    for seen in [
+        "/tmp/mass/workspace\\nhome=/tmp/mass/workspace tmp=/tmp/mass/workspace/.tmp told=/tmp/mass/workspace /tmp/mass/home /tmp/mass/home/prompt.md",
+        r#"File \"/tmp/mass/home/t.py\""#,
+    ] {
+        assert!(outputs.contains(seen), "{seen} is not in the record: {outputs}");
+    }
+    let rs = rollouts(&a);
+    assert_eq!(rs.len(), 4);
+    for r in &rs {
+        assert_eq!(
+            payload(&a, r["event"].as_str().unwrap())["status"],
+            "finished"
+        );
+    }
+    assert!(!heads[0].is_empty());
+    assert_eq!(heads[0], heads[1], "two identical runs, two heads");
+}

@@ -45,13 +45,19 @@ pub fn run_on_tree(
     for c in &task.checks {
         let mut o = opts.clone();
         o.timeout = Duration::from_secs(c.timeout_secs.max(1));
-        o.env
-            .push((CHECKS_VAR.into(), checks_dir.to_string_lossy().into_owned()));
         // Confined like a team's command, but the copy is read-only, the
-        // checks folder readable, and there is never a network.
+        // checks folder readable (at a fixed place: a traceback then names
+        // no host path), and there is never a network.
         o.confinement.read_only = true;
         o.confinement.network = false;
         o.confinement.readable.push(checks_dir.clone());
+        o.confinement.places.push(sandbox::Place {
+            path: checks_dir.clone(),
+            at: PathBuf::from(crate::places::CHECKS),
+        });
+        let seen = o.confinement.seen(&copy.0, &checks_dir);
+        o.env
+            .push((CHECKS_VAR.into(), seen.to_string_lossy().into_owned()));
         let r = ws.bash(&c.command, &o).map_err(|e| e.to_string())?;
         text.push_str(&r.stdout);
         if !r.stderr.is_empty() {

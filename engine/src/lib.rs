@@ -22,6 +22,7 @@ pub mod guards;
 pub mod harness;
 pub mod judge;
 pub mod optimizer;
+pub mod places;
 pub mod prompts;
 pub mod proxy;
 pub mod status;

@@ -21,6 +21,7 @@
 //! What it does not own: `run_checks`, `delegate` and `finish` are parsed here
 //! but carried out by the harness (`run_checks` through `checks.rs`).
 
+use crate::places;
 use std::ffi::OsString;
 use std::fs;
 use std::io::{self, Read, Write};
@@ -510,6 +511,16 @@ pub struct Confinement {
     /// route; see `sandbox::Policy::forward`). Needs `Level::Full` and no
     /// network.
     pub forward: Vec<sandbox::Forward>,
+    /// Readable or writable paths the command finds at a fixed place
+    /// (`Level::Full`; see `crate::places`). The workspace always is, at
+    /// `places::WORKSPACE`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub places: Vec<sandbox::Place>,
+    /// The command sees the host's paths even at `Level::Full`: only to
+    /// re-execute an external program recorded before places existed,
+    /// whose recorded replies name the host paths it ran at.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_paths: bool,
 }
 
 impl Confinement {
@@ -526,7 +537,29 @@ impl Confinement {
         p.writable.extend(self.writable.iter().cloned());
         p.hide = self.hide.clone();
         p.forward = self.forward.clone();
+        if self.fixes_paths() {
+            p.hide.push(PathBuf::from(places::HIDDEN));
+            p.places.push(sandbox::Place {
+                path: root.to_path_buf(),
+                at: PathBuf::from(places::WORKSPACE),
+            });
+            p.places.extend(self.places.iter().cloned());
+        }
         p
+    }
+
+    /// Whether commands find their paths at fixed places (`Level::Full`,
+    /// the only level with a mount namespace).
+    pub fn fixes_paths(&self) -> bool {
+        self.level == sandbox::Level::Full && !self.host_paths
+    }
+
+    /// Where a command finds host path `p`, the workspace `root` or one of
+    /// `places` (or below them): its fixed place at `Level::Full`, `p`
+    /// itself otherwise. What a command is told (its environment, its
+    /// command line) names paths this way.
+    pub fn seen(&self, root: &Path, p: &Path) -> PathBuf {
+        self.policy(root, &root.join(TMP_DIR_NAME)).seen(p)
     }
 }
 
@@ -1102,12 +1135,12 @@ impl Workspace {
             .current_dir(&self.root)
             .env_clear()
             .env("PATH", BASH_PATH)
-            .env("HOME", &self.root)
+            .env("HOME", policy.seen(&self.root))
             .env("LANG", "C.UTF-8")
             .env("LC_ALL", "C.UTF-8")
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env("PYTHONHASHSEED", "0")
-            .env("TMPDIR", &tmp)
+            .env("TMPDIR", policy.seen(&tmp))
             .envs(opts.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -1579,20 +1612,31 @@ mod tests {
         assert!(capped[3].starts_with("[... truncated: listing stopped at 3 entries"));
     }
 
+    /// At `Level::Full` the command finds its workspace at the fixed place
+    /// (`places::WORKSPACE`), below it at the host's path.
     #[test]
     fn bash_runs_in_the_root_with_home_and_tmpdir_there() {
-        let (_dir, ws) = ws();
-        let out = ws
-            .bash("pwd; echo $HOME; echo $TMPDIR; touch made", &opts(10, 4096))
-            .unwrap();
-        let root = ws.root().display().to_string();
-        assert_eq!(
-            out.stdout,
-            format!("{root}\n{root}\n{root}/{TMP_DIR_NAME}\n")
-        );
-        assert_eq!(out.exit_code, Some(0));
-        assert!(ws.root().join("made").exists());
-        assert!(ws.root().join(TMP_DIR_NAME).is_dir());
+        for level in [sandbox::Level::Full, sandbox::Level::Landlock] {
+            let (_dir, ws) = ws();
+            let mut o = opts(10, 4096);
+            o.confinement.level = level;
+            let out = ws
+                .bash("pwd; echo $HOME; echo $TMPDIR; touch made", &o)
+                .unwrap();
+            let root = match level {
+                sandbox::Level::Full => places::WORKSPACE.to_string(),
+                _ => ws.root().display().to_string(),
+            };
+            assert_eq!(
+                out.stdout,
+                format!("{root}\n{root}\n{root}/{TMP_DIR_NAME}\n"),
+                "{level:?}: {}",
+                out.stderr
+            );
+            assert_eq!(out.exit_code, Some(0));
+            assert!(ws.root().join("made").exists());
+            assert!(ws.root().join(TMP_DIR_NAME).is_dir());
+        }
     }
 
     #[test]

@@ -88,8 +88,10 @@ pub struct HarnessRun {
     /// The wire stream's head before and after the run.
     pub wire_from: Option<Id>,
     pub wire_to: Option<Id>,
-    /// Where it ran (recorded so a re-execution can map the paths in the
-    /// recorded prompts to its own).
+    /// Where the program was told its workspace and home are: their fixed
+    /// places at `Level::Full` (the same in every run), the host's paths
+    /// below it (recorded so a re-execution can run there: the recorded
+    /// prompts name them).
     pub workspace: String,
     pub home: String,
 }
@@ -249,10 +251,13 @@ pub async fn run(
     close_run(&mut orch, &mut ws, spec, team, rules, initial, played).await
 }
 
-/// The program's command line and environment for one run.
+/// The program's command line and environment for one run, and the
+/// workspace and home it was told (their fixed places at `Level::Full`).
 struct Invocation {
     line: String,
     opts: BashOptions,
+    workspace: String,
+    home: String,
 }
 
 /// `$NAME/rest` with NAME taken from this process's environment.
@@ -360,7 +365,8 @@ fn proxy_dir_of(workspace: &Path) -> PathBuf {
 /// The program's command line and environment. Its `OPENAI_API_KEY` is the
 /// rollout's token, never a key: the proxy route adds the real credential
 /// upstream. A `pass_env` variable whose name says it holds a credential is
-/// refused, and so is any variable holding one of `secrets`.
+/// refused, and so is any variable holding one of `secrets`. Paths are
+/// named where the program finds them (`crate::places`).
 #[allow(clippy::too_many_arguments)]
 fn invocation(
     h: &HarnessConfig,
@@ -372,12 +378,17 @@ fn invocation(
     token: &str,
     model: &str,
     secrets: &[&str],
+    host_paths: bool,
 ) -> std::result::Result<Invocation, String> {
+    let mut confinement = confinement(h, rules, workspace, home, reach)?;
+    confinement.host_paths = host_paths;
+    let told = |p: &Path| confinement.seen(workspace, p).display().to_string();
+    let (ws_told, home_told, prompt_told) = (told(workspace), told(home), told(prompt_file));
     let lookup = |name: &str| {
         Some(shell_quote(&match name {
-            "prompt_file" => prompt_file.display().to_string(),
-            "workspace" => workspace.display().to_string(),
-            "home" => home.display().to_string(),
+            "prompt_file" => prompt_told.clone(),
+            "workspace" => ws_told.clone(),
+            "home" => home_told.clone(),
             "base_url" => reach.base_url.clone(),
             "model" => model.to_string(),
             _ => return None,
@@ -388,7 +399,7 @@ fn invocation(
         ("OPENAI_BASE_URL".into(), reach.base_url.clone()),
         ("OPENAI_API_KEY".into(), token.into()),
         ("OPENAI_MODEL".into(), model.into()),
-        ("MASS_HARNESS_HOME".into(), home.display().to_string()),
+        ("MASS_HARNESS_HOME".into(), home_told.clone()),
     ];
     for (k, v) in &h.env {
         env.push((k.clone(), v.clone()));
@@ -412,32 +423,60 @@ fn invocation(
             "the harness environment variable {k} holds the backend's API key: a sandboxed program never gets one (the proxy adds it upstream); take it out of harness.env or harness.pass_env"
         ));
     }
+    let opts = BashOptions {
+        timeout: Duration::from_secs(h.timeout_secs),
+        max_output_bytes: rules.limits.tool_output_bytes as usize,
+        env,
+        confinement,
+    };
+    Ok(Invocation {
+        line,
+        opts,
+        workspace: ws_told,
+        home: home_told,
+    })
+}
+
+/// How the program is confined: the experiment's level, the harness's
+/// limits, its readable paths, its home writable, every other rollout's
+/// workspace, home and proxy socket hidden, and home and proxy socket at
+/// their fixed places.
+fn confinement(
+    h: &HarnessConfig,
+    rules: &RunRules,
+    workspace: &Path,
+    home: &Path,
+    reach: &Reach,
+) -> std::result::Result<tools::Confinement, String> {
     let mut readable = Vec::new();
     for r in &h.readable {
         readable.push(expand_env_path(r)?);
     }
     readable.extend(reach.readable.iter().cloned());
-    let opts = BashOptions {
-        timeout: Duration::from_secs(h.timeout_secs),
-        max_output_bytes: rules.limits.tool_output_bytes as usize,
-        env,
-        confinement: tools::Confinement {
-            level: rules.sandbox.level,
-            limits: h.limits.unwrap_or(rules.sandbox.limits),
-            network: reach.network,
-            readable,
-            writable: vec![home.to_path_buf()],
-            read_only: false,
-            // Every other rollout's workspace, home and proxy socket.
-            hide: workspace
-                .parent()
-                .map(Path::to_path_buf)
-                .into_iter()
-                .collect(),
-            forward: reach.forward.clone(),
-        },
-    };
-    Ok(Invocation { line, opts })
+    let mut places = vec![sandbox::Place {
+        path: home.to_path_buf(),
+        at: PathBuf::from(crate::places::HOME),
+    }];
+    places.extend(reach.readable.iter().map(|d| sandbox::Place {
+        path: d.clone(),
+        at: PathBuf::from(crate::places::PROXY),
+    }));
+    Ok(tools::Confinement {
+        level: rules.sandbox.level,
+        limits: h.limits.unwrap_or(rules.sandbox.limits),
+        network: reach.network,
+        readable,
+        writable: vec![home.to_path_buf()],
+        read_only: false,
+        hide: workspace
+            .parent()
+            .map(Path::to_path_buf)
+            .into_iter()
+            .collect(),
+        forward: reach.forward.clone(),
+        places,
+        host_paths: false,
+    })
 }
 
 /// The home directory beside a workspace (never inside it: the harness's
@@ -510,6 +549,7 @@ fn perform(
         &token,
         &team.orchestrator_model,
         &secrets,
+        false,
     )
     .map_err(EffectError::final_)?;
     let out = tools::Workspace::new(&dir)
@@ -547,8 +587,8 @@ fn perform(
         tree,
         wire_from,
         wire_to: if wire_to == wire_from { None } else { wire_to },
-        workspace: dir.display().to_string(),
-        home: home.display().to_string(),
+        workspace: inv.workspace,
+        home: inv.home,
     };
     let mut o = EffectOutput::json(&run.to_value()).with_link(tree);
     if let Some(w) = run.wire_to {
@@ -789,12 +829,24 @@ pub fn reexecute(ledger: Arc<Ledger>, rollout: Id) -> Result<Reexecution> {
         .prefix("mass-reexec-")
         .tempdir()
         .map_err(|e| EngineError::io("create a scratch directory", e))?;
-    // At the recorded paths: the recorded replies name them (a model writes
-    // to absolute paths it was shown), and served replies are the recorded
-    // bytes.
-    let dir = PathBuf::from(&recorded.workspace);
-    let home = PathBuf::from(&recorded.home);
-    let _places = Places::claim(&[&dir, &home, &proxy_dir_of(&dir)])?;
+    // Where the program was told it ran: the recorded replies name those
+    // paths (a model writes to absolute paths it was shown), and served
+    // replies are the recorded bytes. A fixed place (`Level::Full`) is
+    // made again from any fresh directory; a host path (below it, or
+    // recorded before places existed) only by running there.
+    let fixed = recorded.workspace == crate::places::WORKSPACE;
+    let (dir, _places) = if fixed {
+        let dir = super::fresh_scratch("reexecute", &wire)
+            .map_err(|e| EngineError::io("create a scratch workspace", e))?;
+        let made = vec![dir.clone(), home_of(&dir), proxy_dir_of(&dir)];
+        (dir, Places::taken(made))
+    } else {
+        let dir = PathBuf::from(&recorded.workspace);
+        let home = PathBuf::from(&recorded.home);
+        let p = Places::claim(&[&dir, &home, &proxy_dir_of(&dir)])?;
+        (dir, p)
+    };
+    let home = home_of(&dir);
     ledger.checkout(&initial, &dir)?;
     fresh_dir(&home).map_err(|e| EngineError::io("create the harness home", e))?;
     let prompt_file = home.join("prompt.md");
@@ -802,11 +854,8 @@ pub fn reexecute(ledger: Arc<Ledger>, rollout: Id) -> Result<Reexecution> {
         .map_err(|e| EngineError::io("write the prompt file", e))?;
 
     let recorded_norm = side_normaliser(&h.normalise, &recorded.workspace, &recorded.home)?;
-    let here_norm = side_normaliser(
-        &h.normalise,
-        &dir.display().to_string(),
-        &home.display().to_string(),
-    )?;
+    // This run is told the recorded paths (see above).
+    let here_norm = side_normaliser(&h.normalise, &recorded.workspace, &recorded.home)?;
     let book = Book::open_range(ledger.clone(), &wire, recorded_norm, recorded.wire_from, to)?
         .with_incoming(here_norm);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -844,6 +893,7 @@ pub fn reexecute(ledger: Arc<Ledger>, rollout: Id) -> Result<Reexecution> {
         &token,
         &model,
         &[],
+        !fixed,
     )
     .map_err(EngineError::Invalid)?;
     let out = tools::Workspace::new(&dir)
@@ -880,6 +930,15 @@ struct Places {
 }
 
 impl Places {
+    /// Directories made fresh for this run (nothing to claim).
+    fn taken(made: Vec<PathBuf>) -> Places {
+        Places {
+            made,
+            parents: Vec::new(),
+            marks: Vec::new(),
+        }
+    }
+
     fn claim(dirs: &[&Path]) -> Result<Places> {
         let mut p = Places {
             made: Vec::new(),

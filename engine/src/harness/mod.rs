@@ -303,6 +303,13 @@ fn scratch_dir(run: &str, stream: &str) -> PathBuf {
     scratch_root().join(format!("{}-{n}", &tag[..24]))
 }
 
+/// A fresh, empty directory name in this process's scratch root (made if
+/// missing), for a unit that runs outside a session (a re-execution).
+pub(crate) fn fresh_scratch(run: &str, stream: &str) -> std::io::Result<PathBuf> {
+    ensure_scratch_root()?;
+    Ok(scratch_dir(run, stream))
+}
+
 /// 16 bytes from the kernel's random source (`getrandom(2)`), as hex.
 fn random_hex() -> std::io::Result<String> {
     let mut b = [0u8; 16];

@@ -45,6 +45,22 @@ pub enum Outcome {
     },
 }
 
+impl Outcome {
+    /// The lengths of the pieces the reply's body arrived in, if one came.
+    fn chunks(&self) -> Option<&[usize]> {
+        match self {
+            Outcome::Http(h) | Outcome::Stopped { reply: Some(h), .. } => Some(&h.chunks),
+            _ => None,
+        }
+    }
+}
+
+/// The unhashed metadata key of a reply's chunk lengths (comma-separated):
+/// how the transport split the body, which differs between two runs of the
+/// same exchange, so it is not part of the record's id. Records written
+/// before it existed hold `http.chunks` in the hashed output instead.
+pub const CHUNKS_META: &str = "wire.chunks";
+
 /// Why the proxy stopped an exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
@@ -117,10 +133,11 @@ impl HttpReply {
     }
 
     fn http_json(&self) -> Value {
+        // The chunk lengths are the transport's timing, not the reply: they
+        // go to the unhashed metadata (`wire.chunks`).
         let mut v = json!({
             "status": self.status,
             "headers": self.headers.iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
-            "chunks": self.chunks,
         });
         if let Some(c) = &self.cut {
             v["cut"] = json!(c);
@@ -371,6 +388,10 @@ impl WireLog {
             );
         if let Some(ua) = &ex.user_agent {
             ev = ev.with_meta("wire.user_agent", needles.text(ua));
+        }
+        if let Some(chunks) = ex.outcome.chunks() {
+            let list: Vec<String> = chunks.iter().map(|c| c.to_string()).collect();
+            ev = ev.with_meta(CHUNKS_META, list.join(","));
         }
         let id = b.append(&self.ref_name, self.head, ev)?;
         let durable = b.submit()?;
@@ -641,6 +662,7 @@ pub fn load_chain(
                 (reply, v["failure"].as_str().map(str::to_string))
             }
         };
+        let reply = with_recorded_chunks(ledger, ev.id, reply)?;
         out.push(Recorded {
             event: ev.id,
             seq: ev.seq,
@@ -654,6 +676,29 @@ pub fn load_chain(
     Ok(out)
 }
 
+/// A reply whose output held no chunk lengths gets those of the event's
+/// metadata ([`CHUNKS_META`]); without either (metadata lost) the body is
+/// sent again in one piece, which any client reads the same.
+fn with_recorded_chunks(
+    ledger: &Ledger,
+    event: Id,
+    mut reply: RecordedOutcome,
+) -> Result<RecordedOutcome, ProxyError> {
+    if let RecordedOutcome::Http { chunks, .. } = &mut reply {
+        if chunks.is_empty() {
+            let meta = ledger.get_meta(&event)?;
+            *chunks = meta
+                .extra
+                .get(CHUNKS_META)
+                .into_iter()
+                .flat_map(|l| l.split(','))
+                .filter_map(|c| c.parse().ok())
+                .collect();
+        }
+    }
+    Ok(reply)
+}
+
 fn http_outcome(v: &Value) -> Option<RecordedOutcome> {
     let h = &v["http"];
     let status = u16::try_from(h["status"].as_u64()?).ok()?;
@@ -663,8 +708,9 @@ fn http_outcome(v: &Value) -> Option<RecordedOutcome> {
         .filter_map(|p| Some((p[0].as_str()?.to_string(), p[1].as_str()?.to_string())))
         .collect();
     let chunks = h["chunks"]
-        .as_array()?
-        .iter()
+        .as_array()
+        .into_iter()
+        .flatten()
         .filter_map(|c| c.as_u64().map(|c| c as usize))
         .collect();
     let body = v["raw_body"].as_str().and_then(|s| s.parse().ok());

@@ -848,7 +848,10 @@ async fn forward(
             continue;
         }
         out = out.header(k.as_str(), mask.masked(v.as_bytes()).as_ref());
-        if super::wire::is_secret_header(k.as_str()) || k.as_str() == "set-cookie" {
+        if super::wire::is_secret_header(k.as_str())
+            || k.as_str() == "set-cookie"
+            || super::wire::is_clock_header(k.as_str())
+        {
             continue;
         }
         kept.push((

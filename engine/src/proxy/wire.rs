@@ -331,6 +331,13 @@ pub fn is_secret_header(name: &str) -> bool {
         || n.ends_with("-key")
 }
 
+/// Headers that carry the sender's clock (`Date`, RFC 9110 6.6.1), not
+/// the reply: passed to the client, never recorded, so two runs of a
+/// deterministic server record the same exchange.
+pub fn is_clock_header(name: &str) -> bool {
+    name.eq_ignore_ascii_case("date")
+}
+
 /// Headers that describe one connection, not the message (RFC 9110 7.6.1),
 /// plus those the proxy sets itself: never forwarded or recorded.
 pub fn is_hop_header(name: &str) -> bool {
