@@ -55,6 +55,17 @@ pub fn run_on_tree(
             path: checks_dir.clone(),
             at: PathBuf::from(crate::places::CHECKS),
         });
+        // The suite's folder (every task's checks and files) cannot be
+        // named at its host path, wherever the system temp dir is.
+        if let Some(suite) = task
+            .dir
+            .parent()
+            .filter(|p| p.is_absolute() && p.parent().is_some())
+        {
+            if o.confinement.fixes_paths() {
+                o.confinement.hide.push(suite.to_path_buf());
+            }
+        }
         let seen = o.confinement.seen(&copy.0, &checks_dir);
         o.env
             .push((CHECKS_VAR.into(), seen.to_string_lossy().into_owned()));

@@ -41,23 +41,42 @@ struct Bind {
 /// Everything the mounts need, prepared while the launcher is still root
 /// (it may be the only one that can open the sources).
 pub(crate) struct View {
-    hidden: Vec<CString>,
-    binds: Vec<Bind>,
+    /// Covers and binds, in the order they are made.
+    ops: Vec<Op>,
     cwd: Option<CString>,
+}
+
+/// One step of the view.
+enum Op {
+    /// An empty tmpfs over a hidden directory (made read-only at the end).
+    Cover(CString),
+    Bind(Bind),
 }
 
 fn c(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
-/// The hidden directories to cover, the outermost only (one below another
-/// is covered with it, and could not be mounted on once it is).
-fn outermost(hide: &[PathBuf]) -> Vec<PathBuf> {
-    let mut all = hide.to_vec();
+/// The hidden directories to cover, outer before inner: every outermost
+/// one, and an inner one that a policy path holds (a readable `/tmp/build`
+/// holding the scratch root `/tmp/build/mass-work-1` is bound back whole
+/// below the covered `/tmp`, and would bring the inner directory's real
+/// contents, every other rollout's, back with it).
+fn covered(policy: &Policy) -> Vec<PathBuf> {
+    let mut all = policy.hide.clone();
     all.sort();
+    all.dedup();
+    let held = |h: &Path| {
+        policy
+            .writable
+            .iter()
+            .chain(&policy.readable)
+            .any(|p| h.starts_with(p))
+    };
     let mut kept: Vec<PathBuf> = Vec::new();
     for h in all {
-        if !kept.iter().any(|k| h.starts_with(k)) {
+        let outermost = !kept.iter().any(|k| h.starts_with(k));
+        if outermost || held(&h) {
             kept.push(h);
         }
     }
@@ -74,11 +93,11 @@ struct Bound {
 
 /// What the view binds, outer before inner: every placed path, and every
 /// other policy path below a hidden directory or a placed path, the
-/// outermost only (a path
-/// below another comes along with it) except a writable path inside a
-/// read-only one, which a read-only bind would make read-only. The same
-/// path both writable and readable is writable.
-fn bound_paths(policy: &Policy, hidden: &[PathBuf]) -> Vec<Bound> {
+/// outermost only (a path below another comes along with it) except a
+/// writable path inside a read-only one, which a read-only bind would make
+/// read-only, and a path below a directory `covers` covers again inside
+/// the bind. The same path both writable and readable is writable.
+fn bound_paths(policy: &Policy, covers: &[PathBuf]) -> Vec<Bound> {
     let placed = |p: &Path| policy.places.iter().any(|pl| pl.path == p);
     let mut all: Vec<(PathBuf, bool)> = policy
         .writable
@@ -86,7 +105,7 @@ fn bound_paths(policy: &Policy, hidden: &[PathBuf]) -> Vec<Bound> {
         .map(|p| (p.clone(), true))
         .chain(policy.readable.iter().map(|p| (p.clone(), false)))
         .filter(|(p, _)| {
-            hidden.iter().any(|h| p.starts_with(h) && p != h)
+            covers.iter().any(|h| p.starts_with(h) && p != h)
                 || policy.places.iter().any(|pl| p.starts_with(&pl.path))
         })
         .collect();
@@ -101,8 +120,15 @@ fn bound_paths(policy: &Policy, hidden: &[PathBuf]) -> Vec<Bound> {
             .iter()
             .filter(|k| path.starts_with(&k.path))
             .max_by_key(|k| k.path.components().count());
+        // A cover between the outer bind and the path hides it again.
+        let recovered = |o: &Bound| {
+            covers
+                .iter()
+                .any(|h| h.starts_with(&o.path) && path.starts_with(h) && path != *h)
+        };
         let nested = match outer {
             _ if placed(&path) => false,
+            Some(o) if recovered(o) => false,
             Some(o) if o.writable || !writable => continue,
             Some(_) => true,
             None => false,
@@ -183,40 +209,44 @@ impl View {
         if policy.hide.is_empty() {
             return Ok(None);
         }
-        let hidden = outermost(&policy.hide);
-        let mut binds = Vec::new();
-        for b in bound_paths(policy, &hidden) {
-            let target = policy.seen(&b.path);
+        let covers: Vec<PathBuf> = covered(policy);
+        // (target, 0 bind / 1 cover: a cover goes on top of a bind there)
+        let mut steps: Vec<(PathBuf, u8, Option<Bound>)> =
+            covers.iter().map(|h| (policy.seen(h), 1, None)).collect();
+        for b in bound_paths(policy, &covers) {
+            steps.push((policy.seen(&b.path), 0, Some(b)));
+        }
+        steps.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+        let targets: Vec<PathBuf> = steps
+            .iter()
+            .filter(|s| s.1 == 1)
+            .map(|s| s.0.clone())
+            .collect();
+        let mut ops = Vec::new();
+        for (target, _, bound) in steps {
+            let Some(b) = bound else {
+                ops.push(Op::Cover(c(&target)?));
+                continue;
+            };
             let (tree, is_dir) = clone_tree(&c(&b.path)?, b.writable)?;
-            let mut parents = Vec::new();
-            if !b.nested {
-                let h = hidden
-                    .iter()
-                    .find(|h| target.starts_with(h) && target != **h)
-                    .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-                let rel = target
-                    .strip_prefix(h)
-                    .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-                let mut cur = h.clone();
-                for comp in rel.components() {
-                    cur.push(comp);
-                    parents.push(c(&cur)?);
-                }
-            }
-            binds.push(Bind {
+            let parents = if b.nested {
+                Vec::new()
+            } else {
+                mount_point_parents(&targets, &target)?
+            };
+            ops.push(Op::Bind(Bind {
                 target: c(&target)?,
                 parents,
                 tree,
                 is_dir,
-            });
+            }));
         }
         // Re-entered where the command sees it.
         let cwd = std::env::current_dir()
             .ok()
             .map(|d| c(&policy.seen(&d)))
             .transpose()?;
-        let hidden = hidden.iter().map(|h| c(h)).collect::<io::Result<_>>()?;
-        Ok(Some(View { hidden, binds, cwd }))
+        Ok(Some(View { ops, cwd }))
     }
 
     /// Inside the mount namespace (mounts already private): covers each
@@ -231,29 +261,33 @@ impl View {
                 e
             }
         };
-        for h in &self.hidden {
-            mount(
-                c"tmpfs",
-                h,
-                c"tmpfs",
-                libc::MS_NOSUID | libc::MS_NODEV,
-                c"mode=0755,size=64k",
-            )
-            .map_err(fail(b"sandbox: covering a hidden directory failed\n"))?;
+        for op in &self.ops {
+            match op {
+                Op::Cover(h) => mount(
+                    c"tmpfs",
+                    h,
+                    c"tmpfs",
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    c"mode=0755,size=64k",
+                )
+                .map_err(fail(b"sandbox: covering a hidden directory failed\n"))?,
+                Op::Bind(b) => {
+                    b.make_mount_point().map_err(fail(
+                        b"sandbox: making a mount point in a hidden directory failed\n",
+                    ))?;
+                    b.bind().map_err(fail(
+                        b"sandbox: binding a path back into a hidden directory failed\n",
+                    ))?;
+                }
+            }
         }
-        for b in &self.binds {
-            b.make_mount_point().map_err(fail(
-                b"sandbox: making a mount point in a hidden directory failed\n",
-            ))?;
-            b.bind().map_err(fail(
-                b"sandbox: binding a path back into a hidden directory failed\n",
-            ))?;
-        }
-        for h in &self.hidden {
-            let flags = libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
-            mount_raw(None, h, None, flags, None).map_err(fail(
-                b"sandbox: making a hidden directory read-only failed\n",
-            ))?;
+        for op in &self.ops {
+            if let Op::Cover(h) = op {
+                let flags = libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+                mount_raw(None, h, None, flags, None).map_err(fail(
+                    b"sandbox: making a hidden directory read-only failed\n",
+                ))?;
+            }
         }
         if let Some(d) = &self.cwd {
             // SAFETY: valid C string.
@@ -262,6 +296,26 @@ impl View {
         }
         Ok(())
     }
+}
+
+/// The directories to make for a mount point at `target`: each component
+/// below the innermost covered directory holding it.
+fn mount_point_parents(covers: &[PathBuf], target: &Path) -> io::Result<Vec<CString>> {
+    let h = covers
+        .iter()
+        .filter(|h| target.starts_with(h) && target != h.as_path())
+        .max_by_key(|h| h.components().count())
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let rel = target
+        .strip_prefix(h)
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let mut cur = h.clone();
+    let mut parents = Vec::new();
+    for comp in rel.components() {
+        cur.push(comp);
+        parents.push(c(&cur)?);
+    }
+    Ok(parents)
 }
 
 impl Bind {

@@ -245,3 +245,54 @@ fn seen_maps_paths_below_a_place_and_only_at_level_full() {
     low.level = Level::Landlock;
     assert_eq!(low.seen(&s.ws), s.ws);
 }
+
+/// A readable path that holds the scratch root (`harness.readable =
+/// ["$TMPDIR"]` with TMPDIR=/tmp/build): once `/tmp` is covered, that path
+/// is bound back whole, and with it every other rollout's workspace, unless
+/// the scratch root is covered again inside it (attacker review). The
+/// scratch root is traversable (0711) and the other rollout's file
+/// world-readable, so only the view stands in the way.
+#[test]
+fn a_readable_path_holding_the_scratch_root_shows_no_other_rollout() {
+    if !available() {
+        eprintln!("skipped: needs root and Level::Full");
+        return;
+    }
+    let s = Scratch::new();
+    let base = s.root.parent().unwrap().to_path_buf();
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&s.root, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let other = s.root.join("ffff-1");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(other.join("secret"), "OTHER-ROLLOUT\n").unwrap();
+    std::fs::set_permissions(other.join("secret"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(base.join("shared.txt"), "shared\n").unwrap();
+    std::fs::set_permissions(
+        base.join("shared.txt"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let script = format!(
+        "cat {b}/shared.txt; cat {o}/secret 2>/dev/null || echo NO-SECRET; \
+         echo \"LS:$(ls {r} 2>/dev/null)\"; pwd; echo x > f && cat f",
+        b = base.display(),
+        o = other.display(),
+        r = s.root.display()
+    );
+    let mut p = s.policy(false, &[]);
+    p.readable.push(base.clone());
+    let (out, err) = run(&s, &p, &script);
+    assert!(
+        out.starts_with("shared\n"),
+        "the readable path: {out}\n{err}"
+    );
+    assert_eq!(
+        out, "shared\nNO-SECRET\nLS:\n/tmp/mass/workspace\nx\n",
+        "another rollout is visible: {err}"
+    );
+    // The guard is the view: without it the file is there to read.
+    p.unprotected = vec![Layer::View];
+    let (out, _) = run(&s, &p, &format!("cat {}/secret", other.display()));
+    assert_eq!(out, "OTHER-ROLLOUT\n");
+}
