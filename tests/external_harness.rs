@@ -684,10 +684,24 @@ fn refs(s: &Setup) -> std::collections::BTreeMap<String, String> {
 /// task folder, the scratch root's pid, the workspaces' random names) gives
 /// the same head, though the agent prints its paths and tells them to the
 /// model. Fails with the places switched off (`Confinement::fixes_paths`
-/// returning false): each run then records its own paths.
+/// returning false): each run then records its own paths. The second file
+/// also differs in what only says how to execute it (a comment, the
+/// concurrency, the server's address, timeout and concurrency limit): the
+/// same ids again (it fails with `run.started` naming the file as given).
 #[test]
 fn two_runs_of_an_agent_printing_its_paths_give_the_same_head() {
     let (a, b) = (setup(PRINTS_PATHS, 60), setup(PRINTS_PATHS, 60));
+    let text = std::fs::read_to_string(&b.exp).unwrap();
+    let executed_otherwise = format!("# run on the other machine\n{text}")
+        .replace("cycles = 1\n", "cycles = 1\nconcurrency = 3\n")
+        .replace(
+            "base_url = \"http://127.0.0.1:9/v1\"",
+            "base_url = \"http://127.0.0.2:9/v1\"\nmax_concurrency = 2",
+        )
+        .replace("timeout_secs = 30", "timeout_secs = 45");
+    assert_ne!(executed_otherwise, text);
+    assert_eq!(executed_otherwise.matches("concurrency").count(), 2);
+    std::fs::write(&b.exp, executed_otherwise).unwrap();
     let mut heads = Vec::new();
     for s in [&a, &b] {
         let (_server, url) = scripted_server(&s.dir, "qwen_script.json");
@@ -723,6 +737,14 @@ fn two_runs_of_an_agent_printing_its_paths_give_the_same_head() {
             "finished"
         );
     }
-    assert!(!heads[0].is_empty());
+    // Each run's `execution` stream records its file as given; every step
+    // is the same.
+    let execution: Vec<String> = heads
+        .iter_mut()
+        .map(|h| h.remove("tiny/execution").expect("an execution stream"))
+        .collect();
+    assert_ne!(execution[0], execution[1]);
+    assert!(heads[0].len() > 10, "{:?}", heads[0]);
     assert_eq!(heads[0], heads[1], "two identical runs, two heads");
+    ok(&b, "", &["replay", "tiny", "--check"]);
 }

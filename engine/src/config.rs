@@ -187,7 +187,30 @@ pub enum Backend {
     OpenAi(OpenAiParams),
 }
 
+/// The address a definition gives a server backend in place of its own: a
+/// reserved name (RFC 2606) that never resolves, since a definition is
+/// never run (see [`Experiment::definition_toml`]).
+pub const DEFINITION_URL: &str = "http://execution-settings.invalid/v1";
+
 impl Backend {
+    /// The backend without how this machine reaches it: a server's
+    /// address, key source, timeout, retries, concurrency limit and `serve`
+    /// commands at fixed values; the model, sampling and adapter stay.
+    pub fn definition(&self) -> Backend {
+        let mut b = self.clone();
+        if let Backend::OpenAi(p) = &mut b {
+            p.base_url = DEFINITION_URL.into();
+            p.base_url_env = None;
+            p.api_key_env = None;
+            p.api_key_file = None;
+            p.timeout_secs = 120;
+            p.max_retries = 3;
+            p.max_concurrency = 16;
+            p.serve = None;
+        }
+        b
+    }
+
     pub fn kind(&self) -> BackendKind {
         match self {
             Backend::Sim(_) => BackendKind::Sim,
@@ -1512,6 +1535,21 @@ impl Experiment {
         // Serialisation can only fail for a seed above i64::MAX, which
         // validate() rejects; the fallback keeps this total without a panic.
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot serialise experiment: {e}\n"))
+    }
+
+    /// What the experiment is, without how this machine runs it: the
+    /// canonical form (comments and layout gone) with `concurrency` at 1 and
+    /// every backend's [`Backend::definition`]. `run.started` records this,
+    /// so the same experiment gives the same ids on any machine, at any
+    /// concurrency, however its file is written; the file as given goes to
+    /// the run's `execution` stream, outside every hashed step.
+    pub fn definition_toml(&self) -> String {
+        let mut d = self.clone();
+        d.concurrency = 1;
+        for b in d.backends.values_mut() {
+            *b = b.definition();
+        }
+        d.canonical_toml()
     }
 
     pub fn backend(&self, name: &str) -> Option<&Backend> {

@@ -30,7 +30,16 @@ use crate::task::load_suite;
 /// Version 7 isolates rollouts from each other and records it, with every
 /// limit in force (the sandbox note: niceness, workspace snapshot limits),
 /// and runs external harnesses in a network namespace of their own.
-pub const DRIVER: &str = "mass-engine/7";
+/// Version 8 records the experiment's definition (`Experiment::
+/// definition_toml`) in `run.started` and the file as given on the run's
+/// `execution` stream (`run.execution`); it also drives version-7 runs,
+/// whose `run.started` holds the file as given and which have no
+/// `execution` stream.
+pub const DRIVER: &str = "mass-engine/8";
+
+/// The drivers whose runs this build drives: the current one, and the
+/// previous one, which differs only in where the experiment is recorded.
+const DRIVES: [&str; 2] = [DRIVER, "mass-engine/7"];
 
 /// What to run.
 pub struct RunRequest<'a> {
@@ -61,9 +70,14 @@ pub struct RunSummary {
 
 /// A run's start: the experiment text, its blob and the task suite's tree.
 struct Start {
+    /// The experiment as given (what the run executes).
     text: String,
+    /// The blob `run.started` names: the definition (version 8), or the
+    /// file as given (version 7).
     config: Id,
     tasks: Id,
+    /// The `run.execution` blob (the file as given), version 8 only.
+    execution: Option<Id>,
 }
 
 /// Checks that `first`, the first event of run `run`, starts a run this build
@@ -150,10 +164,11 @@ pub fn recorded_source(ledger: &ledger::Ledger, run: &str) -> Result<Option<repl
 /// failing at resume. `first` is the run's `run.started` event.
 pub fn check_overrides(
     ledger: &ledger::Ledger,
+    run: &str,
     first: &Event,
     overrides: &[(String, String)],
 ) -> Result<()> {
-    let mut exp = recorded_experiment(ledger, first)?;
+    let mut exp = recorded_experiment(ledger, run, first)?;
     for (k, _) in overrides {
         crate::cycle::check_fork_override(k)?;
     }
@@ -161,13 +176,12 @@ pub fn check_overrides(
     Ok(())
 }
 
-/// The experiment a run recorded when it started (`first`: its
-/// `run.started`), as parsed then, before any fork's overrides.
-pub fn recorded_experiment(ledger: &Ledger, first: &Event) -> Result<Experiment> {
-    let rs: RunStarted = schemas::decode_event(first)?;
-    let text = String::from_utf8(ledger.get_blob(&ledger::Id(rs.config.0))?)
-        .map_err(|e| EngineError::recording("experiment definition", e))?;
-    Ok(Experiment::parse(&text, "the recorded experiment")?)
+/// The experiment run `run` recorded when it started (`first`: its
+/// `run.started`), as given then (execution settings included), before any
+/// fork's overrides.
+pub fn recorded_experiment(ledger: &Ledger, run: &str, first: &Event) -> Result<Experiment> {
+    let start = recorded_start(ledger, run, first)?;
+    Ok(Experiment::parse(&start.text, "the recorded experiment")?)
 }
 
 /// The overrides that hand judging to `judge`: the name of a backend the
@@ -176,6 +190,7 @@ pub fn recorded_experiment(ledger: &Ledger, first: &Event) -> Result<Experiment>
 /// experiment already has under that name (other roles may play it).
 pub fn judge_overrides(
     ledger: &Ledger,
+    run: &str,
     first: &Event,
     judge: &str,
 ) -> Result<Vec<(String, String)>> {
@@ -188,7 +203,7 @@ pub fn judge_overrides(
         source: e,
     })?;
     let (name, add) = crate::config::backend_override(&text, judge)?;
-    let exp = recorded_experiment(ledger, first)?;
+    let exp = recorded_experiment(ledger, run, first)?;
     if let Some(existing) = exp.backends.get(&name) {
         let mut with = exp.clone();
         with.apply_override(&add.0, &add.1)?;
@@ -219,10 +234,11 @@ pub fn check_run_start(run: &str, first: &Event) -> Result<()> {
         )));
     }
     let rs: RunStarted = schemas::decode_event(first)?;
-    if rs.driver != DRIVER {
+    if !DRIVES.contains(&rs.driver.as_str()) {
         return Err(EngineError::Invalid(format!(
-            "run {run} was recorded by driver {}; this build is {DRIVER}",
-            rs.driver
+            "run {run} was recorded by driver {}; this build is {DRIVER} (and drives {})",
+            rs.driver,
+            DRIVES.join(", ")
         )));
     }
     Ok(())
@@ -230,12 +246,17 @@ pub fn check_run_start(run: &str, first: &Event) -> Result<()> {
 
 /// The head of run `run` if the run never got past its start: its main
 /// stream is a lone `run.started` (nothing after it) and it has no other
-/// stream. That is what a start that failed after recording the definition
+/// stream but its `execution`. That is what a start that failed after recording the definition
 /// leaves (an unsupported backend, say); such a run holds no work, so
 /// `mass run` may replace it with a corrected file. `None` for a run that did
 /// start (it resumes), a fork, or a name that is not a run.
 pub fn start_failed(ledger: &Ledger, run: &str) -> Result<Option<Id>> {
-    let refs = replay::run_refs(ledger, run)?;
+    // How it was to be executed is not work.
+    let execution = replay::ref_name(run, replay::EXECUTION);
+    let refs: Vec<_> = replay::run_refs(ledger, run)?
+        .into_iter()
+        .filter(|(name, _)| *name != execution)
+        .collect();
     let [(name, head)] = refs.as_slice() else {
         return Ok(None);
     };
@@ -247,18 +268,44 @@ pub fn start_failed(ledger: &Ledger, run: &str) -> Result<Option<Id>> {
     Ok(lone_start.then_some(*head))
 }
 
-/// Reads a run's recorded start (see [`check_run_start`]).
+/// Reads a run's recorded start (see [`check_run_start`]): for version 8,
+/// the definition from `run.started` and the file as given from the run's
+/// `execution` stream, which must define the same experiment.
 fn recorded_start(ledger: &Ledger, run: &str, first: &Event) -> Result<Start> {
     check_run_start(run, first)?;
     let rs: RunStarted = schemas::decode_event(first)?;
     let config = Id(rs.config.0);
-    let text = String::from_utf8(ledger.get_blob(&config)?)
-        .map_err(|e| EngineError::recording("experiment definition", e))?;
-    Ok(Start {
+    let blob_text = |id: &Id, what: &str| -> Result<String> {
+        String::from_utf8(ledger.get_blob(id)?).map_err(|e| EngineError::recording(what, e))
+    };
+    let text = blob_text(&config, "experiment definition")?;
+    let start = |text, execution| Start {
         text,
         config,
         tasks: Id(rs.tasks.0),
-    })
+        execution,
+    };
+    if rs.driver != DRIVER {
+        return Ok(start(text, None));
+    }
+    let head = ledger
+        .head(&replay::ref_name(run, replay::EXECUTION))?
+        .ok_or_else(|| {
+            EngineError::recording(
+                "run execution",
+                format!("run {run} has no execution stream ({run}/{}): it records how the run is executed; was it removed?", replay::EXECUTION),
+            )
+        })?;
+    let x: schemas::RunExecution = schemas::decode_event(&ledger.get_event(&head)?)?;
+    let given = blob_text(&Id(x.config.0), "experiment as given")?;
+    let label = format!("experiment recorded by run {run}");
+    if Experiment::parse(&given, &label)?.definition_toml() != text {
+        return Err(EngineError::recording(
+            "run execution",
+            format!("the execution settings of run {run} ({}) define another experiment than its run.started", head.short(12)),
+        ));
+    }
+    Ok(start(given, Some(Id(x.config.0))))
 }
 
 /// Records, resumes, continues a fork of, or checks a run.
@@ -309,19 +356,31 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
             sandbox::probe().check(exp.sandbox.level)?;
             let start = Start {
                 tasks: suite::record(&ledger, &on_disk)?,
-                config: ledger.put_blob(text.as_bytes())?,
+                config: ledger.put_blob(exp.definition_toml().as_bytes())?,
                 text: text.clone(),
+                execution: Some(ledger.put_blob(text.as_bytes())?),
             };
             (start, exp)
         }
     };
     let started = RunStarted {
-        driver: DRIVER.into(),
+        driver: if start.execution.is_some() {
+            DRIVER.into()
+        } else {
+            DRIVES[1].into()
+        },
         config: start.config.into(),
         tasks: start.tasks.into(),
         seed: exp.seed,
     };
-    main.emit(schemas::to_event(&started)?)?;
+    let started_id = main.emit(schemas::to_event(&started)?)?;
+    if let Some(x) = start.execution {
+        // Beside the steps, never before them: no step depends on it.
+        let rec = schemas::RunExecution { config: x.into() };
+        session
+            .stream(replay::EXECUTION)?
+            .emit(schemas::to_event(&rec)?.with_parents(vec![started_id]))?;
+    }
     session.set_seed(exp.seed);
 
     // Every session works on its own checkout of the recorded suite (kept

@@ -16,7 +16,7 @@ use ledger::{Id, Ledger, ObjectKind};
 use schemas::{Hash32, Override, RunForked};
 
 use crate::error::{ReplayError, Result};
-use crate::session::{ref_name, MAIN};
+use crate::session::{ref_name, EXECUTION, MAIN};
 
 /// Creates run `new` from run `source` at event `at`: a step of its main
 /// stream, or any event of one of its streams (the fork then continues from
@@ -109,6 +109,10 @@ pub fn fork_run(
                 queue.push_back(*p);
             }
         }
+    }
+    // How the source is executed is no step's ancestor: it comes whole.
+    if let Some(h) = ledger.head(&ref_name(source, EXECUTION))? {
+        latest.insert(EXECUTION.to_string(), (0, h));
     }
     let mut b = ledger.batch();
     for (stream, (_, id)) in &latest {

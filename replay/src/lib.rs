@@ -53,5 +53,5 @@ pub use effect::{
 pub use error::{Divergence, ReplayError, Result};
 pub use fork::fork_run;
 pub use remove::{remove_run, run_refs, Removed, REMOVALS};
-pub use session::{ref_name, Clock, Mode, Session, SourceRun, MAIN};
+pub use session::{ref_name, Clock, Mode, Session, SourceRun, EXECUTION, MAIN};
 pub use stream::{Begin, Pending, Stream};

@@ -18,6 +18,11 @@ use crate::stream::Stream;
 /// The relative name of a run's main stream.
 pub const MAIN: &str = "main";
 
+/// The relative name of a run's `execution` stream: how the run is
+/// executed (`run.execution`), which no step depends on. A fork takes the
+/// source's whole, from wherever it forks.
+pub const EXECUTION: &str = "execution";
+
 /// How a session treats the recording.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mode {

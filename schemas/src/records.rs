@@ -206,6 +206,36 @@ impl Record for RunStarted {
     }
 }
 
+/// `run.execution`: how one run is executed, on its `execution` stream
+/// (one event per setting of it, the first after `run.started`, which it
+/// names as parent). `config` is the experiment file as given: comments,
+/// `concurrency`, server addresses, key sources, timeouts and `serve`
+/// commands. No hashed step of the run depends on it: `run.started` holds
+/// the experiment's definition without these settings, so the same
+/// experiment gives the same ids on any machine at any concurrency. Runs
+/// recorded by `mass-engine/7` and earlier have no `execution` stream; their
+/// `run.started` holds the file as given.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq, Eq,
+)]
+pub struct RunExecution {
+    /// Blob of the experiment file as given.
+    pub config: Hash32,
+}
+
+impl Record for RunExecution {
+    const KIND: &'static str = "run.execution";
+    const VERSION: u32 = 1;
+    fn links(&self) -> Vec<Hash32> {
+        vec![self.config]
+    }
+    fn sample() -> Self {
+        RunExecution {
+            config: Hash32([13; 32]),
+        }
+    }
+}
+
 /// `run.started` v1, kept so old ledgers still show, export and verify. It
 /// recorded the experiment file's path (hashed, so the same run started via
 /// another spelling of the path got other ids) and not the tasks, which were

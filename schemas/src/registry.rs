@@ -5,9 +5,9 @@
 
 use crate::{
     decode, Cycle, CycleV1, Dataset, DatasetV1, Effect, Evaluation, EvaluationV1, GuardCheck,
-    Judgment, ModelCall, Note, Promotion, ProposalRecord, Ranking, Record, Rollout, RunForked,
-    RunMixed, RunMixedV1, RunRemoved, RunStarted, RunStartedV1, SchemaError, Selection, TrainStep,
-    Training, TrainingV1, WorkspaceSnapshot,
+    Judgment, ModelCall, Note, Promotion, ProposalRecord, Ranking, Record, Rollout, RunExecution,
+    RunForked, RunMixed, RunMixedV1, RunRemoved, RunStarted, RunStartedV1, SchemaError, Selection,
+    TrainStep, Training, TrainingV1, WorkspaceSnapshot,
 };
 
 /// A known kind and its current version.
@@ -78,6 +78,7 @@ registry!(
         WorkspaceSnapshot,
         Effect,
         RunStarted,
+        RunExecution,
         RunForked,
         RunMixed,
         RunRemoved,

@@ -104,6 +104,11 @@ const PINS: &[(&str, u32, &str)] = &[
         "15e6fccf049d93e758cc32759547763b85a060bebbde35b853b046748d277ea5",
     ),
     (
+        "run.execution",
+        1,
+        "410ffac82ad473f4fd09ad2887637c14092a5dea125a2bd63bc5db5ee32641ba",
+    ),
+    (
         "run.started",
         1,
         "9fa8d7362ac1b6f39a9386b98a4c4e3a1b49d96bf1d08d8d195daaccbe7e4916",
@@ -169,6 +174,7 @@ fn sample_hash(kind: &str, version: u32) -> String {
         ("workspace.snapshot", _) => encode(&WorkspaceSnapshot::sample()),
         ("effect", _) => encode(&Effect::sample()),
         ("run.forked", _) => encode(&RunForked::sample()),
+        ("run.execution", _) => encode(&schemas::RunExecution::sample()),
         ("run.removed", _) => encode(&schemas::RunRemoved::sample()),
         ("run.mixed", _) => encode(&schemas::RunMixedV1::sample()),
         ("mass.rollout", _) => encode(&schemas::Rollout::sample()),

@@ -326,7 +326,7 @@ pub fn rejudge(
     let mut overrides = parse_sets(&opts.set)?;
     refuse_execution_overrides(&overrides)?;
     if let Some(j) = &opts.judge {
-        let judge = engine::driver::judge_overrides(&ledger, &start, j)
+        let judge = engine::driver::judge_overrides(&ledger, source, &start, j)
             .map_err(|e| CliError::Usage(format!("--judge {j}: {e}; nothing was written")))?;
         overrides.extend(judge);
     }
@@ -360,7 +360,7 @@ pub fn rejudge(
         overrides.push(("cycles".into(), c.to_string()));
         overrides.push(("outer.train".into(), "false".into()));
     }
-    engine::driver::check_overrides(&ledger, &start, &overrides)
+    engine::driver::check_overrides(&ledger, source, &start, &overrides)
         .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
     // The source by id: the heads its streams have now.
     let src = SourceRun::pinned(&ledger, source, ["judge".to_string()].into_iter().collect())
@@ -601,7 +601,7 @@ pub fn fork(
             ))
             .into());
         }
-        engine::driver::check_overrides(l, &first, &overrides)
+        engine::driver::check_overrides(l, &run, &first, &overrides)
             .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
         let f = replay::fork_run(l, &run, id, name, &overrides).map_err(ledger_cause)?;
         println!("forked run {run} at {} as {name} (fork event {}); continue it with `mass resume {name}`", id.short(12), f.short(12));
