@@ -58,3 +58,53 @@ fn regression_replay_check_reproduces_every_stream_not_only_the_main_head() {
     assert!(err.contains("stream stray (head "), "{err}");
     assert!(err.contains("never reached by the replay"), "{err}");
 }
+
+/// The execution settings (#25, item 7) are recorded beside the run, on
+/// its `execution` stream, covered by no step's id. A second `run.execution`
+/// appended there (a file with the same definition but another server, or
+/// `serve` command) must not become what a resume or a replay check runs
+/// with: only the event written with the run's `run.started` is accepted
+/// (attacker review: any head with the same definition was).
+#[test]
+fn a_swapped_execution_record_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let l = d.path().join("ledger");
+    let o = mass(&l, &["run", "examples/smoke.toml", "--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    {
+        let ledger = ledger::Ledger::open(&l).unwrap();
+        let head = ledger
+            .head("smoke/execution")
+            .unwrap()
+            .expect("an execution stream");
+        let text = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/smoke.toml"),
+        )
+        .unwrap();
+        let other = ledger
+            .put_blob(format!("# same definition, other settings\n{text}").as_bytes())
+            .unwrap();
+        let rec = schemas::RunExecution {
+            config: schemas::Hash32(other.0),
+        };
+        ledger
+            .append(
+                "smoke/execution",
+                Some(head),
+                schemas::to_event(&rec).unwrap(),
+            )
+            .unwrap();
+    }
+    for args in [
+        &["replay", "smoke", "--check"][..],
+        &["resume", "smoke", "--quiet"],
+    ] {
+        let o = mass(&l, args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?}: {err}");
+        assert!(
+            err.contains("is not the run.execution event written with this run's run.started"),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -173,6 +173,11 @@ pub struct Experiment {
     /// `tasks_dir` resolved against the directory of the experiment file.
     #[serde(skip)]
     pub tasks_path: PathBuf,
+    /// The run names backends as written, execution settings and all (a
+    /// `mass-engine/7` run: its recorded trainer requests do), not by
+    /// [`Backend::definition`].
+    #[serde(skip)]
+    pub backends_as_written: bool,
 }
 
 fn default_one() -> u32 {
@@ -194,8 +199,10 @@ pub const DEFINITION_URL: &str = "http://execution-settings.invalid/v1";
 
 impl Backend {
     /// The backend without how this machine reaches it: a server's
-    /// address, key source, timeout, retries, concurrency limit and `serve`
-    /// commands at fixed values; the model, sampling and adapter stay.
+    /// address, key source, timeout, retries and concurrency limit at fixed
+    /// values; the model, sampling, adapter and `serve` table stay (the
+    /// serve command decides which weights answer, and whether it can serve
+    /// adapters decides a trained model's name).
     pub fn definition(&self) -> Backend {
         let mut b = self.clone();
         if let Backend::OpenAi(p) = &mut b {
@@ -206,9 +213,18 @@ impl Backend {
             p.timeout_secs = 120;
             p.max_retries = 3;
             p.max_concurrency = 16;
-            p.serve = None;
         }
         b
+    }
+
+    /// How a run names this backend in what it records: as written in a
+    /// `mass-engine/7` run (`as_written`), else by its definition.
+    pub fn named(&self, as_written: bool) -> Backend {
+        if as_written {
+            self.clone()
+        } else {
+            self.definition()
+        }
     }
 
     pub fn kind(&self) -> BackendKind {
@@ -1497,6 +1513,7 @@ impl Experiment {
             .try_into()
             .map_err(|e: toml::de::Error| fail(clean_serde_message(e.message())))?;
         updated.origin = self.origin.clone();
+        updated.backends_as_written = self.backends_as_written;
         // The resolved tasks folder is kept unless the override is of
         // tasks_dir itself: a driver points it at the run's recorded suite,
         // which an unrelated override must not send back to the disk.
@@ -1539,7 +1556,7 @@ impl Experiment {
 
     /// What the experiment is, without how this machine runs it: the
     /// canonical form (comments and layout gone) with `concurrency` at 1 and
-    /// every backend's [`Backend::definition`]. `run.started` records this,
+    /// every backend's [`Backend::definition`] (`serve` stays). `run.started` records this,
     /// so the same experiment gives the same ids on any machine, at any
     /// concurrency, however its file is written; the file as given goes to
     /// the run's `execution` stream, outside every hashed step.
@@ -2311,6 +2328,52 @@ optimizer = "sim"
         let reformatted = format!("# comment\n{}", MINIMAL.replace(" = ", "="));
         let a = Experiment::parse(&reformatted, "exp.toml").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(a.canonical_toml(), minimal().canonical_toml());
+    }
+
+    /// The definition leaves out how a machine runs the experiment and
+    /// keeps what decides results: a `serve` table (its command picks the
+    /// weights; an adapter command decides a trained model's name; attacker
+    /// review: it was left out, and two experiments that train different
+    /// models shared a definition). The definition parses (status reads it).
+    #[test]
+    fn the_definition_keeps_what_decides_results_and_drops_execution_settings() {
+        let server = |extra: &str| {
+            let text = format!(
+                "{MINIMAL}\n[backends.server]\nkind = \"openai\"\nmodel = \"m\"\n{extra}\n"
+            );
+            let e = Experiment::parse(&text, "exp.toml").unwrap_or_else(|e| panic!("{e}"));
+            e.definition_toml()
+        };
+        let base = server("base_url = \"http://a:1/v1\"");
+        let executed_otherwise = server(
+            "base_url = \"http://b:2/v1\"\nbase_url_env = \"U\"\napi_key_env = \"K\"\ntimeout_secs = 9\nmax_retries = 1\nmax_concurrency = 2",
+        );
+        assert_eq!(base, executed_otherwise);
+        let mut concurrent = Experiment::parse(
+            &format!("{MINIMAL}\n[backends.server]\nkind = \"openai\"\nmodel = \"m\"\nbase_url = \"http://a:1/v1\"\n"),
+            "exp.toml",
+        )
+        .unwrap();
+        concurrent.concurrency = 8;
+        assert_eq!(concurrent.definition_toml(), base);
+        for differs in [
+            "base_url = \"http://a:1/v1\"\ntemperature = 0.1",
+            "base_url = \"http://a:1/v1\"\n[backends.server.serve]\ncommand = \"serve {model} {port}\"",
+            "base_url = \"http://a:1/v1\"\n[backends.server.serve]\ncommand = \"serve {model} {port}\"\nadapter_command = \"serve {adapter} {port}\"",
+        ] {
+            assert_ne!(server(differs), base, "{differs}");
+        }
+        Experiment::parse(&base, "definition").unwrap_or_else(|e| panic!("{e}\n{base}"));
+        // A mass-engine/7 run names its backends as written.
+        let e = Experiment::parse(
+            &format!("{MINIMAL}\n[backends.server]\nkind = \"openai\"\nmodel = \"m\"\nbase_url = \"http://a:1/v1\"\n"),
+            "exp.toml",
+        )
+        .unwrap();
+        let b = &e.backends["server"];
+        assert_eq!(&b.named(true), b);
+        assert_eq!(b.named(false), b.definition());
+        assert_ne!(b.named(false), *b);
     }
 
     #[test]

@@ -291,12 +291,23 @@ fn recorded_start(ledger: &Ledger, run: &str, first: &Event) -> Result<Start> {
     let head = ledger
         .head(&replay::ref_name(run, replay::EXECUTION))?
         .ok_or_else(|| {
-            EngineError::recording(
-                "run execution",
-                format!("run {run} has no execution stream ({run}/{}): it records how the run is executed; was it removed?", replay::EXECUTION),
-            )
+            EngineError::Invalid(format!(
+                "run {run} has no execution stream ({run}/{}), which records how it is executed (its experiment file as given);                  a start cut short before writing it leaves that: `mass run FILE --ref {run}` replaces a run that never started,                  and a run that did start cannot go on without it",
+                replay::EXECUTION
+            ))
         })?;
-    let x: schemas::RunExecution = schemas::decode_event(&ledger.get_event(&head)?)?;
+    let ev = ledger.get_event(&head)?;
+    if ev.kind != schemas::RunExecution::KIND || ev.parents != [first.id] || ev.prev.is_some() {
+        return Err(EngineError::recording(
+            "run execution",
+            format!(
+                "the head of {run}/{} ({}) is not the run.execution event written with this run's run.started",
+                replay::EXECUTION,
+                head.short(12)
+            ),
+        ));
+    }
+    let x: schemas::RunExecution = schemas::decode_event(&ev)?;
     let given = blob_text(&Id(x.config.0), "experiment as given")?;
     let label = format!("experiment recorded by run {run}");
     if Experiment::parse(&given, &label)?.definition_toml() != text {
@@ -363,6 +374,8 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
             (start, exp)
         }
     };
+    // A `mass-engine/7` run named its backends as written.
+    exp.backends_as_written = start.execution.is_none();
     let started = RunStarted {
         driver: if start.execution.is_some() {
             DRIVER.into()

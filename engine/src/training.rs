@@ -57,8 +57,12 @@ pub fn train(
     // backend's definition is named too (the simulated trainer's learning
     // rate, a served model's command): a re-judge serves a recorded
     // training only for the same data, base model, trainer and backend.
-    let backend_def = serde_json::to_value(exp.backends.get(&backend_name).map(|b| b.definition()))
-        .map_err(|e| EngineError::Invalid(format!("backends.{backend_name}: {e}")))?;
+    let backend_def = serde_json::to_value(
+        exp.backends
+            .get(&backend_name)
+            .map(|b| b.named(exp.backends_as_written)),
+    )
+    .map_err(|e| EngineError::Invalid(format!("backends.{backend_name}: {e}")))?;
     let data = json!({
         "train": Id::of(ledger::ObjectKind::Blob, train_jsonl.as_bytes()).to_hex(),
         "validation": Id::of(ledger::ObjectKind::Blob, val_jsonl.as_bytes()).to_hex(),

@@ -206,11 +206,11 @@ impl Record for RunStarted {
     }
 }
 
-/// `run.execution`: how one run is executed, on its `execution` stream
-/// (one event per setting of it, the first after `run.started`, which it
-/// names as parent). `config` is the experiment file as given: comments,
-/// `concurrency`, server addresses, key sources, timeouts and `serve`
-/// commands. No hashed step of the run depends on it: `run.started` holds
+/// `run.execution`: how one run is executed, the only event of its
+/// `execution` stream, written right after `run.started`, which it names as
+/// its parent (a head that is anything else is refused). `config` is the
+/// experiment file as given: comments, `concurrency`, server addresses, key
+/// sources, timeouts, retries. No hashed step of the run depends on it: `run.started` holds
 /// the experiment's definition without these settings, so the same
 /// experiment gives the same ids on any machine at any concurrency. Runs
 /// recorded by `mass-engine/7` and earlier have no `execution` stream; their
