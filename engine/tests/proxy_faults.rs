@@ -327,6 +327,55 @@ async fn a_finished_stream_is_recorded_ok() {
     assert_eq!((r.status, r.failure), (schemas::EffectStatus::Ok, None));
 }
 
+/// Regression (the real llama.cpp session of tests/proxy_llamacpp.rs): the
+/// OpenAI client stops reading at `data: [DONE]` and closes its
+/// connection; the upstream's last, empty chunk came a moment later, and the
+/// complete exchange was recorded as cancelled by the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_after_done_leaves_a_complete_exchange() {
+    let (up, _) = upstream(|mut sock, _| async move {
+        let body = format!(
+            "{}{}{}",
+            chunk(&delta("whole")),
+            chunk(&finish()),
+            chunk("data: [DONE]\n\n")
+        );
+        sock.write_all(format!("{}{body}", sse_head()).as_bytes())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let _ = sock.write_all(b"0\r\n\r\n").await;
+    })
+    .await;
+    let p = proxy(&up, Limits::default()).await;
+    let client = reqwest::Client::new();
+    let mut r = client
+        .post(format!("{}/chat/completions", p.base))
+        .json(&chat(true))
+        .send()
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains("[DONE]") {
+        let c = tokio::time::timeout(PATIENCE, r.chunk())
+            .await
+            .expect("the reply hung")
+            .unwrap()
+            .expect("the body ended before [DONE]");
+        got.extend_from_slice(&c);
+    }
+    drop(r);
+    drop(client);
+    // The proxy notices the hang-up on its own time; its writer records.
+    let t0 = Instant::now();
+    while load(&p.ledger, "rec", "agent").map_or(0, |r| r.len()) == 0 && t0.elapsed() < PATIENCE {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    p.route.finish().await.unwrap();
+    let r = recorded_one(&p);
+    assert_eq!((r.status, r.failure), (schemas::EffectStatus::Ok, None));
+}
+
 /// An upstream that answers any chat request with a finished reply.
 async fn good_upstream() -> (String, Arc<AtomicU32>) {
     upstream(|mut sock, _| async move {

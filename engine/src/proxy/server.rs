@@ -926,10 +926,16 @@ async fn relay(
     let t0 = pending.t0;
     let (mut all, mut chunks, mut chunks_us) = (Vec::new(), Vec::new(), Vec::new());
     let mut mask = super::scrub::StreamMask::new(head.mask.clone());
+    // Held while the body's end is awaited after the client left, so a
+    // `Route::finish` meanwhile waits for this record.
+    let mut hold = None;
     let mut end = loop {
         let next = tokio::select! {
             c = resp.chunk() => c,
-            _ = tx.closed() => break End::ClientGone,
+            _ = tx.closed() => {
+                hold = Some(pending.route.hold());
+                break after_client_left(&mut resp).await;
+            }
         };
         match next {
             Ok(Some(c)) => {
@@ -982,8 +988,25 @@ async fn relay(
     };
     let (outcome, abort) = ended(end, reply, head.cap, &pending.known);
     pending.finish(outcome, timing).await;
+    drop(hold);
     if let Some(a) = abort {
         let _ = tx.send(Err(Aborted(a))).await;
+    }
+}
+
+/// How long a body whose client closed its connection may take to end.
+const CLIENT_GONE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How a body ended whose client closed its connection: a client may have
+/// read everything and hung up while the body's end was still on its way
+/// (an SSE client stops at `data: [DONE]`, before the chunked body's last,
+/// empty chunk). If the upstream's body ends within [`CLIENT_GONE_GRACE`]
+/// with nothing more, the exchange is complete (a real llama.cpp session
+/// was recorded as cancelled); anything else, it was cancelled.
+async fn after_client_left(resp: &mut reqwest::Response) -> End {
+    match tokio::time::timeout(CLIENT_GONE_GRACE, resp.chunk()).await {
+        Ok(Ok(None)) => End::Done,
+        _ => End::ClientGone,
     }
 }
 
