@@ -319,26 +319,17 @@ fn recorded_start(ledger: &Ledger, run: &str, first: &Event) -> Result<Start> {
     Ok(start(given, Some(Id(x.config.0))))
 }
 
-/// Records, resumes, continues a fork of, or checks a run.
-pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
-    // Workspaces of a mass that died mid-run are never picked up again.
-    if req.mode == Mode::Live {
-        crate::harness::clean_stale_scratch();
-    }
-    let mut session = Session::new(ledger.clone(), req.run.clone(), req.mode.clone())?;
-    // A re-judge records its mixed mode, so resuming it (or checking it)
-    // takes results from the same source as the uninterrupted run did.
-    let source = match req.source.clone() {
-        Some(s) => Some(s),
-        None => recorded_source(&ledger, &req.run)?,
-    };
-    if let Some(src) = source {
-        session = session.with_source(src);
-    }
-    let mut main = session.stream(MAIN)?;
-    let (start, mut exp) = match main.peek_history() {
+/// The run's start: read from its recorded `run.started` (`first`), or,
+/// for a new live run, made from the experiment file (checked on disk,
+/// stored, not yet emitted).
+fn read_or_make_start(
+    ledger: &Ledger,
+    req: &RunRequest<'_>,
+    first: Option<&Event>,
+) -> Result<(Start, Experiment)> {
+    Ok(match first {
         Some(first) => {
-            let start = recorded_start(&ledger, &req.run, first)?;
+            let start = recorded_start(ledger, &req.run, first)?;
             let label = format!("experiment recorded by run {}", req.run);
             let exp = Experiment::parse(&start.text, &label)?;
             (start, exp)
@@ -366,16 +357,24 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
             // before anything is written.
             sandbox::probe().check(exp.sandbox.level)?;
             let start = Start {
-                tasks: suite::record(&ledger, &on_disk)?,
+                tasks: suite::record(ledger, &on_disk)?,
                 config: ledger.put_blob(exp.definition_toml().as_bytes())?,
                 text: text.clone(),
                 execution: Some(ledger.put_blob(text.as_bytes())?),
             };
             (start, exp)
         }
-    };
-    // A `mass-engine/7` run named its backends as written.
-    exp.backends_as_written = start.execution.is_none();
+    })
+}
+
+/// Emits `run.started` (in its version's meaning) and, for version 8, the
+/// run's `run.execution` beside it.
+fn emit_start(
+    session: &Session,
+    main: &mut replay::Stream,
+    start: &Start,
+    seed: u64,
+) -> Result<()> {
     let started = RunStarted {
         driver: if start.execution.is_some() {
             DRIVER.into()
@@ -384,7 +383,7 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
         },
         config: start.config.into(),
         tasks: start.tasks.into(),
-        seed: exp.seed,
+        seed,
     };
     let started_id = main.emit(schemas::to_event(&started)?)?;
     if let Some(x) = start.execution {
@@ -394,6 +393,30 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
             .stream(replay::EXECUTION)?
             .emit(schemas::to_event(&rec)?.with_parents(vec![started_id]))?;
     }
+    Ok(())
+}
+
+/// Records, resumes, continues a fork of, or checks a run.
+pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
+    // Workspaces of a mass that died mid-run are never picked up again.
+    if req.mode == Mode::Live {
+        crate::harness::clean_stale_scratch();
+    }
+    let mut session = Session::new(ledger.clone(), req.run.clone(), req.mode.clone())?;
+    // A re-judge records its mixed mode, so resuming it (or checking it)
+    // takes results from the same source as the uninterrupted run did.
+    let source = match req.source.clone() {
+        Some(s) => Some(s),
+        None => recorded_source(&ledger, &req.run)?,
+    };
+    if let Some(src) = source {
+        session = session.with_source(src);
+    }
+    let mut main = session.stream(MAIN)?;
+    let (start, mut exp) = read_or_make_start(&ledger, &req, main.peek_history())?;
+    // A `mass-engine/7` run named its backends as written.
+    exp.backends_as_written = start.execution.is_none();
+    emit_start(&session, &mut main, &start, exp.seed)?;
     session.set_seed(exp.seed);
 
     // Every session works on its own checkout of the recorded suite (kept

@@ -81,6 +81,16 @@ fn sse_head() -> &'static str {
     "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 }
 
+/// A whole streamed reply, as chunks, without the chunked body's end.
+fn finished_body() -> String {
+    format!(
+        "{}{}{}",
+        chunk(&delta("whole")),
+        chunk(&finish()),
+        chunk("data: [DONE]\n\n")
+    )
+}
+
 /// One HTTP/1.1 chunk.
 fn chunk(s: &str) -> String {
     format!("{:x}\r\n{s}\r\n", s.len())
@@ -309,12 +319,7 @@ async fn a_reply_without_a_finish_reason_is_recorded_as_a_failure() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_stream_is_recorded_ok() {
     let (up, _) = upstream(|mut sock, _| async move {
-        let body = format!(
-            "{}{}{}",
-            chunk(&delta("whole")),
-            chunk(&finish()),
-            chunk("data: [DONE]\n\n")
-        );
+        let body = finished_body();
         sock.write_all(format!("{}{body}0\r\n\r\n", sse_head()).as_bytes())
             .await
             .unwrap();
@@ -334,12 +339,7 @@ async fn a_finished_stream_is_recorded_ok() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_hangs_up_after_done_leaves_a_complete_exchange() {
     let (up, _) = upstream(|mut sock, _| async move {
-        let body = format!(
-            "{}{}{}",
-            chunk(&delta("whole")),
-            chunk(&finish()),
-            chunk("data: [DONE]\n\n")
-        );
+        let body = finished_body();
         sock.write_all(format!("{}{body}", sse_head()).as_bytes())
             .await
             .unwrap();

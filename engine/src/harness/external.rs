@@ -802,6 +802,25 @@ fn side_normaliser(
         .with_literal(home, "<HOME>"))
 }
 
+/// Where a re-execution runs, and the directories it takes (given back
+/// when dropped). Where the program was told it ran: the recorded replies
+/// name those paths (a model writes to absolute paths it was shown), and
+/// served replies are the recorded bytes. A fixed place (`Level::Full`) is
+/// made again from any fresh directory; a host path (below it, or recorded
+/// before places existed) only by running there.
+fn reexecution_dirs(recorded: &HarnessRun, wire: &str) -> Result<(PathBuf, Places)> {
+    if recorded.workspace == crate::places::WORKSPACE {
+        let dir = super::fresh_scratch("reexecute", wire)
+            .map_err(|e| EngineError::io("create a scratch workspace", e))?;
+        let made = vec![dir.clone(), home_of(&dir), proxy_dir_of(&dir)];
+        return Ok((dir, Places::taken(made)));
+    }
+    let dir = PathBuf::from(&recorded.workspace);
+    let home = PathBuf::from(&recorded.home);
+    let p = Places::claim(&[&dir, &home, &proxy_dir_of(&dir)])?;
+    Ok((dir, p))
+}
+
 /// Runs the program of recorded rollout `rollout` (its `mass.rollout`
 /// event, or any event of its orchestrator stream after the harness ran)
 /// again: in a fresh checkout of its initial workspace, with the recorded
@@ -829,23 +848,7 @@ pub fn reexecute(ledger: Arc<Ledger>, rollout: Id) -> Result<Reexecution> {
         .prefix("mass-reexec-")
         .tempdir()
         .map_err(|e| EngineError::io("create a scratch directory", e))?;
-    // Where the program was told it ran: the recorded replies name those
-    // paths (a model writes to absolute paths it was shown), and served
-    // replies are the recorded bytes. A fixed place (`Level::Full`) is
-    // made again from any fresh directory; a host path (below it, or
-    // recorded before places existed) only by running there.
-    let fixed = recorded.workspace == crate::places::WORKSPACE;
-    let (dir, _places) = if fixed {
-        let dir = super::fresh_scratch("reexecute", &wire)
-            .map_err(|e| EngineError::io("create a scratch workspace", e))?;
-        let made = vec![dir.clone(), home_of(&dir), proxy_dir_of(&dir)];
-        (dir, Places::taken(made))
-    } else {
-        let dir = PathBuf::from(&recorded.workspace);
-        let home = PathBuf::from(&recorded.home);
-        let p = Places::claim(&[&dir, &home, &proxy_dir_of(&dir)])?;
-        (dir, p)
-    };
+    let (dir, _places) = reexecution_dirs(&recorded, &wire)?;
     let home = home_of(&dir);
     ledger.checkout(&initial, &dir)?;
     fresh_dir(&home).map_err(|e| EngineError::io("create the harness home", e))?;
@@ -893,7 +896,7 @@ pub fn reexecute(ledger: Arc<Ledger>, rollout: Id) -> Result<Reexecution> {
         &token,
         &model,
         &[],
-        !fixed,
+        recorded.workspace != crate::places::WORKSPACE,
     )
     .map_err(EngineError::Invalid)?;
     let out = tools::Workspace::new(&dir)
