@@ -22,7 +22,7 @@
 //! commit per exchange). Every turn's request goes three ways, in an order
 //! that cycles through all six permutations (so drift, and what ran just
 //! before, cancel): A directly to the stub; B through the proxy
-//! (`engine::proxy`, on its own multi-threaded runtime with one worker per
+//! (the `proxy` crate, on its own multi-threaded runtime with one worker per
 //! core, as `mass proxy` runs) recording into a fresh ledger; C through a
 //! bare pass-through built here from the proxy's HTTP stack (hyper server,
 //! body collected, forwarded by reqwest, response passed on chunk by chunk
@@ -73,7 +73,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use engine::proxy::{Book, Normaliser, ProxyServer, Route, Upstream, WireLog};
+use proxy::{Book, Normaliser, ProxyServer, Route, Upstream, WireLog};
 use serde_json::{json, Value};
 
 const RUN: &str = "bench";
@@ -833,8 +833,8 @@ async fn bare_handle(
     st: Arc<Bare>,
     req: hyper::Request<hyper::body::Incoming>,
 ) -> hyper::Response<LiveBody> {
-    use engine::proxy::wire::is_hop_header;
     use http_body_util::BodyExt;
+    use proxy::wire::is_hop_header;
     let path = req
         .uri()
         .path_and_query()
@@ -1487,7 +1487,7 @@ fn thread_cpu() -> Duration {
 /// parsing the request body alone (`wire::ChatBody::parse`, the first thing
 /// it does) as the baseline.
 fn record_cost(cfg: &Cfg, script: &Script, stub: &str, root: &Path) {
-    use engine::proxy::log::{Exchange, HttpReply, Outcome, Timing as WireTiming};
+    use proxy::log::{Exchange, HttpReply, Outcome, Timing as WireTiming};
     let dir = root.join("record-alone");
     let ledger = Arc::new(ledger::Ledger::init(&dir).expect("init the ledger"));
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -1500,7 +1500,7 @@ fn record_cost(cfg: &Cfg, script: &Script, stub: &str, root: &Path) {
         let body = script.request(t, false);
         let reply = script.replies[t].plain.clone();
         let c0 = thread_cpu();
-        let parsed = engine::proxy::wire::ChatBody::parse(&body);
+        let parsed = proxy::wire::ChatBody::parse(&body);
         parse.push(us(thread_cpu() - c0));
         assert!(parsed.is_some(), "the request parses");
         kib.push(body.len() as f64 / 1024.0);

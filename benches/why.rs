@@ -1,5 +1,5 @@
 //! `mass why` latency: medians of the evidence-chain query
-//! (`engine::audit::why`) on ledgers of growing size, against the way the
+//! (`audit::why`) on ledgers of growing size, against the way the
 //! question was answered before (scan every judgment for the ones naming
 //! the rollout) in the same run. The ledgers hold synthetic MASS cycles
 //! with the real record types and links: per task, 18 rollouts (a guard
@@ -284,7 +284,7 @@ fn main() {
         for q in 0..QUERIES {
             let id = all[(q * 7919) % all.len()];
             let t = Instant::now();
-            let w = engine::audit::why(&l, id).expect("why");
+            let w = audit::why(&l, id).expect("why");
             why_ms.push(t.elapsed().as_secs_f64() * 1e3);
             assert_eq!(w.judgments.len(), 2 * OPPONENTS, "every judgment found");
             assert!(w.ranking.is_some() && w.training.is_some());

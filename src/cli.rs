@@ -77,6 +77,14 @@ pub enum Command {
         /// event is on the main stream of several runs (a run and its forks).
         #[arg(long = "from", value_name = "RUN")]
         from: Option<String>,
+        /// Fork right before this stage of cycle --cycle (ID names the run):
+        /// search, collect, judge, rank, select, dataset, train or evaluate.
+        /// The stage and everything after it run again with the overrides.
+        #[arg(long, requires = "cycle", conflicts_with = "from")]
+        stage: Option<String>,
+        /// With --stage: the cycle (from 1).
+        #[arg(long, requires = "stage")]
+        cycle: Option<u32>,
     },
     /// Manage runs as a whole.
     #[command(args_conflicts_with_subcommands = true)]

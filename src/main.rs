@@ -44,8 +44,8 @@ fn exit_code_for(e: &anyhow::Error) -> u8 {
         match cause.downcast_ref::<E>() {
             Some(E::Infrastructure { .. }) => return 7,
             Some(E::Sandbox(_)) => return 8,
-            Some(E::Proxy(engine::proxy::ProxyError::NothingRecorded { .. })) => return 4,
-            Some(E::Proxy(engine::proxy::ProxyError::Ledger(le))) => return ledger_code(le),
+            Some(E::Proxy(proxy::ProxyError::NothingRecorded { .. })) => return 4,
+            Some(E::Proxy(proxy::ProxyError::Ledger(le))) => return ledger_code(le),
             Some(E::Ledger(le)) | Some(E::Replay(R::Ledger(le))) => return ledger_code(le),
             _ => {}
         }

@@ -669,7 +669,7 @@ fn the_report_counts_what_the_run_recorded() {
         assert_eq!(scored, ranked, "seed {seed}");
         let text = String::from_utf8_lossy(&ok(&ledger, &["report", "smoke"]).stdout).to_string();
         assert!(
-            text.contains("percentile bootstrap") && text.contains("evaluation"),
+            text.contains("percentile bootstrap") && text.contains("  evaluate "),
             "{text}"
         );
         let html = d.path().join("report.html");

@@ -67,7 +67,7 @@ fn forms(s: &str) -> Vec<Vec<u8>> {
         s.as_bytes().to_vec(),
         hex::encode(s).into_bytes(),
         hex::encode_upper(s).into_bytes(),
-        engine::proxy::scrub::base64(s.as_bytes()).into_bytes(),
+        proxy::scrub::base64(s.as_bytes()).into_bytes(),
         j.as_bytes()[1..j.len() - 1].to_vec(),
     ]
 }
@@ -369,7 +369,7 @@ impl Session<'_> {
         match self.plant {
             Plant::Query => assert!(head.contains(&format!("key={}", self.s)), "{head}"),
             Plant::Userinfo => {
-                let basic = engine::proxy::scrub::base64(format!("bob:{}", self.s).as_bytes());
+                let basic = proxy::scrub::base64(format!("bob:{}", self.s).as_bytes());
                 assert!(head.contains(&basic), "{head}")
             }
             Plant::BodyField => assert!(contains(body, self.s.as_bytes())),
@@ -538,7 +538,7 @@ fn the_password_of_the_upstream_url_is_never_recorded_printed_or_echoed() {
     let (seen, ledger) = session(Plant::Userinfo, &s, d.path());
     assert_nowhere(&s, &seen, &ledger);
     // And its Basic form, which is what an HTTP client sends.
-    let basic = engine::proxy::scrub::base64(format!("bob:{s}").as_bytes());
+    let basic = proxy::scrub::base64(format!("bob:{s}").as_bytes());
     assert_nowhere(&basic, &seen, &ledger);
 }
 

@@ -196,4 +196,25 @@ mod tests {
         )
         .is_err());
     }
+
+    /// A tool call streamed in pieces and reassembled by the proxy is read
+    /// by the engine's message type (the transcript rebuilds proxy traffic
+    /// into these messages).
+    #[test]
+    fn a_reassembled_streamed_tool_call_is_read_as_a_message() {
+        let body = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"tool_calls\":[{\"index\":0,\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"write_file\",\"arguments\":\"{\\\"file_\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"path\\\":\\\"/w/a\\\"}\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":1,\"id\":\"c2\",\"function\":{\"name\":\"glob\",\"arguments\":\"{}\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
+            "data: [DONE]\n\n"
+        );
+        let r = proxy::wire::reply_from_sse(body.as_bytes()).unwrap();
+        let m: Message = serde_json::from_value(r.message).unwrap();
+        assert_eq!(m.tool_calls.len(), 2);
+        assert_eq!(
+            m.tool_calls[0].function.arguments,
+            "{\"file_path\":\"/w/a\"}"
+        );
+    }
 }

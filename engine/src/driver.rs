@@ -14,7 +14,10 @@ use schemas::{Record, RunStarted};
 
 use crate::backend::Backends;
 use crate::config::Experiment;
-use crate::cycle::{apply_forks, base_models, run_cycle, step, Ctx, CycleResult, Models, Progress};
+use crate::context::{
+    apply_forks, base_models, reassign_roles, step, sync_backends, Ctx, Progress,
+};
+use crate::cycle::{run_cycle, CycleResult};
 use crate::error::{EngineError, Result};
 use crate::suite;
 use crate::task::load_suite;
@@ -84,28 +87,6 @@ struct Start {
 /// can drive; runs recorded by another driver are refused (they may mean
 /// other things). Callers that fork a run check this first, so no fork of a
 /// run that cannot continue is created.
-/// Gives each role whose backend changed the new backend's base model.
-pub(crate) fn reassign_roles(
-    backends: &Backends,
-    old: &crate::config::Roles,
-    new: &crate::config::Roles,
-    models: &mut crate::cycle::Models,
-) -> Result<()> {
-    if old.orchestrator != new.orchestrator {
-        models.orchestrator = backends.get(&new.orchestrator)?.base_model();
-    }
-    if old.subagent_backend() != new.subagent_backend() {
-        models.subagent = backends.get(new.subagent_backend())?.base_model();
-    }
-    if old.judge != new.judge {
-        models.judge = backends.get(&new.judge)?.base_model();
-    }
-    if old.optimizer != new.optimizer {
-        models.optimizer = backends.get(&new.optimizer)?.base_model();
-    }
-    Ok(())
-}
-
 /// The mixed-mode source a re-judge recorded on its main stream (`run.mixed`):
 /// pinned by its streams' heads (v2), which must still be in the ledger; a
 /// source recorded by name alone (v1) must still have its main ref. A source
@@ -170,7 +151,7 @@ pub fn check_overrides(
 ) -> Result<()> {
     let mut exp = recorded_experiment(ledger, run, first)?;
     for (k, _) in overrides {
-        crate::cycle::check_fork_override(k)?;
+        crate::context::check_fork_override(k)?;
     }
     exp.apply_override_set(overrides)?;
     Ok(())
@@ -402,16 +383,7 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
     if req.mode == Mode::Live {
         crate::harness::clean_stale_scratch();
     }
-    let mut session = Session::new(ledger.clone(), req.run.clone(), req.mode.clone())?;
-    // A re-judge records its mixed mode, so resuming it (or checking it)
-    // takes results from the same source as the uninterrupted run did.
-    let source = match req.source.clone() {
-        Some(s) => Some(s),
-        None => recorded_source(&ledger, &req.run)?,
-    };
-    if let Some(src) = source {
-        session = session.with_source(src);
-    }
+    let session = open_session(&ledger, &req)?;
     let mut main = session.stream(MAIN)?;
     let (start, mut exp) = read_or_make_start(&ledger, &req, main.peek_history())?;
     // A `mass-engine/7` run named its backends as written.
@@ -430,17 +402,62 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
     if req.mode == Mode::Live {
         sandbox::probe().check(exp.sandbox.level)?;
     }
-
-    let mut summary = RunSummary {
-        run: req.run.clone(),
-        experiment: exp.name.clone(),
-        cycles: Vec::new(),
-        head: None,
-        counts: Default::default(),
-        visited: Default::default(),
-    };
     let backends = build_backends(&exp, checkout.path())?;
-    let suite = load_suite(checkout.path())?;
+    let sel = selected_tasks(&exp, checkout.path())?;
+    // The level in force (after a fork at the start changed it), on the
+    // record, so an audit shows it. Recorded once the run could start: a
+    // start that failed before this leaves a lone `run.started`, which a
+    // corrected `mass run` may replace.
+    main.emit(schemas::to_event(&schemas::Note {
+        text: sandbox_note(&exp.sandbox),
+    })?)?;
+    // Where the stages' work items run: this process.
+    let executor: Arc<dyn crate::work::Executor> = Arc::new(crate::work::InProcess::new(
+        session.clone(),
+        backends.clone(),
+        sel.train.iter().chain(&sel.heldout).cloned().collect(),
+    ));
+    let run = Cycles {
+        session: &session,
+        backends: &backends,
+        train: &sel.train,
+        heldout: &sel.heldout,
+        progress: req.progress,
+        executor: &executor,
+    };
+    // The name as the run started under it (a fork may rename it later).
+    let experiment = exp.name.clone();
+    let cycles = run.all(&mut main, &mut exp)?;
+    let (head, counts) = (main.head(), session.counts());
+    main.note_visit();
+    Ok(RunSummary {
+        run: req.run.clone(),
+        experiment,
+        cycles,
+        head,
+        counts,
+        visited: session.visited(),
+    })
+}
+
+/// The run's session; a re-judge records its mixed mode, so resuming it (or
+/// checking it) takes results from the same source as the uninterrupted run
+/// did.
+fn open_session(ledger: &Arc<Ledger>, req: &RunRequest<'_>) -> Result<Session> {
+    let session = Session::new(ledger.clone(), req.run.clone(), req.mode.clone())?;
+    let source = match req.source.clone() {
+        Some(s) => Some(s),
+        None => recorded_source(ledger, &req.run)?,
+    };
+    Ok(match source {
+        Some(src) => session.with_source(src),
+        None => session,
+    })
+}
+
+/// The experiment's training and held-out tasks from the checked-out suite.
+fn selected_tasks(exp: &Experiment, tasks: &Path) -> Result<crate::config::TaskSelection> {
+    let suite = load_suite(tasks)?;
     let sel = exp.select_tasks(&suite)?;
     for t in &sel.train {
         if sel.heldout.iter().any(|h| h.id == t.id) {
@@ -450,80 +467,86 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
             )));
         }
     }
-    // The level in force (after a fork at the start changed it), on the
-    // record, so an audit shows it. Recorded once the run could start: a
-    // start that failed before this leaves a lone `run.started`, which a
-    // corrected `mass run` may replace.
-    main.emit(schemas::to_event(&schemas::Note {
-        text: sandbox_note(&exp.sandbox),
-    })?)?;
-    let mut models = {
-        let ctx = Ctx {
-            session: &session,
-            exp: &exp,
-            backends: &backends,
-            train: &sel.train,
-            heldout: &sel.heldout,
-            progress: req.progress,
-        };
-        base_models(&ctx)?
-    };
-    // `cycles` is read again after every fork point, so a fork can extend a
-    // run (`--set cycles=N+1`), also one taken at a finished run's head: the
-    // fork's overrides are applied after the "finished" step and the cycles
-    // go on from there.
-    let mut roles = exp.roles.clone();
-    let mut cycle = 1;
-    // Evaluation runs, reused by later cycles (rebuilt by the replay of
-    // earlier cycles when a run resumes or forks).
-    let mut eval_runs = crate::evaluation::EvalRuns::default();
-    loop {
-        apply_forks(&mut main, &mut exp)?;
-        // A fork that changed or added a backend takes effect from here.
-        sync_backends(&backends, &exp, &mut models)?;
-        // A fork that hands a role to another backend (`roles.judge=external`)
-        // gives that role the new backend's base model from here on.
-        if exp.roles != roles {
-            reassign_roles(&backends, &roles, &exp.roles, &mut models)?;
-            roles = exp.roles.clone();
-        }
-        if cycle <= exp.cycles {
-            let snapshot = exp.clone();
-            let ctx = Ctx {
-                session: &session,
-                exp: &snapshot,
-                backends: &backends,
-                train: &sel.train,
-                heldout: &sel.heldout,
-                progress: req.progress,
-            };
-            let (result, next, played) =
-                run_cycle(&ctx, &mut main, &mut exp, cycle, &models, &mut eval_runs)?;
-            summary.cycles.push(result);
-            models = next;
-            // The roles `models` play: a fork inside the cycle may have
-            // moved one, and the cycle's stages followed it.
-            roles = played;
-            cycle += 1;
-            continue;
-        }
-        step(
-            &mut main,
-            &mut exp,
-            schemas::to_event(&schemas::Note {
-                text: format!("run finished after {} cycle(s)", cycle - 1),
-            })?,
-        )?;
-        apply_forks(&mut main, &mut exp)?;
-        if cycle > exp.cycles {
-            break;
+    Ok(sel)
+}
+
+/// What every cycle of a run is given.
+struct Cycles<'a> {
+    session: &'a Session,
+    backends: &'a Backends,
+    train: &'a [crate::task::Task],
+    heldout: &'a [crate::task::Task],
+    progress: &'a dyn Progress,
+    executor: &'a Arc<dyn crate::work::Executor>,
+}
+
+impl Cycles<'_> {
+    fn ctx<'e>(&'e self, exp: &'e Experiment) -> Ctx<'e> {
+        Ctx {
+            session: self.session,
+            exp,
+            backends: self.backends,
+            train: self.train,
+            heldout: self.heldout,
+            progress: self.progress,
+            executor: self.executor,
         }
     }
-    summary.head = main.head();
-    summary.counts = session.counts();
-    main.note_visit();
-    summary.visited = session.visited();
-    Ok(summary)
+
+    /// Runs the cycles. `cycles` is read again after every fork point, so a
+    /// fork can extend a run (`--set cycles=N+1`), also one taken at a
+    /// finished run's head: the fork's overrides are applied after the
+    /// "finished" step and the cycles go on from there.
+    fn all(&self, main: &mut replay::Stream, exp: &mut Experiment) -> Result<Vec<CycleResult>> {
+        let mut models = base_models(&self.ctx(exp))?;
+        let mut roles = exp.roles.clone();
+        let mut cycle = 1;
+        let mut results = Vec::new();
+        // Evaluation runs, reused by later cycles (rebuilt by the replay of
+        // earlier cycles when a run resumes or forks).
+        let mut eval_runs = crate::stages::evaluate::EvalRuns::default();
+        loop {
+            apply_forks(main, exp)?;
+            // A fork that changed or added a backend takes effect from here.
+            sync_backends(self.backends, exp, &mut models)?;
+            // A fork that hands a role to another backend
+            // (`roles.judge=external`) gives that role the new backend's
+            // base model from here on.
+            if exp.roles != roles {
+                reassign_roles(self.backends, &roles, &exp.roles, &mut models)?;
+                roles = exp.roles.clone();
+            }
+            if cycle <= exp.cycles {
+                let snapshot = exp.clone();
+                let (result, next, played) = run_cycle(
+                    &self.ctx(&snapshot),
+                    main,
+                    exp,
+                    cycle,
+                    &models,
+                    &mut eval_runs,
+                )?;
+                results.push(result);
+                models = next;
+                // The roles `models` play: a fork inside the cycle may have
+                // moved one, and the cycle's stages followed it.
+                roles = played;
+                cycle += 1;
+                continue;
+            }
+            step(
+                main,
+                exp,
+                schemas::to_event(&schemas::Note {
+                    text: format!("run finished after {} cycle(s)", cycle - 1),
+                })?,
+            )?;
+            apply_forks(main, exp)?;
+            if cycle > exp.cycles {
+                return Ok(results);
+            }
+        }
+    }
 }
 
 /// Builds every backend the experiment defines; simulated models know the
@@ -554,27 +577,4 @@ fn sandbox_note(s: &crate::config::SandboxConfig) -> String {
         s.workspace_entries,
         s.workspace_mb,
     )
-}
-
-/// Rebuilds the backends a fork changed or added (see `Backends::sync`); a
-/// role that played a rebuilt backend's base model plays its new base model.
-/// Idempotent: the judging phase calls it mid-cycle, the driver between cycles.
-pub(crate) fn sync_backends(
-    backends: &Backends,
-    exp: &Experiment,
-    models: &mut Models,
-) -> Result<()> {
-    backends
-        .sync(&exp.backends)
-        .map_err(|e| EngineError::Invalid(e.to_string()))?;
-    let r = &exp.roles;
-    for (backend, model) in [
-        (r.orchestrator.as_str(), &mut models.orchestrator),
-        (r.subagent_backend(), &mut models.subagent),
-        (r.judge.as_str(), &mut models.judge),
-        (r.optimizer.as_str(), &mut models.optimizer),
-    ] {
-        *model = backends.current_model(backend, model);
-    }
-    Ok(())
 }

@@ -26,7 +26,7 @@ pub enum EngineError {
     #[error("recorded {what} is unreadable: {detail}")]
     Recording { what: String, detail: String },
     #[error(transparent)]
-    Proxy(#[from] crate::proxy::ProxyError),
+    Proxy(#[from] proxy::ProxyError),
     #[error("{0}")]
     Invalid(String),
     /// What the user named does not exist (a file, a line, a record).

@@ -6,31 +6,31 @@
 //! datasets, training steps, evaluations) is an event, so a run can be replayed,
 //! resumed, re-judged and forked.
 
-pub mod audit;
 pub mod backend;
 pub mod chat;
 pub mod checks;
 pub mod config;
+pub mod context;
 pub mod cycle;
 pub mod dataset;
 pub mod driver;
 pub mod effects;
 pub mod error;
-pub mod evaluation;
 pub mod exec;
 pub mod guards;
 pub mod harness;
 pub mod judge;
+pub mod milestone;
 pub mod optimizer;
 pub mod places;
 pub mod prompts;
-pub mod proxy;
+pub mod stages;
 pub mod status;
 pub mod suite;
-pub mod supervise;
 pub mod task;
+pub(crate) mod toml_error;
 pub mod tools;
 pub mod trainer;
-pub mod training;
 pub mod transcript;
+pub mod work;
 pub mod workflow;

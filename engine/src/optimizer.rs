@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use ledger::Id;
+use ledger::{Id, Ledger};
 use schemas::{Hash32, ProposalRecord};
 
 use crate::backend::Backend;
@@ -13,7 +13,7 @@ use crate::effects::{call_model, Conversation, Sampling};
 use crate::error::{EngineError, Result};
 use crate::prompts;
 use crate::task::Task;
-use crate::workflow::{parse_proposal, Workflow};
+use crate::workflow::{parse_proposal, Proposal, Workflow};
 
 #[derive(Clone)]
 pub struct Optimizer {
@@ -83,26 +83,7 @@ pub async fn propose(
     opt: &Optimizer,
 ) -> Result<(Option<Workflow>, Id)> {
     let ledger = session.ledger().clone();
-    let champion_json = serde_json::to_string_pretty(champion).unwrap_or_default();
-    let feedback_text = if feedback.is_empty() {
-        "(no comparisons yet: the champion is the bare task)".to_string()
-    } else {
-        feedback
-            .iter()
-            .map(|f| format!("- {f}"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    let prompt = format!(
-        "## Task\n{}\n\nTask id: {}.\n\n## Current champion workflow\n{}\n{}\n{}\n\n{}\n{}\n\nPropose an improved workflow.",
-        task.prompt.trim_end(),
-        task.id,
-        prompts::CHAMPION_BEGIN,
-        champion_json,
-        prompts::CHAMPION_END,
-        prompts::FEEDBACK_HEADER,
-        feedback_text
-    );
+    let prompt = optimizer_prompt(task, champion, feedback);
     let mut st = crate::exec::ledger(|| session.stream(rel))?;
     let mut conv = Conversation::new(
         vec![
@@ -124,57 +105,32 @@ pub async fn propose(
         )
         .await?;
         let text = resp.message.content_str().to_string();
+        let attempted = ProposalRecord {
+            task: task.id.clone(),
+            iteration,
+            attempt,
+            valid: false,
+            error: String::new(),
+            body: Hash32([0; 32]),
+            workflow: Hash32([0; 32]),
+            conversation: Hash32(st.head().map(|h| h.0).unwrap_or([0; 32])),
+        };
         let (record, workflow) = match parse_proposal(&text) {
-            Ok(p) => {
-                let body = serde_json::to_vec(&serde_json::json!({
-                    "improved_design": p.improved_design,
-                    "changes_from_previous": p.changes_from_previous,
-                    "why_it_should_improve": p.why_it_should_improve,
-                    "evidence_used": p.evidence_used,
-                    "expected_impact": p.expected_impact,
-                    "verification_checks": p.verification_checks,
-                }))
-                .unwrap_or_default();
-                let wf = serde_json::to_vec(&p.improved_design).unwrap_or_default();
-                let (body_id, wf_id) = crate::exec::ledger(|| {
-                    let mut b = ledger.batch();
-                    let body_id = b.put_blob(&body)?;
-                    let wf_id = b.put_blob(&wf)?;
-                    b.commit()?;
-                    Ok::<_, EngineError>((body_id, wf_id))
-                })?;
-                (
-                    ProposalRecord {
-                        task: task.id.clone(),
-                        iteration,
-                        attempt,
-                        valid: true,
-                        error: String::new(),
-                        body: body_id.into(),
-                        workflow: wf_id.into(),
-                        conversation: Hash32(st.head().map(|h| h.0).unwrap_or([0; 32])),
-                    },
-                    Some(p.improved_design),
-                )
-            }
+            Ok(p) => (
+                valid_record(&ledger, &p, attempted)?,
+                Some(p.improved_design),
+            ),
             Err(e) => {
                 let body_id = crate::exec::ledger(|| ledger.put_blob(text.as_bytes()))?;
                 conv.messages.push(Message::user(format!(
                     "Your proposal could not be used: {e}. Reply again with only the JSON object."
                 )));
-                (
-                    ProposalRecord {
-                        task: task.id.clone(),
-                        iteration,
-                        attempt,
-                        valid: false,
-                        error: e.to_string(),
-                        body: body_id.into(),
-                        workflow: Hash32([0; 32]),
-                        conversation: Hash32(st.head().map(|h| h.0).unwrap_or([0; 32])),
-                    },
-                    None,
-                )
+                let record = ProposalRecord {
+                    error: e.to_string(),
+                    body: body_id.into(),
+                    ..attempted
+                };
+                (record, None)
             }
         };
         let ev = schemas::to_event(&record)?;
@@ -184,4 +140,61 @@ pub async fn propose(
         }
     }
     Ok((None, st.head().unwrap_or(Id([0; 32]))))
+}
+
+/// The optimizer's first prompt: the task, the champion workflow as JSON
+/// between its markers, and the feedback from the comparisons so far.
+fn optimizer_prompt(task: &Task, champion: &Workflow, feedback: &[String]) -> String {
+    let champion_json = serde_json::to_string_pretty(champion).unwrap_or_default();
+    let feedback_text = if feedback.is_empty() {
+        "(no comparisons yet: the champion is the bare task)".to_string()
+    } else {
+        feedback
+            .iter()
+            .map(|f| format!("- {f}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    format!(
+        "## Task\n{}\n\nTask id: {}.\n\n## Current champion workflow\n{}\n{}\n{}\n\n{}\n{}\n\nPropose an improved workflow.",
+        task.prompt.trim_end(),
+        task.id,
+        prompts::CHAMPION_BEGIN,
+        champion_json,
+        prompts::CHAMPION_END,
+        prompts::FEEDBACK_HEADER,
+        feedback_text
+    )
+}
+
+/// Stores a valid proposal (its JSON body and its workflow, as blobs in one
+/// batch) and completes the attempt's record with them.
+fn valid_record(
+    ledger: &Ledger,
+    p: &Proposal,
+    attempted: ProposalRecord,
+) -> Result<ProposalRecord> {
+    let body = serde_json::to_vec(&serde_json::json!({
+        "improved_design": p.improved_design,
+        "changes_from_previous": p.changes_from_previous,
+        "why_it_should_improve": p.why_it_should_improve,
+        "evidence_used": p.evidence_used,
+        "expected_impact": p.expected_impact,
+        "verification_checks": p.verification_checks,
+    }))
+    .unwrap_or_default();
+    let wf = serde_json::to_vec(&p.improved_design).unwrap_or_default();
+    let (body_id, wf_id) = crate::exec::ledger(|| {
+        let mut b = ledger.batch();
+        let body_id = b.put_blob(&body)?;
+        let wf_id = b.put_blob(&wf)?;
+        b.commit()?;
+        Ok::<_, EngineError>((body_id, wf_id))
+    })?;
+    Ok(ProposalRecord {
+        valid: true,
+        body: body_id.into(),
+        workflow: wf_id.into(),
+        ..attempted
+    })
 }

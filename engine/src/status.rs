@@ -121,7 +121,7 @@ impl DelegationFigure {
 
 impl EvaluationFigure {
     pub fn of(e: &schemas::Evaluation) -> EvaluationFigure {
-        let wr = crate::evaluation::win_rate(e);
+        let wr = win_rate(e);
         EvaluationFigure {
             split: e.split.clone(),
             against: e.against.clone(),
@@ -280,7 +280,7 @@ pub fn fold(events: &[Event]) -> Result<RunStatus> {
 }
 
 /// The reasons in one `mass.selection` exclusion line: `guard: ...` lines
-/// (see `cycle.rs`) give one reason per violation, named without its figures;
+/// (see `stages::guard_reason`) give one reason per violation, named without its figures;
 /// `rank N: halted (...)` lines give the run's status.
 pub fn exclusion_reasons(line: &str) -> Vec<String> {
     if let Some((_, rest)) = line.split_once("guard: ") {
@@ -354,6 +354,13 @@ pub fn describe_start(ledger: &Ledger, first: &Event) -> Result<(String, u32)> {
         .map_err(|e| EngineError::recording("experiment", e))?;
     let exp = crate::config::Experiment::parse(&text, "recorded experiment")?;
     Ok((exp.name, exp.cycles))
+}
+
+/// W/(W+L) of an evaluation with its 95% Wilson interval, as fractions.
+pub fn win_rate(e: &schemas::Evaluation) -> Option<(f64, f64, f64)> {
+    let n = (e.wins + e.losses) as u64;
+    let ci = rank::winrate::wilson(e.wins as u64, n, rank::winrate::Z_95).ok()?;
+    Some((e.wins as f64 / n as f64, ci.lower, ci.upper))
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::locate_toml_error;
+use crate::toml_error::locate_toml_error;
 
 /// Which side of the train/held-out wall a task is on. Held-out tasks never
 /// reach training data, validation or checkpoint selection.
@@ -190,125 +190,179 @@ fn is_safe_relative(p: &str) -> bool {
             .all(|c| matches!(c, Component::Normal(_)))
 }
 
-impl Task {
-    /// Loads and checks a task folder.
-    pub fn load(dir: &Path) -> Result<Task, TaskError> {
-        let toml_path = dir.join("task.toml");
-        let text = fs::read_to_string(&toml_path).map_err(io_err(&toml_path))?;
-        let meta: TaskToml = toml::from_str(&text).map_err(|e| {
+impl TaskToml {
+    /// Reads and parses `task.toml`; TOML errors carry the line and column.
+    fn read(toml_path: &Path) -> Result<TaskToml, TaskError> {
+        let text = fs::read_to_string(toml_path).map_err(io_err(toml_path))?;
+        toml::from_str(&text).map_err(|e| {
             let (line, column, message) = locate_toml_error(&text, &e);
             TaskError::Syntax {
-                path: toml_path.clone(),
+                path: toml_path.to_path_buf(),
                 line,
                 column,
                 message,
             }
-        })?;
+        })
+    }
 
+    /// Every check of `task.toml` on its own, in the order the first
+    /// failing one is reported.
+    fn check(&self, dir: &Path, toml_path: &Path) -> Result<(), TaskError> {
+        self.check_id(dir, toml_path)?;
+        self.check_text(toml_path)?;
+        self.check_paths(toml_path)?;
+        self.check_checks(toml_path)?;
+        self.check_flaws(toml_path)
+    }
+
+    fn check_id(&self, dir: &Path, toml_path: &Path) -> Result<(), TaskError> {
         let folder = dir.file_name().map(|n| n.to_string_lossy().into_owned());
-        if folder.as_deref() != Some(meta.id.as_str()) {
+        if folder.as_deref() != Some(self.id.as_str()) {
             return Err(invalid(
-                &toml_path,
+                toml_path,
                 format!(
                     "id \"{}\" must equal the folder name \"{}\"",
-                    meta.id,
+                    self.id,
                     folder.unwrap_or_default()
                 ),
             ));
         }
         // Ids become path segments, ledger names and dotted keys elsewhere.
-        if meta.id.is_empty()
-            || !meta
+        if self.id.is_empty()
+            || !self
                 .id
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         {
             return Err(invalid(
-                &toml_path,
+                toml_path,
                 format!(
                     "id \"{}\" must use only letters, digits, '-' and '_'",
-                    meta.id
+                    self.id
                 ),
             ));
         }
-        if meta.title.trim().is_empty() {
-            return Err(invalid(&toml_path, "title must not be empty"));
+        Ok(())
+    }
+
+    fn check_text(&self, toml_path: &Path) -> Result<(), TaskError> {
+        if self.title.trim().is_empty() {
+            return Err(invalid(toml_path, "title must not be empty"));
         }
-        if meta.domain.0.trim().is_empty() {
-            return Err(invalid(&toml_path, "domain must not be empty"));
+        if self.domain.0.trim().is_empty() {
+            return Err(invalid(toml_path, "domain must not be empty"));
         }
-        if meta.deliverables.is_empty() {
+        if self.deliverables.is_empty() {
             return Err(invalid(
-                &toml_path,
+                toml_path,
                 "deliverables must list at least one file",
             ));
         }
+        Ok(())
+    }
+
+    fn check_paths(&self, toml_path: &Path) -> Result<(), TaskError> {
         for (key, list) in [
-            ("deliverables", &meta.deliverables),
-            ("protected", &meta.protected),
+            ("deliverables", &self.deliverables),
+            ("protected", &self.protected),
         ] {
             if let Some(bad) = list.iter().find(|p| !is_safe_relative(p)) {
                 return Err(invalid(
-                    &toml_path,
+                    toml_path,
                     format!("{key} entry \"{bad}\" must be a relative path inside the workspace"),
                 ));
             }
         }
+        Ok(())
+    }
+
+    fn check_checks(&self, toml_path: &Path) -> Result<(), TaskError> {
         let mut names = std::collections::BTreeSet::new();
-        for (i, c) in meta.checks.iter().enumerate() {
+        for (i, c) in self.checks.iter().enumerate() {
             if c.name.trim().is_empty() || c.command.trim().is_empty() {
                 return Err(invalid(
-                    &toml_path,
+                    toml_path,
                     format!("checks[{i}] needs a non-empty name and command"),
                 ));
             }
             if c.timeout_secs == 0 {
                 return Err(invalid(
-                    &toml_path,
+                    toml_path,
                     format!("checks[{i}].timeout_secs must be at least 1"),
                 ));
             }
             if !names.insert(c.name.as_str()) {
                 return Err(invalid(
-                    &toml_path,
+                    toml_path,
                     format!("check name \"{}\" is used twice", c.name),
                 ));
             }
         }
+        Ok(())
+    }
+
+    fn check_flaws(&self, toml_path: &Path) -> Result<(), TaskError> {
         let mut names = std::collections::BTreeSet::new();
-        for f in &meta.flaws {
+        for f in &self.flaws {
             if !names.insert(f.name.as_str()) {
                 return Err(invalid(
-                    &toml_path,
+                    toml_path,
                     format!("flaw name \"{}\" is used twice", f.name),
                 ));
             }
         }
+        Ok(())
+    }
+}
 
-        let prompt_path = dir.join("prompt.md");
-        let prompt = fs::read_to_string(&prompt_path).map_err(io_err(&prompt_path))?;
-        if prompt.trim().is_empty() {
-            return Err(invalid(&prompt_path, "the prompt is empty"));
+/// `prompt.md`, verbatim; an empty prompt is refused.
+fn read_prompt(dir: &Path) -> Result<String, TaskError> {
+    let prompt_path = dir.join("prompt.md");
+    let prompt = fs::read_to_string(&prompt_path).map_err(io_err(&prompt_path))?;
+    if prompt.trim().is_empty() {
+        return Err(invalid(&prompt_path, "the prompt is empty"));
+    }
+    Ok(prompt)
+}
+
+/// The files under `files/` (none if it is missing), sorted bytewise.
+fn read_files_list(dir: &Path) -> Result<Vec<String>, TaskError> {
+    let files_dir = dir.join("files");
+    if !files_dir.exists() {
+        return Ok(Vec::new());
+    }
+    let mut files = Vec::new();
+    list_files(&files_dir, "", &mut files)?;
+    files.sort();
+    Ok(files)
+}
+
+/// Every protected path must be one of the task's files.
+fn check_protected_exist(
+    protected: &[String],
+    files: &[String],
+    toml_path: &Path,
+) -> Result<(), TaskError> {
+    for p in protected {
+        if files.binary_search(p).is_err() {
+            return Err(invalid(
+                toml_path,
+                format!("protected file \"{p}\" does not exist under files/"),
+            ));
         }
+    }
+    Ok(())
+}
 
-        let files_dir = dir.join("files");
-        let files = if files_dir.exists() {
-            let mut files = Vec::new();
-            list_files(&files_dir, "", &mut files)?;
-            files.sort();
-            files
-        } else {
-            Vec::new()
-        };
-        for p in &meta.protected {
-            if files.binary_search(p).is_err() {
-                return Err(invalid(
-                    &toml_path,
-                    format!("protected file \"{p}\" does not exist under files/"),
-                ));
-            }
-        }
-
+impl Task {
+    /// Loads and checks a task folder.
+    pub fn load(dir: &Path) -> Result<Task, TaskError> {
+        let toml_path = dir.join("task.toml");
+        let meta = TaskToml::read(&toml_path)?;
+        meta.check(dir, &toml_path)?;
+        let prompt = read_prompt(dir)?;
+        let files = read_files_list(dir)?;
+        check_protected_exist(&meta.protected, &files, &toml_path)?;
         Ok(Task {
             dir: dir.to_path_buf(),
             id: meta.id,

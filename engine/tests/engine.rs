@@ -10,7 +10,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use engine::cycle::{CycleResult, NoProgress};
+use engine::context::NoProgress;
+use engine::cycle::CycleResult;
 use engine::driver::{drive, RunRequest, RunSummary};
 use ledger::{Id, Ledger};
 use replay::{Mode, Served, SourceRun};

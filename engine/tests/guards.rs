@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use engine::cycle::NoProgress;
+use engine::context::NoProgress;
 use engine::driver::{drive, RunRequest};
 use ledger::{Id, Ledger};
 use replay::Mode;

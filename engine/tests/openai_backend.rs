@@ -591,7 +591,7 @@ fn dataset(l: &ledger::Ledger, run: &str) -> Option<schemas::Dataset> {
 
 #[test]
 fn a_cycle_over_http_survives_the_server_going_away_resumes_and_replays_offline() {
-    use engine::cycle::NoProgress;
+    use engine::context::NoProgress;
     use engine::driver::{drive, RunRequest};
     use replay::Mode;
 

@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use engine::proxy::{Book, Normaliser, ProxyServer, Route, Upstream, WireLog};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use ledger::Ledger;
+use proxy::{Book, Normaliser, ProxyServer, Route, Upstream, WireLog};
 use serde_json::{json, Value};
 
 /// What the fake upstream does and saw.
@@ -233,8 +233,7 @@ async fn converse(
         let body = json!({"model":"m","messages":messages,"stream": t % 3 != 2,"stream_options":{"include_usage":true},"tools":[{"type":"function","function":{"name":"write_file","description":"w","parameters":{}}}]});
         let sent = post(client, base, &body, key).await;
         assert_eq!(sent.status, 200, "{}", String::from_utf8_lossy(&sent.body));
-        let reply =
-            engine::proxy::wire::reply_of(&sent.body, body["stream"] == json!(true)).unwrap();
+        let reply = proxy::wire::reply_of(&sent.body, body["stream"] == json!(true)).unwrap();
         let mut m = reply.message.clone();
         m.as_object_mut().unwrap().retain(|_, v| !v.is_null());
         let call = m["tool_calls"][0]["id"].as_str().map(str::to_string);
@@ -315,7 +314,7 @@ async fn streams_pass_through_byte_for_byte_and_replay_the_same_bytes_with_the_u
         up_task.abort();
 
         // Linear space: each request after the first names only what it adds.
-        let recorded = engine::proxy::log::load(&ledger, "rec", "agent").unwrap();
+        let recorded = proxy::log::load(&ledger, "rec", "agent").unwrap();
         assert_eq!(recorded.len(), 6);
         assert!(recorded[0].prefix().is_none());
         for (i, r) in recorded.iter().enumerate().skip(1) {
@@ -328,7 +327,7 @@ async fn streams_pass_through_byte_for_byte_and_replay_the_same_bytes_with_the_u
         }
         // Streamed replies were seen in pieces, as they came.
         for (r, (body, _)) in recorded.iter().zip(&got) {
-            if let engine::proxy::log::RecordedOutcome::Http { chunks, .. } = &r.reply {
+            if let proxy::log::RecordedOutcome::Http { chunks, .. } = &r.reply {
                 if body["stream"] == json!(true) {
                     assert!(chunks.len() > 1, "seed {seed}: {chunks:?}");
                 }
@@ -375,7 +374,7 @@ async fn interleaved_conversations_replay_in_any_order_matched_by_content() {
         );
         route.finish().await.unwrap();
         // Three conversations come apart again: each chain is one agent's.
-        let recorded = engine::proxy::log::load(&ledger, "rec", "agent").unwrap();
+        let recorded = proxy::log::load(&ledger, "rec", "agent").unwrap();
         assert_eq!(recorded.len(), 10);
         assert_eq!(recorded.iter().filter(|r| r.prefix().is_none()).count(), 3);
         // As an external harness's rollout splits them: the chain the first
@@ -459,7 +458,7 @@ async fn a_replay_miss_fails_closed_naming_the_stream_the_position_and_the_diffe
     assert_eq!(route.misses().len(), 1);
 
     // With a rule for the date, the same requests are served.
-    let cfg: engine::proxy::NormaliseConfig = toml::from_str(
+    let cfg: proxy::NormaliseConfig = toml::from_str(
         r#"
         [[rules]]
         pattern = '(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday), [A-Z][a-z]+ \d{1,2}, \d{4}'
@@ -509,7 +508,7 @@ async fn server_errors_and_retries_are_recorded_and_replayed_in_order() {
         );
         route.finish().await.unwrap();
         up_task.abort();
-        let recorded = engine::proxy::log::load(&ledger, "rec", "agent").unwrap();
+        let recorded = proxy::log::load(&ledger, "rec", "agent").unwrap();
         assert_eq!(
             recorded.iter().map(|r| r.status).collect::<Vec<_>>(),
             vec![
@@ -739,7 +738,7 @@ async fn a_second_attempt_on_the_same_stream_replays_and_splits_on_its_own() {
         let last = route.finish().await.unwrap().unwrap();
         up_task.abort();
 
-        let recorded = engine::proxy::log::load(&ledger, "rec", "agent").unwrap();
+        let recorded = proxy::log::load(&ledger, "rec", "agent").unwrap();
         assert_eq!(recorded.len(), 5);
         assert_eq!(
             recorded[2].prefix(),
@@ -812,11 +811,11 @@ async fn a_body_cut_off_mid_stream_is_recorded_as_a_transient_failure_with_its_c
         "the client saw a clean end of a body the upstream cut"
     );
     route.finish().await.unwrap();
-    let recorded = engine::proxy::log::load(&ledger, "rec", "agent").unwrap();
+    let recorded = proxy::log::load(&ledger, "rec", "agent").unwrap();
     assert_eq!(recorded.len(), 1);
     assert_eq!(recorded[0].status, schemas::EffectStatus::Retriable);
     match &recorded[0].reply {
-        engine::proxy::log::RecordedOutcome::Http { status, cut, .. } => {
+        proxy::log::RecordedOutcome::Http { status, cut, .. } => {
             assert_eq!(*status, 200);
             assert!(cut.as_deref().is_some_and(|c| !c.is_empty()), "{cut:?}");
         }

@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use engine::cycle::NoProgress;
+use engine::context::NoProgress;
 use engine::driver::{drive, RunRequest};
 use ledger::Ledger;
 use replay::Mode;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use engine::cycle::NoProgress;
+use engine::context::NoProgress;
 use engine::driver::{drive, RunRequest};
 use ledger::{Id, Ledger};
 use replay::Mode;

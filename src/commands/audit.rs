@@ -1,12 +1,12 @@
 //! `mass why`: the evidence chain of a rollout, as text or one JSON document
-//! (`engine::audit` walks the ledger's referrers index; this renders it).
+//! (`audit` walks the ledger's referrers index; this renders it).
 
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use engine::audit::Why;
+use audit::Why;
 use ledger::Ledger;
 
 use super::resolve;
@@ -34,7 +34,7 @@ pub fn why(l: &Ledger, what: &str, json: bool, run: Option<&str>) -> Result<Exit
         Ok(id) => id,
         Err(e) => {
             // Not an id or a ref: perhaps a trained model's name.
-            return match engine::audit::data::find_model(l, what).map_err(super::engine_error)? {
+            return match audit::data::find_model(l, what).map_err(super::engine_error)? {
                 Some((training, runs)) => why_model(l, training, runs, json),
                 None => Err(e),
             };
@@ -45,10 +45,10 @@ pub fn why(l: &Ledger, what: &str, json: bool, run: Option<&str>) -> Result<Exit
         return why_model(l, id, Vec::new(), json);
     }
     if kind == "mass.dataset" {
-        let d = engine::audit::data::dataset_why(l, id).map_err(super::engine_error)?;
+        let d = audit::data::dataset_why(l, id).map_err(super::engine_error)?;
         return emit(&d, dataset_text(&d), json);
     }
-    let rollout = engine::audit::find_rollout(l, &id.to_hex()).map_err(super::engine_error)?;
+    let rollout = audit::find_rollout(l, &id.to_hex()).map_err(super::engine_error)?;
     let w = rollout_why(l, rollout, conversation, run)?;
     emit(&w, text(&w), json)
 }
@@ -60,7 +60,7 @@ fn rollout_why(
     conversation: Option<&str>,
     run: Option<&str>,
 ) -> Result<Why> {
-    let mut w = engine::audit::why_in(l, rollout, run).map_err(super::engine_error)?;
+    let mut w = audit::why_in(l, rollout, run).map_err(super::engine_error)?;
     if let Some(n) = conversation {
         let name = format!("{}#{n}", rollout.short(16));
         w.agents.retain(|a| a.conversation == name);
@@ -91,7 +91,7 @@ fn emit<T: serde::Serialize>(value: &T, lines: Vec<String>, json: bool) -> Resul
 
 /// `mass why FILE:LINE`: the line's origin, then its conversation's chain.
 fn why_line(l: &Ledger, path: &Path, line: u64, json: bool, run: Option<&str>) -> Result<ExitCode> {
-    let lw = engine::audit::data::line_why(l, path, line).map_err(super::engine_error)?;
+    let lw = audit::data::line_why(l, path, line).map_err(super::engine_error)?;
     let rollout: ledger::Id = lw.rollout.parse()?;
     let n = lw.conversation.rsplit_once('#').map(|(_, n)| n.to_string());
     let w = rollout_why(l, rollout, n.as_deref(), run)?;
@@ -123,7 +123,7 @@ fn why_line(l: &Ledger, path: &Path, line: u64, json: bool, run: Option<&str>) -
 }
 
 fn why_model(l: &Ledger, training: ledger::Id, runs: Vec<String>, json: bool) -> Result<ExitCode> {
-    let m = engine::audit::data::model_why(l, training, runs).map_err(super::engine_error)?;
+    let m = audit::data::model_why(l, training, runs).map_err(super::engine_error)?;
     let t = &m.training;
     let mut lines = vec![
         format!(
@@ -160,7 +160,7 @@ fn why_model(l: &Ledger, training: ledger::Id, runs: Vec<String>, json: bool) ->
     emit(&m, lines, json)
 }
 
-fn dataset_text(d: &engine::audit::data::DatasetWhy) -> Vec<String> {
+fn dataset_text(d: &audit::data::DatasetWhy) -> Vec<String> {
     let mut lines = vec![
         format!(
             "dataset {} (cycle {}, recorded as {}): {} train example(s), {} supervised tokens; {} validation example(s), {} supervised tokens",
@@ -199,10 +199,18 @@ fn short(hex: &str) -> &str {
     &hex[..hex.len().min(12)]
 }
 
-/// The chain as lines, each naming the event it comes from.
+/// The chain as lines, each naming the stage that recorded it
+/// (`engine::milestone::Stage`) and the event it comes from.
 fn text(w: &Why) -> Vec<String> {
-    let r = &w.rollout;
-    let mut l = vec![
+    let mut l = rollout_lines(&w.rollout);
+    guard_and_workflow_lines(w, &mut l);
+    decision_lines(w, &mut l);
+    l
+}
+
+/// The rollout itself: what ran, how it ended, where its workspace is.
+fn rollout_lines(r: &audit::RolloutFacts) -> Vec<String> {
+    vec![
         format!(
             "rollout {} ({} run {} of task {}, cycle {}) in stream {}",
             short(&r.event),
@@ -231,7 +239,12 @@ fn text(w: &Why) -> Vec<String> {
             short(&r.tree),
             short(&r.validation)
         ),
-    ];
+    ]
+}
+
+/// The guards' finding, the workflow (and the search step that made it
+/// champion) and each agent's conversation.
+fn guard_and_workflow_lines(w: &Why, l: &mut Vec<String>) {
     match &w.guard {
         Some(g) if g.violations.is_empty() => l.push(format!(
             "guards: nothing flagged (event {})",
@@ -248,12 +261,12 @@ fn text(w: &Why) -> Vec<String> {
     let wf = &w.workflow;
     if wf.bare {
         l.push(format!(
-            "workflow: none, the bare task (blob {})",
+            "search: workflow none, the bare task (blob {})",
             short(&wf.blob)
         ));
     } else {
         l.push(format!(
-            "workflow: blob {} (`mass cat {}`)",
+            "search: workflow blob {} (`mass cat {}`)",
             short(&wf.blob),
             short(&wf.blob)
         ));
@@ -288,7 +301,11 @@ fn text(w: &Why) -> Vec<String> {
             l.push(format!("  {c}"));
         }
     }
-    l.push(format!("judgments: {}", w.judgments.len()));
+}
+
+/// The stages after collection: judge, rank, select, dataset, train.
+fn decision_lines(w: &Why, l: &mut Vec<String>) {
+    l.push(format!("judge: {} judgment(s)", w.judgments.len()));
     for j in &w.judgments {
         l.push(format!(
             "  {} vs {} (shown {}): {} — judge {} (event {}): {}",
@@ -303,7 +320,7 @@ fn text(w: &Why) -> Vec<String> {
     }
     match &w.ranking {
         Some(k) => l.push(format!(
-            "ranking: rank {} of {}, Bradley-Terry score {:.3} ({}-{}-{} W-L-T; prior {}, {} iteration(s){}) (event {})",
+            "rank: rank {} of {}, Bradley-Terry score {:.3} ({}-{}-{} W-L-T; prior {}, {} iteration(s){}) (event {})",
             k.rank,
             k.of,
             k.score,
@@ -315,11 +332,11 @@ fn text(w: &Why) -> Vec<String> {
             if k.converged { "" } else { ", not converged" },
             short(&k.event)
         )),
-        None => l.push("ranking: not ranked (only collected runs are)".into()),
+        None => l.push("rank: not ranked (only collected runs are)".into()),
     }
     if let Some(s) = &w.selection {
         l.push(format!(
-            "selection: {} — {} (event {})",
+            "select: {} — {} (event {})",
             s.decision,
             s.why,
             short(&s.event)
@@ -338,7 +355,7 @@ fn text(w: &Why) -> Vec<String> {
     }
     if let Some(t) = &w.training {
         l.push(format!(
-            "training: {} -> {} (checkpoint {}, validation loss {:.4}, exit {}) (event {})",
+            "train: {} -> {} (checkpoint {}, validation loss {:.4}, exit {}) (event {})",
             t.base_model,
             t.new_model,
             t.checkpoint,
@@ -347,7 +364,6 @@ fn text(w: &Why) -> Vec<String> {
             short(&t.event)
         ));
     }
-    l
 }
 
 /// `mass runs RUN`: one line per rollout (or a JSON array), filtered by
@@ -364,7 +380,7 @@ pub fn runs(
             "no run named {run:?} (`mass status` lists runs)"
         )));
     }
-    let rows: Vec<_> = engine::audit::rollouts(l, run)
+    let rows: Vec<_> = audit::rollouts(l, run)
         .map_err(super::engine_error)?
         .into_iter()
         .filter(|r| cycle.is_none_or(|c| r.cycle == c))
@@ -425,7 +441,7 @@ pub fn is_run(l: &Ledger, name: &str) -> Result<bool> {
 
 /// `mass diff RUN_A RUN_B`.
 pub fn diff_runs(l: &Ledger, a: &str, b: &str, json: bool) -> Result<ExitCode> {
-    let d = engine::audit::diff::diff(l, a, b).map_err(super::engine_error)?;
+    let d = audit::diff::diff(l, a, b).map_err(super::engine_error)?;
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer_pretty(&mut out, &d)?;
@@ -494,9 +510,9 @@ pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<
             "no run named {run:?} (`mass status` lists runs)"
         )));
     }
-    let r = engine::audit::report::report(l, run).map_err(super::engine_error)?;
+    let r = audit::report::report(l, run).map_err(super::engine_error)?;
     if let Some(path) = html {
-        std::fs::write(path, engine::audit::html::render(&r))
+        std::fs::write(path, audit::html::render(&r))
             .with_context(|| format!("cannot write the HTML report to {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }

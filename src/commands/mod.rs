@@ -67,7 +67,16 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             id,
             name,
             set,
+            stage: Some(stage),
+            cycle: Some(cycle),
+            ..
+        } => runs::fork_at_stage(&open(&dir)?, &id, cycle, &stage, &name, &set),
+        Command::Fork {
+            id,
+            name,
+            set,
             from,
+            ..
         } => runs::fork(&open(&dir)?, &id, &name, &set, from.as_deref()),
         Command::Runs {
             what: Some(RunsWhat::Rm { run }),

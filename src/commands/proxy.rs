@@ -1,4 +1,4 @@
-//! `mass proxy`: the recording proxy (`engine::proxy`) from the command line;
+//! `mass proxy`: the recording proxy (the `proxy` crate) from the command line;
 //! `mass harness-replay`: an external-harness rollout re-executed against
 //! its recording.
 //! Prints the client base URL on stdout once listening; on SIGINT or SIGTERM
@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use engine::proxy::{Limits, Mode, NormaliseConfig, Normaliser, Secret, ServeOptions, Upstream};
+use proxy::{Limits, Mode, NormaliseConfig, Normaliser, Secret, ServeOptions, Upstream};
 
 use super::CliError;
 use crate::cli::ProxyGuards;
@@ -126,7 +126,7 @@ pub fn run(dir: &std::path::Path, o: &ProxyOptions) -> Result<ExitCode> {
     });
     let opts = serve_options(&o.guards)?;
     let url_file = o.url_file.clone();
-    let summary = engine::proxy::serve_until_signal(
+    let summary = proxy::serve_until_signal(
         ledger,
         o.listen,
         &o.run,

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use engine::cycle::{CycleResult, Progress};
+use engine::context::Progress;
+use engine::cycle::CycleResult;
 use engine::driver::{drive, RunRequest, RunSummary};
 use engine::status::EvaluationFigure;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -32,7 +33,7 @@ struct Bars {
 fn progress(quiet: bool) -> Box<dyn Progress> {
     use std::io::IsTerminal;
     if quiet {
-        Box::new(engine::cycle::NoProgress)
+        Box::new(engine::context::NoProgress)
     } else if std::io::stderr().is_terminal() {
         Box::new(Bars::new())
     } else {
@@ -189,7 +190,7 @@ pub fn replay_check(dir: &Path, run: &str, check: bool) -> Result<ExitCode> {
             experiment: None,
             mode: Mode::Check,
             source: None,
-            progress: &engine::cycle::NoProgress,
+            progress: &engine::context::NoProgress,
         },
     )
     .map_err(|e| anyhow::anyhow!("{e}"))
@@ -331,27 +332,17 @@ pub fn rejudge(
         overrides.extend(judge);
     }
     // The fork point: the run's start, or, for one cycle, the step that
-    // closes its collection: the inner loop and the collected runs are kept
-    // as recorded, and judging, ranking and selection run again.
+    // closes its collect stage: the search and the collected runs are kept
+    // as recorded, and the judge, rank, select and dataset stages run again.
     let at = match opts.cycle {
         None => start.id,
         Some(0) => return Err(CliError::Usage("cycles are numbered from 1".into()).into()),
-        Some(c) => {
-            let prefix = format!("cycle {c}: collection done");
-            main.iter()
-                .find(|e| {
-                    e.kind == "note"
-                        && schemas::decode_event::<schemas::Note>(e)
-                            .map(|n| n.text.starts_with(&prefix))
-                            .unwrap_or(false)
-                })
-                .map(|e| e.id)
-                .ok_or_else(|| {
-                    CliError::Usage(format!(
-                        "run {source} has not collected runs in cycle {c}: nothing to re-judge there"
-                    ))
-                })?
-        }
+        Some(c) => engine::milestone::last_step(&main, c, engine::milestone::Stage::Collect)
+            .ok_or_else(|| {
+                CliError::Usage(format!(
+                    "run {source} has not collected runs in cycle {c}: nothing to re-judge there"
+                ))
+            })?,
     };
     // By default a one-cycle re-judge stops at that cycle's dataset: the
     // selections and data are what moved; training on them is the user's
@@ -520,13 +511,63 @@ fn parse_sets(set: &[String]) -> Result<Vec<(String, String)>> {
     set.iter()
         .map(|s| match s.split_once('=') {
             Some((k, v)) if !k.trim().is_empty() => {
-                engine::cycle::check_fork_override(k)
+                engine::context::check_fork_override(k)
                     .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
                 Ok((k.trim().to_string(), v.trim().to_string()))
             }
             _ => Err(CliError::Usage(format!("--set takes KEY=VALUE, got {s:?}")).into()),
         })
         .collect()
+}
+
+/// Forks run `run` right before stage `stage` of cycle `cycle`
+/// (`engine::milestone::fork_point`): that stage and everything after it
+/// run again, with the overrides, on `mass resume NAME`.
+pub fn fork_at_stage(
+    l: &Ledger,
+    run: &str,
+    cycle: u32,
+    stage: &str,
+    name: &str,
+    set: &[String],
+) -> Result<ExitCode> {
+    use engine::milestone::{fork_point, Stage};
+    let Some(st) = Stage::named(stage) else {
+        return Err(CliError::Usage(format!(
+            "--stage {stage:?} names no stage; the stages are {}",
+            Stage::names()
+        ))
+        .into());
+    };
+    if cycle == 0 {
+        return Err(CliError::Usage("cycles are numbered from 1".into()).into());
+    }
+    let head = l.head(run)?.ok_or_else(|| {
+        CliError::NotFound(format!("no run named {run:?} (`mass status` lists runs)"))
+    })?;
+    let mut main = l.chain(head).collect::<ledger::Result<Vec<_>>>()?;
+    main.reverse();
+    let at = fork_point(&main, cycle, st).ok_or_else(|| {
+        CliError::Usage(format!(
+            "run {run} recorded no step of cycle {cycle}: nothing to fork there (`mass log {run}` lists its steps); nothing was written"
+        ))
+    })?;
+    // A fork point before this run's own fork (or re-judge) record would
+    // leave that record's settings behind while naming this run as the
+    // parent.
+    let after = main.iter().skip_while(|e| e.id != at).skip(1);
+    if let Some(own) = after
+        .filter(|e| e.kind == "run.forked" || e.kind == "run.mixed")
+        .last()
+    {
+        return Err(CliError::Usage(format!(
+            "stage {st} of cycle {cycle} of run {run} comes before {run} was forked or re-judged (its {} record {}): a fork there would drop {run}'s own settings; fork the run {run} came from instead, giving {run}'s settings again with --set (`mass status {run}` names it); nothing was written",
+            own.kind,
+            own.id.short(12)
+        ))
+        .into());
+    }
+    fork(l, &at.to_hex(), name, set, Some(run))
 }
 
 /// Forks a run at a main-stream step (with overrides), or any ref at an event.

@@ -6,7 +6,7 @@
 //! the ledger). A replayed call never reaches a server, so replaying,
 //! re-judging offline or auditing a run starts none.
 //!
-//! Each server runs supervised (`crate::supervise`): its output goes to a
+//! Each server runs supervised (the `supervise` crate): its output goes to a
 //! log file beside the others (the path is in every error), and its whole
 //! tree, daemons that left its process group included, ends when the pool
 //! is dropped or when `mass` dies however it dies. A server is ready when
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use super::BackendError;
 use crate::config::{expand_placeholders, shell_quote, ServeParams};
-use crate::supervise::{Child, Command};
+use supervise::{Child, Command};
 
 /// How often a starting server is polled.
 const POLL: Duration = Duration::from_millis(250);

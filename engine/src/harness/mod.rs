@@ -367,105 +367,40 @@ pub async fn run_team(
     let mut orch = exec::ledger(|| session.stream(&format!("{}/orch", spec.stream)))?;
     let mut ws = LiveWorkspace::new(session, spec, rules);
     let initial = initial_snapshot(&mut orch, &mut ws, spec).await?;
-    let prompt = task_prompt(
+    let mut play = Orchestration {
+        session,
         spec,
-        &prompts::directive(&spec.task.id, &spec.task.deliverables),
-    );
-    let mut conv = Conversation::new(
-        vec![
-            Message::system(prompts::ORCHESTRATOR_SYSTEM),
-            Message::user(prompt),
-        ],
-        tools::tool_defs(true),
-    );
-    let sampling = Sampling::of(&team.sampling, orch.derive_seed("sampling"));
-    let mut budget = Budget {
-        turns_left: limits.max_turns,
-        tokens_left: limits.max_tokens as i64,
-        prompt_tokens: 0,
-        completion_tokens: 0,
-        turns: 0,
+        team,
+        limits,
+        bash_opts: command_options(spec, rules),
+        budget: Budget {
+            turns_left: limits.max_turns,
+            tokens_left: limits.max_tokens as i64,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            turns: 0,
+        },
+        subagents: Vec::new(),
+        report: String::new(),
     };
-    let bash_opts = command_options(spec, rules);
-    let mut subagents: Vec<Id> = Vec::new();
-    let mut report = String::new();
-    let mut status: std::result::Result<(), Halt> = Err(Halt::Turns);
-    'turns: while budget.turns_left > 0 {
-        if budget.tokens_left <= 0 {
-            status = Err(Halt::Tokens);
-            break;
-        }
-        budget.turns_left -= 1;
-        budget.turns += 1;
-        let resp = match call_model(
-            &mut orch,
-            "model",
-            &team.orchestrator,
-            &team.orchestrator_model,
-            &mut conv,
-            &sampling,
-        )
-        .await
-        {
-            Err(EngineError::Backend(e)) => {
-                status = Err(Halt::Rejected(e.to_string()));
-                break;
-            }
-            other => other?,
-        };
-        spend(&mut budget, resp.usage);
-        if resp.message.tool_calls.is_empty() {
-            // A plain answer ends the run like `finish`.
-            report = resp.message.content_str().to_string();
-            status = Ok(());
-            break;
-        }
-        for call in resp.message.tool_calls.clone() {
-            let text = match tools::parse_call(&call.function.name, &call.function.arguments) {
-                Err(e) => format!("error: {e}"),
-                Ok(Invocation::Finish { report: r }) => {
-                    report = r;
-                    conv.messages
-                        .push(Message::tool_result(&call.id, "finished"));
-                    status = Ok(());
-                    break 'turns;
-                }
-                Ok(Invocation::Delegate {
-                    role,
-                    instructions,
-                    contract,
-                }) => {
-                    if subagents.len() as u32 >= limits.max_delegations {
-                        format!(
-                            "error: delegation limit reached ({} subagents)",
-                            limits.max_delegations
-                        )
-                    } else {
-                        let n = subagents.len();
-                        let (answer, head) = run_subagent(
-                            session,
-                            spec,
-                            team,
-                            limits,
-                            &bash_opts,
-                            &mut ws,
-                            &mut budget,
-                            n,
-                            &role,
-                            &instructions,
-                            &contract,
-                        )
-                        .await?;
-                        subagents.push(head);
-                        answer
-                    }
-                }
-                Ok(inv) => workspace_tool(&mut orch, &mut ws, &inv, &bash_opts, limits).await?,
-            };
-            conv.messages.push(Message::tool_result(&call.id, text));
-        }
-    }
-    let (status, detail) = match status {
+    let ending = play.turns(&mut orch, &mut ws).await?;
+    let (status, detail) = status_of(ending, limits);
+    let played = Played {
+        status,
+        detail,
+        report: play.report,
+        orchestrator: None,
+        subagents: play.subagents,
+        turns: play.budget.turns,
+        prompt_tokens: play.budget.prompt_tokens,
+        completion_tokens: play.budget.completion_tokens,
+    };
+    close_run(&mut orch, &mut ws, spec, team, rules, initial, played).await
+}
+
+/// The rollout's status and detail for how the orchestrator's turns ended.
+fn status_of(ending: std::result::Result<(), Halt>, limits: &Limits) -> (&'static str, String) {
+    match ending {
         Ok(()) => ("finished", String::new()),
         Err(Halt::Turns) => (
             "halted",
@@ -476,18 +411,146 @@ pub async fn run_team(
             format!("token limit ({}) reached", limits.max_tokens),
         ),
         Err(Halt::Rejected(detail)) => ("failed", detail),
-    };
-    let played = Played {
-        status,
-        detail,
-        report,
-        orchestrator: None,
-        subagents,
-        turns: budget.turns,
-        prompt_tokens: budget.prompt_tokens,
-        completion_tokens: budget.completion_tokens,
-    };
-    close_run(&mut orch, &mut ws, spec, team, rules, initial, played).await
+    }
+}
+
+/// The orchestrator's side of one team run while it plays: what it may
+/// use, what it has spent, and what it has produced so far.
+struct Orchestration<'r, 'a> {
+    session: &'r replay::Session,
+    spec: &'r RunSpec<'a>,
+    team: &'r Team,
+    limits: &'r Limits,
+    bash_opts: BashOptions,
+    budget: Budget,
+    /// The subagents' conversation heads, in delegation order.
+    subagents: Vec<Id>,
+    report: String,
+}
+
+/// What answering one of the orchestrator's tool calls came to.
+enum Answer {
+    /// The tool result to send back.
+    Text(String),
+    /// `finish`, with the team's report: the run ends.
+    Finished(String),
+}
+
+impl Orchestration<'_, '_> {
+    /// The orchestrator's conversation, turn by turn, until it finishes (a
+    /// plain answer or `finish`) or a limit halts it.
+    async fn turns(
+        &mut self,
+        orch: &mut Stream,
+        ws: &mut LiveWorkspace<'_>,
+    ) -> Result<std::result::Result<(), Halt>> {
+        let spec = self.spec;
+        let prompt = task_prompt(
+            spec,
+            &prompts::directive(&spec.task.id, &spec.task.deliverables),
+        );
+        let mut conv = Conversation::new(
+            vec![
+                Message::system(prompts::ORCHESTRATOR_SYSTEM),
+                Message::user(prompt),
+            ],
+            tools::tool_defs(true),
+        );
+        let sampling = Sampling::of(&self.team.sampling, orch.derive_seed("sampling"));
+        while self.budget.turns_left > 0 {
+            if self.budget.tokens_left <= 0 {
+                return Ok(Err(Halt::Tokens));
+            }
+            self.budget.turns_left -= 1;
+            self.budget.turns += 1;
+            let resp = match call_model(
+                orch,
+                "model",
+                &self.team.orchestrator,
+                &self.team.orchestrator_model,
+                &mut conv,
+                &sampling,
+            )
+            .await
+            {
+                Err(EngineError::Backend(e)) => return Ok(Err(Halt::Rejected(e.to_string()))),
+                other => other?,
+            };
+            spend(&mut self.budget, resp.usage);
+            if resp.message.tool_calls.is_empty() {
+                // A plain answer ends the run like `finish`.
+                self.report = resp.message.content_str().to_string();
+                return Ok(Ok(()));
+            }
+            for call in resp.message.tool_calls.clone() {
+                match self.answer(orch, ws, &call).await? {
+                    Answer::Text(text) => conv.messages.push(Message::tool_result(&call.id, text)),
+                    Answer::Finished(report) => {
+                        self.report = report;
+                        conv.messages
+                            .push(Message::tool_result(&call.id, "finished"));
+                        return Ok(Ok(()));
+                    }
+                }
+            }
+        }
+        Ok(Err(Halt::Turns))
+    }
+
+    /// Answers one tool call: a workspace tool, a delegation (a subagent's
+    /// whole conversation), or `finish`.
+    async fn answer(
+        &mut self,
+        orch: &mut Stream,
+        ws: &mut LiveWorkspace<'_>,
+        call: &crate::chat::ToolCall,
+    ) -> Result<Answer> {
+        let text = match tools::parse_call(&call.function.name, &call.function.arguments) {
+            Err(e) => format!("error: {e}"),
+            Ok(Invocation::Finish { report }) => return Ok(Answer::Finished(report)),
+            Ok(Invocation::Delegate {
+                role,
+                instructions,
+                contract,
+            }) => self.delegate(ws, &role, &instructions, &contract).await?,
+            Ok(inv) => workspace_tool(orch, ws, &inv, &self.bash_opts, self.limits).await?,
+        };
+        Ok(Answer::Text(text))
+    }
+
+    /// Runs a subagent, within the delegation limit; its answer.
+    async fn delegate(
+        &mut self,
+        ws: &mut LiveWorkspace<'_>,
+        role: &str,
+        instructions: &str,
+        contract: &str,
+    ) -> Result<String> {
+        let limits = self.limits;
+        if self.subagents.len() as u32 >= limits.max_delegations {
+            return Ok(format!(
+                "error: delegation limit reached ({} subagents)",
+                limits.max_delegations
+            ));
+        }
+        let n = self.subagents.len();
+        let (answer, head) = run_subagent(
+            self.session,
+            self.spec,
+            self.team,
+            limits,
+            &self.bash_opts,
+            ws,
+            &mut self.budget,
+            n,
+            role,
+            instructions,
+            contract,
+        )
+        .await?;
+        self.subagents.push(head);
+        Ok(answer)
+    }
 }
 
 /// How a run's commands (a team's `bash`, the checks) are run: the

@@ -1,0 +1,367 @@
+//! `mass report RUN`: per cycle, what the run's records say about its
+//! search, its judges and its cost. Figures come from the records only:
+//! the cycle and evaluation records (`status::CycleFigures`, plus a
+//! percentile-bootstrap interval beside each Wilson interval), the
+//! promotions of each task's inner loop (accepted or not, and how many
+//! lines of the workflow the candidate changed), the selections (guard
+//! exclusions by reason), the usage every recorded model call returned
+//! (tokens per stage, by the stream the call was made in), and the wall
+//! clock of the main stream's milestones (time per stage; a resumed run's
+//! downtime counts in the stage it interrupted). Like `diff`, this reads
+//! every event of the run once.
+
+use std::collections::BTreeMap;
+
+use ledger::{Event, Id, Ledger};
+use schemas::{Decodable, Effect, EffectStatus, Promotion, Rollout, Selection, TrainStep};
+use serde::Serialize;
+
+use super::{decode, id_of};
+use engine::error::{EngineError, Result};
+use engine::status::CycleFigures;
+
+/// Resamples of each bootstrap interval, and its seed (fixed: a report is
+/// reproducible).
+const RESAMPLES: usize = 2000;
+const SEED: u64 = 0x6d61_7373;
+
+/// The stages a cycle's cost is split into: every stage of a cycle, by the
+/// names `engine::milestone::Stage` gives them.
+pub const STAGES: [&str; 8] = [
+    "search", "collect", "judge", "rank", "select", "dataset", "train", "evaluate",
+];
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub run: String,
+    pub cycles: Vec<CycleReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CycleReport {
+    pub figures: CycleFigures,
+    /// Percentile-bootstrap 95% interval of each evaluation's win rate, in
+    /// the order of `figures.evaluations` (null when every pair tied).
+    pub bootstrap: Vec<Option<[f64; 2]>>,
+    pub inner: Vec<InnerTask>,
+    pub stages: Vec<StageCost>,
+    /// Runs left out of ranking or training data, by reason.
+    pub exclusions: BTreeMap<String, u32>,
+    /// Per task, the Bradley-Terry score of every ranked collected run.
+    pub scores: Vec<TaskScores>,
+    /// The trainer's recorded metrics (`mass.train_step`), in step order.
+    pub loss: Vec<LossPoint>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LossPoint {
+    pub step: u64,
+    pub train_loss: Option<f64>,
+    pub validation_loss: Option<f64>,
+    /// The checkpoint a validation line evaluated, or empty.
+    pub checkpoint: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskScores {
+    pub task: String,
+    pub runs: Vec<ScoredRun>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ScoredRun {
+    pub rollout: String,
+    pub index: u32,
+    pub score: f64,
+    pub rank: Option<u32>,
+    /// `train`, `validation`, `not selected` or `excluded`.
+    pub selection: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct InnerTask {
+    pub task: String,
+    pub iterations: Vec<Iteration>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Iteration {
+    pub iteration: u32,
+    pub accepted: bool,
+    pub beat_reference: bool,
+    /// Lines of the workflow (pretty JSON) the candidate added or removed
+    /// against the champion it challenged.
+    pub edit_lines: u32,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StageCost {
+    pub stage: String,
+    pub model_calls: u32,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub wall_seconds: f64,
+}
+
+/// The stage a stream's model calls count toward, from its name.
+fn stage_of(stream: &str) -> Option<(u32, &'static str)> {
+    let mut parts = stream.split('/');
+    let cycle: u32 = parts.next()?.strip_prefix('c')?.parse().ok()?;
+    let second = parts.next()?;
+    if second == "eval" {
+        return Some((cycle, "evaluate"));
+    }
+    if second == "train" {
+        return Some((cycle, "train"));
+    }
+    let stage = match parts.next()? {
+        "reference" | "inner" => "search",
+        "collect" => "collect",
+        "pair" => "judge",
+        _ => return None,
+    };
+    Some((cycle, stage))
+}
+
+fn workflow_lines(l: &Ledger, rollout: Id) -> Result<Vec<String>> {
+    let r: Rollout = decode(&l.get_event(&rollout)?)?;
+    let v: serde_json::Value = serde_json::from_slice(&l.get_blob(&id_of(r.workflow))?)
+        .map_err(|e| EngineError::recording("workflow", e))?;
+    let text =
+        serde_json::to_string_pretty(&v).map_err(|e| EngineError::recording("workflow", e))?;
+    Ok(text.lines().map(str::to_string).collect())
+}
+
+/// Lines in one list and not the other, counted with multiplicity.
+fn changed_lines(a: &[String], b: &[String]) -> u32 {
+    let mut count: BTreeMap<&str, i64> = BTreeMap::new();
+    for x in a {
+        *count.entry(x).or_default() += 1;
+    }
+    for x in b {
+        *count.entry(x).or_default() -= 1;
+    }
+    count.values().map(|c| c.unsigned_abs() as u32).sum()
+}
+
+pub fn report(l: &Ledger, run: &str) -> Result<Report> {
+    let head = l
+        .head(run)?
+        .ok_or_else(|| EngineError::Invalid(format!("no run named {run:?}")))?;
+    let mut main: Vec<Event> = l.chain(head).collect::<std::result::Result<_, _>>()?;
+    main.reverse();
+    let status = engine::status::fold(&main)?;
+    let mut cycles: BTreeMap<u32, CycleReport> = status
+        .cycles
+        .into_iter()
+        .map(|f| (f.cycle, cycle_report(f)))
+        .collect();
+    walltimes(l, &main, &mut cycles)?;
+    bt_scores(l, run, &mut cycles)?;
+    exclusions(&main, &mut cycles)?;
+    let prefix = format!("{run}/");
+    for (name, h) in l.refs()? {
+        let Some(rel) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        let Some((cycle, stage)) = stage_of(rel) else {
+            continue;
+        };
+        let Some(c) = cycles.get_mut(&cycle) else {
+            continue;
+        };
+        stream_figures(l, rel, stage, h, c)?;
+    }
+    for c in cycles.values_mut() {
+        c.inner.sort_by(|a, b| a.task.cmp(&b.task));
+        // The stream was walked from its head: back to log order, then by
+        // step (stable, so a step's training line stays before its
+        // checkpoint's).
+        c.loss.reverse();
+        c.loss.sort_by_key(|p| p.step);
+    }
+    Ok(Report {
+        run: run.into(),
+        cycles: cycles.into_values().collect(),
+    })
+}
+
+/// A cycle's report from its recorded figures (with a bootstrap interval
+/// beside each evaluation's), the rest still empty.
+fn cycle_report(f: CycleFigures) -> CycleReport {
+    let bootstrap = f
+        .evaluations
+        .iter()
+        .map(|e| {
+            rank::winrate::WinRate::new(e.wins as u64, e.losses as u64, e.ties as u64)
+                .bootstrap95(RESAMPLES, SEED)
+                .ok()
+                .map(|i| [i.lower, i.upper])
+        })
+        .collect();
+    CycleReport {
+        figures: f,
+        bootstrap,
+        inner: Vec::new(),
+        stages: STAGES
+            .iter()
+            .map(|s| StageCost {
+                stage: s.to_string(),
+                ..StageCost::default()
+            })
+            .collect(),
+        exclusions: BTreeMap::new(),
+        scores: Vec::new(),
+        loss: Vec::new(),
+    }
+}
+
+/// The selections' exclusions on the main stream, counted by reason.
+fn exclusions(main: &[Event], cycles: &mut BTreeMap<u32, CycleReport>) -> Result<()> {
+    for ev in main {
+        if ev.kind == <Selection as Decodable>::KIND
+            && ev.version == <Selection as Decodable>::VERSION
+        {
+            let s: Selection = decode(ev)?;
+            if let Some(c) = cycles.get_mut(&s.cycle) {
+                for line in &s.excluded {
+                    for reason in engine::status::exclusion_reasons(line) {
+                        *c.exclusions.entry(reason).or_default() += 1;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What one stream of the run (`rel`, counted toward `stage`) adds to its
+/// cycle: its model calls' usage, the trainer's metrics, and, for a task's
+/// inner-loop decisions stream, the promotions.
+fn stream_figures(l: &Ledger, rel: &str, stage: &str, h: Id, c: &mut CycleReport) -> Result<()> {
+    let is_decisions = rel.ends_with("/inner") && rel.matches('/').count() == 2;
+    let mut promotions = Vec::new();
+    for ev in l.chain(h) {
+        let ev = ev?;
+        if ev.kind == <Effect as Decodable>::KIND && ev.version == <Effect as Decodable>::VERSION {
+            count_model_call(l, &ev, stage, c)?;
+        }
+        if stage == "train" && ev.kind == <TrainStep as Decodable>::KIND {
+            let t: TrainStep = decode(&ev)?;
+            c.loss.push(LossPoint {
+                step: t.step,
+                train_loss: t.train_loss,
+                validation_loss: t.validation_loss,
+                checkpoint: t.checkpoint,
+            });
+        }
+        if is_decisions && ev.kind == <Promotion as Decodable>::KIND {
+            promotions.push(decode::<Promotion>(&ev)?);
+        }
+    }
+    if is_decisions {
+        promotions.reverse();
+        let task = rel.split('/').nth(1).unwrap_or_default().to_string();
+        c.inner.push(inner_task(l, task, promotions)?);
+    }
+    Ok(())
+}
+
+/// Adds an effect event's usage to its stage, when it is a model call that
+/// succeeded.
+fn count_model_call(l: &Ledger, ev: &Event, stage: &str, c: &mut CycleReport) -> Result<()> {
+    let e: Effect = decode(ev)?;
+    // Model calls are recorded as `model` (team), `judge` and
+    // `optimizer` effects; each output carries the usage.
+    let call = matches!(e.effect.as_str(), "model" | "judge" | "optimizer");
+    if let (true, Some(output)) = (call && e.status == EffectStatus::Ok, e.output) {
+        let out: serde_json::Value = serde_json::from_slice(&l.get_blob(&id_of(output))?)
+            .map_err(|x| EngineError::recording("model output", x))?;
+        if let Some(s) = c.stages.iter_mut().find(|s| s.stage == stage) {
+            s.model_calls += 1;
+            s.prompt_tokens += out["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+            s.completion_tokens += out["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+        }
+    }
+    Ok(())
+}
+
+/// A task's inner-loop steps, in log order, each with the size of the edit
+/// its candidate made to the champion it challenged.
+fn inner_task(l: &Ledger, task: String, promotions: Vec<Promotion>) -> Result<InnerTask> {
+    let mut iterations = Vec::new();
+    for p in promotions {
+        let edit = changed_lines(
+            &workflow_lines(l, id_of(p.candidate))?,
+            &workflow_lines(l, id_of(p.champion))?,
+        );
+        iterations.push(Iteration {
+            iteration: p.iteration,
+            accepted: p.accepted,
+            beat_reference: p.beat_reference,
+            edit_lines: edit,
+            reason: p.reason,
+        });
+    }
+    Ok(InnerTask { task, iterations })
+}
+
+/// The Bradley-Terry score of every ranked collected run, per cycle and
+/// task, sorted by rank.
+fn bt_scores(l: &Ledger, run: &str, cycles: &mut BTreeMap<u32, CycleReport>) -> Result<()> {
+    for r in super::rollouts(l, run)? {
+        let (Some(score), Some(c)) = (r.score, cycles.get_mut(&r.cycle)) else {
+            continue;
+        };
+        let scored = ScoredRun {
+            rollout: r.event,
+            index: r.index,
+            score,
+            rank: r.rank,
+            selection: r.selection.unwrap_or_else(|| "not selected".into()),
+        };
+        match c.scores.iter_mut().find(|t| t.task == r.task) {
+            Some(t) => t.runs.push(scored),
+            None => c.scores.push(TaskScores {
+                task: r.task,
+                runs: vec![scored],
+            }),
+        }
+    }
+    for c in cycles.values_mut() {
+        c.scores.sort_by(|a, b| a.task.cmp(&b.task));
+        for t in &mut c.scores {
+            t.runs
+                .sort_by_key(|r| (r.rank.unwrap_or(u32::MAX), r.index));
+        }
+    }
+    Ok(())
+}
+
+/// Time per stage from the main stream's milestones
+/// (`engine::milestone::closes`): each step a stage records ends a span of
+/// that stage's time, which starts where the previous step ended.
+fn walltimes(l: &Ledger, main: &[Event], cycles: &mut BTreeMap<u32, CycleReport>) -> Result<()> {
+    let mut last_ms: Option<u64> = None;
+    for ev in main {
+        let ms = l.get_meta(&ev.id)?.wall_ms;
+        let from = *last_ms.get_or_insert(ms);
+        // A fork or re-judge continues from here: the time since its
+        // source's step belongs to no stage.
+        if ev.kind == "run.forked" || ev.kind == "run.mixed" {
+            last_ms = Some(ms);
+            continue;
+        }
+        let Some((cycle, stage)) = engine::milestone::closes(ev) else {
+            continue;
+        };
+        if let Some(c) = cycles.get_mut(&cycle) {
+            if let Some(s) = c.stages.iter_mut().find(|s| s.stage == stage.name()) {
+                s.wall_seconds += ms.saturating_sub(from) as f64 / 1000.0;
+            }
+        }
+        last_ms = Some(ms);
+    }
+    Ok(())
+}

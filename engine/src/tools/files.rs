@@ -1,0 +1,641 @@
+//! The file tools (`read_file`, `write_file`, `list_files`) and the path
+//! resolution under them: every path is resolved component by component
+//! without ever following a symlink out of the workspace root, and writes
+//! never go through a symlink or into an existing inode.
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::{Component, Path, PathBuf};
+
+use super::{capped_text, ToolError, Workspace, LIST_CAP};
+
+/// Symlink expansions allowed while resolving one path (the kernel's own
+/// limit), so a loop `a -> b -> a` ends in an error instead of spinning.
+const MAX_SYMLINKS: usize = 40;
+
+impl Workspace {
+    /// Resolves a workspace-relative path to a real path inside the root.
+    /// See [`Workspace::resolve_in`] for the rules.
+    pub fn resolve(&self, rel: &str) -> Result<PathBuf, ToolError> {
+        self.resolve_in("resolve", rel)
+    }
+
+    /// Resolves `rel` component by component, the way the kernel would, but
+    /// checking each step: absolute paths, NUL bytes, `..` above the root and
+    /// symlinks whose target lies outside the root are refused. Symlinks
+    /// inside the root are followed (their targets are resolved by the same
+    /// rules), so the result contains no symlink and every step stayed inside
+    /// the root; it never touches anything outside. Components that do not
+    /// exist yet are taken as they are (they cannot be symlinks), so a path to
+    /// be written resolves through its deepest existing ancestor. An empty
+    /// path or `.` is the root itself.
+    fn resolve_in(&self, tool: &'static str, rel: &str) -> Result<PathBuf, ToolError> {
+        let invalid = |reason: &str| ToolError::InvalidPath {
+            tool,
+            path: rel.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let escape = |reason: String| ToolError::Escape {
+            tool,
+            path: rel.to_owned(),
+            reason,
+        };
+        if rel.contains('\0') {
+            return Err(invalid("contains a NUL byte"));
+        }
+        let path = Path::new(rel);
+        if path.has_root() {
+            return Err(invalid(
+                "absolute paths are not allowed; use a path relative to the workspace root",
+            ));
+        }
+        // Components still to walk, last one first so `pop` yields the next.
+        let mut pending: Vec<OsString> = components_of(path);
+        pending.reverse();
+        let mut cur = self.root.clone();
+        let mut expansions = 0usize;
+        // The last symlink expanded, to explain an escape found after it.
+        let mut via: Option<String> = None;
+        while let Some(comp) = pending.pop() {
+            if comp == "." {
+                continue;
+            }
+            if comp == ".." {
+                if cur == self.root {
+                    return Err(escape(match &via {
+                        Some(link) => {
+                            format!("the symlink {link:?} leads above the workspace root")
+                        }
+                        None => "`..` leads above the workspace root".to_owned(),
+                    }));
+                }
+                // `cur` contains no symlink, so its lexical parent is its real parent.
+                cur.pop();
+                continue;
+            }
+            let next = cur.join(&comp);
+            match fs::symlink_metadata(&next) {
+                Ok(meta) if meta.file_type().is_symlink() => {
+                    expansions += 1;
+                    if expansions > MAX_SYMLINKS {
+                        return Err(invalid("too many levels of symbolic links"));
+                    }
+                    let link = self.display(&next);
+                    let target = fs::read_link(&next).map_err(|source| ToolError::Io {
+                        tool,
+                        op: "read the symlink",
+                        path: link.clone(),
+                        source,
+                    })?;
+                    let rest = if target.has_root() {
+                        // An absolute target is allowed only if it names a
+                        // place under the root; the remainder is walked from
+                        // the root so `..` inside it is still checked.
+                        match target.strip_prefix(&self.root) {
+                            Ok(rest) => {
+                                cur = self.root.clone();
+                                rest.to_path_buf()
+                            }
+                            Err(_) => {
+                                return Err(escape(format!(
+                                    "the symlink {link:?} points to {}, outside the workspace",
+                                    target.display()
+                                )))
+                            }
+                        }
+                    } else {
+                        target
+                    };
+                    let mut parts = components_of(&rest);
+                    parts.reverse();
+                    pending.extend(parts);
+                    via = Some(link);
+                }
+                Ok(_) => cur = next,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => cur = next,
+                Err(source) => {
+                    return Err(ToolError::Io {
+                        tool,
+                        op: "resolve",
+                        path: rel.to_owned(),
+                        source,
+                    })
+                }
+            }
+        }
+        Ok(cur)
+    }
+
+    /// A real path under the root, as the model should write it.
+    fn display(&self, real: &Path) -> String {
+        match real.strip_prefix(&self.root) {
+            Ok(rel) if rel.as_os_str().is_empty() => ".".to_owned(),
+            Ok(rel) => rel.to_string_lossy().into_owned(),
+            Err(_) => real.to_string_lossy().into_owned(),
+        }
+    }
+
+    /// Reads a regular file as lossy UTF-8, keeping at most `max_bytes`
+    /// bytes and ending a cut text with `[... truncated: N more bytes]`.
+    pub fn read_file(&self, path: &str, max_bytes: usize) -> Result<String, ToolError> {
+        const TOOL: &str = "read_file";
+        let real = self.resolve_in(TOOL, path)?;
+        let io_err = |op: &'static str| {
+            move |source: io::Error| ToolError::Io {
+                tool: TOOL,
+                op,
+                path: path.to_owned(),
+                source,
+            }
+        };
+        let meta = match fs::metadata(&real) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(ToolError::NotFound {
+                    tool: TOOL,
+                    path: path.to_owned(),
+                })
+            }
+            Err(e) => return Err(io_err("stat")(e)),
+        };
+        if meta.is_dir() {
+            return Err(ToolError::IsDirectory {
+                tool: TOOL,
+                path: path.to_owned(),
+            });
+        }
+        // A FIFO or device would block or never end.
+        if !meta.is_file() {
+            return Err(ToolError::NotRegularFile {
+                tool: TOOL,
+                path: path.to_owned(),
+            });
+        }
+        let file = fs::File::open(&real).map_err(io_err("open"))?;
+        let mut kept = Vec::with_capacity(max_bytes.min(meta.len() as usize));
+        file.take(max_bytes as u64)
+            .read_to_end(&mut kept)
+            .map_err(io_err("read"))?;
+        // The size may have changed since stat; whatever we hold is a floor.
+        let total = meta.len().max(kept.len() as u64);
+        Ok(capped_text(&kept, total).0)
+    }
+
+    /// Creates or overwrites a file (creating parent directories inside the
+    /// root) and returns the number of bytes written. The final component
+    /// must not be a symlink: writing through one would modify its target,
+    /// which the model may not have meant, even inside the root.
+    pub fn write_file(&self, path: &str, content: &str) -> Result<u64, ToolError> {
+        const TOOL: &str = "write_file";
+        let invalid = |reason: &str| ToolError::InvalidPath {
+            tool: TOOL,
+            path: path.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let io_err = |op: &'static str| {
+            move |source: io::Error| ToolError::Io {
+                tool: TOOL,
+                op,
+                path: path.to_owned(),
+                source,
+            }
+        };
+        // Split off the file name as written: `Path` would silently drop a
+        // trailing `/` or `.`, turning `dir/` into a write to `dir`.
+        let (parent, name) = match path.rfind('/') {
+            Some(i) => (&path[..i + 1], &path[i + 1..]),
+            None => ("", path),
+        };
+        if name.is_empty() || name == "." || name == ".." {
+            return Err(invalid("does not name a file"));
+        }
+        let dir = self.resolve_in(TOOL, parent)?;
+        if name.contains('\0') {
+            return Err(invalid("contains a NUL byte"));
+        }
+        let target = dir.join(name);
+        let mode = match fs::symlink_metadata(&target) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                return Err(ToolError::WriteThroughSymlink {
+                    tool: TOOL,
+                    path: path.to_owned(),
+                })
+            }
+            Ok(meta) if meta.is_dir() => {
+                return Err(ToolError::IsDirectory {
+                    tool: TOOL,
+                    path: path.to_owned(),
+                })
+            }
+            Ok(meta) if !meta.is_file() => {
+                return Err(ToolError::NotRegularFile {
+                    tool: TOOL,
+                    path: path.to_owned(),
+                })
+            }
+            Ok(meta) => std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => 0o644,
+            Err(e) => return Err(io_err("stat")(e)),
+        };
+        // `dir` is a real path whose missing tail contains no symlink, so
+        // creating it stays inside the root.
+        fs::create_dir_all(&dir).map_err(io_err("create the parent directories of"))?;
+        // A new file renamed over the name, never a write into the existing
+        // inode: a hard link to a file elsewhere keeps that file unchanged.
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".mass-write-")
+            .tempfile_in(&dir)
+            .map_err(io_err("create a file beside"))?;
+        tmp.write_all(content.as_bytes()).map_err(io_err("write"))?;
+        fs::set_permissions(
+            tmp.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(mode),
+        )
+        .map_err(io_err("set the mode of"))?;
+        tmp.persist(&target)
+            .map_err(|e| io_err("replace")(e.error))?;
+        Ok(content.len() as u64)
+    }
+
+    /// Lists a directory recursively (the whole workspace for `None`): paths
+    /// relative to the root, sorted component by component (a directory's
+    /// contents follow it), directories suffixed with `/`, symlinks shown as
+    /// `path -> target` and never followed. At most [`LIST_CAP`] entries,
+    /// then a marker line. A path naming a file lists that file.
+    pub fn list_files(&self, path: Option<&str>) -> Result<Vec<String>, ToolError> {
+        self.list_files_capped(path, LIST_CAP)
+    }
+
+    fn list_files_capped(&self, path: Option<&str>, cap: usize) -> Result<Vec<String>, ToolError> {
+        const TOOL: &str = "list_files";
+        let rel = path.unwrap_or("");
+        let start = self.resolve_in(TOOL, rel)?;
+        let meta = match fs::symlink_metadata(&start) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(ToolError::NotFound {
+                    tool: TOOL,
+                    path: rel.to_owned(),
+                })
+            }
+            Err(source) => {
+                return Err(ToolError::Io {
+                    tool: TOOL,
+                    op: "stat",
+                    path: rel.to_owned(),
+                    source,
+                })
+            }
+        };
+        if !meta.is_dir() {
+            return Ok(vec![self.display(&start)]);
+        }
+        let top = sorted_children(&start).map_err(|source| ToolError::Io {
+            tool: TOOL,
+            op: "read the directory",
+            path: rel.to_owned(),
+            source,
+        })?;
+        // Depth-first with an explicit stack (no recursion depth to exhaust);
+        // children are pushed in reverse so they pop in sorted order.
+        let mut stack: Vec<PathBuf> = top.into_iter().rev().collect();
+        let mut out = Vec::new();
+        while let Some(entry) = stack.pop() {
+            if out.len() >= cap {
+                out.push(format!(
+                    "[... truncated: listing stopped at {cap} entries; list a subdirectory to see more]"
+                ));
+                break;
+            }
+            let shown = self.display(&entry);
+            let Ok(meta) = fs::symlink_metadata(&entry) else {
+                // Vanished between readdir and stat: nothing to show.
+                continue;
+            };
+            let ft = meta.file_type();
+            if ft.is_symlink() {
+                let target = fs::read_link(&entry)
+                    .map(|t| t.to_string_lossy().into_owned())
+                    .unwrap_or_else(|_| "?".to_owned());
+                out.push(format!("{shown} -> {target}"));
+            } else if ft.is_dir() {
+                match sorted_children(&entry) {
+                    Ok(children) => {
+                        out.push(format!("{shown}/"));
+                        stack.extend(children.into_iter().rev());
+                    }
+                    Err(e) => out.push(format!("{shown}/ [unreadable: {e}]")),
+                }
+            } else {
+                out.push(shown);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The components of a relative path as strings; `.`/`..` kept as such, any
+/// root component dropped (callers have already refused or stripped it).
+fn components_of(path: &Path) -> Vec<OsString> {
+    path.components()
+        .filter_map(|c| match c {
+            Component::Normal(s) => Some(s.to_os_string()),
+            Component::CurDir => Some(OsString::from(".")),
+            Component::ParentDir => Some(OsString::from("..")),
+            Component::RootDir | Component::Prefix(_) => None,
+        })
+        .collect()
+}
+
+/// A directory's entries, sorted by name (bytewise) for a deterministic listing.
+fn sorted_children(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut names: Vec<OsString> = fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .collect();
+    names.sort();
+    Ok(names.into_iter().map(|n| dir.join(n)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::tests::ws;
+    use std::os::unix::fs::symlink;
+
+    fn assert_escape(r: Result<impl std::fmt::Debug, ToolError>) {
+        match r {
+            Err(ToolError::Escape { .. }) | Err(ToolError::InvalidPath { .. }) => {}
+            other => panic!("expected refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn new_requires_an_existing_directory() {
+        let (dir, _) = ws();
+        assert!(matches!(
+            Workspace::new(&dir.path().join("missing")),
+            Err(ToolError::Root { .. })
+        ));
+        fs::write(dir.path().join("f"), "x").unwrap();
+        assert!(matches!(
+            Workspace::new(&dir.path().join("f")),
+            Err(ToolError::RootNotDir { .. })
+        ));
+        let ws = Workspace::new(dir.path()).unwrap();
+        assert_eq!(ws.root(), fs::canonicalize(dir.path()).unwrap());
+    }
+
+    #[test]
+    fn lexical_escapes_are_refused_everywhere() {
+        let (_dir, ws) = ws();
+        fs::create_dir(ws.root().join("a")).unwrap();
+        for bad in ["../x", "/etc/passwd", "a/../../x", "..", "a/\0b", "./../a"] {
+            assert_escape(ws.resolve(bad));
+            assert_escape(ws.read_file(bad, 100));
+            assert_escape(ws.write_file(&format!("{bad}/f"), "x"));
+            assert_escape(ws.list_files(Some(bad)));
+        }
+        assert_escape(ws.write_file("../x", "x"));
+        assert_escape(ws.write_file("/tmp/mass-should-not-exist", "x"));
+        assert!(!Path::new("/tmp/mass-should-not-exist").exists());
+        // Inside-the-root `..` is fine, including through missing directories.
+        assert_eq!(ws.resolve("a/../b").unwrap(), ws.root().join("b"));
+        assert_eq!(ws.resolve("new/../b").unwrap(), ws.root().join("b"));
+        assert_eq!(ws.resolve("").unwrap(), ws.root());
+        assert_eq!(ws.resolve(".").unwrap(), ws.root());
+    }
+
+    #[test]
+    fn symlinked_directory_outside_is_refused() {
+        let (_dir, ws) = ws();
+        symlink("/etc", ws.root().join("link")).unwrap();
+        assert_escape(ws.read_file("link/passwd", 100));
+        assert_escape(ws.read_file("link", 100));
+        assert_escape(ws.list_files(Some("link")));
+        assert_escape(ws.list_files(Some("link/")));
+        assert_escape(ws.resolve("link/passwd"));
+        // Writes are tested against a scratch directory standing in for /etc,
+        // so a bug cannot clobber the real /etc/passwd.
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("passwd"), "original").unwrap();
+        symlink(outside.path(), ws.root().join("out")).unwrap();
+        assert_escape(ws.write_file("out/passwd", "pwned"));
+        assert_escape(ws.write_file("out/new/file", "pwned"));
+        assert_escape(ws.read_file("out/passwd", 100));
+        assert_eq!(
+            fs::read_to_string(outside.path().join("passwd")).unwrap(),
+            "original"
+        );
+        assert!(!outside.path().join("new").exists());
+        // The whole-workspace listing shows the links without following them.
+        let listing = ws.list_files(None).unwrap();
+        assert!(listing.contains(&"link -> /etc".to_owned()), "{listing:?}");
+        assert!(!listing.iter().any(|l| l.contains("passwd")), "{listing:?}");
+    }
+
+    #[test]
+    fn symlinked_file_outside_is_refused() {
+        let (_dir, ws) = ws();
+        let outside = tempfile::tempdir().unwrap();
+        let secret = outside.path().join("secret.txt");
+        fs::write(&secret, "secret").unwrap();
+        symlink(&secret, ws.root().join("s")).unwrap();
+        assert_escape(ws.read_file("s", 100));
+        assert_escape(ws.list_files(Some("s")));
+        assert!(ws.write_file("s", "pwned").is_err());
+        assert_eq!(fs::read_to_string(&secret).unwrap(), "secret");
+        // A relative link climbing out is refused too, however deep.
+        fs::create_dir(ws.root().join("sub")).unwrap();
+        symlink("../../../../../../etc/passwd", ws.root().join("sub/up")).unwrap();
+        assert_escape(ws.read_file("sub/up", 100));
+        symlink("..", ws.root().join("sub/parent")).unwrap();
+        assert_escape(ws.read_file("sub/parent/../x", 100));
+    }
+
+    #[test]
+    fn dangling_symlinks_are_refused() {
+        let (_dir, ws) = ws();
+        symlink("/nonexistent/mass/x", ws.root().join("dangling")).unwrap();
+        assert_escape(ws.read_file("dangling", 100));
+        assert!(ws.write_file("dangling", "x").is_err());
+        assert_escape(ws.write_file("dangling/x", "x"));
+        assert_escape(ws.list_files(Some("dangling")));
+        // Dangling but aiming inside: reading finds nothing, writing refuses
+        // to create the target through the link.
+        symlink("missing.txt", ws.root().join("dl")).unwrap();
+        assert!(matches!(
+            ws.read_file("dl", 100),
+            Err(ToolError::NotFound { .. })
+        ));
+        assert!(matches!(
+            ws.write_file("dl", "x"),
+            Err(ToolError::WriteThroughSymlink { .. })
+        ));
+        assert!(!ws.root().join("missing.txt").exists());
+    }
+
+    #[test]
+    fn symlinks_inside_the_root_are_followed_for_reading() {
+        let (_dir, ws) = ws();
+        ws.write_file("sub/real.txt", "hello").unwrap();
+        symlink("sub/real.txt", ws.root().join("alias")).unwrap();
+        symlink("sub", ws.root().join("d")).unwrap();
+        let abs = ws.root().join("sub");
+        symlink(&abs, ws.root().join("abs")).unwrap();
+        assert_eq!(ws.read_file("alias", 100).unwrap(), "hello");
+        assert_eq!(ws.read_file("d/real.txt", 100).unwrap(), "hello");
+        assert_eq!(ws.read_file("abs/real.txt", 100).unwrap(), "hello");
+        // Writing into a directory reached through an in-root link is fine.
+        ws.write_file("d/new.txt", "n").unwrap();
+        assert_eq!(fs::read_to_string(abs.join("new.txt")).unwrap(), "n");
+        // ...but not through a link as the final component.
+        assert!(matches!(
+            ws.write_file("alias", "x"),
+            Err(ToolError::WriteThroughSymlink { .. })
+        ));
+        assert_eq!(ws.read_file("sub/real.txt", 100).unwrap(), "hello");
+    }
+
+    #[test]
+    fn symlink_loops_end_in_an_error() {
+        let (_dir, ws) = ws();
+        symlink("b", ws.root().join("a")).unwrap();
+        symlink("a", ws.root().join("b")).unwrap();
+        assert!(matches!(
+            ws.read_file("a", 100),
+            Err(ToolError::InvalidPath { .. })
+        ));
+        symlink(".", ws.root().join("self")).unwrap();
+        assert!(ws.read_file("self/self/self/x", 100).is_err());
+    }
+
+    #[test]
+    fn write_creates_directories_and_overwrites() {
+        let (_dir, ws) = ws();
+        assert_eq!(ws.write_file("a/b/c.txt", "héllo").unwrap(), 6);
+        assert_eq!(
+            fs::read_to_string(ws.root().join("a/b/c.txt")).unwrap(),
+            "héllo"
+        );
+        assert_eq!(ws.write_file("a/b/c.txt", "x").unwrap(), 1);
+        assert_eq!(ws.read_file("a/b/c.txt", 100).unwrap(), "x");
+        assert!(matches!(
+            ws.write_file("a/b", "x"),
+            Err(ToolError::IsDirectory { .. })
+        ));
+        for bad in ["a/", "", ".", "a/..", "a/."] {
+            assert!(
+                matches!(ws.write_file(bad, "x"), Err(ToolError::InvalidPath { .. })),
+                "{bad:?}"
+            );
+        }
+        // A file used as a directory is an I/O error, not a panic.
+        assert!(ws.write_file("a/b/c.txt/d", "x").is_err());
+    }
+
+    #[test]
+    fn read_truncates_with_a_marker() {
+        let (_dir, ws) = ws();
+        ws.write_file("big.txt", &"x".repeat(100)).unwrap();
+        assert_eq!(
+            ws.read_file("big.txt", 10).unwrap(),
+            format!("{}\n[... truncated: 90 more bytes]", "x".repeat(10))
+        );
+        assert_eq!(ws.read_file("big.txt", 100).unwrap(), "x".repeat(100));
+        // A cut inside a multi-byte character backs off to its start.
+        ws.write_file("u.txt", "aé").unwrap(); // 'é' is 2 bytes
+        assert_eq!(
+            ws.read_file("u.txt", 2).unwrap(),
+            "a\n[... truncated: 2 more bytes]"
+        );
+        fs::write(ws.root().join("bin"), [b'o', b'k', 0xff, b'\n']).unwrap();
+        assert_eq!(ws.read_file("bin", 100).unwrap(), "ok\u{fffd}\n");
+        assert!(matches!(
+            ws.read_file("nope", 10),
+            Err(ToolError::NotFound { .. })
+        ));
+        fs::create_dir(ws.root().join("dir")).unwrap();
+        assert!(matches!(
+            ws.read_file("dir", 10),
+            Err(ToolError::IsDirectory { .. })
+        ));
+    }
+
+    #[test]
+    fn list_is_sorted_relative_and_marks_directories() {
+        let (_dir, ws) = ws();
+        for f in ["b.txt", "a/z.txt", "a/c/d.txt", "a-b.txt", "A.txt"] {
+            ws.write_file(f, "x").unwrap();
+        }
+        fs::create_dir(ws.root().join("empty")).unwrap();
+        symlink("b.txt", ws.root().join("l")).unwrap();
+        assert_eq!(
+            ws.list_files(None).unwrap(),
+            vec![
+                "A.txt",
+                "a/",
+                "a/c/",
+                "a/c/d.txt",
+                "a/z.txt",
+                "a-b.txt",
+                "b.txt",
+                "empty/",
+                "l -> b.txt",
+            ]
+        );
+        assert_eq!(
+            ws.list_files(Some("a")).unwrap(),
+            vec!["a/c/", "a/c/d.txt", "a/z.txt"]
+        );
+        assert_eq!(ws.list_files(Some("a/z.txt")).unwrap(), vec!["a/z.txt"]);
+        assert!(ws.list_files(Some("empty")).unwrap().is_empty());
+        assert!(matches!(
+            ws.list_files(Some("nope")),
+            Err(ToolError::NotFound { .. })
+        ));
+        let capped = ws.list_files_capped(None, 3).unwrap();
+        assert_eq!(capped.len(), 4);
+        assert_eq!(&capped[..3], ["A.txt", "a/", "a/c/"]);
+        assert!(capped[3].starts_with("[... truncated: listing stopped at 3 entries"));
+    }
+
+    /// Before: `write_file` wrote into the existing inode, so a hard link in
+    /// the workspace to a file elsewhere let it overwrite that file.
+    #[test]
+    fn regression_write_file_never_writes_through_a_hard_link() {
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, ws) = ws();
+        let outside = dir
+            .path()
+            .join("..")
+            .join(format!("outside-{}", std::process::id()));
+        fs::write(&outside, "keep").unwrap();
+        fs::hard_link(&outside, ws.root().join("linked.txt")).unwrap();
+        ws.write_file("linked.txt", "changed").unwrap();
+        assert_eq!(fs::read_to_string(&outside).unwrap(), "keep");
+        assert_eq!(
+            fs::read_to_string(ws.root().join("linked.txt")).unwrap(),
+            "changed"
+        );
+        fs::remove_file(&outside).unwrap();
+        // The mode of a rewritten file is kept.
+        ws.write_file("run.sh", "#!/bin/sh").unwrap();
+        fs::set_permissions(ws.root().join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+        ws.write_file("run.sh", "#!/bin/sh\necho hi").unwrap();
+        let mode = fs::metadata(ws.root().join("run.sh"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755);
+        // No temporary file is left behind.
+        let names: Vec<String> = fs::read_dir(ws.root())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.iter().all(|n| !n.starts_with(".mass-write-")),
+            "{names:?}"
+        );
+    }
+}

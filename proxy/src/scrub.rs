@@ -1,0 +1,740 @@
+//! Credentials out of everything the proxy records, logs, prints or echoes.
+//! One scrubber, used by the writer (`log.rs`), the replay matcher
+//! (`book.rs`, on the live request before comparing, so a recording still
+//! matches) and the HTTP side (`server/`, for replies and reports):
+//!
+//! - key-like query parameters (`is_secret_name`) get the value [`REDACTED`];
+//! - an URL's userinfo (`http://user:pass@host`) is removed;
+//! - key-like fields of a JSON request body get the value [`REDACTED`], at
+//!   any depth, except inside `messages` (the conversation as sent);
+//! - known secrets ([`Needles`]: the upstream's key and URL password, a
+//!   route's token, the values the request carried in credential headers,
+//!   key-like query parameters and body fields) are replaced wherever they
+//!   appear in recorded bytes (messages and response bodies included) and in
+//!   error texts.
+//!
+//! What is forwarded to the upstream is the client's request as it came
+//! (the upstream needs it); only what is kept or shown is scrubbed.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use super::wire::ChatBody;
+
+/// Masks known secrets in a body passed on chunk by chunk, one split
+/// across chunks too: each chunk is searched together with what the
+/// previous one held back (kept as received, so a secret that starts in it
+/// is still found whole), and the end that could be the start of a secret
+/// is held back in turn (only such an end: a body with no partial match is
+/// passed on as it comes). Bytes already known to be part of a secret stay
+/// marked while held back, so two secrets that overlap are both masked.
+#[derive(Debug, Default)]
+pub struct StreamMask {
+    needles: Needles,
+    carry: Vec<u8>,
+    /// Which bytes of `carry` belong to a secret found so far.
+    hide: Vec<bool>,
+}
+
+impl StreamMask {
+    pub fn new(needles: Needles) -> StreamMask {
+        StreamMask {
+            needles,
+            ..StreamMask::default()
+        }
+    }
+
+    /// How many received bytes are held back.
+    pub fn held(&self) -> usize {
+        self.carry.len()
+    }
+
+    /// What can be passed on now of `chunk` (after what was held back),
+    /// every byte of every secret masked.
+    pub fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
+        if self.needles.is_empty() {
+            return chunk.to_vec();
+        }
+        let mut buf = std::mem::take(&mut self.carry);
+        buf.extend_from_slice(chunk);
+        let mut hide = std::mem::take(&mut self.hide);
+        hide.resize(buf.len(), false);
+        self.needles.cover(&buf, &mut hide);
+        let cut = buf.len() - self.needles.partial_at_end(&buf);
+        self.carry = buf.split_off(cut);
+        self.hide = hide.split_off(cut);
+        apply(&mut buf, &hide);
+        buf
+    }
+
+    /// What is still held back when the body ends: the start of a secret
+    /// that never completed, masked whole when it is [`MIN_NEEDLE`] bytes
+    /// or longer (a prefix that long is part of a key all the same).
+    pub fn finish(&mut self) -> Vec<u8> {
+        let mut tail = std::mem::take(&mut self.carry);
+        let hide = std::mem::take(&mut self.hide);
+        if tail.len() >= MIN_NEEDLE {
+            tail.fill(b'*');
+        } else {
+            apply(&mut tail, &hide);
+        }
+        tail
+    }
+}
+
+/// Overwrites with `*` every byte `hide` marks.
+fn apply(bytes: &mut [u8], hide: &[bool]) {
+    for (b, h) in bytes.iter_mut().zip(hide) {
+        if *h {
+            *b = b'*';
+        }
+    }
+}
+
+/// What replaces a secret value (query parameters, body fields, texts).
+pub const REDACTED: &str = "REDACTED";
+
+/// Known secrets shorter than this are not searched for in free text (a
+/// short value would match ordinary words); as a query parameter or body
+/// field value they are replaced whatever their length.
+pub const MIN_NEEDLE: usize = 8;
+
+/// A credential: never printed (`Debug` shows no byte of it; there is no
+/// `Display`), compared in constant time.
+#[derive(Clone)]
+pub struct Secret(Arc<str>);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Secret {
+        Secret(Arc::from(s.into()))
+    }
+
+    /// The secret itself, to send it where it belongs.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `presented` is this secret, in time independent of where
+    /// they differ (their blake3 hashes are compared, in constant time).
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        blake3::hash(self.0.as_bytes()) == blake3::hash(presented)
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// Whether a query parameter, JSON field or header name holds a credential
+/// (case-insensitive): key, api_key, apikey, api-key, token, access_token,
+/// auth, authorization, sig, signature, secret, client_secret, password,
+/// passwd, credential(s), x-api-key, and any name ending in `_key`,
+/// `_token`, `_secret` (or `-key`, `-token`, `-secret`), `apikey`,
+/// `_password` (`-password`), `_passwd`, `_pat`, `_credential(s)`, `_auth`.
+pub fn is_secret_name(name: &str) -> bool {
+    let n = name.trim().to_ascii_lowercase();
+    matches!(
+        n.as_str(),
+        "key"
+            | "api_key"
+            | "apikey"
+            | "api-key"
+            | "token"
+            | "access_token"
+            | "auth"
+            | "authorization"
+            | "sig"
+            | "signature"
+            | "secret"
+            | "client_secret"
+            | "password"
+            | "passwd"
+            | "credential"
+            | "credentials"
+            | "x-api-key"
+    ) || [
+        "_key",
+        "_token",
+        "_secret",
+        "-key",
+        "-token",
+        "-secret",
+        "apikey",
+        "_password",
+        "-password",
+        "_passwd",
+        "_pat",
+        "_credentials",
+        "_credential",
+        "_auth",
+    ]
+    .iter()
+    .any(|s| n.ends_with(s))
+}
+
+/// Known secret values, searched for in recorded bytes and in texts. Each
+/// is kept with its JSON-escaped form when that differs (a secret echoed
+/// inside a JSON string).
+#[derive(Clone, Default)]
+pub struct Needles(Vec<Vec<u8>>);
+
+impl fmt::Debug for Needles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Needles({} secret(s))", self.0.len())
+    }
+}
+
+impl Needles {
+    pub fn new() -> Needles {
+        Needles(Vec::new())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Adds a secret (ignored when shorter than [`MIN_NEEDLE`]).
+    pub fn add(&mut self, secret: &[u8]) {
+        if secret.len() < MIN_NEEDLE {
+            return;
+        }
+        let mut push = |b: Vec<u8>| {
+            if !self.0.contains(&b) {
+                self.0.push(b);
+            }
+        };
+        push(secret.to_vec());
+        if let Ok(s) = std::str::from_utf8(secret) {
+            if let Ok(j) = serde_json::to_string(s) {
+                let inner = j.as_bytes()[1..j.len() - 1].to_vec();
+                if inner != secret {
+                    push(inner);
+                }
+            }
+        }
+    }
+
+    /// Adds every secret of `other`.
+    pub fn extend(&mut self, other: &Needles) {
+        for n in &other.0 {
+            if !self.0.contains(n) {
+                self.0.push(n.clone());
+            }
+        }
+    }
+
+    /// Overwrites every occurrence in place with `*`, keeping the length (a
+    /// response body's chunk boundaries stay true). Whether any was found.
+    /// Occurrences are found in the bytes as given, before any is
+    /// overwritten, so overlapping secrets are all masked whatever their
+    /// order.
+    pub fn mask(&self, bytes: &mut [u8]) -> bool {
+        let mut hide = vec![false; bytes.len()];
+        let found = self.cover(bytes, &mut hide);
+        apply(bytes, &hide);
+        found
+    }
+
+    /// Marks in `hide` (as long as `bytes`) every byte of every occurrence
+    /// of every secret, overlapping ones included. Whether any was found.
+    pub fn cover(&self, bytes: &[u8], hide: &mut [bool]) -> bool {
+        let mut found = false;
+        for n in &self.0 {
+            let mut at = 0;
+            while let Some(i) = find(&bytes[at..], n) {
+                let s = at + i;
+                hide[s..s + n.len()].fill(true);
+                at = s + 1;
+                found = true;
+            }
+        }
+        found
+    }
+
+    /// Replaces every occurrence with [`REDACTED`].
+    pub fn replace<'a>(&self, bytes: &'a [u8]) -> Cow<'a, [u8]> {
+        let mut cur = Cow::Borrowed(bytes);
+        for n in &self.0 {
+            if find(&cur, n).is_none() {
+                continue;
+            }
+            let mut out = Vec::with_capacity(cur.len());
+            let mut at = 0;
+            while let Some(i) = find(&cur[at..], n) {
+                out.extend_from_slice(&cur[at..at + i]);
+                out.extend_from_slice(REDACTED.as_bytes());
+                at += i + n.len();
+            }
+            out.extend_from_slice(&cur[at..]);
+            cur = Cow::Owned(out);
+        }
+        cur
+    }
+
+    /// A text with every occurrence replaced with [`REDACTED`].
+    pub fn text(&self, s: &str) -> String {
+        match self.replace(s.as_bytes()) {
+            Cow::Borrowed(_) => s.to_string(),
+            Cow::Owned(b) => String::from_utf8_lossy(&b).into_owned(),
+        }
+    }
+}
+
+impl Needles {
+    /// The length of the longest end of `bytes` that is the start (not the
+    /// whole) of a secret: what a body passed on in chunks must hold back
+    /// until the next chunk shows whether a secret straddles the boundary.
+    pub fn partial_at_end(&self, bytes: &[u8]) -> usize {
+        let mut keep = 0;
+        for n in &self.0 {
+            let longest = (n.len() - 1).min(bytes.len());
+            for k in (keep + 1..=longest).rev() {
+                if bytes.ends_with(&n[..k]) {
+                    keep = k;
+                    break;
+                }
+            }
+        }
+        keep
+    }
+
+    /// Whether any of the secrets occurs in `bytes`.
+    pub fn any_in(&self, bytes: &[u8]) -> bool {
+        self.0.iter().any(|n| find(bytes, n).is_some())
+    }
+
+    /// `bytes` with every occurrence overwritten with `*` (same length).
+    pub fn masked<'a>(&self, bytes: &'a [u8]) -> Cow<'a, [u8]> {
+        if !self.any_in(bytes) {
+            return Cow::Borrowed(bytes);
+        }
+        let mut b = bytes.to_vec();
+        self.mask(&mut b);
+        Cow::Owned(b)
+    }
+
+    /// Replaces every occurrence with [`REDACTED`] in every string (not
+    /// key) of `v`. Whether any was found.
+    pub fn value(&self, v: &mut Value) -> bool {
+        match v {
+            Value::String(s) => {
+                let t = self.text(s);
+                let changed = t != *s;
+                *s = t;
+                changed
+            }
+            Value::Array(a) => a.iter_mut().fold(false, |c, x| self.value(x) | c),
+            Value::Object(m) => m.values_mut().fold(false, |c, x| self.value(x) | c),
+            _ => false,
+        }
+    }
+}
+
+/// A request body as it is recorded and as it is matched.
+#[derive(Debug, Clone)]
+pub enum Body {
+    /// A chat request taken apart.
+    Chat(ChatBody),
+    /// Any other body: its bytes as they came, unless a secret was taken
+    /// out of them (then, for JSON, the canonical JSON of what is left).
+    Opaque(Vec<u8>),
+}
+
+/// A request scrubbed: the path's key-like query values, key-like body
+/// fields (outside `messages`) and every known secret (`known`, and those
+/// the request itself carried there) replaced by [`REDACTED`]. Returns the
+/// path, the body and every secret known by then (for the response).
+pub fn request(path: &str, body: &[u8], known: &Needles) -> (String, Body, Needles) {
+    let mut found = known.clone();
+    let path = query(path, &mut found).into_owned();
+    let Ok(mut v) = serde_json::from_slice::<Value>(body) else {
+        let b = found.replace(body).into_owned();
+        return (path, Body::Opaque(b), found);
+    };
+    let mut changed = match &mut v {
+        // The conversation is kept as sent: only known secrets leave it.
+        Value::Object(m) => m
+            .iter_mut()
+            .filter(|(k, _)| k.as_str() != "messages")
+            .fold(false, |c, (k, x)| entry(k, x, &mut found) | c),
+        other => json(other, &mut found),
+    };
+    if !found.is_empty() && found.any_in(body) {
+        changed |= found.value(&mut v);
+    }
+    match ChatBody::from_value(v) {
+        Ok(chat) => (path, Body::Chat(chat), found),
+        Err(v) if changed => (path, Body::Opaque(replay::canonical_json(&v)), found),
+        Err(_) => (path, Body::Opaque(body.to_vec()), found),
+    }
+}
+
+/// The first position of `needle` in `hay`.
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    let (&first, rest) = needle.split_first()?;
+    let mut at = 0;
+    while at + needle.len() <= hay.len() {
+        let i = hay[at..=hay.len() - needle.len()]
+            .iter()
+            .position(|b| *b == first)?;
+        let s = at + i;
+        if &hay[s + 1..s + needle.len()] == rest {
+            return Some(s);
+        }
+        at = s + 1;
+    }
+    None
+}
+
+fn hex_val(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Percent-decodes (and `+` as a space, as forms write it).
+pub fn percent_decode(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => match (hex_val(b[i + 1]), hex_val(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h * 16 + l);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    out
+}
+
+/// A path with its query's key-like parameters' values replaced by
+/// [`REDACTED`]; each value replaced goes to `found` (as written and
+/// decoded).
+pub fn query<'a>(path_q: &'a str, found: &mut Needles) -> Cow<'a, str> {
+    let Some((path, q)) = path_q.split_once('?') else {
+        return Cow::Borrowed(path_q);
+    };
+    let mut changed = false;
+    let parts: Vec<String> = q
+        .split('&')
+        .map(|p| {
+            let (name, value) = p.split_once('=').unwrap_or((p, ""));
+            let decoded = percent_decode(name);
+            if is_secret_name(&String::from_utf8_lossy(&decoded)) && !value.is_empty() {
+                found.add(value.as_bytes());
+                found.add(&percent_decode(value));
+                changed = true;
+                format!("{name}={REDACTED}")
+            } else {
+                p.to_string()
+            }
+        })
+        .collect();
+    if changed {
+        Cow::Owned(format!("{path}?{}", parts.join("&")))
+    } else {
+        Cow::Borrowed(path_q)
+    }
+}
+
+/// The parts of an URL: scheme with `://`, userinfo (without `@`), and the
+/// rest (host, port, path, query).
+fn split_userinfo(url: &str) -> (&str, Option<&str>, &str) {
+    let Some(i) = url.find("://") else {
+        return ("", None, url);
+    };
+    let (scheme, after) = url.split_at(i + 3);
+    let end = after.find(['/', '?', '#']).unwrap_or(after.len());
+    match after[..end].rfind('@') {
+        Some(at) => (scheme, Some(&after[..at]), &after[at + 1..]),
+        None => (scheme, None, after),
+    }
+}
+
+/// An URL as it may be recorded or printed: no userinfo, key-like query
+/// parameters redacted.
+pub fn url(u: &str) -> String {
+    let (scheme, _, rest) = split_userinfo(u);
+    let rest = query(rest, &mut Needles::new()).into_owned();
+    format!("{scheme}{rest}")
+}
+
+/// The secrets an URL carries: its password (as written and decoded), the
+/// `Authorization: Basic` value an HTTP client derives from its userinfo,
+/// and its key-like query parameters' values.
+pub fn url_secrets(u: &str) -> Needles {
+    let mut n = Needles::new();
+    let (_, info, rest) = split_userinfo(u);
+    if let Some(info) = info {
+        let (user, pass) = info.split_once(':').unwrap_or((info, ""));
+        n.add(pass.as_bytes());
+        let pass_d = percent_decode(pass);
+        n.add(&pass_d);
+        let mut basic = percent_decode(user);
+        basic.push(b':');
+        basic.extend_from_slice(&pass_d);
+        n.add(base64(&basic).as_bytes());
+    }
+    let _ = query(rest, &mut n);
+    n
+}
+
+/// Standard base64 with padding (what `Authorization: Basic` uses).
+pub fn base64(b: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(b.len().div_ceil(3) * 4);
+    for c in b.chunks(3) {
+        let v = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for k in 0..4 {
+            if k <= c.len() {
+                out.push(T[(v >> (18 - 6 * k) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Replaces the values of key-like fields (strings and numbers; objects
+/// and arrays are searched further) at any depth; each replaced value goes
+/// to `found`. Whether anything changed.
+pub fn json(v: &mut Value, found: &mut Needles) -> bool {
+    match v {
+        Value::Object(m) => fields(m, found),
+        Value::Array(a) => a.iter_mut().fold(false, |c, x| json(x, found) | c),
+        _ => false,
+    }
+}
+
+/// [`json`] over an object's fields.
+pub fn fields(m: &mut Map<String, Value>, found: &mut Needles) -> bool {
+    m.iter_mut().fold(false, |c, (k, x)| entry(k, x, found) | c)
+}
+
+/// [`json`] over one field.
+fn entry(k: &str, x: &mut Value, found: &mut Needles) -> bool {
+    if is_secret_name(k) {
+        let secret = match x {
+            Value::String(s) if !s.is_empty() && s != REDACTED => Some(s.as_bytes().to_vec()),
+            Value::Number(n) => Some(n.to_string().into_bytes()),
+            _ => None,
+        };
+        if let Some(s) = secret {
+            found.add(&s);
+            *x = Value::String(REDACTED.into());
+            return true;
+        }
+    }
+    json(x, found)
+}
+
+/// The secrets a request carries in its credential headers (`Authorization`
+/// values whole and without their scheme, `api-key`, `x-api-key`, cookies
+/// and every header `wire::is_secret_header` names).
+pub fn header_secrets<'a>(headers: impl Iterator<Item = (&'a str, &'a [u8])>) -> Needles {
+    let mut n = Needles::new();
+    for (k, v) in headers {
+        if !super::wire::is_secret_header(k) {
+            continue;
+        }
+        match v.iter().position(|b| *b == b' ') {
+            // `Bearer <token>`: the token (what an echo would show).
+            Some(i) if v.len() - i > MIN_NEEDLE => n.add(v[i + 1..].trim_ascii()),
+            _ => n.add(v),
+        }
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn secret_names_are_recognised_case_insensitively() {
+        for n in [
+            "key",
+            "API_KEY",
+            "ApiKey",
+            "api-key",
+            "Token",
+            "access_token",
+            "auth",
+            "Authorization",
+            "sig",
+            "signature",
+            "secret",
+            "client_secret",
+            "password",
+            "X-Api-Key",
+            "openai_key",
+            "refresh_token",
+            "my_secret",
+        ] {
+            assert!(is_secret_name(n), "{n}");
+        }
+        for n in [
+            "model",
+            "max_tokens",
+            "messages",
+            "stream",
+            "keys",
+            "author",
+        ] {
+            assert!(!is_secret_name(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn query_values_are_replaced_and_collected() {
+        let mut f = Needles::new();
+        let q = query(
+            "/v1/chat?key=abcdefgh123&model=m&API%5FKEY=s%2Fcret-value-9&sig=",
+            &mut f,
+        );
+        assert_eq!(
+            q,
+            format!("/v1/chat?key={REDACTED}&model=m&API%5FKEY={REDACTED}&sig=")
+        );
+        let mut b = b"x abcdefgh123 y s/cret-value-9 z s%2Fcret-value-9".to_vec();
+        assert!(f.mask(&mut b));
+        assert_eq!(b, b"x *********** y ************** z ****************");
+        assert_eq!(query("/v1/models", &mut f), "/v1/models");
+    }
+
+    #[test]
+    fn userinfo_is_removed_and_its_secrets_known() {
+        let u = "https://bob:pa%40ss-word-1@host:8080/v1?token=zzzzzzzzzz";
+        assert_eq!(url(u), format!("https://host:8080/v1?token={REDACTED}"));
+        let n = url_secrets(u);
+        let basic = base64(b"bob:pa@ss-word-1");
+        let text = format!("a pa@ss-word-1 b pa%40ss-word-1 c {basic} d zzzzzzzzzz");
+        let t = n.text(&text);
+        assert_eq!(t, "a REDACTED b REDACTED c REDACTED d REDACTED");
+        assert_eq!(url("http://127.0.0.1:9/v1"), "http://127.0.0.1:9/v1");
+        assert_eq!(base64(b"ab"), "YWI=");
+        assert_eq!(base64(b"abcd"), "YWJjZA==");
+    }
+
+    #[test]
+    fn key_like_json_fields_are_replaced_at_any_depth_but_not_schemas() {
+        let mut v = json!({
+            "api_key": "sk-1234567890",
+            "extra": {"auth": {"token": "tok-abcdefghij"}, "n": 1},
+            "list": [{"client_secret": 42}],
+            "tools": [{"parameters": {"properties": {"key": {"type": "string"}}}}],
+            "max_tokens": 5
+        });
+        let mut f = Needles::new();
+        assert!(json(&mut v, &mut f));
+        assert_eq!(v["api_key"], REDACTED);
+        assert_eq!(v["extra"]["auth"]["token"], REDACTED);
+        assert_eq!(v["list"][0]["client_secret"], REDACTED);
+        assert_eq!(
+            v["tools"][0]["parameters"]["properties"]["key"]["type"],
+            "string"
+        );
+        assert_eq!(v["max_tokens"], 5);
+        assert_eq!(f.text("sk-1234567890 tok-abcdefghij"), "REDACTED REDACTED");
+        // Idempotent: a scrubbed value is not a new secret.
+        let mut again = Needles::new();
+        assert!(!json(&mut v, &mut again));
+        assert!(again.is_empty());
+    }
+
+    #[test]
+    fn a_secret_split_across_chunks_is_masked_at_every_split() {
+        // Regression: each chunk was masked alone, so a key the upstream
+        // echoed across a chunk boundary reached the client whole.
+        let key = "sk-live-0123456789abcdef";
+        let mut n = Needles::new();
+        n.add(key.as_bytes());
+        let body = format!("data: {{\"error\":\"bad key {key}\"}}\n\ndata: [DONE]\n\n");
+        let b = body.as_bytes();
+        for i in 0..=b.len() {
+            for j in i..=b.len() {
+                let mut m = StreamMask::new(n.clone());
+                let mut out = Vec::new();
+                for part in [&b[..i], &b[i..j], &b[j..]] {
+                    out.extend(m.push(part));
+                }
+                out.extend(m.finish());
+                assert_eq!(out.len(), b.len(), "split at {i},{j}");
+                assert!(find(&out, key.as_bytes()).is_none(), "split at {i},{j}");
+                assert_eq!(
+                    String::from_utf8_lossy(&out),
+                    body.replace(key, &"*".repeat(key.len())),
+                    "split at {i},{j}"
+                );
+            }
+        }
+        // Nothing is held back where no secret can start.
+        let mut m = StreamMask::new(n.clone());
+        assert_eq!(m.push(b"data: hello\n\n"), b"data: hello\n\n");
+        assert_eq!(m.push(b"data: s"), b"data: ");
+        assert_eq!(m.push(b"o\n"), b"so\n");
+        // Overlapping secrets (one a prefix of the other, one ending where
+        // the other starts), in either order, at every split: all masked.
+        for secrets in [
+            ["abcdefgh-TAILSECRET", "abcdefgh"],
+            ["abcdefgh", "abcdefgh-TAILSECRET"],
+            ["pw-0123456789", "0123456789-key-zz"],
+        ] {
+            let mut n2 = Needles::new();
+            for x in secrets {
+                n2.add(x.as_bytes());
+            }
+            let body = format!("x {} y {} z", secrets[0], secrets[1]);
+            let b = body.as_bytes();
+            let mut want = b.to_vec();
+            n2.mask(&mut want);
+            for x in secrets {
+                assert!(find(&want, x.as_bytes()).is_none(), "{secrets:?}");
+            }
+            assert!(
+                !String::from_utf8_lossy(&want).contains("TAIL"),
+                "{secrets:?}"
+            );
+            for i in 0..=b.len() {
+                let mut m = StreamMask::new(n2.clone());
+                let mut out = m.push(&b[..i]);
+                out.extend(m.push(&b[i..]));
+                out.extend(m.finish());
+                assert_eq!(out, want, "{secrets:?} split at {i}");
+            }
+        }
+        // A body that ends inside a secret's first 8 bytes or more: masked.
+        let mut m = StreamMask::new(n);
+        assert_eq!(m.push(b"x sk-live-01"), b"x ");
+        assert_eq!(m.finish(), b"**********");
+    }
+
+    #[test]
+    fn a_secret_never_shows_in_debug_and_compares_whole() {
+        let s = Secret::new("sk-very-secret-value");
+        assert!(!format!("{s:?}").contains("very"));
+        assert!(s.matches(b"sk-very-secret-value"));
+        assert!(!s.matches(b"sk-very-secret-valu"));
+        assert!(!s.matches(b""));
+    }
+}
