@@ -13,7 +13,7 @@ use replay::{Mode, Session, SourceRun, MAIN};
 use schemas::{Record, RunStarted};
 
 use crate::backend::Backends;
-use crate::config::Experiment;
+use crate::config::{Experiment, Method};
 use crate::context::{
     apply_forks, base_models, reassign_roles, step, sync_backends, Ctx, Progress,
 };
@@ -38,11 +38,13 @@ use crate::task::load_suite;
 /// `execution` stream (`run.execution`); it also drives version-7 runs,
 /// whose `run.started` holds the file as given and which have no
 /// `execution` stream.
-pub const DRIVER: &str = "mass-engine/8";
+pub const DRIVER: &str = "mass-engine/9";
 
 /// The drivers whose runs this build drives: the current one, and the
 /// previous one, which differs only in where the experiment is recorded.
-const DRIVES: [&str; 2] = [DRIVER, "mass-engine/7"];
+const DRIVES: [&str; 3] = [DRIVER, "mass-engine/8", "mass-engine/7"];
+/// The last driver without an execution stream.
+const NO_EXECUTION: &str = "mass-engine/7";
 
 /// What to run.
 pub struct RunRequest<'a> {
@@ -75,12 +77,14 @@ pub struct RunSummary {
 struct Start {
     /// The experiment as given (what the run executes).
     text: String,
-    /// The blob `run.started` names: the definition (version 8), or the
+    /// The blob `run.started` names: the definition (version 8 and later), or the
     /// file as given (version 7).
     config: Id,
     tasks: Id,
-    /// The `run.execution` blob (the file as given), version 8 only.
+    /// The `run.execution` blob (the file as given), version 8 and later.
     execution: Option<Id>,
+    /// The driver that recorded the run (this one for a new run).
+    driver: String,
 }
 
 /// Checks that `first`, the first event of run `run`, starts a run this build
@@ -265,8 +269,9 @@ fn recorded_start(ledger: &Ledger, run: &str, first: &Event) -> Result<Start> {
         config,
         tasks: Id(rs.tasks.0),
         execution,
+        driver: rs.driver.clone(),
     };
-    if rs.driver != DRIVER {
+    if rs.driver == NO_EXECUTION {
         return Ok(start(text, None));
     }
     let head = ledger
@@ -342,13 +347,14 @@ fn read_or_make_start(
                 config: ledger.put_blob(exp.definition_toml().as_bytes())?,
                 text: text.clone(),
                 execution: Some(ledger.put_blob(text.as_bytes())?),
+                driver: DRIVER.into(),
             };
             (start, exp)
         }
     })
 }
 
-/// Emits `run.started` (in its version's meaning) and, for version 8, the
+/// Emits `run.started` (in its version's meaning) and, from version 8, the
 /// run's `run.execution` beside it.
 fn emit_start(
     session: &Session,
@@ -357,11 +363,7 @@ fn emit_start(
     seed: u64,
 ) -> Result<()> {
     let started = RunStarted {
-        driver: if start.execution.is_some() {
-            DRIVER.into()
-        } else {
-            DRIVES[1].into()
-        },
+        driver: start.driver.clone(),
         config: start.config.into(),
         tasks: start.tasks.into(),
         seed,
@@ -388,6 +390,7 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
     let (start, mut exp) = read_or_make_start(&ledger, &req, main.peek_history())?;
     // A `mass-engine/7` run named its backends as written.
     exp.backends_as_written = start.execution.is_none();
+    exp.method = Method::of_driver(&start.driver).unwrap_or_default();
     emit_start(&session, &mut main, &start, exp.seed)?;
     session.set_seed(exp.seed);
 

@@ -32,11 +32,13 @@ use crate::toml_error::locate_toml_error;
 
 mod backend;
 mod harness;
+mod method;
 mod overrides;
 mod selection;
 mod trainer;
 mod validate;
 
+pub use method::Method;
 pub use backend::{
     Backend, BackendKind, OpenAiParams, ServeParams, SimConfig, StructuredOutput, DEFINITION_URL,
     SERVE_PLACEHOLDERS,
@@ -166,6 +168,10 @@ pub struct Experiment {
     /// [`Backend::definition`].
     #[serde(skip)]
     pub backends_as_written: bool,
+    /// What the recording driver means by the method (not part of the
+    /// definition): the current one for a new run.
+    #[serde(skip)]
+    pub method: Method,
 }
 
 fn default_one() -> u32 {

@@ -58,6 +58,7 @@ impl Experiment {
             .map_err(|e: toml::de::Error| fail(clean_serde_message(e.message())))?;
         updated.origin = self.origin.clone();
         updated.backends_as_written = self.backends_as_written;
+        updated.method = self.method;
         // The resolved tasks folder is kept unless the override is of
         // tasks_dir itself: a driver points it at the run's recorded suite,
         // which an unrelated override must not send back to the disk.
