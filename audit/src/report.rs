@@ -13,7 +13,9 @@
 use std::collections::BTreeMap;
 
 use ledger::{Event, Id, Ledger};
-use schemas::{Decodable, Effect, EffectStatus, Promotion, Rollout, Selection, TrainStep};
+use schemas::{
+    Decodable, Effect, EffectStatus, Judgment, Promotion, Rollout, Selection, TrainStep,
+};
 use serde::Serialize;
 
 use super::{decode, id_of};
@@ -51,6 +53,26 @@ pub struct CycleReport {
     pub scores: Vec<TaskScores>,
     /// The trainer's recorded metrics (`mass.train_step`), in step order.
     pub loss: Vec<LossPoint>,
+    /// Per task, how the outer loop's verdicts split by the position the
+    /// winner was shown in (position bias of the judge stage).
+    pub position: Vec<TaskPosition>,
+}
+
+/// The outer loop's verdicts on one task by presentation order: a judge
+/// without position bias gives the run shown first about half the
+/// decisive verdicts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TaskPosition {
+    pub task: String,
+    /// Valid verdicts (invalid ones are left out).
+    pub verdicts: u32,
+    /// Verdicts won by the run shown as Workspace A.
+    pub first_shown: u32,
+    /// Verdicts won by the run shown as Workspace B.
+    pub second_shown: u32,
+    pub ties: u32,
+    /// Verdicts given with the pair's runs shown swapped.
+    pub swapped: u32,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -175,6 +197,7 @@ pub fn report(l: &Ledger, run: &str) -> Result<Report> {
     }
     for c in cycles.values_mut() {
         c.inner.sort_by(|a, b| a.task.cmp(&b.task));
+        c.position.sort_by(|a, b| a.task.cmp(&b.task));
         // The stream was walked from its head: back to log order, then by
         // step (stable, so a step's training line stays before its
         // checkpoint's).
@@ -214,6 +237,7 @@ fn cycle_report(f: CycleFigures) -> CycleReport {
         exclusions: BTreeMap::new(),
         scores: Vec::new(),
         loss: Vec::new(),
+        position: Vec::new(),
     }
 }
 
@@ -259,6 +283,9 @@ fn stream_figures(l: &Ledger, rel: &str, stage: &str, h: Id, c: &mut CycleReport
         if is_decisions && ev.kind == <Promotion as Decodable>::KIND {
             promotions.push(decode::<Promotion>(&ev)?);
         }
+        if stage == "judge" && ev.kind == <Judgment as Decodable>::KIND {
+            count_position(&decode::<Judgment>(&ev)?, c);
+        }
     }
     if is_decisions {
         promotions.reverse();
@@ -266,6 +293,31 @@ fn stream_figures(l: &Ledger, rel: &str, stage: &str, h: Id, c: &mut CycleReport
         c.inner.push(inner_task(l, task, promotions)?);
     }
     Ok(())
+}
+
+/// Counts an outer-loop verdict by the position its winner was shown in.
+fn count_position(j: &Judgment, c: &mut CycleReport) {
+    let i = match c.position.iter().position(|t| t.task == j.task) {
+        Some(i) => i,
+        None => {
+            c.position.push(TaskPosition {
+                task: j.task.clone(),
+                ..TaskPosition::default()
+            });
+            c.position.len() - 1
+        }
+    };
+    let t = &mut c.position[i];
+    // `winner` names the run (`a` or `b` of the record); shown swapped,
+    // run `b` was Workspace A.
+    match (j.winner.as_str(), j.swapped) {
+        ("a", false) | ("b", true) => t.first_shown += 1,
+        ("a", true) | ("b", false) => t.second_shown += 1,
+        ("tie", _) => t.ties += 1,
+        _ => return,
+    }
+    t.verdicts += 1;
+    t.swapped += u32::from(j.swapped);
 }
 
 /// Adds an effect event's usage to its stage, when it is a model call that

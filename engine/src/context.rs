@@ -130,6 +130,7 @@ impl Ctx<'_> {
             max_retries: retries,
             sampling: sampling.clone(),
             seed: self.session.seed(),
+            shown: crate::judge::Shown::of(self.exp),
         }
     }
 

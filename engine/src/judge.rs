@@ -1,7 +1,13 @@
-//! Pairwise judging of two finished workspaces. The judge sees what a reviewer
-//! would: the task, each workspace's file list, the output of the task's checks
-//! and the report, never a field that states quality. Invalid verdicts are
-//! recorded (the conversation keeps them) and re-asked within a bound.
+//! Pairwise judging of two finished workspaces. The self-judge sees what a
+//! reviewer of the work would (MASS: no automatic success signal): the task,
+//! each workspace's file list, results, report and the team's own logs, never
+//! the hidden checks' output (those are the external verifier: recorded per
+//! rollout and used by the guards) and never a field that states quality.
+//! Showing the checks is an explicit option for safeguard experiments
+//! ([`Shown::WorkspacesAndChecks`]); runs recorded by `mass-engine/8` and
+//! earlier keep the prompt they were judged with ([`Shown::Legacy`]).
+//! Invalid verdicts are recorded (the conversation keeps them) and re-asked
+//! within a bound.
 
 use std::sync::Arc;
 
@@ -16,13 +22,49 @@ use crate::error::Result;
 use crate::prompts;
 use crate::task::Task;
 
-/// A judge: backend, model, retry bound.
+/// A judge: backend, model, retry bound, and what it is shown.
 #[derive(Clone)]
 pub struct Judge {
     pub backend: Arc<dyn Backend>,
     pub model: String,
     pub max_retries: u32,
     pub sampling: crate::config::SamplingConfig,
+    pub shown: Shown,
+}
+
+/// What a judge is shown of each workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Shown {
+    /// The method: files, results.json, report.md and the team's logs.txt.
+    Workspaces,
+    /// Also the hidden checks' output (`guards.judge_sees_checks`): a
+    /// safeguard experiment, verification instead of self-supervision.
+    WorkspacesAndChecks,
+    /// What `mass-engine/8` and earlier showed, for those runs to replay:
+    /// files, the checks' output (to be weighed), results.json, report.md.
+    Legacy,
+}
+
+impl Shown {
+    /// What the experiment's judges are shown.
+    pub fn of(exp: &crate::config::Experiment) -> Shown {
+        if exp.method.legacy() {
+            Shown::Legacy
+        } else if exp.guards.judge_sees_checks {
+            Shown::WorkspacesAndChecks
+        } else {
+            Shown::Workspaces
+        }
+    }
+
+    fn system(self) -> &'static str {
+        match self {
+            Shown::Workspaces => prompts::JUDGE_SYSTEM_WORKSPACES,
+            Shown::WorkspacesAndChecks => prompts::JUDGE_SYSTEM_WITH_CHECKS,
+            Shown::Legacy => prompts::JUDGE_SYSTEM,
+        }
+    }
 }
 
 /// A rollout as judging needs it.
@@ -50,16 +92,13 @@ pub async fn judge_pair(
         "{}\n{}\n\n{}\n\n{}\n\n{}\n\nWhich workspace better accomplishes the task? Reply with only the JSON verdict.",
         prompts::TASK_HEADER,
         task_text(task),
-        workspace_section(ledger, prompts::WORKSPACE_A, &first.record)?,
-        workspace_section(ledger, prompts::WORKSPACE_B, &second.record)?,
+        workspace_section(ledger, prompts::WORKSPACE_A, &first.record, judge.shown)?,
+        workspace_section(ledger, prompts::WORKSPACE_B, &second.record, judge.shown)?,
         "Remember: position must not matter."
     );
     let mut st = crate::exec::ledger(|| session.stream(rel))?;
     let mut conv = Conversation::new(
-        vec![
-            Message::system(prompts::JUDGE_SYSTEM),
-            Message::user(prompt),
-        ],
+        vec![Message::system(judge.shown.system()), Message::user(prompt)],
         Vec::new(),
     );
     conv.response_format = Some(verdict_format());
@@ -176,7 +215,7 @@ pub fn parse_verdict(text: &str) -> std::result::Result<(String, String), String
 }
 
 /// What the judge sees of one workspace, read from the ledger.
-fn workspace_section(ledger: &Ledger, header: &str, r: &Rollout) -> Result<String> {
+fn workspace_section(ledger: &Ledger, header: &str, r: &Rollout, shown: Shown) -> Result<String> {
     let tree = ledger.get_tree(&Id(r.tree.0))?;
     let mut files = String::new();
     for e in tree
@@ -195,15 +234,37 @@ fn workspace_section(ledger: &Ledger, header: &str, r: &Rollout) -> Result<Strin
             None => "(missing)".into(),
         })
     };
-    let validation = String::from_utf8_lossy(&ledger.get_blob(&Id(r.validation.0))?).into_owned();
+    let validation = || -> Result<String> {
+        let text = String::from_utf8_lossy(&ledger.get_blob(&Id(r.validation.0))?).into_owned();
+        Ok(truncate(&text, 4000))
+    };
+    if shown == Shown::Legacy {
+        return Ok(format!(
+            "{header}\nRun status: {}.\n### Files\n{files}{}\n{}\n{}\n{}\n{}\n{}",
+            r.status,
+            prompts::VALIDATION_HEADER,
+            validation()?,
+            prompts::RESULTS_HEADER,
+            read("results.json", 3000)?,
+            prompts::REPORT_HEADER,
+            read("report.md", 6000)?,
+        ));
+    }
+    let checks = match shown {
+        Shown::WorkspacesAndChecks => {
+            format!("\n{}\n{}", prompts::VALIDATION_HEADER, validation()?)
+        }
+        _ => String::new(),
+    };
     Ok(format!(
-        "{header}\nRun status: {}.\n### Files\n{files}{}\n{}\n### results.json\n{}\n{}\n{}",
+        "{header}\nRun status: {}.\n### Files\n{files}{}\n{}\n{}\n{}\n{}\n{}{checks}",
         r.status,
-        prompts::VALIDATION_HEADER,
-        truncate(&validation, 4000),
+        prompts::RESULTS_HEADER,
         read("results.json", 3000)?,
         prompts::REPORT_HEADER,
         read("report.md", 6000)?,
+        prompts::LOGS_HEADER,
+        read("logs.txt", 3000)?,
     ))
 }
 

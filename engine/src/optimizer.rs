@@ -21,6 +21,21 @@ pub struct Optimizer {
     pub model: String,
     pub max_retries: u32,
     pub sampling: crate::config::SamplingConfig,
+    /// A valid proposal that renders the same team section as the champion
+    /// (it changes nothing the team would see) is a failed attempt, re-asked
+    /// like a malformed one. Off only for runs recorded before it
+    /// (`mass-engine/8`), which judged such candidates.
+    pub reject_unchanged: bool,
+}
+
+/// Why a proposal that parses is still not a candidate: it changes nothing
+/// the team would see (its rendered section equals the champion's).
+pub fn unchanged_error(champion: &Workflow) -> String {
+    if champion.is_bare() {
+        "the proposed design gives the team no instructions, so it is the bare task again, which is already the champion; propose a design with agents, contracts or hops".into()
+    } else {
+        "the proposed design is the champion workflow unchanged; propose a revision that changes agents, contracts or hops".into()
+    }
 }
 
 /// A proposal's shape as a `response_format` (see `workflow::parse_proposal`,
@@ -115,7 +130,14 @@ pub async fn propose(
             workflow: Hash32([0; 32]),
             conversation: Hash32(st.head().map(|h| h.0).unwrap_or([0; 32])),
         };
-        let (record, workflow) = match parse_proposal(&text) {
+        let parsed = parse_proposal(&text).map_err(|e| e.to_string());
+        let parsed = match parsed {
+            Ok(p) if opt.reject_unchanged && p.improved_design.render() == champion.render() => {
+                Err(unchanged_error(champion))
+            }
+            other => other,
+        };
+        let (record, workflow) = match parsed {
             Ok(p) => (
                 valid_record(&ledger, &p, attempted)?,
                 Some(p.improved_design),
@@ -126,7 +148,7 @@ pub async fn propose(
                     "Your proposal could not be used: {e}. Reply again with only the JSON object."
                 )));
                 let record = ProposalRecord {
-                    error: e.to_string(),
+                    error: e.clone(),
                     body: body_id.into(),
                     ..attempted
                 };

@@ -29,7 +29,7 @@ use crate::backend::Backends;
 use crate::config::SamplingConfig;
 use crate::error::{EngineError, Result};
 use crate::harness::{run_team, RunOutcome, RunRules, RunSpec, Team};
-use crate::judge::{judge_pair, Judge, RunRef};
+use crate::judge::{judge_pair, Judge, RunRef, Shown};
 use crate::task::Task;
 use crate::workflow::Workflow;
 
@@ -75,6 +75,8 @@ pub struct JudgmentItem {
     pub sampling: SamplingConfig,
     /// The run's root seed.
     pub seed: u64,
+    /// What the judge is shown of each workspace.
+    pub shown: Shown,
 }
 
 /// Who runs a rollout and under which rules: what every rollout item of a
@@ -114,6 +116,8 @@ pub struct JudgeSpec {
     pub max_retries: u32,
     pub sampling: SamplingConfig,
     pub seed: u64,
+    /// What the judge is shown of each workspace.
+    pub shown: Shown,
 }
 
 impl JudgeSpec {
@@ -136,6 +140,7 @@ impl JudgeSpec {
             max_retries: self.max_retries,
             sampling: self.sampling.clone(),
             seed: self.seed,
+            shown: self.shown,
         }
     }
 }
@@ -168,7 +173,7 @@ impl RolloutItem {
             "orchestrator": role_json(&self.orchestrator),
             "subagent": role_json(&self.subagent),
             "sampling": self.sampling,
-            "rules": {"limits": r.limits, "guards": r.guards, "sandbox": r.sandbox, "harness": r.harness},
+            "rules": {"limits": r.limits, "guards": r.guards, "sandbox": r.sandbox, "harness": r.harness, "method": r.method.version},
             "seed": self.seed,
         })
     }
@@ -193,6 +198,7 @@ impl JudgmentItem {
             "max_retries": self.max_retries,
             "sampling": self.sampling,
             "seed": self.seed,
+            "shown": self.shown,
         })
     }
 
@@ -315,6 +321,7 @@ impl Executor for InProcess {
                         model: item.judge.model.clone(),
                         max_retries: item.max_retries,
                         sampling: item.sampling.clone(),
+                        shown: item.shown,
                     },
                 ))
             });
@@ -457,12 +464,15 @@ mod tests {
             max_retries: 2,
             sampling: SamplingConfig::with(0.2, 1024),
             seed: 8,
+            shown: Shown::Workspaces,
         };
         let base = spec.item("t", "c1/t/pair/000".into(), &run(1), &run(2), false);
         let mut other = spec.clone();
         other.max_retries = 3;
         let mut judged_by = spec.clone();
         judged_by.judge.model = "sim/c1".into();
+        let mut shown_checks = spec.clone();
+        shown_checks.shown = Shown::WorkspacesAndChecks;
         let variants = [
             spec.item("u", "c1/t/pair/000".into(), &run(1), &run(2), false),
             spec.item("t", "c1/t/pair/001".into(), &run(1), &run(2), false),
@@ -472,6 +482,7 @@ mod tests {
             spec.item("t", "c1/t/pair/000".into(), &run(1), &run(2), true),
             other.item("t", "c1/t/pair/000".into(), &run(1), &run(2), false),
             judged_by.item("t", "c1/t/pair/000".into(), &run(1), &run(2), false),
+            shown_checks.item("t", "c1/t/pair/000".into(), &run(1), &run(2), false),
         ];
         let mut ids: Vec<Id> = variants.iter().map(JudgmentItem::id).collect();
         ids.push(base.id());

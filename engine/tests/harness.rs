@@ -299,6 +299,7 @@ fn invalid_verdicts_are_re_asked_and_counted() {
         model: "scripted/base".into(),
         max_retries: 3,
         sampling: engine::config::SamplingConfig::with(0.0, 1024),
+        shown: engine::judge::Shown::Workspaces,
     };
     let (_, j) = wait(judge_pair(&s, "j1", &t, &a, &bb, true, &judge)).unwrap();
     assert_eq!(j.invalid_attempts, 2);
@@ -316,6 +317,7 @@ fn invalid_verdicts_are_re_asked_and_counted() {
             model: "scripted/base".into(),
             max_retries: 2,
             sampling: engine::config::SamplingConfig::with(0.0, 1024),
+            shown: engine::judge::Shown::Workspaces,
         },
     ))
     .unwrap();
@@ -337,6 +339,7 @@ fn malformed_proposals_are_recorded_and_retried() {
         model: "scripted/base".into(),
         max_retries: 3,
         sampling: engine::config::SamplingConfig::with(0.0, 1024),
+        reject_unchanged: true,
     };
     let (w, head) = wait(propose(&s, "opt", &t, 1, &Workflow::bare(), &[], &opt)).unwrap();
     assert_eq!(w.unwrap().agents[0].agent_id, "solver");
@@ -350,6 +353,64 @@ fn malformed_proposals_are_recorded_and_retried() {
     assert_eq!(recs.len(), 2);
     assert!(recs.iter().any(|r| !r.valid && !r.error.is_empty()));
     assert!(recs.iter().any(|r| r.valid));
+}
+
+/// Regression (#27): a proposal equal to the champion (the bare task again,
+/// or the champion's own design, in another JSON layout) was run and judged,
+/// and a bare re-run that won by noise opened the task's data gate. Such a
+/// proposal is a failed attempt, recorded with the reply, and re-asked.
+#[test]
+fn proposals_that_change_nothing_are_failed_attempts() {
+    use engine::optimizer::{propose, Optimizer};
+    let agent =
+        serde_json::json!({"agent_id": "solver", "role": "analyst", "instruction": "do it"});
+    let champion: Workflow =
+        serde_json::from_value(serde_json::json!({"agents": [agent], "contracts": [], "hops": []}))
+            .unwrap();
+    let reply = |design: serde_json::Value| {
+        Message::assistant(
+            serde_json::json!({"improved_design": design, "changes_from_previous": ["none"]})
+                .to_string(),
+        )
+    };
+    let empty = serde_json::json!({"agents": [], "contracts": [], "hops": []});
+    // The champion's design with keys in another order: the same team section.
+    let same = serde_json::json!({"hops": [], "agents": [{"instruction": "do it", "role": "analyst", "agent_id": "solver"}], "contracts": []});
+    let revised = serde_json::json!({"agents": [agent, {"agent_id": "checker", "role": "reviewer", "instruction": "check it"}], "contracts": [], "hops": []});
+    for (champ, unchanged) in [(Workflow::bare(), empty), (champion.clone(), same)] {
+        let (_d, s) = session();
+        let b = Scripted::new(vec![reply(unchanged.clone()), reply(revised.clone())]);
+        let opt = Optimizer {
+            backend: b,
+            model: "scripted/base".into(),
+            max_retries: 3,
+            sampling: engine::config::SamplingConfig::with(0.0, 1024),
+            reject_unchanged: true,
+        };
+        let (w, head) = wait(propose(&s, "opt", &task(), 1, &champ, &[], &opt)).unwrap();
+        assert_eq!(
+            w.unwrap().agents.len(),
+            2,
+            "the unchanged proposal was used"
+        );
+        let recs: Vec<schemas::ProposalRecord> = s
+            .ledger()
+            .chain(head)
+            .map(|e| e.unwrap())
+            .filter(|e| e.kind == "mass.proposal")
+            .map(|e| schemas::decode_event(&e).unwrap())
+            .collect();
+        assert_eq!(recs.len(), 2);
+        let failed = recs.iter().find(|r| r.attempt == 0).unwrap();
+        assert!(
+            !failed.valid && failed.error.contains("champion"),
+            "{failed:?}"
+        );
+        // The optimizer's reply is kept as the failed attempt's body.
+        let body = s.ledger().get_blob(&ledger::Id(failed.body.0)).unwrap();
+        let sent: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(sent["improved_design"], unchanged);
+    }
 }
 
 fn run_scripted(

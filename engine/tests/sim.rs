@@ -109,6 +109,7 @@ fn skill_shows_in_the_workspace_and_a_blind_judge_prefers_confident_mistakes() {
                 model: "j/base".into(),
                 max_retries: 2,
                 sampling: engine::config::SamplingConfig::with(0.2, 1024),
+                shown: engine::judge::Shown::Workspaces,
             };
             let (mut sw, mut ww) = (0, 0);
             for (i, (a, bb)) in strong.iter().zip(&weak).enumerate() {

@@ -503,6 +503,31 @@ pub fn diff_runs(l: &Ledger, a: &str, b: &str, json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The report's position-bias line per task of the outer loop's judging:
+/// the share of decisive verdicts won by the run shown first.
+fn write_position(
+    out: &mut impl Write,
+    position: &[audit::report::TaskPosition],
+) -> std::io::Result<()> {
+    for t in position {
+        let decisive = t.first_shown + t.second_shown;
+        let share = if decisive == 0 {
+            "n/a".to_string()
+        } else {
+            format!(
+                "{:.0}%",
+                100.0 * f64::from(t.first_shown) / f64::from(decisive)
+            )
+        };
+        writeln!(
+            out,
+            "  judge position bias, {}: the run shown first won {} of {} decisive verdicts ({share}), {} tie(s); {} of {} verdicts with the pair swapped",
+            t.task, t.first_shown, decisive, t.ties, t.swapped, t.verdicts
+        )?;
+    }
+    Ok(())
+}
+
 /// `mass report RUN`.
 pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<ExitCode> {
     if !is_run(l, run)? {
@@ -666,6 +691,7 @@ pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<
                 scores.join(" ")
             )?;
         }
+        write_position(&mut out, &c.position)?;
         if c.exclusions.is_empty() {
             writeln!(out, "  exclusions: none")?;
         }

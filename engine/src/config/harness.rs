@@ -57,6 +57,15 @@ pub struct GuardsConfig {
     pub max_changed_files: u32,
     /// Most bytes of added or modified files outside the deliverables.
     pub max_changed_bytes: u64,
+    /// Show the hidden checks' output to the self-judge as well (a safeguard
+    /// experiment: verification instead of MASS's self-supervision). Off by
+    /// default, and then left out of the definition.
+    #[serde(skip_serializing_if = "is_false")]
+    pub judge_sees_checks: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl Default for GuardsConfig {
@@ -65,6 +74,7 @@ impl Default for GuardsConfig {
             action: GuardAction::Exclude,
             max_changed_files: 200,
             max_changed_bytes: 16 << 20,
+            judge_sees_checks: false,
         }
     }
 }

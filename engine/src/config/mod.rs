@@ -38,12 +38,12 @@ mod selection;
 mod trainer;
 mod validate;
 
-pub use method::Method;
 pub use backend::{
     Backend, BackendKind, OpenAiParams, ServeParams, SimConfig, StructuredOutput, DEFINITION_URL,
     SERVE_PLACEHOLDERS,
 };
 pub use harness::{GuardAction, GuardsConfig, HarnessConfig, HarnessKind, SandboxConfig};
+pub use method::Method;
 pub use overrides::backend_override;
 pub use selection::TaskSelection;
 pub use trainer::{
@@ -294,6 +294,11 @@ pub struct OuterConfig {
     pub prior: f64,
     pub train_ranks: u32,
     pub validation_ranks: u32,
+    /// Judge each pair a second time with A/B swapped, so rankings do not
+    /// follow the order runs are shown in (every shipped example sets it;
+    /// `mass report` shows each task's position bias). Off when left out:
+    /// recorded runs parse their files with today's defaults, and files
+    /// written before it meant off.
     pub swap_positions: bool,
     pub max_verdict_retries: u32,
     /// Held-out runs per task and model for the evaluation (bare task).

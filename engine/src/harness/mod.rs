@@ -47,6 +47,8 @@ pub struct RunRules {
     pub guards: GuardsConfig,
     pub sandbox: SandboxConfig,
     pub harness: crate::config::HarnessConfig,
+    /// The recording driver's method (the orchestrator's prompt depends on it).
+    pub method: crate::config::Method,
 }
 
 impl RunRules {
@@ -56,6 +58,7 @@ impl RunRules {
             guards: exp.guards.clone(),
             sandbox: exp.sandbox,
             harness: exp.harness.clone(),
+            method: exp.method,
         }
     }
 }
@@ -382,6 +385,7 @@ pub async fn run_team(
         },
         subagents: Vec::new(),
         report: String::new(),
+        system: prompts::orchestrator_system(rules.method.legacy()),
     };
     let ending = play.turns(&mut orch, &mut ws).await?;
     let (status, detail) = status_of(ending, limits);
@@ -426,6 +430,8 @@ struct Orchestration<'r, 'a> {
     /// The subagents' conversation heads, in delegation order.
     subagents: Vec<Id>,
     report: String,
+    /// The orchestrator's system prompt.
+    system: &'static str,
 }
 
 /// What answering one of the orchestrator's tool calls came to.
@@ -450,10 +456,7 @@ impl Orchestration<'_, '_> {
             &prompts::directive(&spec.task.id, &spec.task.deliverables),
         );
         let mut conv = Conversation::new(
-            vec![
-                Message::system(prompts::ORCHESTRATOR_SYSTEM),
-                Message::user(prompt),
-            ],
+            vec![Message::system(self.system), Message::user(prompt)],
             tools::tool_defs(true),
         );
         let sampling = Sampling::of(&self.team.sampling, orch.derive_seed("sampling"));

@@ -65,6 +65,10 @@ struct Search {
     acceptance: Acceptance,
     swap: bool,
     guard_action: GuardAction,
+    /// Runs of the bare task never count as beating the reference (a
+    /// re-run that wins by noise would open the data gate). Off for runs
+    /// recorded by `mass-engine/8` and earlier.
+    bare_never_beats_reference: bool,
 }
 
 impl Search {
@@ -86,11 +90,13 @@ impl Search {
                 model: m.optimizer.clone(),
                 max_retries: e.inner.max_proposal_retries,
                 sampling: e.sampling.optimizer.clone(),
+                reject_unchanged: !e.method.legacy(),
             },
             cycle,
             acceptance: e.inner.acceptance,
             swap: e.inner.swap_positions,
             guard_action: e.guards.action,
+            bare_never_beats_reference: !e.method.legacy(),
         })
     }
 
@@ -170,7 +176,13 @@ async fn search_step(s: &Search, t: &mut TaskSearch, k: u32) -> Result<()> {
             index: k,
         }))
         .await?;
-    let verdict = s.decide(&base, t, &run).await?;
+    let mut verdict = s.decide(&base, t, &run).await?;
+    if s.bare_never_beats_reference && candidate.is_bare() && verdict.beat_reference {
+        verdict.beat_reference = false;
+        verdict
+            .reason
+            .push_str("; a run of the bare task does not count as beating the bare-task reference");
+    }
     let verdict = s.guard_veto(verdict, &run);
     record(t, k, &run, &verdict, optimizer_head)?;
     if verdict.accepted {
