@@ -97,6 +97,15 @@ pub struct Flaw {
     /// the flawed report and not in the reference one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evidence: Option<String>,
+    /// Literal substrings of the deliverables (`report.md`, `results.json`,
+    /// `logs.txt`) that the solver writes whenever this flaw is active, in
+    /// any combination with the task's other flaws, and never otherwise: the
+    /// trace an expert reader notices (e.g. `1.000 (fixed)` next to a Hill
+    /// coefficient that should have been fitted). They are what the
+    /// simulated judge can perceive of the flaw; the hidden checks never
+    /// reach the judge. `examples/tasks/check_signs.py` verifies them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signs: Vec<String>,
 }
 
 /// The on-disk shape of `task.toml`.
@@ -587,6 +596,36 @@ caught_by_checks = false
         assert!(!t.flaws[0].caught_by_checks);
         assert_eq!(t.prompt, "# Demo\nDo it.\n");
         assert_eq!(t.files, ["README.md", "data/x.csv"]);
+    }
+
+    #[test]
+    fn flaw_signs_are_read() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = demo(tmp.path());
+        let t = Task::load(&dir).unwrap_or_else(|e| panic!("{e}"));
+        assert!(t.flaws[0].signs.is_empty(), "signs default to none");
+        write(
+            &dir.join("task.toml"),
+            &format!("{TASK_TOML}signs = [\"1.000 (fixed)\", '\"n_points\": 10,']\n"),
+        );
+        let t = Task::load(&dir).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(t.flaws[0].signs, ["1.000 (fixed)", "\"n_points\": 10,"]);
+        let suite = load_suite(&suite_dir()).unwrap_or_else(|e| panic!("{e}"));
+        let hill = suite.iter().find(|t| t.id == "pha-hill-fit");
+        let hill = hill.unwrap_or_else(|| panic!("pha-hill-fit missing"));
+        let fixed = hill.flaws.iter().find(|f| f.name == "fixed_hill");
+        let fixed = fixed.unwrap_or_else(|| panic!("fixed_hill missing"));
+        assert_eq!(fixed.signs, ["1.000 (fixed)"]);
+        for t in &suite {
+            for f in &t.flaws {
+                assert!(
+                    !f.signs.is_empty(),
+                    "{}: flaw {} has no signs",
+                    t.id,
+                    f.name
+                );
+            }
+        }
     }
 
     #[test]

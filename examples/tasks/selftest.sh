@@ -12,6 +12,8 @@
 #   - malformed / type-confused deliverables -> exit 1, never a traceback
 #   - one protected file modified           -> exit 1 with a FAIL protected: line
 #   - validator run twice                   -> identical output (deterministic)
+#   - solver over every subset of the flaws -> each flaw's `signs` appear in the
+#     deliverables exactly when that flaw is active (check_signs.py)
 # Suite-level: 12 tasks, 4 per domain, one held-out task per domain.
 #
 # Usage: examples/tasks/selftest.sh [task-id ...]     (PYTHON=python3.11 to pick the interpreter)
@@ -268,6 +270,15 @@ run_task() {
                 "$(printf '%s\n' "$VOUT" | grep -E '^FAIL' | head -n 2 | tr '\n' ';')"
         fi
     done < <(printf '%s\n' "$info" | grep '^FLAW ')
+
+    # signs: what the simulated judge can perceive of each flaw (every flaw combination)
+    local sout src
+    sout="$(JOBS=1 "$PY" "$HERE/check_signs.py" "$tid" 2>&1)"
+    src=$?
+    printf '%s\n' "$sout" | grep -E '^  (ok|FAIL) '
+    if [ "$src" -ne 0 ] && ! printf '%s\n' "$sout" | grep -q '^  FAIL '; then
+        bad "$tid: check_signs.py exited $src" "$(printf '%s\n' "$sout" | tail -n 2 | tr '\n' ';')"
+    fi
 }
 
 # Tasks run concurrently (JOBS at a time, default: number of CPUs); output is

@@ -109,6 +109,11 @@ struct SimTask {
     /// tasks' `evidence` phrases): expert knowledge of the domain's
     /// misleading claims, which the judge looks for in its prompt.
     evidence: Vec<String>,
+    /// Every flaw's `signs` (task.toml): literal traces the flawed run's
+    /// deliverables contain, what an expert reading the workspace notices.
+    /// The hidden checks never reach the judge; these are its perception.
+    #[allow(dead_code)] // read by the judge once it perceives signs (judge.rs)
+    signs: Vec<String>,
     /// The task's protected paths (what tampering edits).
     protected: Vec<String>,
 }
@@ -169,6 +174,18 @@ impl SimBackend {
                         .collect()
                 })
                 .unwrap_or_default();
+            let signs = v
+                .get("flaws")
+                .and_then(|f| f.as_array())
+                .map(|arr| {
+                    arr.iter()
+                        .filter_map(|f| f.get("signs")?.as_array())
+                        .flatten()
+                        .filter_map(|s| Some(s.as_str()?.to_string()))
+                        .filter(|s| !s.trim().is_empty())
+                        .collect()
+                })
+                .unwrap_or_default();
             let protected = v
                 .get("protected")
                 .and_then(|f| f.as_array())
@@ -184,6 +201,7 @@ impl SimBackend {
                     solver,
                     flaws,
                     evidence,
+                    signs,
                     protected,
                 },
             );
@@ -397,5 +415,32 @@ mod tests {
             tool_choice: None,
             response_format: None,
         }
+    }
+
+    /// The backend's task data carries every flaw's `signs`, in flaw order.
+    #[test]
+    fn sim_tasks_carry_every_flaws_signs() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let task = tmp.path().join("t");
+        std::fs::create_dir_all(task.join("solution")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(
+            task.join("task.toml"),
+            "id = \"t\"\n\
+             [[flaws]]\nname = \"a\"\ndescription = \"d\"\ncaught_by_checks = true\n\
+             signs = [\"1.000 (fixed)\", '\"n_points\": 10,']\n\
+             [[flaws]]\nname = \"b\"\ndescription = \"d\"\ncaught_by_checks = true\n\
+             [[flaws]]\nname = \"c\"\ndescription = \"d\"\ncaught_by_checks = false\n\
+             evidence = \"all good\"\nsigns = [\"cost 0.0 bps\"]\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(task.join("solution/solve.py"), "pass\n").unwrap_or_else(|e| panic!("{e}"));
+        let b = SimBackend::new("s", SimParams::new(0.8, 0.1, 0.1, 0.0, 0.0), tmp.path())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let t = &b.tasks["t"];
+        assert_eq!(
+            t.signs,
+            ["1.000 (fixed)", "\"n_points\": 10,", "cost 0.0 bps"]
+        );
+        assert_eq!(t.evidence, ["all good"]);
     }
 }

@@ -81,7 +81,8 @@ def main():
     s = sum(raw)
     w = [x / s for x in raw]
     ew = [1.0 / k] * k
-    log("GMV weights: " + ", ".join(f"{a}={x:.4f}" for a, x in zip(assets, w)))
+    how = " w_i = (1/s_ii) / sum_j (1/s_jj)" if "inverse_variance" in flaws else ""
+    log(f"GMV weights{how}: " + ", ".join(f"{a}={x:.4f}" for a, x in zip(assets, w)))
 
     v = {
         "insample": {"vol_minvar": port_vol(ins, w), "vol_equal": port_vol(ins, ew)},

@@ -85,7 +85,7 @@ def main():
     log(f"loaded {len(closes)} closes from data/prices.csv ({dates[0]} .. {dates[-1]})")
     strat, bh, n_eval = backtest(closes, FAST, SLOW, COST_BPS, flaws)
     eval_start = dates[SLOW]
-    log(f"backtest SMA{FAST}/SMA{SLOW}, cost {COST_BPS} bps, eval {eval_start} .. {dates[-1]} ({n_eval} days)")
+    log(f"backtest SMA{FAST}/SMA{SLOW}, cost {0.0 if 'no_costs' in flaws else COST_BPS} bps, eval {eval_start} .. {dates[-1]} ({n_eval} days)")
     log(f"strategy: total {strat['total_return']:.4f} sharpe {strat['sharpe']:.3f} mdd {strat['max_drawdown']:.4f} trades {strat['n_trades']}")
     log(f"buy&hold: total {bh['total_return']:.4f} sharpe {bh['sharpe']:.3f} mdd {bh['max_drawdown']:.4f}")
 
@@ -113,8 +113,11 @@ def main():
     L = [f"# SMA{FAST}/SMA{SLOW} trend-following backtest", ""]
     L += ["## Method", "",
           f"Long/flat rule on `data/prices.csv`: long when the {FAST}-day SMA of closes is above the {SLOW}-day SMA.",
-          "The signal computed at the close of day t-1 sets the position held over day t (no look-ahead).",
-          f"Trading cost {COST_BPS:.0f} bps per unit change in position. Evaluation window {eval_start} to {dates[-1]} ({n_eval} daily returns); Sharpe uses rf = 0, sample std, sqrt(252).", ""]
+          ("The signal computed at the close of day t sets the position held over day t."
+           if "lookahead" in flaws else
+           "The signal computed at the close of day t-1 sets the position held over day t (no look-ahead)."),
+          ("Returns are before trading costs." if "no_costs" in flaws else
+           f"Trading cost {COST_BPS:.0f} bps per unit change in position.") + f" Evaluation window {eval_start} to {dates[-1]} ({n_eval} daily returns); Sharpe uses rf = 0, sample std, sqrt(252).", ""]
     L += ["## Results", "", "| metric | strategy | buy & hold |", "|---|---|---|"]
     for k, lab in (("total_return", "total return"), ("cagr", "CAGR"), ("ann_vol", "annualised vol"),
                    ("sharpe", "Sharpe"), ("max_drawdown", "max drawdown")):

@@ -69,7 +69,8 @@ def main():
         vars_.append(v)
         hits.append(1 if rets[t] < -v else 0)
     n, x = len(hits), sum(hits)
-    log(f"rolling {W}-day historical VaR{int((1 - P) * 100)} for {n} days; {x} exceedances (expected {n * P:.0f})")
+    kind = "normal" if "normal_var" in flaws else "historical"
+    log(f"rolling {W}-day {kind} VaR{int((1 - P) * 100)} for {n} days; {x} exceedances (expected {n * P:.0f})")
     lr_pof, p_pof = kupiec(x, n, P)
     lr_ind, p_ind, trans = christoffersen_ind(hits)
     log(f"Kupiec POF LR={lr_pof:.3f} p={p_pof:.4f}; Christoffersen independence LR={lr_ind:.3f} p={p_ind:.4f} {trans}")
@@ -88,8 +89,12 @@ def main():
 
     L = ["# 99% one-day historical-simulation VaR: backtest", "",
          "## Method", "",
-         f"For each day t from {dates[W]} the VaR is minus the {K}rd smallest of the {W} returns *before* day t "
-         f"(days t-{W}..t-1; day t itself is never in its own window). An exceedance is a return below -VaR. "
+         f"For each day t from {dates[W]} the VaR is "
+         + ("-(mean - 2.326 x stdev) of" if "normal_var" in flaws else f"minus the {K}rd smallest of")
+         + (f" the {W} returns up to and including day t (days t-{W - 1}..t)."
+            if "window_includes_today" in flaws else
+            f" the {W} returns *before* day t (days t-{W}..t-1; day t itself is never in its own window).")
+         + " An exceedance is a return below -VaR. "
          "Coverage is tested with Kupiec's proportion-of-failures LR, clustering with Christoffersen's independence LR "
          "(both chi-square with 1 df).", "",
          "## Results", "",

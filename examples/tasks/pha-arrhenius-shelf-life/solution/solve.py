@@ -87,7 +87,7 @@ def main():
 
     L = ["# Shelf-life prediction from accelerated stability data (Arrhenius)", "", "## Method", "",
          "First-order degradation at each temperature: OLS of ln(assay) on time (both replicates, free intercept), k = -slope. "
-         "Arrhenius: OLS of ln k on 1/T (T in kelvin), Ea = -slope x R. Prediction at 25 C and 30 C; "
+         "Arrhenius: OLS of ln k on 1/T " + ("(T in C)" if "celsius_arrhenius" in flaws else "(T in kelvin)") + ", Ea = -slope x R. Prediction at 25 C and 30 C; "
          "t90 = ln(10/9) / k (time to lose 10 % of the initial potency). A 95 % upper bound for k at 25 C uses the "
          "regression standard error of the predicted mean ln k and t(0.975, 2 df) = 4.303.", "",
          "## Rate constants", "", "| temperature (C) | k (1/day) | t90 (days) |", "|---|---|---|"]

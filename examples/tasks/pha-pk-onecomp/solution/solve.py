@@ -86,8 +86,9 @@ def main():
 
     L = ["# Non-compartmental / one-compartment PK of compound X (500 mg IV bolus)", "",
          "## Method", "",
-         "Per subject: log-linear least squares of ln C on t over all quantifiable samples (BLQ excluded, not imputed) gives "
-         "k and C0 = exp(intercept). AUC(0-tlast) by the linear trapezoidal rule starting from (0, C0); "
+         "Per subject: log-linear least squares of " + ("log10 C" if "log10_slope" in flaws else "ln C")
+         + " on t over all quantifiable samples (BLQ excluded, not imputed) gives k and C0 = "
+         + ("10^intercept" if "log10_slope" in flaws else "exp(intercept)") + ". AUC(0-tlast) by the linear trapezoidal rule starting from (0, C0); "
          "AUC(0-inf) = AUC(0-tlast) + Clast / k; CL = Dose / AUC(0-inf); V = CL / k; t1/2 = ln 2 / k. "
          "Population: geometric mean and geometric CV.", "",
          "## Subject results", "",

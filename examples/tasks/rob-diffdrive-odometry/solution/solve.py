@@ -78,7 +78,8 @@ def main():
         gt = [(float(r["t"]), float(r["x"]), float(r["y"]), float(r["theta"])) for r in csv.DictReader(f)]
     rate = robot["encoder_rate_hz"]
     idx = {t: int(round(t * rate)) for t, *_ in gt}
-    log(f"loaded {len(enc)} encoder samples at {rate} Hz and {len(gt)} ground-truth poses; robot {robot}")
+    cols = " (columns read as t, right, left)" if "swapped_wheels" in flaws else ""
+    log(f"loaded {len(enc)} encoder samples{cols} at {rate} Hz and {len(gt)} ground-truth poses; robot {robot}")
 
     calib = lambda t: t <= T_SPLIT  # noqa: E731
     hold = lambda t: t > T_SPLIT  # noqa: E731
@@ -126,8 +127,9 @@ def main():
 
     L = ["# Wheel odometry of the differential-drive robot: drift and calibration", "",
          "## Method", "",
-         f"Encoder ticks -> wheel arc lengths (2 pi r / {robot['ticks_per_rev']} per tick), arc integration with the midpoint "
-         "heading (x += ds cos(theta + dtheta/2)), start pose (0, 0, 0). Position RMSE is taken at the 1 Hz motion-capture poses. "
+         f"Encoder ticks -> wheel arc lengths (2 pi r / {robot['ticks_per_rev']} per tick), "
+         + ("Euler integration with the heading at the start of each interval (x += ds cos(theta))" if euler else
+            "arc integration with the midpoint heading (x += ds cos(theta + dtheta/2))") + ", start pose (0, 0, 0). Position RMSE is taken at the 1 Hz motion-capture poses. "
          f"The right-wheel scale s_R is fitted by golden-section search on [0.98, 1.02] using only t <= {T_SPLIT:g} s; "
          f"t > {T_SPLIT:g} s is a hold-out.", "",
          "## Results", "", f"Path length {path:.2f} m.", "",

@@ -49,7 +49,7 @@ def bfs(push, s0, cap=None):
     return None, parent
 
 
-def dfs(push, s0):
+def dfs(push, s0, cap=None):
     """Depth-first search with a visited set: finds *a* plan, usually not the shortest."""
     seen = {(s0.robot, s0.box)}
     stack = [(s0, "")]
@@ -57,6 +57,8 @@ def dfs(push, s0):
         s, path = stack.pop()
         if push.is_solved(s):
             return path, seen
+        if cap is not None and len(path) >= cap:
+            continue
         for a in "RLDU":
             n = push.step(s, a)
             nk = (n.robot, n.box)
@@ -86,7 +88,10 @@ def main():
     for m in MAPS:
         path = f"data/maps/{m}.txt"
         s0 = push.load(path)
-        if "dfs_plan" in flaws:
+        if "dfs_plan" in flaws and "depth_limited_unsolvable" in flaws:
+            plan, seen = dfs(push, s0, cap=DEPTH_CAP)
+            how = f"depth-first search up to {DEPTH_CAP} moves"
+        elif "dfs_plan" in flaws:
             plan, seen = dfs(push, s0)
             how = "depth-first search"
         elif "depth_limited_unsolvable" in flaws:
