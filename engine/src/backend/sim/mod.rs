@@ -112,7 +112,6 @@ struct SimTask {
     /// Every flaw's `signs` (task.toml): literal traces the flawed run's
     /// deliverables contain, what an expert reading the workspace notices.
     /// The hidden checks never reach the judge; these are its perception.
-    #[allow(dead_code)] // read by the judge once it perceives signs (judge.rs)
     signs: Vec<String>,
     /// The task's protected paths (what tampering edits).
     protected: Vec<String>,

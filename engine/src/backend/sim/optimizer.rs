@@ -32,20 +32,23 @@ fn read_feedback(prompt: &str) -> Feedback {
         lines: Vec::new(),
     };
     for line in section.lines().filter(|l| l.starts_with("- ")) {
-        let failing = line.split("validation ").skip(1).any(|rest| {
-            let score: String = rest
-                .chars()
-                .take_while(|c| c.is_ascii_digit() || *c == '/')
-                .collect();
-            let mut it = score.split('/');
-            match (it.next(), it.next()) {
-                (Some(k), Some(n)) => match (k.parse::<u64>(), n.parse::<u64>()) {
-                    (Ok(k), Ok(n)) => k < n,
+        // A failing check score (where the judge was shown the checks) or
+        // a mistake the judge saw in the work: either asks for checks.
+        let failing = line.contains("shows a mistake")
+            || line.split("validation ").skip(1).any(|rest| {
+                let score: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_digit() || *c == '/')
+                    .collect();
+                let mut it = score.split('/');
+                match (it.next(), it.next()) {
+                    (Some(k), Some(n)) => match (k.parse::<u64>(), n.parse::<u64>()) {
+                        (Ok(k), Ok(n)) => k < n,
+                        _ => false,
+                    },
                     _ => false,
-                },
-                _ => false,
-            }
-        });
+                }
+            });
         let unsupported =
             line.contains("does not support") || line.contains("says the checks pass");
         if failing || unsupported {
