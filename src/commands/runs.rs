@@ -404,8 +404,10 @@ fn what_moved(l: &Ledger, source: &str, rejudged: &str, from: u32) -> Result<Vec
                 let e = e?;
                 match e.kind.as_str() {
                     "mass.selection" => {
-                        let x: schemas::Selection = schemas::decode_event(&e)?;
-                        sel.insert((x.cycle, x.task.clone()), x);
+                        if let Some(x) = schemas::Selection::read(&e) {
+                            let x = x?;
+                            sel.insert((x.cycle, x.task.clone()), x);
+                        }
                     }
                     "mass.ranking" => {
                         let x: schemas::Ranking = schemas::decode_event(&e)?;
