@@ -8,8 +8,10 @@
 //!
 //! - **Markers**, anywhere in a line (any message, any role, any field, the
 //!   tool definitions): the section heading and end marker (whitespace
-//!   collapsed) and any window of [`WINDOW`] words of the fixed preamble.
-//!   Only a rendered workflow puts these there.
+//!   collapsed), and in every message any window of [`WINDOW`] words of the
+//!   fixed preamble (not in the tool definitions: the harness's `delegate`
+//!   tool describes contracts in the preamble's words). Only a rendered
+//!   workflow puts these there.
 //! - **The workflow's own strings**: every window of [`WINDOW`] consecutive
 //!   words of an agent's role or instruction, a contract's `returns` or
 //!   checks, or a hop's handoff or send-back condition (a string of
@@ -163,6 +165,23 @@ impl WorkflowText {
     }
 }
 
+/// The text every run of a task shows whatever its workflow: the bare task
+/// prompt with each closing directive, and the fixed system prompts.
+pub fn allowed_text(prompt: &str, task_id: &str, deliverables: &[String]) -> Vec<String> {
+    vec![
+        format!(
+            "{prompt}{}",
+            crate::prompts::directive(task_id, deliverables)
+        ),
+        format!(
+            "{prompt}{}",
+            crate::prompts::external_directive(task_id, deliverables)
+        ),
+        crate::prompts::ORCHESTRATOR_SYSTEM.to_string(),
+        crate::prompts::subagent_system("", "", task_id),
+    ]
+}
+
 /// Where in a line the workflow's text was found, and what of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leak {
@@ -272,7 +291,6 @@ pub fn line_leak(line: &str, agent: AgentKind, wf: &WorkflowText) -> Option<Leak
         .iter()
         .any(|m| collapse(&tools).contains(m.as_str()))
         .then(|| "a marker".to_string())
-        .or_else(|| wf.fixed.find(&t).map(|(_, f)| f))
         .or_else(|| wf.own.find(&t).map(|(_, f)| f));
     in_tools.map(|found| Leak {
         place: "tools".into(),

@@ -79,7 +79,7 @@ mod validate;
 
 pub use arguments::{normalise_arguments, warnings};
 pub use export::{openai_to_trl, render_dataset, write_dataset};
-pub use leak::{line_leak, Leak, WorkflowLeak, WorkflowText};
+pub use leak::{allowed_text, line_leak, Leak, WorkflowLeak, WorkflowText};
 pub use parse::{parse_openai_line, parse_trl_line};
 pub use render::{to_line, to_openai_line, to_trl_line};
 pub use strip::{

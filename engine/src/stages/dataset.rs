@@ -218,16 +218,10 @@ pub(crate) fn workflow_text(
     ))
 }
 
-/// The text every run of `task` shows whatever its workflow: the bare task
-/// prompt with each closing directive, and the fixed system prompts.
-pub fn allowed_text(task: &Task) -> Vec<String> {
-    let mut out: Vec<String> = directives(task)
-        .iter()
-        .map(|d| format!("{}{d}", task.prompt))
-        .collect();
-    out.push(crate::prompts::ORCHESTRATOR_SYSTEM.to_string());
-    out.push(crate::prompts::subagent_system("", "", &task.id));
-    out
+/// The text every run of `task` shows whatever its workflow
+/// (`dataset::allowed_text`).
+fn allowed_text(task: &Task) -> Vec<String> {
+    dataset::allowed_text(&task.prompt, &task.id, &task.deliverables)
 }
 
 fn directives(task: &Task) -> [String; 2] {
