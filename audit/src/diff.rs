@@ -138,6 +138,15 @@ fn all_of<T: Decodable>(events: &[Event]) -> Result<Vec<T>> {
         .collect()
 }
 
+/// The selections among `events`, of any recorded version.
+fn selections(events: &[Event]) -> Result<Vec<Selection>> {
+    events
+        .iter()
+        .filter_map(Selection::read)
+        .map(|s| s.map_err(|e| EngineError::recording("mass.selection", e)))
+        .collect()
+}
+
 pub fn diff(l: &Ledger, a: &str, b: &str) -> Result<RunDiff> {
     let (ra, rb) = (recorded(l, a)?, recorded(l, b)?);
     let empty = Vec::new();
@@ -261,11 +270,11 @@ fn decisions(
         }
     }
     let sel_key = |s: &Selection| (s.cycle, s.task.clone());
-    let sel_b: BTreeMap<_, Selection> = all_of::<Selection>(mb)?
+    let sel_b: BTreeMap<_, Selection> = selections(mb)?
         .into_iter()
         .map(|s| (sel_key(&s), s))
         .collect();
-    for x in all_of::<Selection>(ma)? {
+    for x in selections(ma)? {
         let Some(y) = sel_b.get(&sel_key(&x)) else {
             continue;
         };

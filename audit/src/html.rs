@@ -744,6 +744,33 @@ fn exclusions(c: &CycleReport, out: &mut String) {
                 .collect(),
         );
     }
+    if !c.excluded_runs.is_empty() {
+        table(
+            out,
+            &["task", "run", "excluded because"],
+            c.excluded_runs
+                .iter()
+                .map(|x| {
+                    let run = match x.index {
+                        Some(i) => format!("{} (#{i})", &x.rollout[..x.rollout.len().min(12)]),
+                        None => x.rollout[..x.rollout.len().min(12)].to_string(),
+                    };
+                    vec![x.task.clone(), run, x.reason.clone()]
+                })
+                .collect(),
+        );
+    }
+    for s in &c.shortfalls {
+        out.push_str(&format!(
+            "<p>Selection short for {}: {} of {} training and {} of {} validation runs ({}).</p>",
+            esc(&s.task),
+            s.train,
+            s.wanted_train,
+            s.validation,
+            s.wanted_validation,
+            esc(&s.why)
+        ));
+    }
 }
 
 /// The checkpoint with the lowest recorded validation loss, if any.

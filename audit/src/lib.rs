@@ -198,6 +198,53 @@ fn referrers_of<T: Decodable>(l: &Ledger, id: &Id) -> Result<Vec<(Event, T)>> {
     Ok(out)
 }
 
+/// Selections (of any recorded version) that name `id`, in log order.
+fn selections_of(l: &Ledger, id: &Id) -> Result<Vec<(Event, Selection)>> {
+    let mut out = Vec::new();
+    for r in l.referrers(id)? {
+        let ev = l.get_event(&r)?;
+        if let Some(s) = Selection::read(&ev) {
+            let s = s.map_err(|e| EngineError::recording("mass.selection", e))?;
+            out.push((ev, s));
+        }
+    }
+    Ok(out)
+}
+
+/// Every run a selection left out, with its reason: a v2 record's
+/// exclusions by id; a v1 record's lines, each tied to its run where the
+/// line names one (`run <id prefix>: ...`, or `rank N: ...` through the
+/// ranking the selection read). `None`: a line that names no run.
+pub fn selection_exclusions(l: &Ledger, sel: &Selection) -> Result<Vec<(Option<Id>, String)>> {
+    let mut out: Vec<(Option<Id>, String)> = sel
+        .exclusions
+        .iter()
+        .map(|x| (Some(id_of(x.rollout)), x.reason.clone()))
+        .collect();
+    let mut ranking: Option<Ranking> = None;
+    for line in &sel.excluded {
+        let (head, reason) = line.split_once(": ").unwrap_or(("", line.as_str()));
+        let run = if let Some(prefix) = head.strip_prefix("run ") {
+            l.resolve(prefix).ok()
+        } else if let Some(rank) = head
+            .strip_prefix("rank ")
+            .and_then(|n| n.parse::<u32>().ok())
+        {
+            if ranking.is_none() {
+                ranking = Some(decode(&l.get_event(&id_of(sel.ranking))?)?);
+            }
+            ranking
+                .as_ref()
+                .and_then(|rk| rk.runs.iter().find(|r| r.rank == rank))
+                .map(|r| id_of(r.rollout))
+        } else {
+            None
+        };
+        out.push((run, reason.to_string()));
+    }
+    Ok(out)
+}
+
 /// Training steps (of any recorded version) that name `id`, in log order.
 fn trainings_of(l: &Ledger, id: &Id) -> Result<Vec<(Event, Training)>> {
     let mut out = Vec::new();
@@ -294,17 +341,21 @@ pub fn rollouts(l: &Ledger, run: &str) -> Result<Vec<RolloutRow>> {
             .as_ref()
             .and_then(|(_, rk)| rk.runs.iter().find(|x| id_of(x.rollout) == head).cloned());
         let mut selection = None;
-        if let Some((rev, _)) = &ranked {
-            let mut selected = None;
-            for (sev, sel) in referrers_of::<Selection>(l, &rev.id)? {
-                if in_run(l, run, &sev)? {
-                    selected = Some((sev, sel));
-                }
+        // The selection that read the run's ranking, or (a run kept out of
+        // ranking, `mass.selection` v2) the one that names the run itself.
+        let sel_of = match &ranked {
+            Some((rev, _)) => rev.id,
+            None => head,
+        };
+        let mut selected = None;
+        for (sev, sel) in selections_of(l, &sel_of)? {
+            if in_run(l, run, &sev)? {
+                selected = Some((sev, sel));
             }
-            if let Some((sev, sel)) = selected {
-                // The decision does not depend on the rank's wording.
-                selection = Some(selection_facts(&sev, &sel, &head, None).decision);
-            }
+        }
+        if let Some((sev, sel)) = selected {
+            let rank = me.as_ref().map(|m| m.rank);
+            selection = Some(selection_facts(&sev, &sel, &head, rank, None).decision);
         }
         if selection.is_none() && guard_excluded && r.purpose == "collect" {
             selection = Some("excluded".into());
@@ -416,7 +467,16 @@ pub fn why_in(l: &Ledger, id: Id, run: Option<&str>) -> Result<Why> {
     };
     let (ranking, selection, training) = match chosen {
         Some(c) => (c.ranking, c.selection, c.training),
-        None => (None, None, None),
+        // Not ranked: a selection (v2) may name the run as left out.
+        None => {
+            let mut selection = None;
+            for (sev, sel) in selections_of(l, &id)? {
+                if mine(&sev)? {
+                    selection = Some(selection_facts(&sev, &sel, &id, None, None));
+                }
+            }
+            (None, selection, None)
+        }
     };
     Ok(Why {
         rollout: rollout_facts(&id, &ev, &r),
@@ -543,10 +603,17 @@ fn decision_chain(l: &Ledger, id: &Id, rev: &Event, rk: &Ranking) -> Result<Deci
         dataset_lines: Vec::new(),
         training: None,
     };
-    let Some((sev, sel)) = referrers_of::<Selection>(l, &rev.id)?.into_iter().last() else {
+    let Some((sev, sel)) = selections_of(l, &rev.id)?.into_iter().last() else {
         return Ok(chain);
     };
-    chain.selection = Some(selection_facts(&sev, &sel, id, chain.ranking.as_ref()));
+    let rank = chain.ranking.as_ref().map(|r| r.rank);
+    chain.selection = Some(selection_facts(
+        &sev,
+        &sel,
+        id,
+        rank,
+        chain.ranking.as_ref(),
+    ));
     for (dev, ds) in referrers_of::<Dataset>(l, &sev.id)? {
         chain
             .dataset_lines
@@ -650,27 +717,42 @@ fn selection_facts(
     sev: &Event,
     sel: &Selection,
     id: &Id,
+    rank: Option<u32>,
     ranking: Option<&RankingFacts>,
 ) -> SelectionFacts {
     let me = schemas::Hash32(id.0);
-    let short = id.short(12);
+    let short = |text: &str| {
+        if sel.shortfall.is_empty() {
+            text.to_string()
+        } else {
+            format!("{text}; the selection is short: {}", sel.shortfall)
+        }
+    };
+    // A v1 line names a ranked run by its rank, an unranked one by an id
+    // prefix; `rank` is this run's in the ranking the selection read.
+    let v1_line = |line: &str| {
+        line.contains(&id.short(12))
+            || rank.is_some_and(|r| line.starts_with(&format!("rank {r}: ")))
+    };
     let (decision, why) = if sel.train.contains(&me) {
         (
             "train",
-            format!(
+            short(&format!(
                 "ranked {} of the task's runs: within the training ranks",
                 rank_text(ranking)
-            ),
+            )),
         )
     } else if sel.validation.contains(&me) {
         (
             "validation",
-            format!(
+            short(&format!(
                 "ranked {}: the rank after the training ranks validates",
                 rank_text(ranking)
-            ),
+            )),
         )
-    } else if let Some(line) = sel.excluded.iter().find(|l| l.contains(&short)) {
+    } else if let Some(x) = sel.exclusions.iter().find(|x| x.rollout == me) {
+        ("excluded", x.reason.clone())
+    } else if let Some(line) = sel.excluded.iter().find(|l| v1_line(l)) {
         ("excluded", line.clone())
     } else {
         (

@@ -49,6 +49,10 @@ pub struct CycleReport {
     pub stages: Vec<StageCost>,
     /// Runs left out of ranking or training data, by reason.
     pub exclusions: BTreeMap<String, u32>,
+    /// Each run left out, with its task and reason, in selection order.
+    pub excluded_runs: Vec<ExcludedRun>,
+    /// Tasks whose selection holds fewer runs than wanted, and why.
+    pub shortfalls: Vec<Shortfall>,
     /// Per task, the Bradley-Terry score of every ranked collected run.
     pub scores: Vec<TaskScores>,
     /// The trainer's recorded metrics (`mass.train_step`), in step order.
@@ -75,6 +79,28 @@ pub struct TaskPosition {
     pub swapped: u32,
 }
 
+/// One run a selection left out.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExcludedRun {
+    pub task: String,
+    /// The run's `mass.rollout` event (empty when a recorded line names no
+    /// run), and its collection index when known.
+    pub rollout: String,
+    pub index: Option<u32>,
+    pub reason: String,
+}
+
+/// A task's selection with fewer runs than the experiment wanted.
+#[derive(Debug, Clone, Serialize)]
+pub struct Shortfall {
+    pub task: String,
+    pub train: u32,
+    pub wanted_train: u32,
+    pub validation: u32,
+    pub wanted_validation: u32,
+    pub why: String,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct LossPoint {
     pub step: u64,
@@ -96,7 +122,8 @@ pub struct ScoredRun {
     pub index: u32,
     pub score: f64,
     pub rank: Option<u32>,
-    /// `train`, `validation`, `not selected` or `excluded`.
+    /// `train`, `validation`, `not selected` (ranked below the runs
+    /// taken) or `excluded` (see the cycle's `excluded_runs`).
     pub selection: String,
 }
 
@@ -181,7 +208,7 @@ pub fn report(l: &Ledger, run: &str) -> Result<Report> {
         .collect();
     walltimes(l, &main, &mut cycles)?;
     bt_scores(l, run, &mut cycles)?;
-    exclusions(&main, &mut cycles)?;
+    exclusions(l, &main, &mut cycles)?;
     let prefix = format!("{run}/");
     for (name, h) in l.refs()? {
         let Some(rel) = name.strip_prefix(&prefix) else {
@@ -235,26 +262,56 @@ fn cycle_report(f: CycleFigures) -> CycleReport {
             })
             .collect(),
         exclusions: BTreeMap::new(),
+        excluded_runs: Vec::new(),
+        shortfalls: Vec::new(),
         scores: Vec::new(),
         loss: Vec::new(),
         position: Vec::new(),
     }
 }
 
-/// The selections' exclusions on the main stream, counted by reason.
-fn exclusions(main: &[Event], cycles: &mut BTreeMap<u32, CycleReport>) -> Result<()> {
+/// The selections' exclusions on the main stream: counted by reason, and
+/// each with its run; the selections that hold fewer runs than wanted.
+fn exclusions(l: &Ledger, main: &[Event], cycles: &mut BTreeMap<u32, CycleReport>) -> Result<()> {
     for ev in main {
-        if ev.kind == <Selection as Decodable>::KIND
-            && ev.version == <Selection as Decodable>::VERSION
-        {
-            let s: Selection = decode(ev)?;
-            if let Some(c) = cycles.get_mut(&s.cycle) {
-                for line in &s.excluded {
-                    for reason in engine::status::exclusion_reasons(line) {
-                        *c.exclusions.entry(reason).or_default() += 1;
-                    }
-                }
+        let Some(s) = Selection::read(ev) else {
+            continue;
+        };
+        let s = s.map_err(|e| EngineError::recording("mass.selection", e))?;
+        let Some(c) = cycles.get_mut(&s.cycle) else {
+            continue;
+        };
+        for line in &s.excluded {
+            for reason in engine::status::exclusion_reasons(line) {
+                *c.exclusions.entry(reason).or_default() += 1;
             }
+        }
+        for x in &s.exclusions {
+            for reason in engine::status::exclusion_reasons(&format!("run: {}", x.reason)) {
+                *c.exclusions.entry(reason).or_default() += 1;
+            }
+        }
+        for (run, reason) in super::selection_exclusions(l, &s)? {
+            let index = match run {
+                Some(id) => Some(decode::<Rollout>(&l.get_event(&id)?)?.index),
+                None => None,
+            };
+            c.excluded_runs.push(ExcludedRun {
+                task: s.task.clone(),
+                rollout: run.map(|id| id.to_hex()).unwrap_or_default(),
+                index,
+                reason,
+            });
+        }
+        if !s.shortfall.is_empty() {
+            c.shortfalls.push(Shortfall {
+                task: s.task.clone(),
+                train: s.train.len() as u32,
+                wanted_train: s.wanted_train,
+                validation: s.validation.len() as u32,
+                wanted_validation: s.wanted_validation,
+                why: s.shortfall.clone(),
+            });
         }
     }
     Ok(())

@@ -96,9 +96,9 @@ pub fn run_cycle(
         ctx.assert_trainable(task, "ranking and selection")?;
         let ranked = rank::run(main, exp, cycle, task_id, runs, &judged)?;
         let excluded = collected
-            .guard_excluded
+            .excluded
             .get(task_id)
-            .cloned()
+            .map(Vec::as_slice)
             .unwrap_or_default();
         selected.push((
             task,

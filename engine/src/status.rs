@@ -239,9 +239,19 @@ pub fn fold(events: &[Event]) -> Result<RunStatus> {
                 s.last_step = n.text;
             }
             "mass.selection" => {
-                let sel: schemas::Selection = schemas::decode_event(ev)?;
+                let sel = schemas::Selection::read(ev).ok_or_else(|| {
+                    EngineError::recording(
+                        format!("mass.selection v{}", ev.version),
+                        "unknown version",
+                    )
+                })??;
                 for line in &sel.excluded {
                     for reason in exclusion_reasons(line) {
+                        *s.exclusions.entry(reason).or_default() += 1;
+                    }
+                }
+                for x in &sel.exclusions {
+                    for reason in exclusion_reasons(&format!("run: {}", x.reason)) {
                         *s.exclusions.entry(reason).or_default() += 1;
                     }
                 }
@@ -303,12 +313,15 @@ pub fn exclusion_reasons(line: &str) -> Vec<String> {
             })
             .collect();
     }
+    // `rank 4: halted (max_turns)` (v1) or `run: halted: max_turns (not
+    // ranked)` (a v2 exclusion's reason after `run: `).
     let status = line
         .split_once(": ")
         .map_or(line, |(_, r)| r)
         .split_whitespace()
         .next()
-        .unwrap_or("other");
+        .unwrap_or("other")
+        .trim_end_matches(':');
     vec![status.to_string()]
 }
 

@@ -171,6 +171,22 @@ where
     decode(&ev.kind, ev.version, &ev.payload)
 }
 
+impl Selection {
+    /// Reads a `mass.selection` event of any version this build knows (v1
+    /// upgraded as [`From<SelectionV1>`] says); `None` for other kinds and
+    /// for versions this build does not know.
+    pub fn read(ev: &ledger::Event) -> Option<Result<Selection, SchemaError>> {
+        if ev.kind != <Selection as Record>::KIND {
+            return None;
+        }
+        match ev.version {
+            1 => Some(decode_event::<SelectionV1>(ev).map(Selection::from)),
+            2 => Some(decode_event::<Selection>(ev)),
+            _ => None,
+        }
+    }
+}
+
 impl Training {
     /// Reads a `mass.training` event of any version this build knows (v1
     /// upgraded as [`From<TrainingV1>`] says); `None` for other kinds and

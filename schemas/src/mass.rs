@@ -260,11 +260,15 @@ record!(
     }
 );
 
-/// `mass.selection` v1: which ranked runs become training and validation data.
+/// `mass.selection` v1 (read only; v2 replaced it): which ranked runs
+/// become training and validation data. Written by `mass-engine/8` and
+/// earlier, which ranked halted and failed runs and named them here by
+/// rank (`rank 4: halted (...)`) or, for runs the guards kept out of
+/// judging, by a 12-digit prefix of their id.
 #[derive(
     rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
 )]
-pub struct Selection {
+pub struct SelectionV1 {
     pub task: String,
     pub cycle: u32,
     pub ranking: Hash32,
@@ -275,7 +279,7 @@ pub struct Selection {
 }
 
 record!(
-    Selection,
+    SelectionV1,
     "mass.selection",
     1,
     |s| {
@@ -284,7 +288,7 @@ record!(
         v.extend(s.validation.iter().copied());
         v
     },
-    Selection {
+    SelectionV1 {
         task: "t".into(),
         cycle: 1,
         ranking: Hash32([1; 32]),
@@ -293,6 +297,90 @@ record!(
         excluded: vec!["run 7: halted".into()],
     }
 );
+
+/// One run a selection left out: the run (its `mass.rollout` event) and why.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct Exclusion {
+    pub rollout: Hash32,
+    /// `halted: ...`, `failed: ...`, `guard: ...` (not ranked), or
+    /// `guard: ... (ranked, not trained on)` under `no-train`.
+    pub reason: String,
+}
+
+/// `mass.selection` v2: which ranked runs become training and validation
+/// data, and every collected run of the task left out, by id and reason
+/// (the rollouts are links, so a run's exclusion is found from the run).
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct Selection {
+    pub task: String,
+    pub cycle: u32,
+    pub ranking: Hash32,
+    pub train: Vec<Hash32>,
+    pub validation: Vec<Hash32>,
+    /// Free-text lines: v1's exclusions as recorded (read from v1), empty
+    /// in v2 records unless something other than a run was left out.
+    pub excluded: Vec<String>,
+    /// Each run left out, with its reason (empty in a v1 record read as v2).
+    pub exclusions: Vec<Exclusion>,
+    /// What the experiment asked for: training and validation runs.
+    pub wanted_train: u32,
+    pub wanted_validation: u32,
+    /// Empty when the selection is full; otherwise why it holds fewer
+    /// runs than wanted (too few finished runs), as shown by `mass report`.
+    pub shortfall: String,
+}
+
+record!(
+    Selection,
+    "mass.selection",
+    2,
+    |s| {
+        let mut v = vec![s.ranking];
+        v.extend(s.train.iter().copied());
+        v.extend(s.validation.iter().copied());
+        v.extend(s.exclusions.iter().map(|e| e.rollout));
+        v
+    },
+    Selection {
+        task: "t".into(),
+        cycle: 1,
+        ranking: Hash32([1; 32]),
+        train: vec![Hash32([2; 32])],
+        validation: vec![],
+        excluded: vec![],
+        exclusions: vec![Exclusion {
+            rollout: Hash32([4; 32]),
+            reason: "halted: max_turns".into(),
+        }],
+        wanted_train: 2,
+        wanted_validation: 1,
+        shortfall: "1 finished run of 2 collected: 1 training run of 2 wanted, 0 validation runs of 1 wanted".into(),
+    }
+);
+
+impl From<SelectionV1> for Selection {
+    /// A v1 record read as v2: its exclusion lines kept as written, no
+    /// structured exclusions, the wanted counts unknown (0) and no
+    /// shortfall (v1 filled in from lower ranks).
+    fn from(s: SelectionV1) -> Self {
+        Selection {
+            task: s.task,
+            cycle: s.cycle,
+            ranking: s.ranking,
+            train: s.train,
+            validation: s.validation,
+            excluded: s.excluded,
+            exclusions: Vec::new(),
+            wanted_train: 0,
+            wanted_validation: 0,
+            shortfall: String::new(),
+        }
+    }
+}
 
 /// `mass.guard` v1: the tamper guards' findings on one run's final
 /// workspace, recorded before its rollout (which links it as a parent).

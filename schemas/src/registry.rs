@@ -7,7 +7,7 @@ use crate::{
     decode, Cycle, CycleV1, Dataset, DatasetV1, Effect, Evaluation, EvaluationV1, GuardCheck,
     Judgment, ModelCall, Note, Promotion, ProposalRecord, Ranking, Record, Rollout, RunExecution,
     RunForked, RunMixed, RunMixedV1, RunRemoved, RunStarted, RunStartedV1, SchemaError, Selection,
-    TrainStep, Training, TrainingV1, WorkspaceSnapshot,
+    SelectionV1, TrainStep, Training, TrainingV1, WorkspaceSnapshot,
 };
 
 /// A known kind and its current version.
@@ -95,7 +95,7 @@ registry!(
         Evaluation,
         Cycle,
     ],
-    older: [RunStartedV1, EvaluationV1, CycleV1, DatasetV1, TrainingV1, RunMixedV1],
+    older: [RunStartedV1, EvaluationV1, CycleV1, DatasetV1, TrainingV1, RunMixedV1, SelectionV1],
 );
 
 /// Validates a payload against its kind and version.

@@ -149,6 +149,11 @@ const PINS: &[(&str, u32, &str)] = &[
         "3e2e191d0c4db1a5504061f7814111363394a46b33ed790e575a4c0be9982e46",
     ),
     (
+        "mass.selection",
+        2,
+        "c97743e849ca2d2b8886a372dbc55c76233fc8af16280b355dff42128ea44054",
+    ),
+    (
         "mass.train_step",
         1,
         "8adaabd44261f2e6f481be646e5f8b60ce4b21c567983f0feceeee9cc03fb4ef",
@@ -168,6 +173,7 @@ fn sample_hash(kind: &str, version: u32) -> String {
         ("mass.training", 1) => encode(&schemas::TrainingV1::sample()),
         ("mass.training", 2) => encode(&schemas::Training::sample()),
         ("run.mixed", 2) => encode(&schemas::RunMixed::sample()),
+        ("mass.selection", 2) => encode(&schemas::Selection::sample()),
         (_, v) if v != 1 => panic!("{kind} v{version} has no sample in this test: add it"),
         ("note", _) => encode(&Note::sample()),
         ("model.call", _) => encode(&ModelCall::sample()),
@@ -182,7 +188,7 @@ fn sample_hash(kind: &str, version: u32) -> String {
         ("mass.proposal", _) => encode(&schemas::ProposalRecord::sample()),
         ("mass.promotion", _) => encode(&schemas::Promotion::sample()),
         ("mass.ranking", _) => encode(&schemas::Ranking::sample()),
-        ("mass.selection", _) => encode(&schemas::Selection::sample()),
+        ("mass.selection", _) => encode(&schemas::SelectionV1::sample()),
         ("mass.guard", _) => encode(&schemas::GuardCheck::sample()),
         ("mass.train_step", _) => encode(&schemas::TrainStep::sample()),
         (other, _) => panic!("kind {other} has no sample in this test: add it"),

@@ -698,6 +698,25 @@ pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<
         for (why, n) in &c.exclusions {
             writeln!(out, "  excluded: {why} {n}")?;
         }
+        for x in &c.excluded_runs {
+            let run = if x.rollout.is_empty() {
+                "(no run named)".to_string()
+            } else {
+                format!(
+                    "run {}{}",
+                    short(&x.rollout),
+                    x.index.map(|i| format!(" (#{i})")).unwrap_or_default()
+                )
+            };
+            writeln!(out, "  excluded {} {run}: {}", x.task, x.reason)?;
+        }
+        for s in &c.shortfalls {
+            writeln!(
+                out,
+                "  selection short, {}: {} of {} training, {} of {} validation runs: {}",
+                s.task, s.train, s.wanted_train, s.validation, s.wanted_validation, s.why
+            )?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -4,6 +4,7 @@ mod audit;
 mod demo;
 mod export;
 mod inspect;
+mod leak;
 mod maintain;
 mod objects;
 mod proxy;

@@ -404,8 +404,10 @@ fn what_moved(l: &Ledger, source: &str, rejudged: &str, from: u32) -> Result<Vec
                 let e = e?;
                 match e.kind.as_str() {
                     "mass.selection" => {
-                        let x: schemas::Selection = schemas::decode_event(&e)?;
-                        sel.insert((x.cycle, x.task.clone()), x);
+                        if let Some(x) = schemas::Selection::read(&e) {
+                            let x = x?;
+                            sel.insert((x.cycle, x.task.clone()), x);
+                        }
                     }
                     "mass.ranking" => {
                         let x: schemas::Ranking = schemas::decode_event(&e)?;
@@ -1123,6 +1125,21 @@ pub fn export_dataset(
         String::from_utf8(l.get_blob(&Id(d.train.0))?).context("train split is not UTF-8")?;
     let val = String::from_utf8(l.get_blob(&Id(d.validation.0))?)
         .context("validation split is not UTF-8")?;
+    // The export check (`leak.rs`): refuse a line that still holds its
+    // run's workflow. A dataset without provenance cannot name its lines'
+    // runs and is exported as recorded, with a note.
+    if let Some(p) = d.provenance {
+        let prov = String::from_utf8(l.get_blob(&Id(p.0))?).context("provenance is not UTF-8")?;
+        if let Some(leak) = super::leak::check(l, run, head, &train, &val, &prov)? {
+            return Err(CliError::Conflict(format!(
+                "{leak}; `mass why {}` shows the conversation",
+                leak.conversation
+            ))
+            .into());
+        }
+    } else {
+        println!("(no line provenance: the workflow check could not run on this dataset)");
+    }
     let (train, val) = match format {
         DatasetFormat::Openai => (train, val),
         DatasetFormat::Trl => (

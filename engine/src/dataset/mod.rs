@@ -70,6 +70,7 @@ use crate::chat::{Message, Role, ToolDef};
 
 mod arguments;
 mod export;
+mod leak;
 mod parse;
 mod render;
 mod strip;
@@ -78,9 +79,12 @@ mod validate;
 
 pub use arguments::{normalise_arguments, warnings};
 pub use export::{openai_to_trl, render_dataset, write_dataset};
+pub use leak::{allowed_text, line_leak, Leak, WorkflowLeak, WorkflowText};
 pub use parse::{parse_openai_line, parse_trl_line};
 pub use render::{to_line, to_openai_line, to_trl_line};
-pub use strip::{strip_orchestrator_workflow, strip_orchestrator_workflow_within};
+pub use strip::{
+    strip_orchestrator_workflow, strip_orchestrator_workflow_within, strip_workflow_everywhere,
+};
 pub use tokens::{estimate_tokens, supervised_tokens, total_tokens};
 pub use validate::validate;
 

@@ -64,3 +64,50 @@ pub fn strip_orchestrator_workflow_within(
     );
     strip_orchestrator_workflow(conv, &bare)
 }
+
+/// Removes the rendered workflow from every message that holds it, in a
+/// conversation of any agent (`mass-engine/9`): the orchestrator's first
+/// prompt as [`strip_orchestrator_workflow_within`] does, then, in every
+/// message that is not model output (system, user and tool messages: a
+/// side request repeating the task and workflow, a tool result echoing
+/// the prompt), each copy of `rendered` (the section as the team was given
+/// it, with the blank line before it) and any other valid workflow
+/// section. Model output is never rewritten: what is left is for the export
+/// check (`leak.rs`) to refuse.
+pub fn strip_workflow_everywhere(
+    conv: &mut Example,
+    task_prompt: &str,
+    directives: &[String],
+    rendered: &str,
+) {
+    if conv.agent == AgentKind::Orchestrator {
+        strip_orchestrator_workflow_within(conv, task_prompt, directives);
+    }
+    if rendered.is_empty() {
+        return;
+    }
+    let with_gap = format!("\n\n{rendered}");
+    for m in conv
+        .messages
+        .iter_mut()
+        .filter(|m| m.role != Role::Assistant)
+    {
+        let Some(c) = m.content.as_mut() else {
+            continue;
+        };
+        if !c.contains(rendered) && crate::workflow::find_section(c).is_none() {
+            continue;
+        }
+        let mut s = c.replace(&with_gap, "").replace(rendered, "");
+        // Any other valid section (a harness that re-rendered it); bounded:
+        // each pass removes one section.
+        for _ in 0..64 {
+            let next = crate::workflow::strip_from_prompt(&s);
+            if next == s {
+                break;
+            }
+            s = next;
+        }
+        *c = s;
+    }
+}

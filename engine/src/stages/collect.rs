@@ -4,7 +4,17 @@
 //! search. Reads the search's champions; writes the rollouts (each on its
 //! `c{cycle}/{task}/collect/{i}` stream) and a main-stream step naming every
 //! one of them. Runs the guards flagged are set aside here when the policy
-//! says `exclude`, each named with its reasons for its task's selection.
+//! says `exclude`, and (from `mass-engine/9`) so are runs that did not
+//! finish (halted at a limit, or failed), each named by id with its reason
+//! for its task's selection: they are neither judged nor ranked.
+//!
+//! Why not judge them: a halted or failed run can never be selected, so a
+//! verdict on it is a wasted call, and worse, it moves the finished runs'
+//! scores (beating a broken run is easy). The pairing schedule is built
+//! over the finished runs only, so it stays connected for exactly the runs
+//! that can become data. `mass-engine/8` and earlier judged and ranked them
+//! and skipped them at selection (lower ranks filled in): those runs keep
+//! that flow (`exp.method.legacy()`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -29,8 +39,10 @@ pub(crate) struct Collected {
     pub(crate) tasks_with_data: u32,
     /// Each task's runs that go on to judging, in collection order.
     pub(crate) by_task: BTreeMap<String, Vec<RunRef>>,
-    /// Runs the guards excluded, by task, as their selection names them.
-    pub(crate) guard_excluded: BTreeMap<String, Vec<String>>,
+    /// Runs kept out of judging and ranking, by task: each run's event and
+    /// reason (the guards' `exclude`; from `mass-engine/9` also runs that
+    /// did not finish), in collection order.
+    pub(crate) excluded: BTreeMap<String, Vec<(Id, String)>>,
     /// Runs that tampered, by their guard findings or their recorded tool
     /// calls, flagged or not.
     pub(crate) tampering: BTreeSet<Id>,
@@ -75,7 +87,7 @@ pub(crate) fn run(
     let mut out = Collected {
         tasks_with_data: with_data.len() as u32,
         by_task: BTreeMap::new(),
-        guard_excluded: BTreeMap::new(),
+        excluded: BTreeMap::new(),
         tampering: tampering_runs(ctx, &with_data, &runs)?,
         runs: runs.len() as u32,
         delegating: runs.iter().filter(|r| r.record.delegations > 0).count() as u32,
@@ -87,12 +99,11 @@ pub(crate) fn run(
     for r in runs {
         let task = r.record.task.clone();
         out.by_task.entry(task.clone()).or_default();
-        if !r.violations.is_empty() && exp.guards.action == GuardAction::Exclude {
-            out.guard_excluded.entry(task).or_default().push(format!(
-                "run {}: {} (not ranked)",
-                r.event.short(12),
-                guard_reason(&r.violations)
-            ));
+        if let Some(reason) = left_out(exp, &r) {
+            out.excluded
+                .entry(task)
+                .or_default()
+                .push((r.event, reason));
             continue;
         }
         out.by_task.entry(task).or_default().push(r);
@@ -107,6 +118,22 @@ pub(crate) fn run(
         .with_parents(collected),
     )?;
     Ok(out)
+}
+
+/// Why run `r` is kept out of judging and ranking, if it is: flagged by a
+/// guard under `exclude`, or (not for `mass-engine/8` and earlier) it did
+/// not finish. The reason reads as `mass.selection` records it.
+fn left_out(exp: &Experiment, r: &RunRef) -> Option<String> {
+    if !r.violations.is_empty() && exp.guards.action == GuardAction::Exclude {
+        return Some(format!("{} (not ranked)", guard_reason(&r.violations)));
+    }
+    if r.record.status != "finished" && !exp.method.legacy() {
+        return Some(format!(
+            "{}: {} (not ranked)",
+            r.record.status, r.record.detail
+        ));
+    }
+    None
 }
 
 /// N runs of each champion, under the settings as they stand after the

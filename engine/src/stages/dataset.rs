@@ -48,7 +48,11 @@ pub(crate) fn run(
             (ExampleSplit::Validation, &sel.validation),
         ] {
             for run in list.iter() {
-                let convs = run_conversations(ctx, task, run, split)?;
+                let convs = if exp.method.legacy() {
+                    run_conversations(ctx, task, run, split)?
+                } else {
+                    conversations_stripped(ctx, task, run, split)?
+                };
                 if split == ExampleSplit::Train && collected.tampering.contains(&run.event) {
                     tampered_in_training += convs.len() as u32;
                 }
@@ -60,6 +64,15 @@ pub(crate) fn run(
     let (train_jsonl, validation_jsonl, summary) =
         dataset::render_dataset(&conversations, Format::OpenAi)
             .map_err(|e| EngineError::Invalid(format!("dataset: {e}")))?;
+    if !exp.method.legacy() {
+        check_export(
+            ctx,
+            selected,
+            &conversations,
+            &train_jsonl,
+            &validation_jsonl,
+        )?;
+    }
     let ledger = ctx.session.ledger();
     let (train_blob, val_blob) = (
         ledger.put_blob(train_jsonl.as_bytes())?,
@@ -131,9 +144,131 @@ fn provenance_jsonl(conversations: &[Example], origins: &[(&RunRef, Id, Id)]) ->
     out
 }
 
+/// The export check (`dataset::leak`): every line of both files is read
+/// back and refused, naming its run, conversation and line, when it still
+/// holds its run's workflow. Not for `mass-engine/8` and earlier runs: their
+/// recorded dataset is what they trained on, and replaying one must give it
+/// again (`mass export dataset` still refuses a leaking line of theirs).
+fn check_export(
+    ctx: &Ctx<'_>,
+    selected: &[(&Task, Selected<'_>)],
+    conversations: &[Example],
+    train_jsonl: &str,
+    validation_jsonl: &str,
+) -> Result<()> {
+    let mut texts: std::collections::BTreeMap<String, dataset::WorkflowText> = Default::default();
+    for (task, sel) in selected {
+        for run in sel.train.iter().chain(sel.validation.iter()) {
+            texts.insert(run.event.to_hex(), workflow_text(ctx, task, run)?);
+        }
+    }
+    let (mut train, mut validation) = (train_jsonl.lines(), validation_jsonl.lines());
+    let mut n = [0usize; 2];
+    for conv in conversations {
+        let (file, lines, k) = match conv.split {
+            ExampleSplit::Train => ("train", &mut train, 0),
+            ExampleSplit::Validation => ("validation", &mut validation, 1),
+        };
+        n[k] += 1;
+        let line = lines.next().unwrap_or_default();
+        let wf = texts.get(&conv.run).ok_or_else(|| {
+            EngineError::Invalid(format!(
+                "dataset: conversation {} of no selected run",
+                conv.id
+            ))
+        })?;
+        if let Some(leak) = dataset::line_leak(line, conv.agent, wf) {
+            return Err(EngineError::Invalid(
+                dataset::WorkflowLeak {
+                    file: file.into(),
+                    line: n[k],
+                    run: conv.run.clone(),
+                    conversation: conv.id.clone(),
+                    place: leak.place,
+                    found: leak.found,
+                }
+                .to_string(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The workflow run `run` was given, as its recorded blob holds it.
+fn run_workflow(ctx: &Ctx<'_>, run: &RunRef) -> Result<crate::workflow::Workflow> {
+    let bytes = ctx.session.ledger().get_blob(&Id(run.record.workflow.0))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| EngineError::recording(format!("workflow of run {}", run.event.short(12)), e))
+}
+
+/// What the export check looks for in run `run`'s lines: its workflow,
+/// less the text every run of the task shows anyway.
+pub(crate) fn workflow_text(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    run: &RunRef,
+) -> Result<dataset::WorkflowText> {
+    let workflow = run_workflow(ctx, run)?;
+    Ok(dataset::WorkflowText::new(
+        &workflow,
+        &allowed_text(task)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// The text every run of `task` shows whatever its workflow
+/// (`dataset::allowed_text`).
+fn allowed_text(task: &Task) -> Vec<String> {
+    dataset::allowed_text(&task.prompt, &task.id, &task.deliverables)
+}
+
+fn directives(task: &Task) -> [String; 2] {
+    [
+        crate::prompts::directive(&task.id, &task.deliverables),
+        crate::prompts::external_directive(&task.id, &task.deliverables),
+    ]
+}
+
+/// The conversations of a selected run (`mass-engine/9`), the workflow
+/// removed from every message of every conversation that holds it
+/// (`dataset::strip_workflow_everywhere`).
+fn conversations_stripped(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    run: &RunRef,
+    split: ExampleSplit,
+) -> Result<Vec<Example>> {
+    let rendered = run_workflow(ctx, run)?.render();
+    let directives = directives(task);
+    let mut out = conversations_as_recorded(ctx, task, run, split)?;
+    for conv in &mut out {
+        dataset::strip_workflow_everywhere(conv, &task.prompt, &directives, &rendered);
+    }
+    Ok(out)
+}
+
 /// The orchestrator and subagent conversations of a selected run, the
-/// orchestrator's first prompt stripped to the bare task.
+/// orchestrator's first prompt stripped to the bare task (as runs of
+/// `mass-engine/8` and earlier were, and as collection reads the calls).
 pub(crate) fn run_conversations(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    run: &RunRef,
+    split: ExampleSplit,
+) -> Result<Vec<Example>> {
+    let directives = directives(task);
+    let mut out = conversations_as_recorded(ctx, task, run, split)?;
+    for conv in &mut out {
+        dataset::strip_orchestrator_workflow_within(conv, &task.prompt, &directives);
+    }
+    Ok(out)
+}
+
+/// A run's conversations as recorded: the orchestrator's, then each
+/// subagent's.
+fn conversations_as_recorded(
     ctx: &Ctx<'_>,
     task: &Task,
     run: &RunRef,
@@ -141,10 +276,6 @@ pub(crate) fn run_conversations(
 ) -> Result<Vec<Example>> {
     ctx.assert_trainable(task, "the dataset")?;
     let ledger = ctx.session.ledger();
-    let directives = [
-        crate::prompts::directive(&task.id, &task.deliverables),
-        crate::prompts::external_directive(&task.id, &task.deliverables),
-    ];
     let mut out = Vec::new();
     let heads = std::iter::once((AgentKind::Orchestrator, Id(run.record.orchestrator.0))).chain(
         run.record
@@ -156,7 +287,7 @@ pub(crate) fn run_conversations(
         let Some(t) = crate::transcript::stream_conversation(ledger, head)? else {
             continue;
         };
-        let mut conv = Example {
+        let conv = Example {
             id: format!("{}#{n}", run.event.short(16)),
             run: run.event.to_hex(),
             agent,
@@ -164,7 +295,6 @@ pub(crate) fn run_conversations(
             tools: t.tools,
             split,
         };
-        dataset::strip_orchestrator_workflow_within(&mut conv, &task.prompt, &directives);
         out.push(conv);
     }
     Ok(out)
