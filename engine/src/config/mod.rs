@@ -38,12 +38,12 @@ mod selection;
 mod trainer;
 mod validate;
 
-pub use method::Method;
 pub use backend::{
     Backend, BackendKind, OpenAiParams, ServeParams, SimConfig, StructuredOutput, DEFINITION_URL,
     SERVE_PLACEHOLDERS,
 };
 pub use harness::{GuardAction, GuardsConfig, HarnessConfig, HarnessKind, SandboxConfig};
+pub use method::Method;
 pub use overrides::backend_override;
 pub use selection::TaskSelection;
 pub use trainer::{

@@ -156,6 +156,11 @@ pub(crate) fn run_conversations(
         let Some(t) = crate::transcript::stream_conversation(ledger, head)? else {
             continue;
         };
+        // A run of an older driver is trained as it was recorded.
+        let t = match ctx.exp.method.keeps_reasoning() {
+            true => t,
+            false => t.without_reasoning(),
+        };
         let mut conv = Example {
             id: format!("{}#{n}", run.event.short(16)),
             run: run.event.to_hex(),
