@@ -4,7 +4,8 @@
 The engine runs it with the cycle's exported training and validation sets (TRL
 format, `mass export dataset --format trl`: one JSON object per line with
 "messages" in the OpenAI chat shape, assistant "tool_calls" whose "arguments" are
-an object or a JSON string, "tool" messages with "tool_call_id", and "tools"):
+an object or a JSON string, an assistant turn's "reasoning_content" when the model
+returned reasoning, "tool" messages with "tool_call_id", and "tools"):
 
     python trainers/lora_sft.py --train {train} --validation {validation} \\
         --base-model {base_model} --output-dir {output_dir} [hyperparameters]
@@ -16,7 +17,8 @@ model directory, the converter and the venv). What it does:
   system turn, Hermes <tool_call> blocks) and tokenizes it with the prepared
   tokenizer (llama.cpp's tokenization, digits split); labels are the assistant
   turns only (what follows "<|im_start|>assistant\\n", up to and including
-  <|im_end|>), from the template's {% generation %} marks;
+  <|im_end|>: the reasoning as <think>\\n...\\n</think>\\n\\n, the content and
+  the tool calls), from the template's {% generation %} marks;
 - truncates examples longer than --max-length (--truncation keep_start, the
   default, keeps the beginning; keep_end keeps the end) and drops, with a warning
   naming FILE:LINE, those left without an assistant token;
@@ -256,6 +258,14 @@ def read_jsonl(path):
                     fail(f"{w}: not a message with a role in {sorted(ROLES)}")
                 c = dict(m)
                 c["content"] = text_of(m.get("content"), w)
+                # What the model thought before an assistant turn: rendered
+                # as <think>...</think> by the template and trained on.
+                reasoning = m.get("reasoning_content")
+                if reasoning is not None:
+                    if not isinstance(reasoning, str):
+                        fail(f"{w}: reasoning_content must be a string or null")
+                    if m["role"] != "assistant":
+                        fail(f"{w}: reasoning_content on a {m['role']} message; only assistant turns have it")
                 calls = m.get("tool_calls")
                 if calls is not None:
                     if m["role"] != "assistant" or not isinstance(calls, list):

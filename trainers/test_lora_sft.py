@@ -52,6 +52,9 @@ import lora_sft  # noqa: E402  (stdlib-only at import time)
 CACHE = lora_sft.CACHE
 TRAIN = os.path.join(HERE, "testdata", "train.jsonl")
 VALID = os.path.join(HERE, "testdata", "validation.jsonl")
+# A conversation with reasoning on every assistant turn (streamed and not, tool calls
+# and text), as `mass` exports it: engine/tests/proxy.rs checks it is that export.
+REASONING = os.path.join(HERE, "testdata", "reasoning.jsonl")
 BASE_DIR = os.path.join(CACHE, "smollm2-135m-hf")
 GGUF = os.path.join(CACHE, "SmolLM2-135M-Instruct.Q4_1.gguf")
 LLAMACPP_PY = os.environ.get("MASS_LLAMACPP_PYTHON") or os.path.join(CACHE, "llamacpp-venv", "bin", "python")
@@ -179,7 +182,28 @@ def expected_generation(message):
         if out or i > 0:
             out += "\n"
         out += '<tool_call>\n{"name": "' + fn["name"] + '", "arguments": ' + args + "}\n</tool_call>"
+    if message.get("reasoning_content"):
+        out = "<think>\n" + message["reasoning_content"].strip("\n") + "\n</think>\n\n" + out
     return out + "<|im_end|>"
+
+
+def supervised_and_rest(test, tok, template, path, n, msgs, tools):
+    """The supervised spans of one example, decoded, and the decoded unsupervised rest."""
+    rows, _ = lora_sft.tokenize_set(path, [(n, msgs, tools)], tok, template, 10**6, "keep_start", "t")
+    ids, labels = rows["input_ids"][0], rows["labels"][0]
+    spans, cur = [], []
+    for t, lab in zip(ids, labels):
+        if lab != -100:
+            test.assertEqual(lab, t)
+            cur.append(t)
+        elif cur:
+            spans.append(cur)
+            cur = []
+    if cur:
+        spans.append(cur)
+    got = [tok.decode(s, skip_special_tokens=False) for s in spans]
+    rest = tok.decode([t for t, lab in zip(ids, labels) if lab == -100], skip_special_tokens=False)
+    return got, rest
 
 
 class Mask(unittest.TestCase):
@@ -188,22 +212,10 @@ class Mask(unittest.TestCase):
     def test_supervised_tokens_are_the_assistant_turns(self):
         tok = load_tokenizer()
         template = open(TEMPLATE, encoding="utf-8").read()
-        for path in (TRAIN, VALID):
+        for path in (TRAIN, VALID, REASONING):
             examples = lora_sft.read_jsonl(path)
             for n, msgs, tools in examples:
-                rows, _ = lora_sft.tokenize_set(path, [(n, msgs, tools)], tok, template, 10**6, "keep_start", "t")
-                ids, labels = rows["input_ids"][0], rows["labels"][0]
-                spans, cur = [], []
-                for t, lab in zip(ids, labels):
-                    if lab != -100:
-                        self.assertEqual(lab, t)
-                        cur.append(t)
-                    elif cur:
-                        spans.append(cur)
-                        cur = []
-                if cur:
-                    spans.append(cur)
-                got = [tok.decode(s, skip_special_tokens=False) for s in spans]
+                got, rest = supervised_and_rest(self, tok, template, path, n, msgs, tools)
                 want = [expected_generation(m) for m in msgs if m["role"] == "assistant"]
                 self.assertEqual(got, want, f"{path}:{n}")
                 supervised = "".join(got)
@@ -215,10 +227,53 @@ class Mask(unittest.TestCase):
                 for marker in ("<|im_start|>", "<tool_response>", "# Tools", "<tools>"):
                     self.assertNotIn(marker, supervised)
                 # and the unsupervised rest holds every non-assistant turn
-                rest = tok.decode([t for t, lab in zip(ids, labels) if lab == -100], skip_special_tokens=False)
                 for m in msgs:
                     if m["role"] != "assistant":
                         self.assertIn(m["content"], rest)
+
+    def test_reasoning_is_a_target_in_every_assistant_turn(self):
+        """Each assistant turn's reasoning is trained, inside <think></think> before what
+        the turn says; none of it sits in the prompt part, and nothing else thinks."""
+        tok = load_tokenizer()
+        template = open(TEMPLATE, encoding="utf-8").read()
+        examples = lora_sft.read_jsonl(REASONING)
+        self.assertTrue(examples)
+        for n, msgs, tools in examples:
+            turns = [m for m in msgs if m["role"] == "assistant"]
+            self.assertTrue(turns and all(m.get("reasoning_content") for m in turns), f"{REASONING}:{n}")
+            self.assertTrue(any(m.get("tool_calls") for m in turns) and any(m["content"] for m in turns))
+            got, rest = supervised_and_rest(self, tok, template, REASONING, n, msgs, tools)
+            self.assertEqual(len(got), len(turns))
+            for span, m in zip(got, turns):
+                thought = m["reasoning_content"].strip("\n")
+                self.assertTrue(span.startswith("<think>\n" + thought + "\n</think>\n\n"), span)
+                for line in thought.split("\n"):
+                    self.assertNotIn(line, rest)
+            self.assertNotIn("<think>", rest)
+            self.assertEqual("".join(got).count("<think>"), len(turns))
+
+
+class Reading(unittest.TestCase):
+    """reasoning_content is read as the assistant's, and refused anywhere else."""
+
+    def read(self, messages):
+        d = tempfile.mkdtemp()
+        path = os.path.join(d, "x.jsonl")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"messages": messages}) + "\n")
+        try:
+            return lora_sft.read_jsonl(path)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def test_reasoning_only_on_assistant_turns_and_only_text(self):
+        user = {"role": "user", "content": "hi"}
+        ok = self.read([user, {"role": "assistant", "content": "yo", "reasoning_content": "greet back"}])
+        self.assertEqual(ok[0][1][1]["reasoning_content"], "greet back")
+        with self.assertRaisesRegex(lora_sft.Failure, "only assistant turns"):
+            self.read([dict(user, reasoning_content="x"), {"role": "assistant", "content": "yo"}])
+        with self.assertRaisesRegex(lora_sft.Failure, "must be a string"):
+            self.read([user, {"role": "assistant", "content": "yo", "reasoning_content": ["x"]}])
 
 
 LLAMA_TOKENIZE = r"""
@@ -440,7 +495,7 @@ class Serving(unittest.TestCase):
 def main():
     loader = unittest.TestLoader()
     suite = unittest.TestSuite(
-        loader.loadTestsFromTestCase(c) for c in (Errors, Mask, Tokenizer, Training, Serving)
+        loader.loadTestsFromTestCase(c) for c in (Errors, Mask, Reading, Tokenizer, Training, Serving)
     )
     t0 = time.time()
     result = unittest.TextTestRunner(stream=sys.stderr, verbosity=2).run(suite)

@@ -53,17 +53,67 @@ impl ToolCall {
 
 /// A chat message. `content` is `None` for an assistant turn that only calls tools.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "MessageIn")]
 pub struct Message {
     pub role: Role,
     /// On the wire also a list of content parts (external harnesses send
     /// those); their text parts are read joined with newlines, as vLLM
     /// renders them.
-    #[serde(default, deserialize_with = "content_text")]
     pub content: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// What a reasoning model thought before this assistant turn, as the
+    /// server returned it apart from the content (`reasoning_content`, or
+    /// vLLM's newer `reasoning`). Written as `reasoning_content` and left out
+    /// when `None`, so a message without reasoning has the bytes, and the
+    /// blob id, it always had. Never sent back to a server (see
+    /// `backend::openai::WireMessages`); kept for transcripts and training.
+    #[serde(rename = "reasoning_content", skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+}
+
+/// A message as read: `content` in any of its wire shapes, and reasoning
+/// under either name. vLLM sent both names with the same text for a while
+/// (it renamed `reasoning_content` to `reasoning` and kept the old name for
+/// compatibility), so both may be present: `reasoning_content` wins. Only a
+/// non-empty string is reasoning; `null`, `""` or another type is none.
+#[derive(Deserialize)]
+struct MessageIn {
+    role: Role,
+    #[serde(default, deserialize_with = "content_text")]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<ToolCall>,
+    #[serde(default)]
+    tool_call_id: Option<String>,
+    #[serde(default)]
+    reasoning_content: Option<Value>,
+    #[serde(default)]
+    reasoning: Option<Value>,
+}
+
+impl From<MessageIn> for Message {
+    fn from(m: MessageIn) -> Message {
+        let reasoning = reasoning_text(m.reasoning_content.as_ref())
+            .or_else(|| reasoning_text(m.reasoning.as_ref()));
+        Message {
+            role: m.role,
+            content: m.content,
+            tool_calls: m.tool_calls,
+            tool_call_id: m.tool_call_id,
+            reasoning,
+        }
+    }
+}
+
+/// A reasoning field's text: a non-empty string, else none.
+pub fn reasoning_text(v: Option<&Value>) -> Option<String> {
+    match v {
+        Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+        _ => None,
+    }
 }
 
 /// A message's `content`: a string, null, or a list of parts of which the
@@ -106,6 +156,7 @@ impl Message {
             content: Some(text.into()),
             tool_calls: Vec::new(),
             tool_call_id: None,
+            reasoning: None,
         }
     }
     pub fn tool_result(call_id: impl Into<String>, text: impl Into<String>) -> Self {
@@ -114,6 +165,7 @@ impl Message {
             content: Some(text.into()),
             tool_calls: Vec::new(),
             tool_call_id: Some(call_id.into()),
+            reasoning: None,
         }
     }
     pub fn tool_calls(calls: Vec<ToolCall>) -> Self {
@@ -122,6 +174,7 @@ impl Message {
             content: None,
             tool_calls: calls,
             tool_call_id: None,
+            reasoning: None,
         }
     }
 

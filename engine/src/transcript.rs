@@ -8,7 +8,7 @@ use ledger::{Id, Ledger};
 use schemas::Effect;
 use serde_json::Value;
 
-use crate::chat::{Message, ToolDef};
+use crate::chat::{Message, Role, ToolDef};
 use crate::error::{EngineError, Result};
 
 /// Effect kinds that are model calls.
@@ -20,6 +20,17 @@ pub const MODEL_KINDS: [&str; 3] = ["model", "judge", "optimizer"];
 pub struct Transcript {
     pub messages: Vec<Message>,
     pub tools: Vec<ToolDef>,
+}
+
+impl Transcript {
+    /// The conversation without the models' reasoning: what drivers before
+    /// reasoning was kept trained on (`config::Method::keeps_reasoning`).
+    pub fn without_reasoning(mut self) -> Transcript {
+        for m in &mut self.messages {
+            m.reasoning = None;
+        }
+        self
+    }
 }
 
 fn effect_of(ledger: &Ledger, id: &Id) -> Result<Effect> {
@@ -63,11 +74,18 @@ pub fn model_call(ledger: &Ledger, event: Id) -> Result<Transcript> {
     let mut messages = Vec::new();
     let mut tools = Vec::new();
     let last = chain.len().saturating_sub(1);
+    // The reply of the previous proxied call, whose reasoning its client may
+    // not have sent back.
+    let mut replied: Option<Message> = None;
     for (i, (e, req)) in chain.into_iter().enumerate() {
+        let first_new = messages.len();
         for m in req["messages"].as_array().into_iter().flatten() {
             let v = blob_json(ledger, m.as_str().unwrap_or_default())?;
             messages
                 .push(serde_json::from_value(v).map_err(|x| EngineError::recording("message", x))?);
+        }
+        if let Some(reply) = replied.take() {
+            restore_reasoning(&mut messages[first_new..], &reply);
         }
         if let Some(t) = req["tools"].as_str() {
             tools = serde_json::from_value(blob_json(ledger, t)?)
@@ -75,20 +93,60 @@ pub fn model_call(ledger: &Ledger, event: Id) -> Result<Transcript> {
         }
         // Each engine call's response is part of the next call's history.
         // A proxied client (`wire` records) sends the response back itself,
-        // as the next request's first new message.
+        // as the next request's first new message; its reply is read only
+        // for the reasoning the client may have left out (a failed exchange
+        // has none, and no reply to read).
         if i != last && req["wire"].is_u64() {
+            replied = reply_of(ledger, &e).ok();
             continue;
         }
-        let out = e
-            .output
-            .ok_or_else(|| EngineError::recording("model effect", "no output"))?;
-        let resp: Value = serde_json::from_slice(&ledger.get_blob(&Id(out.0))?)
-            .map_err(|x| EngineError::recording("model output", x))?;
-        let msg: Message = serde_json::from_value(resp["message"].clone())
-            .map_err(|x| EngineError::recording("response message", x))?;
-        messages.push(msg);
+        messages.push(reply_of(ledger, &e)?);
     }
     Ok(Transcript { messages, tools })
+}
+
+/// The reply message a model effect recorded.
+fn reply_of(ledger: &Ledger, e: &Effect) -> Result<Message> {
+    let out = e
+        .output
+        .ok_or_else(|| EngineError::recording("model effect", "no output"))?;
+    let resp: Value = serde_json::from_slice(&ledger.get_blob(&Id(out.0))?)
+        .map_err(|x| EngineError::recording("model output", x))?;
+    serde_json::from_value(resp["message"].clone())
+        .map_err(|x| EngineError::recording("response message", x))
+}
+
+/// A proxied client sends its model's reply back as the first new message
+/// of its next request, usually without the reasoning the server returned
+/// beside the content (chat clients drop it, as chat templates do). That
+/// reasoning is what the model thought before the turn, recorded in the
+/// reply: put it back on the echoed turn, found as the first assistant
+/// message of the new ones, when that turn carries none and says what the
+/// reply said (the same tool calls by id and name, or, without calls, the
+/// same text but for surrounding whitespace). A turn the client rewrote
+/// gets none: reasoning is never attached to words the model did not say.
+fn restore_reasoning(new: &mut [Message], reply: &Message) {
+    let Some(reasoning) = &reply.reasoning else {
+        return;
+    };
+    let Some(echo) = new.iter_mut().find(|m| m.role == Role::Assistant) else {
+        return;
+    };
+    let same_calls = echo.tool_calls.len() == reply.tool_calls.len()
+        && echo
+            .tool_calls
+            .iter()
+            .zip(&reply.tool_calls)
+            .all(|(a, b)| a.id == b.id && a.function.name == b.function.name);
+    let same_text = echo.content_str().trim() == reply.content_str().trim();
+    let same = if reply.tool_calls.is_empty() {
+        same_calls && same_text
+    } else {
+        same_calls
+    };
+    if echo.reasoning.is_none() && same {
+        echo.reasoning = Some(reasoning.clone());
+    }
 }
 
 /// The conversation of a stream ending at `head`: its last model call.

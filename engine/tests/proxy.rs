@@ -27,6 +27,15 @@ struct Fake {
     auth: Mutex<Vec<String>>,
     /// Response bodies sent, in order.
     sent: Mutex<Vec<Vec<u8>>>,
+    /// Answer as a reasoning model: [`thought`] beside the content, as
+    /// `reasoning_content` on even calls and vLLM's `reasoning` on odd ones.
+    think: bool,
+}
+
+/// What a thinking fake thought before answering call `n`: wrapped in
+/// newlines, as reasoning parsers often leave it.
+fn thought(n: u64) -> String {
+    format!("\nCall {n}: the user wants progress.\nI will answer briefly.\n")
 }
 
 fn rng(seed: u64) -> impl FnMut() -> u64 {
@@ -47,10 +56,22 @@ fn answer(fake: &Fake, req: &Value) -> (Vec<u8>, Vec<usize>) {
     let turns = req["messages"].as_array().map_or(0, Vec::len);
     let text = format!("reply {n} to {turns} messages: {}", r() % 100_000);
     let tool = r().is_multiple_of(2);
+    let key = if n.is_multiple_of(2) {
+        "reasoning_content"
+    } else {
+        "reasoning"
+    };
     if req["stream"] == json!(true) {
         let mut events = vec![
             json!({"choices":[{"index":0,"delta":{"role":"assistant","content": if tool { Value::Null } else { json!("") }}}]}),
         ];
+        if fake.think {
+            let t = thought(n);
+            let (a, b) = t.split_at(t.len() / 2);
+            for piece in [a, b] {
+                events.push(json!({"choices":[{"index":0,"delta":{key: piece}}]}));
+            }
+        }
         if tool {
             let args = format!("{{\"path\":\"/ws/{n}.txt\",\"content\":\"{text}\"}}");
             let (a, b) = args.split_at(args.len() / 2);
@@ -80,11 +101,14 @@ fn answer(fake: &Fake, req: &Value) -> (Vec<u8>, Vec<usize>) {
         }
         (bytes, chunks)
     } else {
-        let message = if tool {
+        let mut message = if tool {
             json!({"role":"assistant","content":null,"tool_calls":[{"id":format!("call_{n}"),"type":"function","function":{"name":"read_file","arguments":"{\"path\":\"a\"}"}}]})
         } else {
             json!({"role":"assistant","content":text})
         };
+        if fake.think {
+            message[key] = json!(thought(n));
+        }
         let body = json!({"id":format!("x{n}"),"object":"chat.completion","choices":[{"index":0,"message":message,"finish_reason":"stop"}],"usage":{"prompt_tokens":turns,"completion_tokens":3}});
         let b = serde_json::to_vec(&body).unwrap();
         let len = b.len();
@@ -844,4 +868,127 @@ async fn post_until_error(client: &reqwest::Client, base: &str, body: &Value) ->
             Err(_) => return (out, true),
         }
     }
+}
+
+/// The trainer's fixture of a conversation with reasoning
+/// (`trainers/testdata/reasoning.jsonl`, read by trainers/test_lora_sft.py):
+/// the TRL line this test exports. `MASS_BLESS=1` rewrites it.
+fn reasoning_fixture() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../trainers/testdata/reasoning.jsonl")
+}
+
+/// A reasoning model behind the proxy, streamed and not, under both names
+/// (`reasoning_content`, vLLM's `reasoning`); a client that, as chat
+/// clients do, sends each reply back without its reasoning. The recorded
+/// conversation has every assistant turn's reasoning (the last reply's from
+/// its own record, the earlier ones put back from theirs), and so do the
+/// dataset lines of both formats, which parse back to the same messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reasoning_streamed_or_not_is_kept_in_the_conversation_and_both_dataset_formats() {
+    use engine::chat::Role;
+    use engine::dataset::{self, AgentKind, Example, ExampleSplit};
+
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(dir.path());
+    let fake = Arc::new(Fake {
+        // Replies: a tool call streamed, one not, text streamed, text not.
+        seed: 13,
+        think: true,
+        ..Default::default()
+    });
+    let (up, _t) = start_fake(fake.clone()).await;
+    let (_server, route, base) = recording_proxy(&ledger, "rec", up).await;
+    let client = reqwest::Client::new();
+    let tools = json!([{"type":"function","function":{"name":"write_file","description":"w","parameters":{}}},
+                       {"type":"function","function":{"name":"read_file","description":"r","parameters":{}}}]);
+    let mut messages = vec![
+        json!({"role":"system","content":"You are brief."}),
+        json!({"role":"user","content":"Make progress."}),
+    ];
+    let turns = 4;
+    for t in 0..turns {
+        let streamed = t % 2 == 0;
+        let body = json!({"model":"m","messages":messages,"stream":streamed,"tools":tools});
+        let sent = post(&client, &base, &body, "k").await;
+        assert_eq!(sent.status, 200);
+        let mut m = proxy::wire::reply_of(&sent.body, streamed).unwrap().message;
+        let m_obj = m.as_object_mut().unwrap();
+        m_obj.retain(|k, v| !v.is_null() && k != "reasoning_content" && k != "reasoning");
+        let call = m["tool_calls"][0]["id"].as_str().map(str::to_string);
+        messages.push(m);
+        messages.push(match call {
+            Some(id) => json!({"role":"tool","tool_call_id":id,"content":format!("ok {t}")}),
+            None => json!({"role":"user","content":format!("go on {t}")}),
+        });
+    }
+    let head = route.finish().await.unwrap().unwrap();
+    let sent = fake.sent.lock().unwrap().clone();
+    let both = |needle: &str| {
+        sent.iter()
+            .any(|b| String::from_utf8_lossy(b).contains(needle))
+    };
+    assert!(both("\"reasoning\"") && both("\"reasoning_content\""));
+
+    let t = engine::transcript::model_call(&ledger, head).unwrap();
+    let assistants: Vec<_> = t
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::Assistant)
+        .collect();
+    assert_eq!(assistants.len(), turns);
+    let calls: Vec<bool> = assistants
+        .iter()
+        .map(|m| !m.tool_calls.is_empty())
+        .collect();
+    assert_eq!(calls, [true, true, false, false]);
+    for (n, m) in assistants.iter().enumerate() {
+        assert_eq!(
+            m.reasoning.as_deref(),
+            Some(thought(n as u64).as_str()),
+            "turn {n}"
+        );
+    }
+    assert!(t
+        .messages
+        .iter()
+        .all(|m| (m.role == Role::Assistant) == m.reasoning.is_some()));
+
+    let example = Example {
+        id: "rec#0".into(),
+        run: "rec".into(),
+        agent: AgentKind::Subagent,
+        messages: t.messages.clone(),
+        tools: t.tools.clone(),
+        split: ExampleSplit::Train,
+    };
+    let openai = dataset::to_openai_line(&example).unwrap();
+    let trl = dataset::to_trl_line(&example).unwrap();
+    for (line, parsed) in [
+        (&openai, dataset::parse_openai_line(&openai).unwrap()),
+        (&trl, dataset::parse_trl_line(&trl).unwrap()),
+    ] {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let thoughts: Vec<&str> = v["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["reasoning_content"].as_str())
+            .collect();
+        let want: Vec<String> = (0..turns as u64).map(thought).collect();
+        assert_eq!(thoughts, want);
+        let back: Vec<_> = parsed.messages.iter().map(|m| &m.reasoning).collect();
+        let orig: Vec<_> = t.messages.iter().map(|m| &m.reasoning).collect();
+        assert_eq!(back, orig);
+    }
+    let fixture = reasoning_fixture();
+    if std::env::var_os("MASS_BLESS").is_some() {
+        std::fs::write(&fixture, format!("{trl}\n")).unwrap();
+    }
+    assert_eq!(
+        std::fs::read_to_string(&fixture).unwrap(),
+        format!("{trl}\n"),
+        "{} is not this export (MASS_BLESS=1 rewrites it)",
+        fixture.display()
+    );
 }

@@ -138,7 +138,9 @@ pub fn sse_data(body: &[u8]) -> Vec<String> {
 }
 
 /// Reassembles a streamed chat completion (first choice): content and
-/// reasoning deltas concatenated, tool calls merged by their `index` (id,
+/// reasoning deltas concatenated (reasoning as `reasoning_content`, read
+/// from `reasoning_content` or else vLLM's `reasoning` in each delta), tool
+/// calls merged by their `index` (id,
 /// type and name from the first delta that has them, arguments appended),
 /// the last finish reason and usage seen. `None` if no chunk parses.
 pub fn reply_from_sse(body: &[u8]) -> Option<Reply> {
@@ -169,10 +171,13 @@ pub fn reply_from_sse(body: &[u8]) -> Option<Reply> {
         if let Some(s) = delta["content"].as_str() {
             content.push_str(s);
         }
-        for key in ["reasoning_content", "reasoning"] {
-            if let Some(s) = delta[key].as_str() {
-                reasoning.push_str(s);
-            }
+        // One name per delta: vLLM sent the same text under both names
+        // for a while (`reasoning` new, `reasoning_content` kept).
+        if let Some(s) = delta["reasoning_content"]
+            .as_str()
+            .or_else(|| delta["reasoning"].as_str())
+        {
+            reasoning.push_str(s);
         }
         for tc in delta["tool_calls"].as_array().into_iter().flatten() {
             let index = tc["index"].as_u64().unwrap_or(calls.len() as u64);
@@ -397,6 +402,23 @@ mod tests {
         assert_eq!(r.message["content"], "Hello");
         assert_eq!(r.message["reasoning_content"], "hm");
         assert_eq!(r.finish_reason, "stop");
+    }
+
+    /// vLLM between renaming `reasoning_content` to `reasoning` and
+    /// dropping the old name sent both, with the same text, in each delta:
+    /// the thought is kept once, not twice; a delta with only the new name
+    /// is read too.
+    #[test]
+    fn reasoning_sent_under_both_names_is_kept_once() {
+        let body = sse(&[
+            json!({"choices":[{"index":0,"delta":{"reasoning":"Let me ","reasoning_content":"Let me "}}]}),
+            json!({"choices":[{"index":0,"delta":{"reasoning":"think."}}]}),
+            json!({"choices":[{"index":0,"delta":{"content":"42"},"finish_reason":"stop"}]}),
+        ]);
+        let r = reply_from_sse(&body).unwrap();
+        assert_eq!(r.message["reasoning_content"], "Let me think.");
+        assert_eq!(r.message["content"], "42");
+        assert!(r.message.get("reasoning").is_none());
     }
 
     #[test]

@@ -391,6 +391,10 @@ pub fn parse_response(v: &Value) -> Result<ChatResponse, String> {
             content,
             tool_calls,
             tool_call_id: None,
+            // DeepSeek's and llama.cpp's name, then vLLM's newer one (a
+            // server that sends both sends the same text twice).
+            reasoning: crate::chat::reasoning_text(m.get("reasoning_content"))
+                .or_else(|| crate::chat::reasoning_text(m.get("reasoning"))),
         },
         usage,
         finish_reason: choice
@@ -403,14 +407,24 @@ pub fn parse_response(v: &Value) -> Result<ChatResponse, String> {
     })
 }
 
-/// A message as the wire wants it: an assistant turn that only calls tools
-/// has `content: null`.
 /// Messages in the wire shape: role, content, tool_calls and tool_call_id
 /// when present. An assistant turn that only calls tools is sent with empty
 /// content, not null: OpenAI and vLLM accept both, but servers that render
 /// the conversation through the model's chat template fail on null
 /// (measured: llama-cpp-python 0.3.36 answers HTTP 500). What is recorded is
 /// the message as the model sent it.
+///
+/// An earlier turn's reasoning (`Message::reasoning`) is never sent back,
+/// deliberately: the chat templates of the reasoning models these servers
+/// run (Qwen3, DeepSeek-R1 and their distills) drop the reasoning of earlier
+/// turns anyway; DeepSeek's API answers HTTP 400 to a request whose
+/// messages carry `reasoning_content`; vLLM reads `reasoning` and newer
+/// releases ignore `reasoning_content`, so no one name would do; and every
+/// request stays byte for byte what the driver sent before reasoning was
+/// kept, so recorded runs replay and a server that returns reasoning sees
+/// the conversation it saw before. The recorded conversation keeps it (the
+/// message blobs), for transcripts and training. Models that want their
+/// reasoning back between tool calls (interleaved thinking) get none.
 struct WireMessages<'a>(&'a [Message]);
 
 impl serde::Serialize for WireMessages<'_> {

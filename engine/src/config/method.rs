@@ -37,6 +37,14 @@ impl Method {
     pub fn legacy(&self) -> bool {
         self.version < 9
     }
+
+    /// Whether the run's training data keeps the models' reasoning
+    /// (`Message::reasoning`). Drivers before `mass-engine/9` dropped it from
+    /// proxied conversations when building datasets, so their datasets, and
+    /// the trainer requests that carry them, are rebuilt without it.
+    pub fn keeps_reasoning(&self) -> bool {
+        self.version >= 9
+    }
 }
 
 #[cfg(test)]
@@ -49,6 +57,10 @@ mod tests {
         assert!(Method::of_driver("mass-engine/8").unwrap().legacy());
         assert!(Method::of_driver("mass-engine/7").unwrap().legacy());
         assert!(!Method::default().legacy());
+        assert!(Method::default().keeps_reasoning());
+        assert!(!Method::of_driver("mass-engine/8")
+            .unwrap()
+            .keeps_reasoning());
         assert_eq!(Method::of_driver("other/9"), None);
         assert_eq!(Method::of_driver("mass-engine/x"), None);
     }

@@ -188,6 +188,9 @@ pub enum Problem {
     MissingContent(Role),
     ToolCallsOutsideAssistant(Role),
     ToolCallIdOutsideToolMessage(Role),
+    /// Reasoning is what an assistant turn thought; on another role it
+    /// would be trained as if the model had said it.
+    ReasoningOutsideAssistant(Role),
     ToolMessageWithoutCallId,
     /// The id was never issued by an earlier assistant message.
     UnknownToolCallId(String),
@@ -223,6 +226,9 @@ impl fmt::Display for Problem {
             }
             Problem::ToolCallIdOutsideToolMessage(r) => {
                 write!(f, "{r:?} message carries a tool_call_id; only tool messages may")
+            }
+            Problem::ReasoningOutsideAssistant(r) => {
+                write!(f, "{r:?} message carries reasoning; only assistant messages may")
             }
             Problem::ToolMessageWithoutCallId => write!(f, "tool message has no tool_call_id"),
             Problem::UnknownToolCallId(id) => write!(
@@ -333,6 +339,7 @@ mod tests {
                         r#"{ "path": "data/prices.csv",  "limit": 10 }"#,
                     )],
                     tool_call_id: None,
+                    reasoning: None,
                 },
                 Message::tool_result("call_1", "date,price\n2024-01-02,101.5"),
                 Message::tool_calls(vec![
@@ -399,6 +406,7 @@ mod tests {
                     content: Some("Sure.".into()),
                     tool_calls: vec![ToolCall::new("k", "read_file", r#"{"path":"a"}"#)],
                     tool_call_id: None,
+                    reasoning: None,
                 },
                 Message::tool_result("k", "lots of file content here"),
                 Message::assistant("ok"),

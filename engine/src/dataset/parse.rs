@@ -119,11 +119,15 @@ fn parse_message(
     let content = optional_string(m, "content", at)?;
     let tool_calls = parse_calls(m, i, format, taken, pending)?;
     let tool_call_id = answered_call(m, role, format, at, pending)?;
+    // An empty string is no reasoning, as when a message is read from a
+    // server's reply (`chat::reasoning_text`).
+    let reasoning = optional_string(m, "reasoning_content", at)?.filter(|r| !r.is_empty());
     Ok(Message {
         role,
         content,
         tool_calls,
         tool_call_id,
+        reasoning,
     })
 }
 

@@ -52,6 +52,12 @@ fn messages_value(conv: &Example, format: Format) -> Value {
         if let Some(content) = &m.content {
             obj.insert("content".into(), content.as_str().into());
         }
+        // Both formats, under the name chat templates read (Qwen3's,
+        // trainers/chatml_tools.jinja); absent when the turn had none, so a
+        // conversation without reasoning renders as it always did.
+        if let Some(reasoning) = &m.reasoning {
+            obj.insert("reasoning_content".into(), reasoning.as_str().into());
+        }
         if !m.tool_calls.is_empty() {
             let calls = m
                 .tool_calls

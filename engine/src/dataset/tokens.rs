@@ -43,16 +43,17 @@ pub fn estimate_tokens(text: &str) -> u64 {
 }
 
 fn message_tokens(m: &Message) -> u64 {
-    estimate_tokens(m.content_str())
+    estimate_tokens(m.reasoning.as_deref().unwrap_or(""))
+        + estimate_tokens(m.content_str())
         + m.tool_calls
             .iter()
             .map(|c| estimate_tokens(&c.function.name) + estimate_tokens(&c.function.arguments))
             .sum::<u64>()
 }
 
-/// Estimated tokens the model is trained on: assistant turns only (content, tool
-/// call names and arguments); system, user and tool turns are masked (MASS.md
-/// step 6). Chat-template markers are not counted.
+/// Estimated tokens the model is trained on: assistant turns only (reasoning,
+/// content, tool call names and arguments); system, user and tool turns are
+/// masked (MASS.md step 6). Chat-template markers are not counted.
 pub fn supervised_tokens(conv: &Example) -> u64 {
     conv.messages
         .iter()

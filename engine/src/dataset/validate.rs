@@ -13,8 +13,9 @@ use crate::chat::Role;
 /// rendering a whole dataset.
 ///
 /// Rules: at least one message, the first being system or user; at least one
-/// assistant message; assistant messages have content or tool calls; other
-/// messages have content; only assistant messages carry tool calls (type
+/// assistant message; assistant messages have content or tool calls (reasoning
+/// alone is not a turn); other messages have content; only assistant messages
+/// carry reasoning; only assistant messages carry tool calls (type
 /// `"function"`, non-empty id and name) and only tool messages carry a
 /// `tool_call_id`, which must answer an unanswered call issued by an earlier
 /// assistant message. An id may be reused once its call is answered (some
@@ -60,6 +61,9 @@ pub fn validate(conv: &Example) -> Result<(), DatasetError> {
         }
         if m.role != Role::Tool && m.tool_call_id.is_some() {
             return Err(fail(at, Problem::ToolCallIdOutsideToolMessage(m.role)));
+        }
+        if m.role != Role::Assistant && m.reasoning.is_some() {
+            return Err(fail(at, Problem::ReasoningOutsideAssistant(m.role)));
         }
         match m.role {
             Role::Assistant => {

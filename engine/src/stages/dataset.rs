@@ -287,6 +287,11 @@ fn conversations_as_recorded(
         let Some(t) = crate::transcript::stream_conversation(ledger, head)? else {
             continue;
         };
+        // A run of an older driver is trained as it was recorded.
+        let t = match ctx.exp.method.keeps_reasoning() {
+            true => t,
+            false => t.without_reasoning(),
+        };
         let conv = Example {
             id: format!("{}#{n}", run.event.short(16)),
             run: run.event.to_hex(),
