@@ -125,6 +125,14 @@ def parse_args(argv=None):
     h.add_argument("--learning-rate", type=float, default=2e-4, help="peak learning rate (AdamW)")
     h.add_argument("--lr-scheduler", default="linear", help="transformers scheduler name (linear, cosine, constant, ...)")
     h.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps")
+    h.add_argument(
+        "--min-lr-ratio",
+        type=float,
+        default=0.0,
+        help="cosine only: the floor the learning rate decays to, as a fraction of the peak (MASS: 0.1)",
+    )
+    h.add_argument("--adam-beta1", type=float, default=0.9, help="AdamW beta1")
+    h.add_argument("--adam-beta2", type=float, default=0.999, help="AdamW beta2 (MASS: 0.95)")
     h.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     h.add_argument("--epochs", type=float, default=2.0, help="passes over the training set")
     h.add_argument("--max-steps", type=int, default=-1, help="optimizer steps; > 0 overrides --epochs")
@@ -204,7 +212,34 @@ def parse_args(argv=None):
         p.error("--eval-every must be 0 or more")
     if a.max_steps <= 0 and a.epochs <= 0:
         p.error("give --epochs > 0 or --max-steps > 0")
+    if a.warmup_steps < 0:
+        p.error("--warmup-steps must be 0 or more")
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0.0 <= getattr(a, name) < 1.0:
+            p.error(f"--{name.replace('_', '-')} must be in [0, 1)")
+    if not 0.0 <= a.min_lr_ratio < 1.0:
+        p.error("--min-lr-ratio must be in [0, 1)")
+    if a.min_lr_ratio > 0 and a.lr_scheduler not in ("cosine", "cosine_with_min_lr"):
+        p.error(f"--min-lr-ratio applies to --lr-scheduler cosine only, not {a.lr_scheduler!r}")
     return a
+
+
+def schedule_settings(a):
+    """The optimizer and schedule settings of the training arguments: AdamW with
+    --adam-beta1/--adam-beta2, and a cosine decay with a floor of --min-lr-ratio
+    times the peak (transformers' cosine_with_min_lr) when one is given."""
+    kw = {
+        "learning_rate": a.learning_rate,
+        "lr_scheduler_type": a.lr_scheduler,
+        "warmup_steps": a.warmup_steps,
+        "weight_decay": a.weight_decay,
+        "adam_beta1": a.adam_beta1,
+        "adam_beta2": a.adam_beta2,
+    }
+    if a.min_lr_ratio > 0:
+        kw["lr_scheduler_type"] = "cosine_with_min_lr"
+        kw["lr_scheduler_kwargs"] = {"min_lr_rate": a.min_lr_ratio}
+    return kw
 
 
 # ---------------------------------------------------------------- data
@@ -381,6 +416,40 @@ def convert_to_gguf(a, ckpt_dir):
 # ---------------------------------------------------------------- training
 
 
+def training_arguments(a, SFTConfig):
+    """TRL's SFTConfig (transformers' TrainingArguments) from the resolved flags."""
+    eval_steps = a.eval_every if a.eval_every > 0 else 10**9
+    return SFTConfig(
+        output_dir=a.output_dir,
+        per_device_train_batch_size=a.batch_size,
+        per_device_eval_batch_size=1,
+        gradient_accumulation_steps=a.grad_accum,
+        **schedule_settings(a),
+        num_train_epochs=a.epochs,
+        max_steps=a.max_steps if a.max_steps > 0 else -1,
+        logging_strategy="steps",
+        logging_steps=1,
+        logging_first_step=True,
+        eval_strategy="steps",
+        eval_steps=eval_steps,
+        eval_on_start=a.eval_base,
+        save_strategy="steps",
+        save_steps=eval_steps,
+        save_only_model=True,
+        seed=a.seed,
+        data_seed=a.seed,
+        use_cpu=True,
+        bf16=a.precision == "bf16",
+        activation_checkpointing=a.gradient_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False} if a.gradient_checkpointing else None,
+        max_length=None,  # truncated above, where it is counted
+        packing=False,
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+
+
 def main(argv=None):
     a = parse_args(argv)
     t_start = time.time()
@@ -476,39 +545,7 @@ def main(argv=None):
             bias="none",
             task_type="CAUSAL_LM",
         )
-    eval_steps = a.eval_every if a.eval_every > 0 else 10**9
-    cfg = SFTConfig(
-        output_dir=a.output_dir,
-        per_device_train_batch_size=a.batch_size,
-        per_device_eval_batch_size=1,
-        gradient_accumulation_steps=a.grad_accum,
-        learning_rate=a.learning_rate,
-        lr_scheduler_type=a.lr_scheduler,
-        warmup_steps=a.warmup_steps,
-        weight_decay=a.weight_decay,
-        num_train_epochs=a.epochs,
-        max_steps=a.max_steps if a.max_steps > 0 else -1,
-        logging_strategy="steps",
-        logging_steps=1,
-        logging_first_step=True,
-        eval_strategy="steps",
-        eval_steps=eval_steps,
-        eval_on_start=a.eval_base,
-        save_strategy="steps",
-        save_steps=eval_steps,
-        save_only_model=True,
-        seed=a.seed,
-        data_seed=a.seed,
-        use_cpu=True,
-        bf16=a.precision == "bf16",
-        activation_checkpointing=a.gradient_checkpointing,
-        activation_checkpointing_kwargs={"use_reentrant": False} if a.gradient_checkpointing else None,
-        max_length=None,  # truncated above, where it is counted
-        packing=False,
-        report_to="none",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
+    cfg = training_arguments(a, SFTConfig)
 
     checkpoints = []  # {"checkpoint", "step", "validation_loss", "epoch"}
     state = {"eval": None, "tokens_total": 0, "t_step": time.time(), "base": None, "train_runtime": None}
@@ -630,7 +667,8 @@ def main(argv=None):
     hyper = {
         k: getattr(a, k)
         for k in (
-            "rank", "alpha", "dropout", "learning_rate", "lr_scheduler", "warmup_steps", "weight_decay",
+            "rank", "alpha", "dropout", "learning_rate", "lr_scheduler", "warmup_steps", "min_lr_ratio",
+            "adam_beta1", "adam_beta2", "weight_decay",
             "epochs", "max_steps", "batch_size", "grad_accum", "max_length", "truncation", "eval_every",
             "seed", "precision", "gradient_checkpointing", "eval_base", "gguf_outtype", "keep_checkpoints",
             "threads",

@@ -105,6 +105,8 @@ def setUpModule():
     if not os.path.isfile(os.path.join(BASE_DIR, "mass-base.json")):
         raise RuntimeError(f"{BASE_DIR} is not prepared: run scripts/train-env.sh")
     WORK = tempfile.mkdtemp(prefix="lora-sft-test-")
+    if not {"Training", "Serving"} & set(SELECTED):
+        return
     for seed in (1, 2):
         out = os.path.join(WORK, f"seed{seed}")
         r, secs = run_trainer(
@@ -126,6 +128,80 @@ def setUpModule():
 def tearDownModule():
     if WORK and not os.environ.get("KEEP_LORA_SFT_TEST"):
         shutil.rmtree(WORK, ignore_errors=True)
+
+
+def preset(name):
+    """The `[trainer.hyperparameters]` table of preset NAME in trainers/README.md."""
+    import tomllib
+
+    text = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    m = re.search(r"```toml\n# preset: " + re.escape(name) + r"\n(.*?)```", text, re.S)
+    if m is None:
+        raise AssertionError(f"trainers/README.md has no preset {name!r}")
+    return tomllib.loads(m.group(1))["trainer"]["hyperparameters"]
+
+
+class Schedule(unittest.TestCase):
+    """The MASS reference preset reaches the optimizer and the schedule: the
+    training arguments lora_sft.py builds from it (through --config, as the
+    engine hands it over) give AdamW with betas (0.9, 0.95) and a learning rate
+    that warms up over 5 steps to 3e-5 and decays by a cosine to 10% of it."""
+
+    STEPS = 40
+
+    def built(self, hyper):
+        import torch
+        import transformers
+        from trl import SFTConfig
+
+        cfg_path = os.path.join(WORK, "reference.json")
+        with open(cfg_path, "w", encoding="utf-8") as f:
+            json.dump(hyper, f)
+        a = lora_sft.parse_args(
+            ["--train", TRAIN, "--validation", VALID, "--base-model", "m",
+             "--output-dir", os.path.join(WORK, "schedule"), "--config", cfg_path]
+        )
+        args = lora_sft.training_arguments(a, SFTConfig)
+        # A stand-in model and evaluation set: only the optimizer and schedule are built.
+        trainer = transformers.Trainer(model=torch.nn.Linear(4, 4), args=args, eval_dataset=[0])
+        trainer.create_optimizer_and_scheduler(num_training_steps=self.STEPS)
+        lrs = []
+        for _ in range(self.STEPS + 1):
+            lrs.append(trainer.lr_scheduler.get_last_lr()[0])
+            trainer.optimizer.step()
+            trainer.lr_scheduler.step()
+        return a, trainer.optimizer, lrs
+
+    def test_reference_preset(self):
+        hyper = preset("mass-reference")
+        a, opt, lrs = self.built(hyper)
+        self.assertEqual((a.rank, a.alpha, a.dropout), (64, 128, 0.05))
+        self.assertIn("AdamW", type(opt).__name__)
+        for group in opt.param_groups:
+            self.assertEqual(tuple(group["betas"]), (0.9, 0.95))
+        peak = 3e-5
+        self.assertEqual(lrs[0], 0.0)
+        for step in range(1, 6):  # linear warm-up over 5 steps
+            self.assertAlmostEqual(lrs[step], peak * step / 5, delta=peak * 1e-9)
+        decay = lrs[5:]
+        self.assertTrue(all(x >= y for x, y in zip(decay, decay[1:])), decay)
+        self.assertAlmostEqual(lrs[self.STEPS], 0.1 * peak, delta=peak * 1e-9)  # the floor
+        self.assertGreater(min(lrs[5:]), 0.1 * peak - peak * 1e-9)
+        # Half-way through the decay: half-way between the peak and the floor.
+        mid = 5 + (self.STEPS - 5) / 2
+        if mid == int(mid):
+            self.assertAlmostEqual(lrs[int(mid)], 0.55 * peak, delta=peak * 1e-9)
+        note(f"reference schedule: lr {lrs[1]:.3g} .. {max(lrs):.3g} .. {lrs[-1]:.3g} over {self.STEPS} steps")
+
+    def test_defaults_keep_the_old_schedule(self):
+        # No new key: the linear decay to 0 and torch's default betas, as before.
+        _, opt, lrs = self.built({"learning-rate": 2e-4})
+        self.assertEqual(tuple(opt.param_groups[0]["betas"]), (0.9, 0.999))
+        self.assertEqual(lrs[self.STEPS], 0.0)
+
+    def test_floor_needs_cosine(self):
+        with self.assertRaises(SystemExit):
+            self.built({"min-lr-ratio": 0.1})
 
 
 class Errors(unittest.TestCase):
@@ -492,10 +568,23 @@ class Serving(unittest.TestCase):
         note(f"served: base {base[:70]!r} | with adapter {tuned[:70]!r}")
 
 
+CLASSES = (Schedule, Errors, Mask, Reading, Tokenizer, Training, Serving)
+SELECTED = [c.__name__ for c in CLASSES]
+
+
 def main():
+    # `test_lora_sft.py Schedule Errors` runs those classes only (the two
+    # trainings of setUpModule only when Training or Serving is among them).
+    global SELECTED
+    names = [c.__name__ for c in CLASSES]
+    unknown = [n for n in sys.argv[1:] if n not in names]
+    if unknown:
+        print(f"unknown test class(es) {unknown}; known: {names}", file=sys.stderr)
+        return 2
+    SELECTED = sys.argv[1:] or names
     loader = unittest.TestLoader()
     suite = unittest.TestSuite(
-        loader.loadTestsFromTestCase(c) for c in (Errors, Mask, Reading, Tokenizer, Training, Serving)
+        loader.loadTestsFromTestCase(c) for c in CLASSES if c.__name__ in SELECTED
     )
     t0 = time.time()
     result = unittest.TextTestRunner(stream=sys.stderr, verbosity=2).run(suite)

@@ -187,4 +187,61 @@ mod tests {
             "{msg}"
         );
     }
+
+    /// A preset of trainers/README.md (the TOML block after `# preset: NAME`).
+    fn preset(name: &str) -> String {
+        let readme = concat!(env!("CARGO_MANIFEST_DIR"), "/../trainers/README.md");
+        let text = std::fs::read_to_string(readme).unwrap_or_else(|e| panic!("{readme}: {e}"));
+        let marker = format!("```toml\n# preset: {name}\n");
+        let start = text
+            .find(&marker)
+            .unwrap_or_else(|| panic!("trainers/README.md has no preset {name}"))
+            + marker.len();
+        let len = text[start..]
+            .find("```")
+            .unwrap_or_else(|| panic!("unclosed preset {name}"));
+        text[start..start + len].to_string()
+    }
+
+    /// The MASS reference settings, as trainers/README.md gives them, are
+    /// a `[trainer]` setting: they parse, keep their values and reach the
+    /// JSON file the engine hands to the trainer (`{hyperparameters}`, the
+    /// same map the trainer request records) under the keys lora_sft.py
+    /// reads; the definition round-trips.
+    #[test]
+    fn the_reference_preset_reaches_the_trainer() {
+        let text = format!(
+            "{MINIMAL}\n[trainer]\nkind = \"command\"\ncommand = \"lora_sft --config {{hyperparameters}}\"\n\n{}",
+            preset("mass-reference")
+        );
+        let e = Experiment::parse(&text, "exp.toml").unwrap_or_else(|e| panic!("{e}"));
+        let hp = serde_json::to_value(&e.trainer.hyperparameters).unwrap_or_default();
+        let want = serde_json::json!({
+            "rank": 64, "alpha": 128, "dropout": 0.05, "learning-rate": 3e-5,
+            "lr-scheduler": "cosine", "warmup-steps": 5, "min-lr-ratio": 0.1,
+            "adam-beta1": 0.9, "adam-beta2": 0.95,
+        });
+        assert_eq!(hp, want);
+        let again =
+            Experiment::parse(&e.definition_toml(), "exp.toml").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(again.definition_toml(), e.definition_toml());
+        assert_eq!(again.trainer.hyperparameters, e.trainer.hyperparameters);
+    }
+
+    /// examples/real-cpu.toml trains with the README's small CPU preset.
+    #[test]
+    fn the_cpu_example_uses_the_small_preset() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/real-cpu.toml");
+        let example: toml::Table = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .parse()
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        let small: toml::Table = preset("cpu-small")
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            example["trainer"]["hyperparameters"], small["trainer"]["hyperparameters"],
+            "examples/real-cpu.toml and the cpu-small preset of trainers/README.md differ"
+        );
+    }
 }
