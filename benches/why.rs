@@ -158,6 +158,10 @@ fn task_block(l: &Ledger, t: usize) -> (Vec<Id>, usize) {
                 train: rollouts[..15].iter().map(|r| h(*r)).collect(),
                 validation: vec![h(rollouts[15])],
                 excluded: vec![],
+                exclusions: vec![],
+                wanted_train: 15,
+                wanted_validation: 1,
+                shortfall: String::new(),
             }),
         )
         .expect("append");

@@ -268,7 +268,7 @@ pub fn line_leak(line: &str, agent: AgentKind, wf: &WorkflowText) -> Option<Leak
         for (i, (text, exempt)) in texts.iter().enumerate() {
             if exempt_too || !exempt {
                 let w = words(text);
-                at.extend(std::iter::repeat(i).take(w.len()));
+                at.extend(std::iter::repeat_n(i, w.len()));
                 t.extend(w);
             }
         }
@@ -393,7 +393,7 @@ mod tests {
         Message::tool_calls(vec![ToolCall::new(
             "c1",
             "delegate",
-            &serde_json::json!({"role": "quantitative analyst", "instructions": INSTRUCTION})
+            serde_json::json!({"role": "quantitative analyst", "instructions": INSTRUCTION})
                 .to_string(),
         )])
     }
