@@ -141,10 +141,15 @@ fn a_run_that_edits_the_simulator_is_flagged_and_kept_out_of_training() {
                     "seed {seed}: a flagged run was selected"
                 );
             }
+            // Named by id (mass.selection v2), with the guard's reason.
             named += s
-                .excluded
+                .exclusions
                 .iter()
-                .filter(|x| x.contains("guard: protected files changed: sim/push.py"))
+                .filter(|x| {
+                    flagged_collect.contains(&Id(x.rollout.0))
+                        && x.reason
+                            .contains("guard: protected files changed: sim/push.py")
+                })
                 .count();
         }
         assert_eq!(
