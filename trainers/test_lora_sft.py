@@ -13,8 +13,11 @@ testdata/validation.jsonl (1 example), exported by `mass export dataset --format
   missing base directory says "run scripts/train-env.sh", a --max-length that
   leaves no assistant token says so;
 - the assistant mask: decoding the supervised tokens of every example gives
-  exactly each assistant turn as the template should render it (content,
-  <tool_call> blocks, <|im_end|>) and nothing of the system, user or tool turns;
+  exactly each assistant turn as the template should render it (reasoning as
+  <think> blocks, content, <tool_call> blocks, <|im_end|>) and nothing of the
+  system, user or tool turns, on testdata/ and on testdata/reasoning.jsonl (every
+  turn's reasoning a target, none of it in the prompt part);
+- reading: reasoning_content is refused on other roles and when not a string;
 - tokenizer parity with llama.cpp (llama_cpp.Llama(vocab_only=True).tokenize in
   the server's venv) on texts with digits and on every rendered example;
 - two trainings (seeds 1 and 2, the last 128 tokens of each example, all four in

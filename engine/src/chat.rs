@@ -250,6 +250,33 @@ mod tests {
         .is_err());
     }
 
+    /// Reasoning is read under either name (`reasoning_content` first, as
+    /// vLLM sent both for a while), only as non-empty text, and written as
+    /// `reasoning_content`; a message without it has the bytes it always had.
+    #[test]
+    fn reasoning_is_read_under_both_names_and_absent_leaves_the_bytes_alone() {
+        let read = |v: Value| serde_json::from_value::<Message>(v).unwrap();
+        let both = read(serde_json::json!({"role": "assistant", "content": "a",
+            "reasoning_content": "old name", "reasoning": "new name"}));
+        assert_eq!(both.reasoning.as_deref(), Some("old name"));
+        let vllm =
+            read(serde_json::json!({"role": "assistant", "content": "a", "reasoning": "new"}));
+        assert_eq!(vllm.reasoning.as_deref(), Some("new"));
+        assert_eq!(
+            vllm.canonical(),
+            br#"{"content":"a","reasoning_content":"new","role":"assistant"}"#
+        );
+        for none in [
+            serde_json::json!({"role": "assistant", "content": "a", "reasoning_content": ""}),
+            serde_json::json!({"role": "assistant", "content": "a", "reasoning_content": null, "reasoning": {"x": 1}}),
+            serde_json::json!({"role": "assistant", "content": "a"}),
+        ] {
+            let m = read(none);
+            assert_eq!(m.reasoning, None);
+            assert_eq!(m.canonical(), br#"{"content":"a","role":"assistant"}"#);
+        }
+    }
+
     /// A tool call streamed in pieces and reassembled by the proxy is read
     /// by the engine's message type (the transcript rebuilds proxy traffic
     /// into these messages).

@@ -2,7 +2,11 @@
 //! only the messages added since the previous call of its conversation (its
 //! `prefix`), so the full history is rebuilt by following prefixes. The
 //! engine's own calls cover the prefix's request and response; the proxy's
-//! (`wire` records, see `proxy::log`) cover the prefix's request only.
+//! (`wire` records, see `proxy::log`) cover the prefix's request only. A
+//! model's reasoning (`Message::reasoning`) is kept: the engine records it
+//! on the reply and in the message blobs of later requests; a proxied
+//! client usually sends its replies back without it, and it is put back
+//! from the recorded reply (`restore_reasoning`).
 
 use ledger::{Id, Ledger};
 use schemas::Effect;
@@ -162,4 +166,48 @@ pub fn stream_conversation(ledger: &Ledger, head: Id) -> Result<Option<Transcrip
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::ToolCall;
+
+    fn thinking(mut m: Message) -> Message {
+        m.reasoning = Some("because".into());
+        m
+    }
+
+    /// The echoed reply gets its reasoning back; a turn the client rewrote,
+    /// or one with other tool calls, gets none; reasoning the client sent
+    /// itself stays.
+    #[test]
+    fn reasoning_goes_back_only_on_the_turn_that_said_the_same() {
+        let reply = thinking(Message::assistant("Done."));
+        let mut new = vec![Message::assistant(" Done.\n"), Message::user("ok")];
+        restore_reasoning(&mut new, &reply);
+        assert_eq!(new[0].reasoning.as_deref(), Some("because"));
+        assert_eq!(new[1].reasoning, None);
+
+        let mut rewritten = vec![Message::assistant("Done, I think.")];
+        restore_reasoning(&mut rewritten, &reply);
+        assert_eq!(rewritten[0].reasoning, None);
+
+        let call = |id: &str| ToolCall::new(id, "write_file", "{}");
+        let reply = thinking(Message::tool_calls(vec![call("c1")]));
+        let mut other = vec![Message::tool_calls(vec![call("c2")])];
+        restore_reasoning(&mut other, &reply);
+        assert_eq!(other[0].reasoning, None);
+        // The same call, its arguments re-serialised by the client: the same turn.
+        let mut echoed = Message::tool_calls(vec![ToolCall::new("c1", "write_file", "{ }")]);
+        echoed.content = Some(String::new());
+        let mut same = vec![echoed];
+        restore_reasoning(&mut same, &reply);
+        assert_eq!(same[0].reasoning.as_deref(), Some("because"));
+
+        let mut own = vec![Message::assistant("Done.")];
+        own[0].reasoning = Some("the client's".into());
+        restore_reasoning(&mut own, &thinking(Message::assistant("Done.")));
+        assert_eq!(own[0].reasoning.as_deref(), Some("the client's"));
+    }
 }

@@ -753,3 +753,183 @@ fn base_url_env_points_the_backend_elsewhere() {
     let b = OpenAiBackend::new("srv", &p).unwrap();
     assert!(complete(&b, &request()).is_err());
 }
+
+/// What the reasoning server of the next test thought before answering a
+/// request of `n` messages.
+fn thought_over(n: usize) -> String {
+    format!("Thinking over {n} messages.")
+}
+
+/// The lines of a dataset blob, as JSON values.
+fn lines_of(l: &ledger::Ledger, blob: schemas::Hash32) -> Vec<Value> {
+    let bytes = l.get_blob(&ledger::Id(blob.0)).unwrap();
+    String::from_utf8(bytes)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// A whole cycle against a server that returns `reasoning_content` beside
+/// every reply, and the same cycle against one that returns none. The
+/// requests are the same, byte for byte (reasoning is never sent back, and
+/// keeping it changes nothing a server sees); the reasoning run's
+/// conversations hold each turn's reasoning, its dataset lines carry it on
+/// every assistant turn (the turn's own: the server said how many messages
+/// it was answering) in the run's format and in the other, and, the
+/// reasoning taken out, its lines are the other run's; it replays offline.
+#[test]
+fn a_cycle_against_a_reasoning_server_keeps_the_reasoning_and_sends_the_same_requests() {
+    use engine::context::NoProgress;
+    use engine::driver::{drive, RunRequest};
+    use replay::Mode;
+
+    let key_var = "MASS_TEST_KEY_REASONING";
+    std::env::set_var(key_var, "sk-reasoning");
+    let tasks = examples().join("tasks");
+    let d = tempfile::tempdir().unwrap();
+    let mut seen = Vec::new();
+    let mut ledgers = Vec::new();
+    for think in [false, true] {
+        let sim = SimBackend::new("sim", sim_params(), &tasks).unwrap();
+        let never_down = AtomicBool::new(false);
+        let server = Server::start(move |b| {
+            let reply = sim_reply(&sim, b, &never_down);
+            match reply {
+                Reply::Http(200, headers, body) if think => {
+                    let mut v: Value = serde_json::from_slice(&body).unwrap();
+                    let n = b["messages"].as_array().map_or(0, Vec::len);
+                    v["choices"][0]["message"]["reasoning_content"] = json!(thought_over(n));
+                    Reply::Http(200, headers, v.to_string().into_bytes())
+                }
+                other => other,
+            }
+        });
+        let l = Arc::new(ledger::Ledger::init(&d.path().join(format!("{think}"))).unwrap());
+        drive(
+            l.clone(),
+            RunRequest {
+                run: "smoke".into(),
+                experiment: Some(smoke_over_http(&server.url, key_var, 8)),
+                mode: Mode::Live,
+                source: None,
+                progress: &NoProgress,
+            },
+        )
+        .unwrap();
+        let mut bodies: Vec<String> = server.seen().iter().map(|s| s.body.to_string()).collect();
+        bodies.sort();
+        seen.push(bodies);
+        ledgers.push(l);
+    }
+    assert_eq!(
+        seen[0], seen[1],
+        "a server returning reasoning saw other requests"
+    );
+    assert!(seen[1].iter().all(|b| !b.contains("Thinking over")));
+    let (plain, thinking) = (&ledgers[0], &ledgers[1]);
+    assert!(!ledger_contains(plain, b"reasoning_content"));
+    // Every model call's conversation, as recorded, has each assistant
+    // turn's reasoning: the reply's and the earlier turns' (message blobs).
+    let mut calls = 0;
+    for (_, h) in thinking.refs().unwrap() {
+        for e in thinking.chain(h).map(|e| e.unwrap()) {
+            if e.kind != "effect" {
+                continue;
+            }
+            let eff: schemas::Effect = schemas::decode_event(&e).unwrap();
+            if !engine::transcript::MODEL_KINDS.contains(&eff.effect.as_str())
+                || eff.status != schemas::EffectStatus::Ok
+            {
+                continue;
+            }
+            let t = engine::transcript::model_call(thinking, e.id).unwrap();
+            for (i, m) in t.messages.iter().enumerate() {
+                let want = (m.role == engine::chat::Role::Assistant).then(|| thought_over(i));
+                assert_eq!(m.reasoning, want);
+            }
+            calls += 1;
+        }
+    }
+    assert!(calls > 20, "{calls} model calls");
+
+    let (a, b) = (
+        dataset(plain, "smoke").unwrap(),
+        dataset(thinking, "smoke").unwrap(),
+    );
+    assert!(b.train_supervised_tokens > a.train_supervised_tokens);
+    let mut turns = 0;
+    for (blob_a, blob_b) in [(a.train, b.train), (a.validation, b.validation)] {
+        let (lines_a, lines_b) = (lines_of(plain, blob_a), lines_of(thinking, blob_b));
+        assert_eq!(lines_a.len(), lines_b.len());
+        for (la, lb) in lines_a.iter().zip(&lines_b) {
+            let mut stripped = lb.clone();
+            for (i, m) in stripped["messages"]
+                .as_array_mut()
+                .unwrap()
+                .iter_mut()
+                .enumerate()
+            {
+                let said = m.as_object_mut().unwrap().remove("reasoning_content");
+                if m["role"] == "assistant" {
+                    assert_eq!(said, Some(json!(thought_over(i))), "{lb}");
+                    turns += 1;
+                } else {
+                    assert_eq!(said, None);
+                }
+            }
+            assert_eq!(&stripped, la);
+            // The other format carries it too.
+            let line = lb.to_string();
+            let (parsed, other) = match b.format.as_str() {
+                "trl" => {
+                    let p = engine::dataset::parse_trl_line(&line).unwrap();
+                    (p.clone(), engine::dataset::Format::OpenAi)
+                }
+                _ => {
+                    let p = engine::dataset::parse_openai_line(&line).unwrap();
+                    (p.clone(), engine::dataset::Format::Trl)
+                }
+            };
+            let example = engine::dataset::Example {
+                id: "x".into(),
+                run: "r".into(),
+                agent: engine::dataset::AgentKind::Subagent,
+                messages: parsed.messages,
+                tools: parsed.tools,
+                split: engine::dataset::ExampleSplit::Train,
+            };
+            let v: Value =
+                serde_json::from_str(&engine::dataset::to_line(&example, other).unwrap()).unwrap();
+            let thoughts = v["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["reasoning_content"].is_string())
+                .count();
+            let assistants = v["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["role"] == "assistant")
+                .count();
+            assert_eq!(thoughts, assistants);
+        }
+    }
+    assert!(turns > 0, "no assistant turn in the dataset");
+
+    // Offline, the recording serves every call: the same head.
+    let head = thinking.head("smoke").unwrap();
+    let c = drive(
+        thinking.clone(),
+        RunRequest {
+            run: "smoke".into(),
+            experiment: None,
+            mode: Mode::Check,
+            source: None,
+            progress: &NoProgress,
+        },
+    )
+    .unwrap();
+    assert_eq!(c.head, head);
+}

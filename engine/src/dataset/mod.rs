@@ -45,6 +45,15 @@
 //! so the line parses back to exactly the recorded messages; unknown keys are
 //! ignored by templates.
 //!
+//! **Reasoning**, in both formats: an assistant turn whose model returned
+//! reasoning apart from its content ([`Message::reasoning`]) carries it as
+//! `reasoning_content`, the key Qwen3's chat template and
+//! `trainers/chatml_tools.jinja` render (as `<think>...</think>` before the
+//! content, a training target like the rest of the turn); a turn without
+//! reasoning has no such key, so a conversation without reasoning renders
+//! as it always did. OpenAI's hosted fine-tuning documents no such key: a
+//! dataset with reasoning is for trainers that read it.
+//!
 //! Round trips: OpenAI line -> messages is exact. TRL line -> messages is exact up
 //! to [`normalise_arguments`] (object arguments come back as compact JSON with
 //! sorted keys): whitespace and key order of an arguments string are not
