@@ -816,3 +816,48 @@ fn the_html_report_renders_its_plots_in_a_headless_browser() {
         eprintln!("{}", String::from_utf8_lossy(&node.stdout).trim());
     }
 }
+
+/// Every evaluation line of `mass report` names its unit: the headline
+/// W/(W+L) over judgments with ties excluded, and the pair majority over
+/// pairs beside it; `--json` carries the judgment counts, the headline's
+/// unit and 2 judgments per pair (smoke.toml's `external_judgments`).
+#[test]
+fn every_win_rate_in_the_report_names_its_unit() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let ledger = smoke(d.path(), 2);
+    let r = json(&ledger, &["report", "smoke", "--json"]);
+    let mut evaluations = 0;
+    for c in r["cycles"].as_array().expect("cycles") {
+        for e in c["figures"]["evaluations"].as_array().expect("evaluations") {
+            evaluations += 1;
+            assert_eq!(e["headline_unit"], "judgments", "{e}");
+            assert_eq!(e["order"], "random", "{e}");
+            let n = |k: &str| e[k].as_u64().unwrap_or_else(|| panic!("{k} in {e}"));
+            let (w, l, t) = (n("judgment_wins"), n("judgment_losses"), n("judgment_ties"));
+            assert_eq!(n("judgments"), 2 * n("pairs"), "{e}");
+            assert!(w + l + t <= n("judgments"), "{e}");
+            if w + l > 0 {
+                let rate = e["judgment_win_rate"].as_f64().expect("a rate");
+                assert!((rate - w as f64 / (w + l) as f64).abs() < 1e-12, "{e}");
+            }
+        }
+    }
+    assert!(evaluations > 0, "the smoke run of seed 2 evaluates");
+    let text = String::from_utf8_lossy(&ok(&ledger, &["report", "smoke"]).stdout).to_string();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("    heldout vs ") || l.starts_with("    train vs "))
+        .collect();
+    assert_eq!(lines.len(), evaluations, "{text}");
+    for line in lines {
+        assert!(
+            line.contains(" judgments (W/(W+L) ")
+                && line.contains(" excluded")
+                && line.contains("; pair majority ")
+                && line.contains(" pairs, ")
+                && line.contains("95% Wilson ")
+                && line.contains("2 judgments per pair in random order"),
+            "{line}"
+        );
+    }
+}

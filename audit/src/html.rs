@@ -272,7 +272,7 @@ fn win_rates(c: &CycleReport, out: &mut String) {
         "winrates",
         c.figures.cycle,
         evals.len(),
-        "win rates W/(W+L) with 95% Wilson (thick) and bootstrap (thin) intervals",
+        "win rates: W/(W+L) over judgments, ties excluded (red diamond); pair majority W/(W+L) over pairs (blue dot) with its 95% Wilson (thick) and bootstrap (thin) intervals",
     );
     p.axis(0.0, 1.0, 4, |v| format!("{:.0}%", v * 100.0));
     let mid = x_of(0.5, 0.0, 1.0);
@@ -311,11 +311,23 @@ fn win_rates(c: &CycleReport, out: &mut String) {
                 y + 6.0
             );
         }
+        if let (Some(w), Some(text)) = (e.judgment_win_rate, e.judgment_text()) {
+            let _ = write!(
+                p.svg,
+                r##"<path class="mark-judgments" data-value="{w}" d="M{:.2},{:.1} l6,6 l-6,6 l-6,-6 z" fill="#d73027"><title>{} vs {} by {}: win rate {}</title></path>"##,
+                x_of(w, 0.0, 1.0),
+                y - 6.0,
+                esc(&e.split),
+                esc(&e.against),
+                esc(&e.judge),
+                esc(&text)
+            );
+        }
         match e.win_rate {
             Some(w) => {
                 let _ = write!(
                     p.svg,
-                    r##"<circle class="mark" data-value="{w}" cx="{:.2}" cy="{y}" r="5" fill="#2166ac"><title>{} vs {} ({} vs {}) by {} ({}): {} [Wilson {} | bootstrap {}], {}-{} with {} tie(s) over {} pairs</title></circle>"##,
+                    r##"<circle class="mark" data-value="{w}" cx="{:.2}" cy="{y}" r="5" fill="#2166ac"><title>{} vs {} ({} vs {}) by {} ({}): pair majority {} of {} pairs [Wilson {} | bootstrap {}], {}-{} with {} tied pair(s)</title></circle>"##,
                     x_of(w, 0.0, 1.0),
                     esc(&e.split),
                     esc(&e.against),
@@ -324,12 +336,12 @@ fn win_rates(c: &CycleReport, out: &mut String) {
                     esc(&e.judge),
                     esc(&e.judge_model),
                     pct(Some(w)),
+                    e.pairs,
                     span(e.interval),
                     span(*boot),
                     e.wins,
                     e.losses,
-                    e.ties,
-                    e.pairs
+                    e.ties
                 );
             }
             None => {
@@ -343,7 +355,7 @@ fn win_rates(c: &CycleReport, out: &mut String) {
     }
     figure(
         out,
-        "Win rates of the trained model (pairs of bare-task runs; dashed line = 50%)",
+        "Win rates of the trained model (pairs of bare-task runs; W/(W+L) over judgments and pair majority over pairs; dashed line = 50%)",
         &p.finish(),
     );
 }
@@ -679,13 +691,15 @@ fn evaluation_table(c: &CycleReport, out: &mut String) {
             "model",
             "baseline",
             "judge",
-            "win rate",
-            "Wilson 95%",
-            "bootstrap 95%",
-            "W-L",
-            "ties",
+            "win rate (judgments, W/(W+L), ties excluded)",
+            "judgments W-L [ties]",
+            "order",
+            "pair majority (pairs, W/(W+L))",
+            "Wilson 95% (pairs)",
+            "bootstrap 95% (pairs)",
+            "pairs W-L [tied]",
             "pairs",
-            "position bias",
+            "position bias (opposite-order judgment pairs)",
         ],
         f.evaluations
             .iter()
@@ -702,11 +716,19 @@ fn evaluation_table(c: &CycleReport, out: &mut String) {
                         e.judge_model,
                         if e.self_judge { ", self" } else { "" }
                     ),
+                    match e.judgment_wins {
+                        Some(_) => pct(e.judgment_win_rate),
+                        None => "not counted (runs of mass-engine/8 and earlier)".into(),
+                    },
+                    match (e.judgment_wins, e.judgment_losses, e.judgment_ties) {
+                        (Some(w), Some(l), Some(t)) => format!("{w}-{l} [{t}]"),
+                        _ => "n/a".into(),
+                    },
+                    e.order_text(),
                     pct(e.win_rate),
                     span(e.interval),
                     span(*b),
-                    format!("{}-{}", e.wins, e.losses),
-                    e.ties.to_string(),
+                    format!("{}-{} [{}]", e.wins, e.losses, e.ties),
                     e.pairs.to_string(),
                     format!("{} of {}", pct(e.position_bias), e.swapped),
                 ]

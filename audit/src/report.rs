@@ -42,8 +42,10 @@ pub struct Report {
 #[derive(Debug, Clone, Serialize)]
 pub struct CycleReport {
     pub figures: CycleFigures,
-    /// Percentile-bootstrap 95% interval of each evaluation's win rate, in
-    /// the order of `figures.evaluations` (null when every pair tied).
+    /// Percentile-bootstrap 95% interval of each evaluation's pair-majority
+    /// win rate (`win_rate`, over pairs; not the judgments' headline
+    /// `judgment_win_rate`), in the order of `figures.evaluations` (null
+    /// when every pair tied).
     pub bootstrap: Vec<Option<[f64; 2]>>,
     pub inner: Vec<InnerTask>,
     pub stages: Vec<StageCost>,

@@ -154,7 +154,7 @@ fn record(
         agreement: ev.agreement,
         evaluations: ev.evaluations.iter().map(|(id, _)| Hash32(id.0)).collect(),
     };
-    let evaluations: Vec<schemas::Evaluation> =
+    let evaluations: Vec<crate::status::EvaluationFigure> =
         ev.evaluations.iter().map(|(_, e)| e.clone()).collect();
     result.figures = crate::status::CycleFigures::of(&rec, &evaluations);
     crate::context::step(main, exp, schemas::to_event(&rec)?)?;

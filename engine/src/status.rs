@@ -85,16 +85,37 @@ pub struct EvaluationFigure {
     pub judge_model: String,
     /// The judge is the model being trained, not an independent one.
     pub self_judge: bool,
+    /// The unit of the headline win rate: `judgments` (`judgment_win_rate`,
+    /// ties excluded) or, for a v2 record, `pairs` (`win_rate`).
+    pub headline_unit: String,
+    /// How each pair's judgments were ordered: `random` (`mass.evaluation`
+    /// v3) or `alternating` (v2: runs of `mass-engine/8` and earlier).
+    pub order: String,
+    /// Judgments made (recorded judgment events) and the valid ones.
+    pub judgments: u32,
+    pub verdicts: u32,
+    /// The headline, as the MASS articles count it: judgments won by the
+    /// model, by the baseline, tied, and W/(W+L) over judgments with ties
+    /// excluded (null when every judgment tied). Null for a v2 record,
+    /// which counted pairs only.
+    pub judgment_wins: Option<u32>,
+    pub judgment_losses: Option<u32>,
+    pub judgment_ties: Option<u32>,
+    pub judgment_win_rate: Option<f64>,
+    /// Judgments that showed the model first (null for v2: alternating).
+    pub model_first: Option<u32>,
     /// Pair outcomes (majority of each pair's verdicts).
     pub pairs: u32,
     pub wins: u32,
     pub losses: u32,
     pub ties: u32,
-    /// W/(W+L) and its 95% Wilson interval (null when every pair tied).
+    /// Pair majority: W/(W+L) over pairs and its 95% Wilson interval (null
+    /// when every pair tied). The interval's unit is the pair: one pair's
+    /// judgments are not independent samples.
     pub win_rate: Option<f64>,
     pub interval: Option<[f64; 2]>,
-    /// Pairs judged in both orders and the share where the judge picked
-    /// the same position both times.
+    /// Judgments of one pair in opposite orders, both decided, and the
+    /// share where the judge picked the same position both times.
     pub swapped: u32,
     pub same_position: u32,
     pub position_bias: Option<f64>,
@@ -120,9 +141,34 @@ impl DelegationFigure {
 }
 
 impl EvaluationFigure {
+    /// From a `mass.evaluation` v3 record.
     pub fn of(e: &schemas::Evaluation) -> EvaluationFigure {
-        let wr = win_rate(e);
+        let (w, l) = (e.judgment_wins, e.judgment_losses);
         EvaluationFigure {
+            headline_unit: "judgments".into(),
+            order: "random".into(),
+            judgment_wins: Some(w),
+            judgment_losses: Some(l),
+            judgment_ties: Some(e.judgment_ties),
+            judgment_win_rate: share(w, w + l),
+            model_first: Some(e.model_first),
+            ..EvaluationFigure::of_v2(&e.v2())
+        }
+    }
+
+    /// From a `mass.evaluation` v2 record (pair figures only).
+    pub fn of_v2(e: &schemas::EvaluationV2) -> EvaluationFigure {
+        let wr = win_rate(e.wins, e.losses);
+        EvaluationFigure {
+            headline_unit: "pairs".into(),
+            order: "alternating".into(),
+            judgments: e.judgments.len() as u32,
+            verdicts: e.verdicts,
+            judgment_wins: None,
+            judgment_losses: None,
+            judgment_ties: None,
+            judgment_win_rate: None,
+            model_first: None,
             split: e.split.clone(),
             against: e.against.clone(),
             model: e.model.clone(),
@@ -141,11 +187,82 @@ impl EvaluationFigure {
             position_bias: share(e.same_position, e.swapped),
         }
     }
+
+    /// The headline with its unit: `61.2% of 49 judgments (W/(W+L) 30-19,
+    /// 5 ties excluded)`; `None` for a v2 record (no judgment counts).
+    pub fn judgment_text(&self) -> Option<String> {
+        let (w, l, t) = (
+            self.judgment_wins?,
+            self.judgment_losses?,
+            self.judgment_ties?,
+        );
+        let invalid = self.judgments.saturating_sub(self.verdicts);
+        Some(format!(
+            "{} of {} judgments (W/(W+L) {w}-{l}, {t} tie{} excluded{})",
+            pct1(self.judgment_win_rate),
+            w + l,
+            if t == 1 { "" } else { "s" },
+            if invalid > 0 {
+                format!(", {invalid} invalid")
+            } else {
+                String::new()
+            }
+        ))
+    }
+
+    /// The pair majority with its unit and intervals (`bootstrap`: the
+    /// report's percentile interval, when it has one): `pair majority 9/16
+    /// pairs, 64.3% (W/(W+L) 9-5, 2 tied; 95% Wilson 39-84%)`.
+    pub fn pair_text(&self, bootstrap: Option<Option<[f64; 2]>>) -> String {
+        let range = |i: Option<[f64; 2]>| {
+            i.map_or("n/a".into(), |[lo, hi]| {
+                format!("{:.0}-{:.0}%", lo * 100.0, hi * 100.0)
+            })
+        };
+        let boot = bootstrap.map_or(String::new(), |b| format!(", bootstrap {}", range(b)));
+        format!(
+            "pair majority {}/{} pairs, {} (W/(W+L) {}-{}, {} tied; 95% Wilson {}{boot})",
+            self.wins,
+            self.pairs,
+            pct1(self.win_rate),
+            self.wins,
+            self.losses,
+            self.ties,
+            range(self.interval)
+        )
+    }
+
+    /// How the pairs were judged: `6 judgments per pair in random order
+    /// (24 of 48 model first)` or `2 verdicts per pair in alternating order`.
+    pub fn order_text(&self) -> String {
+        let per_pair = self.judgments.checked_div(self.pairs).unwrap_or(0);
+        match self.model_first {
+            Some(m) => format!(
+                "{per_pair} judgments per pair in random order ({m} of {} model first)",
+                self.judgments
+            ),
+            None => format!("{per_pair} verdicts per pair in {} order", self.order),
+        }
+    }
+
+    /// The evaluation's line: the headline (judgments) first, the pair
+    /// majority beside it; a v2 record's pair majority alone.
+    pub fn describe(&self, bootstrap: Option<Option<[f64; 2]>>) -> String {
+        match self.judgment_text() {
+            Some(j) => format!("win rate {j}; {}", self.pair_text(bootstrap)),
+            None => self.pair_text(bootstrap),
+        }
+    }
+}
+
+/// `61.2%`, or `n/a`.
+fn pct1(rate: Option<f64>) -> String {
+    rate.map_or("n/a".into(), |r| format!("{:.1}%", r * 100.0))
 }
 
 impl CycleFigures {
     /// From a `mass.cycle` v2 record and the evaluations it links.
-    pub fn of(c: &schemas::Cycle, evaluations: &[schemas::Evaluation]) -> CycleFigures {
+    pub fn of(c: &schemas::Cycle, evaluations: &[EvaluationFigure]) -> CycleFigures {
         CycleFigures {
             cycle: c.cycle,
             model: c.model.clone(),
@@ -181,7 +298,7 @@ impl CycleFigures {
                     rate: share(a.agreed, a.compared),
                 })
                 .collect(),
-            evaluations: evaluations.iter().map(EvaluationFigure::of).collect(),
+            evaluations: evaluations.to_vec(),
         }
     }
 
@@ -205,7 +322,7 @@ impl CycleFigures {
 pub fn fold(events: &[Event]) -> Result<RunStatus> {
     let mut s = RunStatus::default();
     // Evaluations come before the cycle record that links them.
-    let mut evaluations: Vec<(ledger::Id, schemas::Evaluation)> = Vec::new();
+    let mut evaluations: Vec<(ledger::Id, EvaluationFigure)> = Vec::new();
     for ev in events {
         match ev.kind.as_str() {
             // The experiment's name and plan are in the recorded definition
@@ -258,7 +375,13 @@ pub fn fold(events: &[Event]) -> Result<RunStatus> {
                 s.last_step = ev.kind.clone();
             }
             "mass.evaluation" if ev.version == schemas::Evaluation::VERSION => {
-                evaluations.push((ev.id, schemas::decode_event(ev)?));
+                let e: schemas::Evaluation = schemas::decode_event(ev)?;
+                evaluations.push((ev.id, EvaluationFigure::of(&e)));
+                s.last_step = ev.kind.clone();
+            }
+            "mass.evaluation" if ev.version == schemas::EvaluationV2::VERSION => {
+                let e: schemas::EvaluationV2 = schemas::decode_event(ev)?;
+                evaluations.push((ev.id, EvaluationFigure::of_v2(&e)));
                 s.last_step = ev.kind.clone();
             }
             "mass.cycle" => {
@@ -266,7 +389,7 @@ pub fn fold(events: &[Event]) -> Result<RunStatus> {
                     CycleFigures::of_v1(&schemas::decode_event(ev)?)
                 } else {
                     let c: schemas::Cycle = schemas::decode_event(ev)?;
-                    let linked: Vec<schemas::Evaluation> = evaluations
+                    let linked: Vec<EvaluationFigure> = evaluations
                         .iter()
                         .filter(|(id, _)| c.evaluations.contains(&schemas::Hash32(id.0)))
                         .map(|(_, e)| e.clone())
@@ -369,11 +492,12 @@ pub fn describe_start(ledger: &Ledger, first: &Event) -> Result<(String, u32)> {
     Ok((exp.name, exp.cycles))
 }
 
-/// W/(W+L) of an evaluation with its 95% Wilson interval, as fractions.
-pub fn win_rate(e: &schemas::Evaluation) -> Option<(f64, f64, f64)> {
-    let n = (e.wins + e.losses) as u64;
-    let ci = rank::winrate::wilson(e.wins as u64, n, rank::winrate::Z_95).ok()?;
-    Some((e.wins as f64 / n as f64, ci.lower, ci.upper))
+/// W/(W+L) of an evaluation's pairs with its 95% Wilson interval, as
+/// fractions.
+pub fn win_rate(wins: u32, losses: u32) -> Option<(f64, f64, f64)> {
+    let n = (wins + losses) as u64;
+    let ci = rank::winrate::wilson(wins as u64, n, rank::winrate::Z_95).ok()?;
+    Some((wins as f64 / n as f64, ci.lower, ci.upper))
 }
 
 #[cfg(test)]

@@ -722,15 +722,17 @@ record!(
     }
 );
 
-/// `mass.evaluation` v2: one judge's verdicts on one comparison of a
-/// cycle's evaluation: `model`'s bare-task runs paired with `baseline`'s on
-/// the `split`'s tasks, each pair judged `verdicts / pairs` times with the
-/// presentation order alternating. A pair's outcome is the majority of its
-/// verdicts (equal counts: a tie), so the unit of the win rate is the pair.
+/// `mass.evaluation` v2 (written by runs of `mass-engine/8` and earlier,
+/// which still write it when driven; v3 replaced it): one judge's verdicts
+/// on one comparison of a cycle's evaluation: `model`'s bare-task runs
+/// paired with `baseline`'s on the `split`'s tasks, each pair judged
+/// `verdicts / pairs` times with the presentation order alternating. A
+/// pair's outcome is the majority of its verdicts (equal counts: a tie), so
+/// the unit of the win rate is the pair.
 #[derive(
     rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
 )]
-pub struct Evaluation {
+pub struct EvaluationV2 {
     pub cycle: u32,
     /// `heldout` or `train`.
     pub split: String,
@@ -759,11 +761,11 @@ pub struct Evaluation {
 }
 
 record!(
-    Evaluation,
+    EvaluationV2,
     "mass.evaluation",
     2,
     |s| s.judgments.clone(),
-    Evaluation {
+    EvaluationV2 {
         cycle: 1,
         split: "heldout".into(),
         against: "base".into(),
@@ -780,6 +782,106 @@ record!(
         swapped: 18,
         same_position: 3,
         judgments: vec![Hash32([1; 32])],
+    }
+);
+
+/// `mass.evaluation` v3: as v2, with each pair's presentation order drawn
+/// at random for every judgment (from the run's seed) and the counts of
+/// the judgments themselves, the unit the MASS articles report: W/(W+L)
+/// over judgments, ties excluded. The pair figures (majority of a pair's
+/// verdicts) stay beside them.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct Evaluation {
+    pub cycle: u32,
+    /// `heldout` or `train`.
+    pub split: String,
+    /// `base` (the run's base model) or `previous` (the model the cycle
+    /// started from).
+    pub against: String,
+    pub model: String,
+    pub baseline: String,
+    /// The judge's backend name and the model it ran.
+    pub judge: String,
+    pub judge_model: String,
+    /// The judge is the model being trained (the run's own judge role), not
+    /// an independent one.
+    pub self_judge: bool,
+    pub pairs: u32,
+    /// Pair outcomes for `model`, for `baseline`, and ties.
+    pub wins: u32,
+    pub losses: u32,
+    pub ties: u32,
+    /// Valid verdicts (`judgment_wins + judgment_losses + judgment_ties`).
+    pub verdicts: u32,
+    /// Pairs of judgments of one pair in opposite orders (the i-th shown
+    /// model-first with the i-th shown baseline-first) both decided, and of
+    /// those the ones where the judge picked the same position both times.
+    pub swapped: u32,
+    pub same_position: u32,
+    pub judgments: Vec<Hash32>,
+    /// Judgments won by `model`, by `baseline`, and tied (invalid verdicts
+    /// in none of them).
+    pub judgment_wins: u32,
+    pub judgment_losses: u32,
+    pub judgment_ties: u32,
+    /// Judgments that showed `model` as Workspace A (the others showed
+    /// `baseline` first).
+    pub model_first: u32,
+}
+
+impl Evaluation {
+    /// The v2 record of the same figures (what a run of `mass-engine/8`
+    /// and earlier writes).
+    pub fn v2(&self) -> EvaluationV2 {
+        EvaluationV2 {
+            cycle: self.cycle,
+            split: self.split.clone(),
+            against: self.against.clone(),
+            model: self.model.clone(),
+            baseline: self.baseline.clone(),
+            judge: self.judge.clone(),
+            judge_model: self.judge_model.clone(),
+            self_judge: self.self_judge,
+            pairs: self.pairs,
+            wins: self.wins,
+            losses: self.losses,
+            ties: self.ties,
+            verdicts: self.verdicts,
+            swapped: self.swapped,
+            same_position: self.same_position,
+            judgments: self.judgments.clone(),
+        }
+    }
+}
+
+record!(
+    Evaluation,
+    "mass.evaluation",
+    3,
+    |s| s.judgments.clone(),
+    Evaluation {
+        cycle: 1,
+        split: "heldout".into(),
+        against: "base".into(),
+        model: "sim/c1".into(),
+        baseline: "sim/base".into(),
+        judge: "external".into(),
+        judge_model: "external/base".into(),
+        self_judge: false,
+        pairs: 8,
+        wins: 5,
+        losses: 2,
+        ties: 1,
+        verdicts: 46,
+        swapped: 20,
+        same_position: 3,
+        judgments: vec![Hash32([1; 32])],
+        judgment_wins: 26,
+        judgment_losses: 15,
+        judgment_ties: 5,
+        model_first: 25,
     }
 );
 

@@ -4,10 +4,10 @@
 //! so a ledger written by an older build must still verify and display.
 
 use crate::{
-    decode, Cycle, CycleV1, Dataset, DatasetV1, Effect, Evaluation, EvaluationV1, GuardCheck,
-    Judgment, ModelCall, Note, Promotion, ProposalRecord, Ranking, Record, Rollout, RunExecution,
-    RunForked, RunMixed, RunMixedV1, RunRemoved, RunStarted, RunStartedV1, SchemaError, Selection,
-    SelectionV1, TrainStep, Training, TrainingV1, WorkspaceSnapshot,
+    decode, Cycle, CycleV1, Dataset, DatasetV1, Effect, Evaluation, EvaluationV1, EvaluationV2,
+    GuardCheck, Judgment, ModelCall, Note, Promotion, ProposalRecord, Ranking, Record, Rollout,
+    RunExecution, RunForked, RunMixed, RunMixedV1, RunRemoved, RunStarted, RunStartedV1,
+    SchemaError, Selection, SelectionV1, TrainStep, Training, TrainingV1, WorkspaceSnapshot,
 };
 
 /// A known kind and its current version.
@@ -24,7 +24,8 @@ macro_rules! registry {
             vec![$(KindInfo { kind: <$t>::KIND, version: <$t>::VERSION }),*]
         }
 
-        /// Older versions this build still reads (never writes).
+        /// Older versions this build still reads (and writes only where a
+        /// run recorded by an older driver is driven: `mass.evaluation` v2).
         pub fn older_versions() -> Vec<KindInfo> {
             vec![$(KindInfo { kind: <$old>::KIND, version: <$old>::VERSION }),*]
         }
@@ -95,7 +96,16 @@ registry!(
         Evaluation,
         Cycle,
     ],
-    older: [RunStartedV1, EvaluationV1, CycleV1, DatasetV1, TrainingV1, RunMixedV1, SelectionV1],
+    older: [
+        RunStartedV1,
+        EvaluationV1,
+        EvaluationV2,
+        CycleV1,
+        DatasetV1,
+        TrainingV1,
+        RunMixedV1,
+        SelectionV1
+    ],
 );
 
 /// Validates a payload against its kind and version.

@@ -79,6 +79,11 @@ const PINS: &[(&str, u32, &str)] = &[
         "961c0ed1f2705a604b6aa013f1f07183b3c3cf6afc905da824e8b86694085839",
     ),
     (
+        "mass.evaluation",
+        3,
+        "a776269e96c4f31a0f3dbcbd89d5c8b808e8c2bfcd9a338c80d001fc52d85cc4",
+    ),
+    (
         "mass.dataset",
         2,
         "1a81ba1070ad8abbffc1aa2a129375f3031e203756208d6574cfd0aa31e2aba4",
@@ -165,7 +170,8 @@ fn sample_hash(kind: &str, version: u32) -> String {
         ("run.started", 1) => encode(&RunStartedV1::sample()),
         ("run.started", 2) => encode(&RunStarted::sample()),
         ("mass.evaluation", 1) => encode(&schemas::EvaluationV1::sample()),
-        ("mass.evaluation", 2) => encode(&schemas::Evaluation::sample()),
+        ("mass.evaluation", 2) => encode(&schemas::EvaluationV2::sample()),
+        ("mass.evaluation", 3) => encode(&schemas::Evaluation::sample()),
         ("mass.cycle", 1) => encode(&schemas::CycleV1::sample()),
         ("mass.cycle", 2) => encode(&schemas::Cycle::sample()),
         ("mass.dataset", 1) => encode(&schemas::DatasetV1::sample()),

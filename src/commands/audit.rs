@@ -548,11 +548,6 @@ pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<
         return Ok(ExitCode::SUCCESS);
     }
     let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{:.0}%", v * 100.0));
-    let interval = |i: Option<[f64; 2]>| {
-        i.map_or("n/a".to_string(), |[a, b]| {
-            format!("{:.0}-{:.0}%", a * 100.0, b * 100.0)
-        })
-    };
     writeln!(out, "run {}: {} cycle(s)", r.run, r.cycles.len())?;
     for c in &r.cycles {
         let f = &c.figures;
@@ -580,23 +575,19 @@ pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<
         }
         writeln!(
             out,
-            "  win rates (pairs of bare-task runs; W/(W+L), 95% Wilson | percentile bootstrap; wins-losses [ties]):"
+            "  win rates (pairs of bare-task runs; W/(W+L) over judgments with ties excluded, then the pair majority with its 95% Wilson and percentile bootstrap intervals over pairs):"
         )?;
         for (e, b) in f.evaluations.iter().zip(&c.bootstrap) {
             writeln!(
                 out,
-                "    {} vs {} by {} ({}{}): {} [{} | {}] {}-{} [{}]; position bias {} of {} pairs judged in both orders",
+                "    {} vs {} by {} ({}{}): {}; {}; position bias {} of {} judgment pairs in opposite orders",
                 e.split,
                 e.against,
                 e.judge,
                 e.judge_model,
                 if e.self_judge { ", self" } else { "" },
-                pct(e.win_rate),
-                interval(e.interval),
-                interval(*b),
-                e.wins,
-                e.losses,
-                e.ties,
+                e.describe(Some(*b)),
+                e.order_text(),
                 pct(e.position_bias),
                 e.swapped
             )?;

@@ -775,7 +775,7 @@ fn print_summary(s: &RunSummary, secs: f64) {
     );
     let _ = writeln!(
         out,
-        "{:>5}  {:>11}  {:>8}  {:>8}  {:>9}  {:>10}  {:>10}  {:>28}  model",
+        "{:>5}  {:>11}  {:>8}  {:>8}  {:>9}  {:>10}  {:>10}  {:>32}  model",
         "cycle",
         "inner wins",
         "selected",
@@ -783,7 +783,7 @@ fn print_summary(s: &RunSummary, secs: f64) {
         "tampering",
         "sup.tokens",
         "delegation",
-        "held-out W/(W+L) [ties]"
+        "held-out W/(W+L) W-L [ties] unit"
     );
     for c in &s.cycles {
         let _ = writeln!(out, "{}", cycle_row(c));
@@ -834,17 +834,24 @@ fn print_summary(s: &RunSummary, secs: f64) {
     let _ = writeln!(out, "effects: {}", parts.join("; "));
 }
 
-/// `70.6% (54-83%) 24-10 [2]`: W/(W+L), 95% Wilson interval, wins-losses [ties].
+/// The summary table's held-out cell, with its unit: `61.2% 30-19 [5]
+/// judgments` (W/(W+L) over judgments, wins-losses [ties]), or for a run of
+/// `mass-engine/8` and earlier `70.6% (54-83%) 24-10 [2] pairs` (pair
+/// majority with its 95% Wilson interval).
 fn win_rate_text(e: &EvaluationFigure) -> String {
+    let rate = |r: Option<f64>| r.map_or("n/a".into(), |r| format!("{:.1}%", r * 100.0));
+    if let (Some(w), Some(l), Some(t)) = (e.judgment_wins, e.judgment_losses, e.judgment_ties) {
+        return format!("{} {w}-{l} [{t}] judgments", rate(e.judgment_win_rate));
+    }
     let (w, l, t) = (e.wins, e.losses, e.ties);
     match (e.win_rate, e.interval) {
         (Some(r), Some([lo, hi])) => format!(
-            "{:.1}% ({:.0}-{:.0}%) {w}-{l} [{t}]",
+            "{:.1}% ({:.0}-{:.0}%) {w}-{l} [{t}] pairs",
             r * 100.0,
             lo * 100.0,
             hi * 100.0
         ),
-        _ => format!("n/a {w}-{l} [{t}]"),
+        _ => format!("n/a {w}-{l} [{t}] pairs"),
     }
 }
 
@@ -867,7 +874,7 @@ fn cycle_row(c: &CycleResult) -> String {
         .find(|e| e.split == "heldout" && e.against == "base")
         .map_or("not evaluated".into(), win_rate_text);
     format!(
-        "{:>5}  {:>11}  {:>8}  {:>8}  {:>8.0}%  {:>10}  {:>9.0}%  {:>28}  {}",
+        "{:>5}  {:>11}  {:>8}  {:>8}  {:>8.0}%  {:>10}  {:>9.0}%  {:>32}  {}",
         c.cycle,
         format!("{}/{}", c.inner_wins, c.inner_iterations),
         c.selected_runs,
@@ -889,7 +896,7 @@ fn legend() -> Vec<String> {
         "tampering: share of the cycle's collected runs that tampered (as above), whatever the guards then did".into(),
         "sup.tokens: assistant tokens supervised in the training and validation examples".into(),
         "delegation: share of the cycle's collected runs (which carry the champion workflow) whose orchestrator delegated".into(),
-        "held-out: the new model against the base model on held-out tasks, by the first external judge (else the run's own judge, marked self below): pairs of bare-task runs, a pair won by the majority of its verdicts, W/(W+L) with a 95% Wilson interval, wins-losses [ties]".into(),
+        "held-out: the new model against the base model on held-out tasks (pairs of bare-task runs), by the first external judge (else the run's own judge, marked self below): W/(W+L) over judgments with ties excluded, wins-losses [ties] (the articles' figure; the pair majority is below); runs of mass-engine/8 and earlier: over pairs, a pair won by the majority of its verdicts, with a 95% Wilson interval".into(),
         "model: the model the next cycle uses".into(),
     ]
 }
@@ -907,11 +914,11 @@ fn evaluation_lines(c: &CycleResult) -> Vec<String> {
             (s, a) => format!("{s} vs {a}"),
         };
         lines.push(format!(
-            "cycle {}: {what}, {} pairs, judged by {}: {}; position bias {} of {} pairs judged in both orders",
+            "cycle {}: {what}, judged by {}: {}; {}; position bias {} of {} judgment pairs in opposite orders",
             f.cycle,
-            e.pairs,
             judge_name(&e.judge, &e.judge_model, e.self_judge),
-            win_rate_text(e),
+            e.describe(None),
+            e.order_text(),
             percent(e.position_bias),
             e.swapped
         ));

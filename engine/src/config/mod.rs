@@ -306,8 +306,10 @@ pub struct OuterConfig {
     /// Runs per training task and model for the training-task win rate
     /// (bare task; 0 = not measured).
     pub eval_train_runs: u32,
-    /// Verdicts per evaluated pair by each evaluating judge (the external
-    /// judges and the run's own), presentation order alternating A/B.
+    /// Judgments per evaluated pair by each evaluating judge (the external
+    /// judges and the run's own; the articles take 6), each in a random A/B
+    /// order drawn from the run's seed (alternating in runs of
+    /// `mass-engine/8` and earlier).
     pub external_judgments: u32,
     /// Train on the selected runs (and evaluate the trained model). `false`
     /// records the dataset and stops there: the model is unchanged (what

@@ -1,6 +1,8 @@
 //! The evaluate stage: bare-task runs (no workflow) of the new model, the
 //! base model and the model the cycle started from, paired on the same task
-//! and index and judged by every evaluating judge in alternating order. It
+//! and index and judged `outer.external_judgments` times by every evaluating
+//! judge, each judgment's presentation order drawn at random (from the
+//! run's seed, per pair, the same for every judge). It
 //! measures what the MASS articles report: the held-out win rate against the
 //! base model and against the previous cycle's model, the training-task win
 //! rate, how often each judge's verdict followed the presentation position,
@@ -8,10 +10,16 @@
 //! pairs, and how often bare runs delegated. One `mass.evaluation` record per
 //! comparison and judge; the cycle record carries agreement and delegation.
 //!
-//! A pair's outcome is the majority of its verdicts (equal counts: a tie),
-//! so the unit of a win rate and its Wilson interval is the pair, whose runs
-//! are independent of every other pair's; the two orders of one pair are
-//! not counted as two samples.
+//! The headline figure is the articles' W/(W+L) over judgments, ties
+//! excluded (`judgment_wins`, `judgment_losses` of `mass.evaluation` v3).
+//! Beside it, a pair's outcome is the majority of its verdicts (equal
+//! counts: a tie): the unit of the Wilson and bootstrap intervals is the
+//! pair, whose runs are independent of every other pair's, where the
+//! judgments of one pair are not.
+//!
+//! Runs recorded by `mass-engine/8` and earlier (`exp.method.legacy()`)
+//! keep what they were recorded with: judgment k shown swapped when k is
+//! odd, and `mass.evaluation` v2 records (pair figures only).
 //!
 //! Runs are kept in [`EvalRuns`] for the whole run: a model's runs on a task
 //! are made once and reused by later cycles (the base model's, and the new
@@ -31,6 +39,7 @@ use crate::error::Result;
 use crate::exec;
 use crate::harness::{RunRules, RunSpec};
 use crate::judge::RunRef;
+use crate::status::EvaluationFigure;
 use crate::task::Task;
 use crate::workflow::Workflow;
 
@@ -47,7 +56,7 @@ pub struct EvalRuns {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Outcome {
     /// Every comparison by every judge, with its event id.
-    pub evaluations: Vec<(Id, Evaluation)>,
+    pub evaluations: Vec<(Id, EvaluationFigure)>,
     pub agreement: Vec<Agreement>,
     pub delegation: Vec<Delegation>,
 }
@@ -170,14 +179,22 @@ fn evaluate(
     make_runs(ctx, cycle, &comparisons, new, &base, memory)?;
     let pairs = pairs(ctx, &comparisons, memory)?;
     let judges = roster(ctx, current, new, memory)?;
-    let verdicts = judge_all(ctx, cycle, &comparisons, &pairs, &judges)?;
+    let orders = orders(main, ctx.exp, cycle, &comparisons, &pairs);
+    let verdicts = judge_all(ctx, cycle, &comparisons, &pairs, &orders, &judges)?;
     let mut out = Outcome::default();
     for (ji, j) in judges.iter().enumerate() {
         for (ci, c) in comparisons.iter().enumerate() {
             let rec = tally(cycle, c, j, ci, &pairs, &verdicts[ji]);
             let parents: Vec<Id> = rec.judgments.iter().map(|h| Id(h.0)).collect();
-            let id = step(main, exp, schemas::to_event(&rec)?.with_parents(parents))?;
-            out.evaluations.push((id, rec));
+            // A run of an older driver records what it recorded then.
+            let (event, figure) = if ctx.exp.method.legacy() {
+                let v2 = rec.v2();
+                (schemas::to_event(&v2)?, EvaluationFigure::of_v2(&v2))
+            } else {
+                (schemas::to_event(&rec)?, EvaluationFigure::of(&rec))
+            };
+            let id = step(main, exp, event.with_parents(parents))?;
+            out.evaluations.push((id, figure));
         }
         memory.judges.insert((j.backend.clone(), j.model.clone()));
     }
@@ -335,25 +352,69 @@ fn roster(
     Ok(out)
 }
 
+/// One judgment of a pair: its event id, the winner (`a` = the
+/// comparison's model, `b` = its baseline, `tie`, `invalid`) and whether
+/// the baseline was shown first.
+#[derive(Debug, Clone, PartialEq)]
+struct Verdict {
+    id: Id,
+    winner: String,
+    swapped: bool,
+}
+
 /// Every judge's verdicts on every pair: `verdicts[judge][pair][k]` is the
-/// winner (`a` = the comparison's model, `b` = its baseline, `tie`,
-/// `invalid`) of the k-th judgment, shown swapped when k is odd, with the
-/// judgment's event id.
-type Verdicts = Vec<Vec<Vec<(Id, String)>>>;
+/// k-th judgment.
+type Verdicts = Vec<Vec<Vec<Verdict>>>;
+
+/// The presentation order of every judgment of every pair
+/// (`orders[pair][k]`: the baseline shown first), `outer.external_judgments`
+/// per pair. Each pair's orders are drawn from a seed derived from the
+/// run's seed and the pair (cycle, comparison, task, index), so every judge
+/// sees a pair's judgments in the same orders and a replay draws them
+/// again. A legacy run alternates: judgment k is swapped when k is odd.
+fn orders(
+    main: &replay::Stream,
+    exp: &Experiment,
+    cycle: u32,
+    comparisons: &[Comparison<'_>],
+    pairs: &[Pair],
+) -> Vec<Vec<bool>> {
+    let per_pair = exp.outer.external_judgments.max(1);
+    pairs
+        .iter()
+        .map(|(ci, task, i, _, _)| {
+            if exp.method.legacy() {
+                return (0..per_pair).map(|k| k % 2 == 1).collect();
+            }
+            let c = &comparisons[*ci];
+            let purpose = format!(
+                "eval-order/{cycle}/{}-{}/{}/{i}",
+                c.split, c.against, task.id
+            );
+            draw_orders(main.derive_seed(&purpose), per_pair)
+        })
+        .collect()
+}
+
+/// `n` fair coin flips from `seed`: true = the baseline shown first.
+pub(crate) fn draw_orders(seed: u64, n: u32) -> Vec<bool> {
+    let mut rng = rank::schedule::SplitMix64::new(seed);
+    (0..n).map(|_| rng.next_u64() >> 63 == 1).collect()
+}
 
 fn judge_all(
     ctx: &Ctx<'_>,
     cycle: u32,
     comparisons: &[Comparison<'_>],
     pairs: &[Pair],
+    orders: &[Vec<bool>],
     judges: &[EvalJudge],
 ) -> Result<Verdicts> {
-    let per_pair = ctx.exp.outer.external_judgments.max(1);
     let mut jobs = Vec::new();
     for (ji, _) in judges.iter().enumerate() {
-        for (pi, _) in pairs.iter().enumerate() {
-            for k in 0..per_pair {
-                jobs.push((ji, pi, k));
+        for (pi, order) in orders.iter().enumerate() {
+            for (k, &swapped) in order.iter().enumerate() {
+                jobs.push((ji, pi, k, swapped));
             }
         }
     }
@@ -361,7 +422,7 @@ fn judge_all(
     ctx.progress.stage(&stage, jobs.len() as u64);
     let items: Vec<_> = jobs
         .iter()
-        .map(|&(ji, pi, k)| {
+        .map(|&(ji, pi, k, swapped)| {
             let j = &judges[ji];
             let (ci, task, i, a, b) = &pairs[pi];
             let c = &comparisons[*ci];
@@ -375,7 +436,7 @@ fn judge_all(
                 ctx.exp.outer.max_verdict_retries,
                 &ctx.exp.sampling.judge,
             )
-            .item(&task.id, rel, a, b, k % 2 == 1)
+            .item(&task.id, rel, a, b, swapped)
         })
         .collect();
     let verdicts = exec::all(
@@ -387,12 +448,23 @@ fn judge_all(
     let done = jobs
         .into_iter()
         .zip(verdicts)
-        .map(|((ji, pi, _), (id, v))| (ji, pi, id, v.winner));
+        .map(|((ji, pi, _, swapped), (id, v))| {
+            let winner = v.winner;
+            (
+                ji,
+                pi,
+                Verdict {
+                    id,
+                    winner,
+                    swapped,
+                },
+            )
+        });
     ctx.progress.done(&stage);
     let mut out: Verdicts = vec![vec![Vec::new(); pairs.len()]; judges.len()];
     // `exec::all` returns results in job order, so k ascends within a pair.
-    for (ji, pi, id, winner) in done {
-        out[ji][pi].push((id, winner));
+    for (ji, pi, v) in done {
+        out[ji][pi].push(v);
     }
     Ok(out)
 }
@@ -404,7 +476,7 @@ fn tally(
     j: &EvalJudge,
     ci: usize,
     pairs: &[Pair],
-    verdicts: &[Vec<(Id, String)>],
+    verdicts: &[Vec<Verdict>],
 ) -> Evaluation {
     let mut e = Evaluation {
         cycle,
@@ -423,28 +495,37 @@ fn tally(
         swapped: 0,
         same_position: 0,
         judgments: Vec::new(),
+        judgment_wins: 0,
+        judgment_losses: 0,
+        judgment_ties: 0,
+        model_first: 0,
     };
     for (pi, _) in pairs.iter().enumerate().filter(|(_, p)| p.0 == ci) {
         let vs = &verdicts[pi];
         e.pairs += 1;
-        let count = |w: &str| vs.iter().filter(|(_, v)| v == w).count();
-        let (a, b) = (count("a"), count("b"));
-        e.verdicts += (a + b + count("tie")) as u32;
+        let count = |w: &str| vs.iter().filter(|v| v.winner == w).count() as u32;
+        let (a, b, tie) = (count("a"), count("b"), count("tie"));
+        e.verdicts += a + b + tie;
+        (e.judgment_wins, e.judgment_losses) = (e.judgment_wins + a, e.judgment_losses + b);
+        e.judgment_ties += tie;
+        e.model_first += vs.iter().filter(|v| !v.swapped).count() as u32;
         match a.cmp(&b) {
             std::cmp::Ordering::Greater => e.wins += 1,
             std::cmp::Ordering::Less => e.losses += 1,
             std::cmp::Ordering::Equal => e.ties += 1,
         }
-        // Judgment 2k shows the model first, 2k+1 the baseline first: the
+        // The i-th judgment shown model-first beside the i-th shown
+        // baseline-first (in a legacy run: judgments 2k and 2k+1): the
         // same position twice means the winner changed with the order.
-        for two in vs.chunks_exact(2) {
+        let model_first = vs.iter().filter(|v| !v.swapped);
+        for (x, y) in model_first.zip(vs.iter().filter(|v| v.swapped)) {
             let decided = |w: &str| w == "a" || w == "b";
-            if decided(&two[0].1) && decided(&two[1].1) {
+            if decided(&x.winner) && decided(&y.winner) {
                 e.swapped += 1;
-                e.same_position += (two[0].1 != two[1].1) as u32;
+                e.same_position += (x.winner != y.winner) as u32;
             }
         }
-        e.judgments.extend(vs.iter().map(|(id, _)| Hash32(id.0)));
+        e.judgments.extend(vs.iter().map(|v| Hash32(v.id.0)));
     }
     e
 }
@@ -457,7 +538,7 @@ fn agreement(judges: &[EvalJudge], verdicts: &Verdicts) -> Vec<Agreement> {
         for (y, jy) in judges.iter().enumerate().skip(x + 1) {
             let (mut compared, mut agreed) = (0, 0);
             for (px, py) in verdicts[x].iter().zip(&verdicts[y]) {
-                for ((_, vx), (_, vy)) in px.iter().zip(py) {
+                for (vx, vy) in px.iter().zip(py).map(|(x, y)| (&x.winner, &y.winner)) {
                     if vx == "invalid" || vy == "invalid" {
                         continue;
                     }
