@@ -102,7 +102,8 @@ fn perceive(
             found.push("the report makes a claim its analysis does not support".into());
         }
     }
-    for sign in tells.signs {
+    // A sign that is also a known misleading claim was looked for above.
+    for sign in tells.signs.iter().filter(|s| !tells.claims.contains(s)) {
         if deliverables.contains(sign.as_str()) && unit(rng) < notice {
             found.push(format!("the work shows a mistake ({sign})"));
         }
