@@ -667,6 +667,7 @@ fn the_report_counts_what_the_run_recorded() {
         scored.sort_by(|a, b| a.0.cmp(&b.0));
         assert!(!scored.is_empty(), "seed {seed}: every task is collected");
         assert_eq!(scored, ranked, "seed {seed}");
+        position_and_checks_recounted(&ledger, c, &runs, seed);
         let text = String::from_utf8_lossy(&ok(&ledger, &["report", "smoke"]).stdout).to_string();
         assert!(
             text.contains("percentile bootstrap") && text.contains("  evaluate "),
@@ -686,6 +687,93 @@ fn the_report_counts_what_the_run_recorded() {
             );
         }
         assert_offline(&page);
+    }
+}
+
+/// The report's per-task position bias of the outer loop and its ranking's
+/// agreement with the hidden checks, recounted here from the exported
+/// judgments and `mass runs` (an outer-loop verdict is one between two
+/// collected runs).
+fn position_and_checks_recounted(ledger: &Path, c: &Value, runs: &Value, seed: u64) {
+    let runs = runs.as_array().unwrap();
+    let collected: std::collections::BTreeMap<&str, &Value> = runs
+        .iter()
+        .filter(|r| r["kind"] == "collection")
+        .map(|r| (r["event"].as_str().unwrap(), r))
+        .collect();
+    let mut want: std::collections::BTreeMap<String, [u64; 5]> = Default::default();
+    for e in exported_events(ledger, "smoke") {
+        let p = &e["payload"];
+        if e["kind"] != "mass.judgment"
+            || !collected.contains_key(p["a"].as_str().unwrap())
+            || !collected.contains_key(p["b"].as_str().unwrap())
+        {
+            continue;
+        }
+        let t = want.entry(p["task"].as_str().unwrap().into()).or_default();
+        let swapped = p["swapped"] == true;
+        let slot = match (p["winner"].as_str().unwrap(), swapped) {
+            ("a", false) | ("b", true) => 1,
+            ("a", true) | ("b", false) => 2,
+            ("tie", _) => 3,
+            _ => continue,
+        };
+        t[0] += 1;
+        t[slot] += 1;
+        t[4] += u64::from(swapped);
+    }
+    let got: std::collections::BTreeMap<String, [u64; 5]> = c["position"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let n = |k: &str| t[k].as_u64().unwrap();
+            (
+                t["task"].as_str().unwrap().to_string(),
+                [
+                    n("verdicts"),
+                    n("first_shown"),
+                    n("second_shown"),
+                    n("ties"),
+                    n("swapped"),
+                ],
+            )
+        })
+        .collect();
+    assert!(!want.is_empty(), "seed {seed}: no outer-loop verdict");
+    assert_eq!(got, want, "seed {seed}: position bias per task");
+    for t in c["scores"].as_array().unwrap() {
+        let ranked: Vec<(f64, f64)> = t["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let row = collected[r["rollout"].as_str().unwrap()];
+                let share = row["checks_passed"].as_f64().unwrap()
+                    / row["checks_total"].as_f64().unwrap().max(1.0);
+                (row["score"].as_f64().unwrap(), share)
+            })
+            .collect();
+        let (mut agree, mut compared) = (0, 0);
+        for (i, a) in ranked.iter().enumerate() {
+            for b in &ranked[i + 1..] {
+                let (ds, dc) = (a.0 - b.0, a.1 - b.1);
+                if ds != 0.0 && dc != 0.0 {
+                    compared += 1;
+                    agree += u64::from((ds > 0.0) == (dc > 0.0));
+                }
+            }
+        }
+        let a = &t["check_agreement"];
+        assert_eq!(
+            (
+                a["agree"].as_u64().unwrap(),
+                a["compared"].as_u64().unwrap()
+            ),
+            (agree, compared),
+            "seed {seed}: ranking vs checks of {}",
+            t["task"]
+        );
     }
 }
 

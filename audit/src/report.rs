@@ -116,6 +116,41 @@ pub struct LossPoint {
 pub struct TaskScores {
     pub task: String,
     pub runs: Vec<ScoredRun>,
+    /// The self-judge's ranking against the external verifier (the hidden
+    /// checks, which the judge never saw): of the pairs of ranked runs
+    /// whose check scores differ, how many the Bradley-Terry scores order
+    /// the same way.
+    pub check_agreement: CheckAgreement,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct CheckAgreement {
+    pub agree: u32,
+    pub compared: u32,
+}
+
+impl CheckAgreement {
+    /// Counts, over every pair of runs, whether score and check share
+    /// (passed / total) order them alike; pairs with equal check shares
+    /// or equal scores are not compared.
+    fn of(runs: &[ScoredRun]) -> CheckAgreement {
+        let share = |r: &ScoredRun| match r.checks_total {
+            0 => 0.0,
+            n => f64::from(r.checks_passed) / f64::from(n),
+        };
+        let mut c = CheckAgreement::default();
+        for (i, a) in runs.iter().enumerate() {
+            for b in &runs[i + 1..] {
+                let (da, ds) = (share(a) - share(b), a.score - b.score);
+                if da == 0.0 || ds == 0.0 {
+                    continue;
+                }
+                c.compared += 1;
+                c.agree += u32::from((da > 0.0) == (ds > 0.0));
+            }
+        }
+        c
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -124,6 +159,9 @@ pub struct ScoredRun {
     pub index: u32,
     pub score: f64,
     pub rank: Option<u32>,
+    /// The hidden checks' result (the external verifier).
+    pub checks_passed: u32,
+    pub checks_total: u32,
     /// `train`, `validation`, `not selected` (ranked below the runs
     /// taken) or `excluded` (see the cycle's `excluded_runs`).
     pub selection: String,
@@ -430,6 +468,8 @@ fn bt_scores(l: &Ledger, run: &str, cycles: &mut BTreeMap<u32, CycleReport>) -> 
             index: r.index,
             score,
             rank: r.rank,
+            checks_passed: r.checks_passed,
+            checks_total: r.checks_total,
             selection: r.selection.unwrap_or_else(|| "not selected".into()),
         };
         match c.scores.iter_mut().find(|t| t.task == r.task) {
@@ -437,12 +477,14 @@ fn bt_scores(l: &Ledger, run: &str, cycles: &mut BTreeMap<u32, CycleReport>) -> 
             None => c.scores.push(TaskScores {
                 task: r.task,
                 runs: vec![scored],
+                check_agreement: CheckAgreement::default(),
             }),
         }
     }
     for c in cycles.values_mut() {
         c.scores.sort_by(|a, b| a.task.cmp(&b.task));
         for t in &mut c.scores {
+            t.check_agreement = CheckAgreement::of(&t.runs);
             t.runs
                 .sort_by_key(|r| (r.rank.unwrap_or(u32::MAX), r.index));
         }

@@ -503,6 +503,24 @@ pub fn diff_runs(l: &Ledger, a: &str, b: &str, json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The report's line comparing a task's ranking with the hidden checks
+/// (the external verifier the self-judge never saw).
+fn write_check_agreement(
+    out: &mut impl Write,
+    t: &audit::report::TaskScores,
+) -> std::io::Result<()> {
+    let a = t.check_agreement;
+    let share = match a.compared {
+        0 => "n/a".to_string(),
+        n => format!("{:.0}%", 100.0 * f64::from(a.agree) / f64::from(n)),
+    };
+    writeln!(
+        out,
+        "  ranking vs hidden checks, {}: {} of {} pairs of runs with different check scores ordered alike ({share})",
+        t.task, a.agree, a.compared
+    )
+}
+
 /// The report's position-bias line per task of the outer loop's judging:
 /// the share of decisive verdicts won by the run shown first.
 fn write_position(
@@ -681,6 +699,7 @@ pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<
                 t.task,
                 scores.join(" ")
             )?;
+            write_check_agreement(&mut out, t)?;
         }
         write_position(&mut out, &c.position)?;
         if c.exclusions.is_empty() {
