@@ -702,7 +702,35 @@ fn position_and_checks_recounted(ledger: &Path, c: &Value, runs: &Value, seed: u
         .map(|r| (r["event"].as_str().unwrap(), r))
         .collect();
     let mut want: std::collections::BTreeMap<String, [u64; 5]> = Default::default();
-    for e in exported_events(ledger, "smoke") {
+    let events = exported_events(ledger, "smoke");
+    // Inner-loop iterations without a usable proposal (one cycle here).
+    let mut valid: std::collections::BTreeMap<(String, u64), bool> = Default::default();
+    for e in events.iter().filter(|e| e["kind"] == "mass.proposal") {
+        let p = &e["payload"];
+        let key = (
+            p["task"].as_str().unwrap().to_string(),
+            p["iteration"].as_u64().unwrap(),
+        );
+        *valid.entry(key).or_default() |= p["valid"] == true;
+    }
+    let failed: Vec<(String, u64)> = valid
+        .into_iter()
+        .filter(|(_, v)| !v)
+        .map(|(k, _)| k)
+        .collect();
+    let reported: Vec<(String, u64)> = c["failed_proposals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["task"].as_str().unwrap().to_string(),
+                f["iteration"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(reported, failed, "seed {seed}: failed proposals");
+    for e in events {
         let p = &e["payload"];
         if e["kind"] != "mass.judgment"
             || !collected.contains_key(p["a"].as_str().unwrap())

@@ -14,7 +14,8 @@ use std::collections::BTreeMap;
 
 use ledger::{Event, Id, Ledger};
 use schemas::{
-    Decodable, Effect, EffectStatus, Judgment, Promotion, Rollout, Selection, TrainStep,
+    Decodable, Effect, EffectStatus, Judgment, Promotion, ProposalRecord, Rollout, Selection,
+    TrainStep,
 };
 use serde::Serialize;
 
@@ -62,6 +63,18 @@ pub struct CycleReport {
     /// Per task, how the outer loop's verdicts split by the position the
     /// winner was shown in (position bias of the judge stage).
     pub position: Vec<TaskPosition>,
+    /// Inner-loop iterations whose optimizer gave no usable proposal (every
+    /// attempt malformed or changing nothing), so no candidate ran.
+    pub failed_proposals: Vec<FailedProposal>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FailedProposal {
+    pub task: String,
+    pub iteration: u32,
+    pub attempts: u32,
+    /// The last attempt's error, as the optimizer was told.
+    pub error: String,
 }
 
 /// The outer loop's verdicts on one task by presentation order: a judge
@@ -265,6 +278,8 @@ pub fn report(l: &Ledger, run: &str) -> Result<Report> {
     for c in cycles.values_mut() {
         c.inner.sort_by(|a, b| a.task.cmp(&b.task));
         c.position.sort_by(|a, b| a.task.cmp(&b.task));
+        c.failed_proposals
+            .sort_by(|a, b| (&a.task, a.iteration).cmp(&(&b.task, b.iteration)));
         // The stream was walked from its head: back to log order, then by
         // step (stable, so a step's training line stays before its
         // checkpoint's).
@@ -307,6 +322,7 @@ fn cycle_report(f: CycleFigures) -> CycleReport {
         scores: Vec::new(),
         loss: Vec::new(),
         position: Vec::new(),
+        failed_proposals: Vec::new(),
     }
 }
 
@@ -362,7 +378,9 @@ fn exclusions(l: &Ledger, main: &[Event], cycles: &mut BTreeMap<u32, CycleReport
 /// inner-loop decisions stream, the promotions.
 fn stream_figures(l: &Ledger, rel: &str, stage: &str, h: Id, c: &mut CycleReport) -> Result<()> {
     let is_decisions = rel.ends_with("/inner") && rel.matches('/').count() == 2;
+    let is_optimizer = rel.ends_with("/optimizer");
     let mut promotions = Vec::new();
+    let mut proposals = Vec::new();
     for ev in l.chain(h) {
         let ev = ev?;
         if ev.kind == <Effect as Decodable>::KIND && ev.version == <Effect as Decodable>::VERSION {
@@ -380,9 +398,21 @@ fn stream_figures(l: &Ledger, rel: &str, stage: &str, h: Id, c: &mut CycleReport
         if is_decisions && ev.kind == <Promotion as Decodable>::KIND {
             promotions.push(decode::<Promotion>(&ev)?);
         }
+        if is_optimizer && ev.kind == <ProposalRecord as Decodable>::KIND {
+            proposals.push(decode::<ProposalRecord>(&ev)?);
+        }
         if stage == "judge" && ev.kind == <Judgment as Decodable>::KIND {
             count_position(&decode::<Judgment>(&ev)?, c);
         }
+    }
+    if let (false, Some(last)) = (proposals.iter().any(|p| p.valid), proposals.first()) {
+        // Walked from the head: the first is the last attempt.
+        c.failed_proposals.push(FailedProposal {
+            task: last.task.clone(),
+            iteration: last.iteration,
+            attempts: proposals.len() as u32,
+            error: last.error.clone(),
+        });
     }
     if is_decisions {
         promotions.reverse();

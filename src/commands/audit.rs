@@ -591,6 +591,13 @@ pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<
                 .collect();
             writeln!(out, "    {}: {}", t.task, steps.join(", "))?;
         }
+        for f in &c.failed_proposals {
+            writeln!(
+                out,
+                "    {} {}: no usable proposal after {} attempt(s), no candidate ran (last: {})",
+                f.task, f.iteration, f.attempts, f.error
+            )?;
+        }
         writeln!(
             out,
             "  win rates (pairs of bare-task runs; W/(W+L) over judgments with ties excluded, then the pair majority with its 95% Wilson and percentile bootstrap intervals over pairs):"
