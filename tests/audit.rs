@@ -775,10 +775,11 @@ fn position_and_checks_recounted(ledger: &Path, c: &Value, runs: &Value, seed: u
             .as_array()
             .unwrap()
             .iter()
-            .map(|r| {
-                let row = collected[r["rollout"].as_str().unwrap()];
-                let share = row["checks_passed"].as_f64().unwrap()
-                    / row["checks_total"].as_f64().unwrap().max(1.0);
+            .map(|r| collected[r["rollout"].as_str().unwrap()])
+            .filter(|row| row["checks_total"].as_u64().unwrap() > 0)
+            .map(|row| {
+                let share =
+                    row["checks_passed"].as_f64().unwrap() / row["checks_total"].as_f64().unwrap();
                 (row["score"].as_f64().unwrap(), share)
             })
             .collect();

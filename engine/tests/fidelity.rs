@@ -160,7 +160,14 @@ fn no_unchanged_candidate_is_judged_and_bare_runs_never_beat_the_reference() {
         }
         // Only a task whose search beat the reference reaches collection
         // (smoke collects `improved` tasks).
-        for (stream, _) in events(l, "smoke", "mass.rollout") {
+        for (stream, ev) in events(l, "smoke", "mass.rollout") {
+            if stream.contains("/collect/") {
+                let r: schemas::Rollout = schemas::decode_event(&ev).unwrap();
+                assert!(
+                    !workflow_of(l, &r).is_bare(),
+                    "seed {seed}: {stream} collected runs of the bare task"
+                );
+            }
             if let Some(task) = stream
                 .strip_prefix("c1/")
                 .and_then(|s| s.split_once("/collect/"))

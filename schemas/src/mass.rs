@@ -260,7 +260,8 @@ record!(
     }
 );
 
-/// `mass.selection` v1 (read only; v2 replaced it): which ranked runs
+/// `mass.selection` v1 (v2 replaced it; still written for runs of
+/// `mass-engine/8` and earlier, which are driven as recorded): which ranked runs
 /// become training and validation data. Written by `mass-engine/8` and
 /// earlier, which ranked halted and failed runs and named them here by
 /// rank (`rank 4: halted (...)`) or, for runs the guards kept out of

@@ -25,7 +25,8 @@ macro_rules! registry {
         }
 
         /// Older versions this build still reads (and writes only where a
-        /// run recorded by an older driver is driven: `mass.evaluation` v2).
+        /// run recorded by an older driver is driven: `mass.evaluation` v2,
+        /// `mass.selection` v1).
         pub fn older_versions() -> Vec<KindInfo> {
             vec![$(KindInfo { kind: <$old>::KIND, version: <$old>::VERSION }),*]
         }

@@ -178,6 +178,7 @@ pub fn allowed_text(prompt: &str, task_id: &str, deliverables: &[String]) -> Vec
             crate::prompts::external_directive(task_id, deliverables)
         ),
         crate::prompts::ORCHESTRATOR_SYSTEM.to_string(),
+        crate::prompts::ORCHESTRATOR_SYSTEM_NEUTRAL.to_string(),
         crate::prompts::subagent_system("", "", task_id),
     ]
 }

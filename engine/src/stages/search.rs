@@ -189,7 +189,13 @@ async fn search_step(s: &Search, t: &mut TaskSearch, k: u32) -> Result<()> {
         t.champion = candidate;
         t.champion_run = run;
         t.wins += 1;
-        t.beat_reference |= verdict.beat_reference;
+        // From mass-engine/9 the gate follows the champion: a bare champion
+        // (the task again, accepted over a workflow) yields no data.
+        t.beat_reference = if s.bare_never_beats_reference && t.champion.is_bare() {
+            false
+        } else {
+            t.beat_reference || verdict.beat_reference
+        };
     }
     Ok(())
 }
