@@ -579,7 +579,11 @@ fn the_example_cycle_completes_on_the_real_server_and_replays_offline() {
         .filter(|e| e["stream"].as_str().unwrap().contains("/pair/"))
         .filter(|e| !events.contains_key(e["id"].as_str().unwrap()))
         .collect();
-    assert_eq!(rejudged.len(), 4, "{rejudged:?}");
+    assert_eq!(
+        rejudged.len(),
+        8,
+        "4 pairs, each in both orders: {rejudged:?}"
+    );
     assert_eq!(of_kind(&rj_events, "mass.dataset").len(), 1);
 }
 

@@ -347,7 +347,11 @@ fn the_summary_explains_its_columns_and_who_judged_the_held_out_runs() {
             "{c1}"
         );
         if let Some(e) = c1["evaluations"].as_array().and_then(|e| e.first()) {
-            let shown = format!("{}-{} [{}]", e["wins"], e["losses"], e["ties"]);
+            // The headline is over judgments (W/(W+L), ties excluded).
+            let shown = format!(
+                "{}-{} [{}] judgments",
+                e["judgment_wins"], e["judgment_losses"], e["judgment_ties"]
+            );
             let row = out
                 .lines()
                 .find(|l| l.trim_start().starts_with("1 "))
