@@ -546,6 +546,145 @@ fn write_position(
     Ok(())
 }
 
+/// The report's inner-loop lines of one cycle: each task's steps, then the
+/// iterations with no usable proposal.
+fn write_inner(out: &mut impl Write, c: &audit::report::CycleReport) -> std::io::Result<()> {
+    for t in &c.inner {
+        let steps: Vec<String> = t
+            .iterations
+            .iter()
+            .map(|i| {
+                format!(
+                    "{}:{}{} ({} lines)",
+                    i.iteration,
+                    if i.accepted { "accepted" } else { "rejected" },
+                    if i.beat_reference { "+ref" } else { "" },
+                    i.edit_lines
+                )
+            })
+            .collect();
+        writeln!(out, "    {}: {}", t.task, steps.join(", "))?;
+    }
+    for f in &c.failed_proposals {
+        writeln!(
+            out,
+            "    {} {}: no usable proposal after {} attempt(s), no candidate ran (last: {})",
+            f.task, f.iteration, f.attempts, f.error
+        )?;
+    }
+    Ok(())
+}
+
+/// The report's training line: the loss from first to last step and the
+/// lowest validation loss with its checkpoint.
+fn write_training(out: &mut impl Write, loss: &[audit::report::LossPoint]) -> std::io::Result<()> {
+    let train: Vec<f64> = loss.iter().filter_map(|p| p.train_loss).collect();
+    let best = loss
+        .iter()
+        .filter_map(|p| p.validation_loss.map(|l| (l, p)))
+        .min_by(|a, b| a.0.total_cmp(&b.0));
+    let mut parts = vec![format!("{} recorded step line(s)", loss.len())];
+    if let (Some(a), Some(b)) = (train.first(), train.last()) {
+        parts.push(format!("training loss {a:.4} -> {b:.4}"));
+    }
+    if let Some((l, p)) = best {
+        parts.push(format!(
+            "lowest validation loss {l:.4} at step {}{}",
+            p.step,
+            if p.checkpoint.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", p.checkpoint)
+            }
+        ));
+    }
+    if loss.is_empty() {
+        writeln!(out, "  training: no metrics recorded")?;
+    } else {
+        writeln!(out, "  training: {}", parts.join("; "))?;
+    }
+    Ok(())
+}
+
+/// The report's Bradley-Terry scores per task, each with its ranking's
+/// agreement with the hidden checks.
+fn write_scores(out: &mut impl Write, scores: &[audit::report::TaskScores]) -> std::io::Result<()> {
+    for t in scores {
+        let scores: Vec<String> = t
+            .runs
+            .iter()
+            .map(|r| {
+                format!(
+                    "{:.2}{}",
+                    r.score,
+                    match r.selection.as_str() {
+                        "train" => "T",
+                        "validation" => "V",
+                        "excluded" => "x",
+                        _ => "",
+                    }
+                )
+            })
+            .collect();
+        writeln!(
+            out,
+            "  Bradley-Terry scores, {} (by rank; T train, V validation, x excluded): {}",
+            t.task,
+            scores.join(" ")
+        )?;
+        write_check_agreement(out, t)?;
+    }
+    Ok(())
+}
+
+/// The report's table of calls, tokens and wall time per stage.
+fn write_stages(out: &mut impl Write, stages: &[audit::report::StageCost]) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "  {:<12} {:>8} {:>14} {:>14} {:>9}",
+        "stage", "calls", "prompt tok", "completion tok", "wall s"
+    )?;
+    for s in stages {
+        writeln!(
+            out,
+            "  {:<12} {:>8} {:>14} {:>14} {:>9.1}",
+            s.stage, s.model_calls, s.prompt_tokens, s.completion_tokens, s.wall_seconds
+        )?;
+    }
+    Ok(())
+}
+
+/// The report's exclusions of one cycle: counts by reason, each run left
+/// out with its reason, and each task whose selection fell short.
+fn write_exclusions(out: &mut impl Write, c: &audit::report::CycleReport) -> std::io::Result<()> {
+    if c.exclusions.is_empty() {
+        writeln!(out, "  exclusions: none")?;
+    }
+    for (why, n) in &c.exclusions {
+        writeln!(out, "  excluded: {why} {n}")?;
+    }
+    for x in &c.excluded_runs {
+        let run = if x.rollout.is_empty() {
+            "(no run named)".to_string()
+        } else {
+            format!(
+                "run {}{}",
+                short(&x.rollout),
+                x.index.map(|i| format!(" (#{i})")).unwrap_or_default()
+            )
+        };
+        writeln!(out, "  excluded {} {run}: {}", x.task, x.reason)?;
+    }
+    for s in &c.shortfalls {
+        writeln!(
+            out,
+            "  selection short, {}: {} of {} training, {} of {} validation runs: {}",
+            s.task, s.train, s.wanted_train, s.validation, s.wanted_validation, s.why
+        )?;
+    }
+    Ok(())
+}
+
 /// `mass report RUN`.
 pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<ExitCode> {
     if !is_run(l, run)? {
@@ -575,29 +714,7 @@ pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<
             "  inner loop ({}/{} steps accepted):",
             f.inner_wins, f.inner_iterations
         )?;
-        for t in &c.inner {
-            let steps: Vec<String> = t
-                .iterations
-                .iter()
-                .map(|i| {
-                    format!(
-                        "{}:{}{} ({} lines)",
-                        i.iteration,
-                        if i.accepted { "accepted" } else { "rejected" },
-                        if i.beat_reference { "+ref" } else { "" },
-                        i.edit_lines
-                    )
-                })
-                .collect();
-            writeln!(out, "    {}: {}", t.task, steps.join(", "))?;
-        }
-        for f in &c.failed_proposals {
-            writeln!(
-                out,
-                "    {} {}: no usable proposal after {} attempt(s), no candidate ran (last: {})",
-                f.task, f.iteration, f.attempts, f.error
-            )?;
-        }
+        write_inner(&mut out, c)?;
         writeln!(
             out,
             "  win rates (pairs of bare-task runs; W/(W+L) over judgments with ties excluded, then the pair majority with its 95% Wilson and percentile bootstrap intervals over pairs):"
@@ -645,95 +762,11 @@ pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<
             }
         )?;
         writeln!(out, "  supervised tokens: {}", f.supervised_tokens)?;
-        let train: Vec<f64> = c.loss.iter().filter_map(|p| p.train_loss).collect();
-        let best = c
-            .loss
-            .iter()
-            .filter_map(|p| p.validation_loss.map(|l| (l, p)))
-            .min_by(|a, b| a.0.total_cmp(&b.0));
-        let mut parts = vec![format!("{} recorded step line(s)", c.loss.len())];
-        if let (Some(a), Some(b)) = (train.first(), train.last()) {
-            parts.push(format!("training loss {a:.4} -> {b:.4}"));
-        }
-        if let Some((l, p)) = best {
-            parts.push(format!(
-                "lowest validation loss {l:.4} at step {}{}",
-                p.step,
-                if p.checkpoint.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", p.checkpoint)
-                }
-            ));
-        }
-        if c.loss.is_empty() {
-            writeln!(out, "  training: no metrics recorded")?;
-        } else {
-            writeln!(out, "  training: {}", parts.join("; "))?;
-        }
-        writeln!(
-            out,
-            "  {:<12} {:>8} {:>14} {:>14} {:>9}",
-            "stage", "calls", "prompt tok", "completion tok", "wall s"
-        )?;
-        for s in &c.stages {
-            writeln!(
-                out,
-                "  {:<12} {:>8} {:>14} {:>14} {:>9.1}",
-                s.stage, s.model_calls, s.prompt_tokens, s.completion_tokens, s.wall_seconds
-            )?;
-        }
-        for t in &c.scores {
-            let scores: Vec<String> = t
-                .runs
-                .iter()
-                .map(|r| {
-                    format!(
-                        "{:.2}{}",
-                        r.score,
-                        match r.selection.as_str() {
-                            "train" => "T",
-                            "validation" => "V",
-                            "excluded" => "x",
-                            _ => "",
-                        }
-                    )
-                })
-                .collect();
-            writeln!(
-                out,
-                "  Bradley-Terry scores, {} (by rank; T train, V validation, x excluded): {}",
-                t.task,
-                scores.join(" ")
-            )?;
-            write_check_agreement(&mut out, t)?;
-        }
+        write_training(&mut out, &c.loss)?;
+        write_stages(&mut out, &c.stages)?;
+        write_scores(&mut out, &c.scores)?;
         write_position(&mut out, &c.position)?;
-        if c.exclusions.is_empty() {
-            writeln!(out, "  exclusions: none")?;
-        }
-        for (why, n) in &c.exclusions {
-            writeln!(out, "  excluded: {why} {n}")?;
-        }
-        for x in &c.excluded_runs {
-            let run = if x.rollout.is_empty() {
-                "(no run named)".to_string()
-            } else {
-                format!(
-                    "run {}{}",
-                    short(&x.rollout),
-                    x.index.map(|i| format!(" (#{i})")).unwrap_or_default()
-                )
-            };
-            writeln!(out, "  excluded {} {run}: {}", x.task, x.reason)?;
-        }
-        for s in &c.shortfalls {
-            writeln!(
-                out,
-                "  selection short, {}: {} of {} training, {} of {} validation runs: {}",
-                s.task, s.train, s.wanted_train, s.validation, s.wanted_validation, s.why
-            )?;
-        }
+        write_exclusions(&mut out, c)?;
     }
     Ok(ExitCode::SUCCESS)
 }
