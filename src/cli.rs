@@ -318,6 +318,42 @@ pub enum Command {
         #[arg(long)]
         from: std::path::PathBuf,
     },
+    /// Name remotes: object stores (s3://, gs://, az://) or folders that
+    /// hold pushed runs. Credentials come from the environment, never a URL.
+    Remote {
+        #[command(subcommand)]
+        what: RemoteWhat,
+    },
+    /// Upload runs to a remote (`origin` when not named): only the objects
+    /// it lacks, then its run records by compare-and-swap. A run the remote
+    /// holds further than this ledger is refused (exit 5).
+    Push {
+        /// A remote name, URL or folder path (a first word that is none of
+        /// these is taken as a run, and the default remote is used).
+        remote: Option<String>,
+        /// Runs to push (default: every run).
+        runs: Vec<String>,
+        /// No progress lines.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Download runs from a remote: only what they reach and this ledger
+    /// lacks, every object checked against its hash, landed in one commit.
+    Pull {
+        /// A remote name, URL or folder path (as for push).
+        remote: Option<String>,
+        /// Runs to pull (default: every run the remote holds).
+        runs: Vec<String>,
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Create a ledger in DIR from every run of a remote (named `origin`).
+    Clone {
+        url: String,
+        dir: PathBuf,
+        #[arg(long)]
+        quiet: bool,
+    },
     /// Export ledger contents.
     Export {
         #[command(subcommand)]
@@ -345,6 +381,19 @@ pub enum Command {
 pub enum DatasetFormat {
     Openai,
     Trl,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RemoteWhat {
+    /// Name a remote URL (s3://BUCKET/PREFIX, gs://..., az://..., a folder).
+    Add { name: String, url: String },
+    /// List the named remotes.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Forget a remote's name (nothing on the store is touched).
+    Remove { name: String },
 }
 
 #[derive(Debug, Subcommand)]

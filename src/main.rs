@@ -41,6 +41,9 @@ fn exit_code_for(e: &anyhow::Error) -> u8 {
         if let Some(c) = cause.downcast_ref::<commands::CliError>() {
             return c.exit_code();
         }
+        if let Some(r) = cause.downcast_ref::<remote::RemoteError>() {
+            return remote_code(r);
+        }
         match cause.downcast_ref::<E>() {
             Some(E::Infrastructure { .. }) => return 7,
             Some(E::Sandbox(_)) => return 8,
@@ -65,6 +68,18 @@ fn ledger_code(le: &ledger::LedgerError) -> u8 {
         L::Locked { .. } => 6,
         L::MalformedId { .. } | L::BadRefName { .. } => 2,
         _ => 1,
+    }
+}
+
+fn remote_code(r: &remote::RemoteError) -> u8 {
+    use remote::RemoteError as R;
+    match r {
+        R::BadUrl { .. } | R::Config { .. } => 2,
+        R::Corrupt { .. } | R::MissingObject { .. } => 3,
+        R::NotARemote { .. } | R::NoSuchRun { .. } | R::NoSuchRemote { .. } => 4,
+        R::Conflict { .. } => 5,
+        R::Ledger(le) => ledger_code(le),
+        R::Store { .. } | R::Io { .. } => 1,
     }
 }
 

@@ -9,6 +9,7 @@ mod maintain;
 mod objects;
 mod proxy;
 mod rank;
+mod remote;
 mod runs;
 mod sandbox;
 
@@ -181,6 +182,18 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Export {
             what: ExportWhat::Events { start, out },
         } => export::events(&open_read(&dir)?, start.as_deref(), &out),
+        Command::Remote { what } => remote::manage(&dir, what),
+        Command::Push {
+            remote: r,
+            runs,
+            quiet,
+        } => remote::push(&dir, r.as_deref(), &runs, quiet),
+        Command::Pull {
+            remote: r,
+            runs,
+            quiet,
+        } => remote::pull(&dir, r.as_deref(), &runs, quiet),
+        Command::Clone { url, dir: d, quiet } => remote::clone(&url, &d, quiet),
         Command::Rank { file, prior, json } => rank::run(&file, prior, json),
         Command::Demo { workspace } => demo::run(&dir, workspace.as_deref()),
         Command::HarnessReplay { rollout, json } => proxy::harness_replay(&dir, &rollout, json),

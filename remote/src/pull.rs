@@ -1,0 +1,423 @@
+//! Pull: bring runs from a remote into this ledger, all or nothing.
+//!
+//! What a run reaches is found from the remote's indexes (events list their
+//! links there), then only the frames holding missing objects are fetched,
+//! with byte-range reads; trees are read to find their blobs, fetched in a
+//! second round. Every frame is checked against its index's BLAKE3, every
+//! object against its id, every event's links against its index; only then
+//! do the objects and the refs land, in one ledger commit. A ref this ledger
+//! moved elsewhere (neither head contains the other) stops the pull before
+//! anything is written.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use ledger::{EventEnvelope, Id, Ledger, ObjectKind, Tree};
+
+use crate::error::{RemoteError, Result};
+use crate::pack::{self, Entry};
+use crate::push::descends;
+use crate::{Indexes, Progress, Remote, RunRecord};
+
+/// How a pull changed one local ref.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RefChange {
+    Created {
+        name: String,
+        head: Id,
+    },
+    FastForward {
+        name: String,
+        from: Id,
+        to: Id,
+    },
+    Unchanged {
+        name: String,
+    },
+    /// This ledger's ref already holds the remote's head and more.
+    LocalAhead {
+        name: String,
+    },
+}
+
+/// What a pull did.
+#[derive(Debug, Default, Clone)]
+pub struct PullReport {
+    pub runs: Vec<(String, Vec<RefChange>)>,
+    pub objects: usize,
+    /// Bytes of frames downloaded (indexes not counted).
+    pub downloaded: u64,
+}
+
+struct Fetched {
+    kind: ObjectKind,
+    raw: Vec<u8>,
+    meta: Vec<u8>,
+}
+
+/// Pulls `runs` (every run the remote holds when empty) into `ledger`.
+pub fn pull(
+    ledger: &Ledger,
+    remote: &Remote,
+    runs: &[String],
+    progress: &dyn Progress,
+) -> Result<PullReport> {
+    remote.require_marker()?;
+    let names = if runs.is_empty() {
+        remote.runs()?
+    } else {
+        runs.to_vec()
+    };
+    let mut records = Vec::new();
+    for run in &names {
+        let (rec, _, _) = remote
+            .read_run(run)?
+            .ok_or_else(|| RemoteError::NoSuchRun {
+                run: run.clone(),
+                place: format!(
+                    "on {} (`mass remote list`, then look at refs/ there)",
+                    remote.location()
+                ),
+            })?;
+        records.push(rec);
+    }
+    let idx = remote.indexes(progress)?;
+    let want = reachable(ledger, remote, &idx, &records)?;
+    progress.line(&format!(
+        "{} object(s) to fetch from {}",
+        want.len(),
+        remote.location()
+    ));
+    let mut report = PullReport::default();
+    let mut frames = FrameCache::new();
+    let mut got = fetch(remote, &idx, &want, &mut frames, &mut report, progress)?;
+    let blobs = tree_blobs(ledger, &idx, remote, &got)?;
+    let more = fetch(remote, &idx, &blobs, &mut frames, &mut report, progress)?;
+    got.extend(more);
+    check_links(&idx, &got)?;
+    let mut batch = ledger.batch();
+    for id in dependency_order(&got)? {
+        let f = &got[&id];
+        batch.put_raw(f.kind, f.raw.clone(), f.meta.clone())?;
+    }
+    for rec in &records {
+        let changes = plan_refs(ledger, &got, rec, remote)?;
+        for c in &changes {
+            match c {
+                RefChange::Created { name, head } => batch.set_ref(name, None, *head)?,
+                RefChange::FastForward { name, from, to } => {
+                    batch.set_ref(name, Some(*from), *to)?
+                }
+                _ => {}
+            }
+        }
+        report.runs.push((rec.run.clone(), changes));
+    }
+    batch.commit()?;
+    report.objects = got.len();
+    Ok(report)
+}
+
+/// Missing objects the records' heads reach, by the indexes' links.
+fn reachable(
+    ledger: &Ledger,
+    remote: &Remote,
+    idx: &Indexes,
+    records: &[RunRecord],
+) -> Result<Vec<Id>> {
+    let mut stack: Vec<(Id, String)> = Vec::new();
+    for rec in records {
+        for (name, head) in rec.head_ids() {
+            stack.push((head, format!("ref {name} of run {}", rec.run)));
+        }
+    }
+    let mut seen = HashSet::new();
+    let mut want = Vec::new();
+    while let Some((id, what)) = stack.pop() {
+        if !seen.insert(id) || ledger.contains(&id)? {
+            continue;
+        }
+        let Some((_, p, e)) = idx.find(&id) else {
+            return Err(RemoteError::MissingObject {
+                what,
+                id,
+                location: remote.location().to_string(),
+            });
+        };
+        want.push(id);
+        for l in p.links_of(e) {
+            stack.push((*l, format!("event {}", id.short(12))));
+        }
+    }
+    Ok(want)
+}
+
+/// Frames already fetched and checked (pack key, frame number), so the
+/// second round (trees' blobs) does not download them again.
+type FrameCache = HashMap<(String, u32), std::rc::Rc<Vec<u8>>>;
+
+/// Fetches and checks `ids`, frame by frame, pack by pack.
+fn fetch(
+    remote: &Remote,
+    idx: &Indexes,
+    ids: &[Id],
+    cache: &mut FrameCache,
+    report: &mut PullReport,
+    progress: &dyn Progress,
+) -> Result<HashMap<Id, Fetched>> {
+    // pack key -> frame number -> entries wanted from it
+    let mut by_pack: BTreeMap<&str, (&pack::PackIndex, BTreeMap<u32, Vec<&Entry>>)> =
+        BTreeMap::new();
+    for id in ids {
+        if let Some((key, p, e)) = idx.find(id) {
+            by_pack
+                .entry(key)
+                .or_insert((p, BTreeMap::new()))
+                .1
+                .entry(e.frame)
+                .or_default()
+                .push(e);
+        }
+    }
+    let mut out = HashMap::with_capacity(ids.len());
+    let packs = by_pack.len();
+    for (n, (key, (p, frames))) in by_pack.into_iter().enumerate() {
+        let shown = format!("{}/{key}", remote.location());
+        let absent: Vec<u32> = frames
+            .keys()
+            .filter(|f| !cache.contains_key(&(key.to_string(), **f)))
+            .copied()
+            .collect();
+        if !absent.is_empty() {
+            fetch_frames(remote, key, &shown, p, &absent, cache, report)?;
+        }
+        for (f, entries) in &frames {
+            let Some(raw) = cache.get(&(key.to_string(), *f)) else {
+                continue;
+            };
+            for e in entries {
+                let (raw_obj, meta) =
+                    pack::extract(&shown, e, raw, !remote.unprotected.unchecked_frames)?;
+                out.insert(
+                    e.id,
+                    Fetched {
+                        kind: e.kind,
+                        raw: raw_obj,
+                        meta,
+                    },
+                );
+            }
+        }
+        progress.line(&format!(
+            "fetched {} of {} pack(s), {} bytes",
+            n + 1,
+            packs,
+            report.downloaded
+        ));
+    }
+    Ok(out)
+}
+
+/// Downloads frames `absent` of pack `key` (and its header, so every byte
+/// of a pack that a pull reads is checked) into the cache.
+fn fetch_frames(
+    remote: &Remote,
+    key: &str,
+    shown: &str,
+    p: &pack::PackIndex,
+    absent: &[u32],
+    cache: &mut FrameCache,
+    report: &mut PullReport,
+) -> Result<()> {
+    let header_range = 0..pack::PACK_HEADER_LEN as u64;
+    let mut ranges = Vec::with_capacity(absent.len() + 1);
+    ranges.push(header_range);
+    ranges.extend(absent.iter().map(|f| p.frames[*f as usize].range()));
+    let bytes = remote.store().get_ranges(key, &ranges)?;
+    let header = bytes.first().map(|b| b.as_ref()).unwrap_or_default();
+    let checked = !remote.unprotected.unchecked_frames;
+    if checked {
+        pack::check_header(shown, p, header)?;
+    }
+    for (f, stored) in absent.iter().zip(bytes.iter().skip(1)) {
+        report.downloaded += stored.len() as u64;
+        let raw = pack::open_frame(shown, &p.frames[*f as usize], stored, checked)?;
+        cache.insert((key.to_string(), *f), std::rc::Rc::new(raw));
+    }
+    Ok(())
+}
+
+/// Blobs the fetched trees name that neither this ledger nor the fetch has.
+fn tree_blobs(
+    ledger: &Ledger,
+    idx: &Indexes,
+    remote: &Remote,
+    got: &HashMap<Id, Fetched>,
+) -> Result<Vec<Id>> {
+    let mut want = Vec::new();
+    let mut seen = HashSet::new();
+    for (id, f) in got {
+        if f.kind != ObjectKind::Tree {
+            continue;
+        }
+        for b in Tree::from_bytes(id, &f.raw)?
+            .entries
+            .iter()
+            .filter_map(ledger::TreeEntry::blob_id)
+        {
+            if got.contains_key(&b) || !seen.insert(b) || ledger.contains(&b)? {
+                continue;
+            }
+            if !idx.contains(&b) {
+                return Err(RemoteError::MissingObject {
+                    what: format!("tree {}", id.short(12)),
+                    id: b,
+                    location: remote.location().to_string(),
+                });
+            }
+            want.push(b);
+        }
+    }
+    Ok(want)
+}
+
+fn envelope_links(e: &EventEnvelope) -> Vec<Id> {
+    e.prev
+        .iter()
+        .chain(e.parents.iter())
+        .chain(e.refs.iter())
+        .map(|b| Id(*b))
+        .collect()
+}
+
+/// Every fetched event's links must be what its index said (the index is
+/// what the pull trusted to find them).
+fn check_links(idx: &Indexes, got: &HashMap<Id, Fetched>) -> Result<()> {
+    for (id, f) in got {
+        if f.kind != ObjectKind::Event {
+            continue;
+        }
+        let env = EventEnvelope::from_bytes(id, &f.raw)?;
+        if let Some((key, p, e)) = idx.find(id) {
+            if p.links_of(e) != envelope_links(&env).as_slice() {
+                return Err(RemoteError::Corrupt {
+                    key: key.to_string(),
+                    detail: format!(
+                        "the index lists other links for event {id} than the event has"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How each of the record's refs lands here; a ref that moved both here and
+/// there is a conflict.
+fn plan_refs(
+    ledger: &Ledger,
+    got: &HashMap<Id, Fetched>,
+    rec: &RunRecord,
+    remote: &Remote,
+) -> Result<Vec<RefChange>> {
+    let mut out = Vec::new();
+    for (name, theirs) in rec.head_ids() {
+        let change = match ledger.head(&name)? {
+            None => RefChange::Created { name, head: theirs },
+            Some(ours) if ours == theirs => RefChange::Unchanged { name },
+            Some(ours) if chain_holds(ledger, got, theirs, ours)? => RefChange::FastForward {
+                name,
+                from: ours,
+                to: theirs,
+            },
+            Some(ours) if descends(ledger, ours, theirs)? => RefChange::LocalAhead { name },
+            Some(ours) => {
+                return Err(RemoteError::Conflict {
+                    run: rec.run.clone(),
+                    detail: format!(
+                        "ref {name} is at {} here and at {} on {}, and neither contains the other. Nothing was written. Keep yours under another name (`mass fork {} --name NEW`) or remove it (`mass runs rm {}`), then pull again",
+                        ours.short(12),
+                        theirs.short(12),
+                        remote.location(),
+                        ours.short(12),
+                        rec.run
+                    ),
+                });
+            }
+        };
+        out.push(change);
+    }
+    Ok(out)
+}
+
+/// The fetched objects, each after the fetched objects it links to (a
+/// batch checks an object's links as it is added).
+fn dependency_order(got: &HashMap<Id, Fetched>) -> Result<Vec<Id>> {
+    let mut order = Vec::with_capacity(got.len());
+    let mut done: HashSet<Id> = HashSet::with_capacity(got.len());
+    // Blobs have no links and trees link only blobs: they go first.
+    for kind in [ObjectKind::Blob, ObjectKind::Tree] {
+        for (id, f) in got {
+            if f.kind == kind {
+                order.push(*id);
+                done.insert(*id);
+            }
+        }
+    }
+    let mut roots: Vec<&Id> = got
+        .iter()
+        .filter(|(_, f)| f.kind == ObjectKind::Event)
+        .map(|(id, _)| id)
+        .collect();
+    roots.sort();
+    for root in roots {
+        let mut stack = vec![(*root, false)];
+        while let Some((id, expanded)) = stack.pop() {
+            if expanded {
+                order.push(id);
+                continue;
+            }
+            if !done.insert(id) {
+                continue;
+            }
+            stack.push((id, true));
+            let env = EventEnvelope::from_bytes(&id, &got[&id].raw)?;
+            for l in envelope_links(&env) {
+                if got.get(&l).is_some_and(|f| f.kind == ObjectKind::Event) && !done.contains(&l) {
+                    stack.push((l, false));
+                }
+            }
+        }
+    }
+    Ok(order)
+}
+
+/// Whether the chain from `head` (fetched or local events) holds `ancestor`.
+fn chain_holds(
+    ledger: &Ledger,
+    got: &HashMap<Id, Fetched>,
+    head: Id,
+    ancestor: Id,
+) -> Result<bool> {
+    let target = ledger.get_event(&ancestor)?.seq;
+    let mut at = Some(head);
+    while let Some(id) = at {
+        if id == ancestor {
+            return Ok(true);
+        }
+        let (seq, prev) = match got.get(&id) {
+            Some(f) => {
+                let env = EventEnvelope::from_bytes(&id, &f.raw)?;
+                (env.seq, env.prev.map(Id))
+            }
+            None => {
+                let ev = ledger.get_event(&id)?;
+                (ev.seq, ev.prev)
+            }
+        };
+        if seq <= target {
+            return Ok(false);
+        }
+        at = prev;
+    }
+    Ok(false)
+}
