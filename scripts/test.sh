@@ -12,7 +12,15 @@ cargo test --workspace --all-targets
 cargo test --workspace --doc
 # The OpenAI-compatible backend against a real llama.cpp server (built once
 # and cached in ~/.cache/mass; always stopped afterwards).
-trap 'scripts/llamacpp-server.sh stop' EXIT
+trap 'scripts/llamacpp-server.sh stop; scripts/s3-server.sh stop' EXIT
+# Ledgers on a real S3-compatible server (moto, installed once in
+# ~/.cache/mass/s3-venv by scripts/s3-env.sh, ~40 s the first time): push,
+# clone, verify and replay away from the origin; pushes killed before every
+# write and at random moments, pulls killed; a corrupted pack; a planted
+# secret; two writers racing on one run (~2 minutes).
+eval "$(scripts/s3-server.sh start | sed 's/^/export /')"
+cargo test --test remote_cli -- --ignored
+scripts/s3-server.sh stop
 MASS_LLAMACPP_URL="$(scripts/llamacpp-server.sh start)"
 export MASS_LLAMACPP_URL
 cargo test -p engine --test llamacpp -- --ignored

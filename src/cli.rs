@@ -8,9 +8,9 @@ const EXIT_CODES: &str = "Exit codes:
   0  success
   1  other error
   2  usage error (bad arguments, malformed id or ref name)
-  3  integrity problem (verify found problems, or a read hit corrupt data)
-  4  not found, or an abbreviated id is ambiguous
-  5  conflict: a ref moved since it was read
+  3  integrity problem (verify found problems, a read hit corrupt data, a remote's pack failed its hash)
+  4  not found, or an abbreviated id is ambiguous (or a location is not a mass remote)
+  5  conflict: a ref moved since it was read (also on a remote: pull, then fork to keep yours)
   6  the ledger is in use by another process
   7  a run stopped on an infrastructure failure (`mass resume` retries it)
   8  the sandbox the experiment asks for is unavailable on this machine (see `mass sandbox`)";

@@ -3,8 +3,9 @@
 //!
 //! Exit codes (also in `mass --help` and README.md):
 //! 0 success · 1 other error · 2 usage error · 3 integrity problem (verify found
-//! problems, or a read hit corrupt data) · 4 not found or ambiguous id/ref ·
-//! 5 conflict (a ref moved) · 6 ledger locked by another process · 7 a run
+//! problems, a read hit corrupt data, a remote's pack failed its hash) · 4 not
+//! found or ambiguous id/ref, or not a mass remote · 5 conflict (a ref moved,
+//! here or on a remote) · 6 ledger locked by another process · 7 a run
 //! stopped on an infrastructure failure (`mass resume` retries it) · 8 the
 //! sandbox level the experiment asks for is unavailable on this machine.
 

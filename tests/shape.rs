@@ -53,6 +53,21 @@ const FORBIDDEN: &[(&str, &str, &str)] = &[
     ("proxy", "engine", "the proxy serves any OpenAI client"),
     ("proxy", "sandbox", "the proxy confines nothing"),
     (
+        "remote",
+        "engine",
+        "remotes move objects, whatever records they hold",
+    ),
+    (
+        "remote",
+        "schemas",
+        "remotes move objects, whatever records they hold",
+    ),
+    (
+        "remote",
+        "replay",
+        "remotes move objects, whatever records they hold",
+    ),
+    (
         "audit",
         "engine::cycle",
         "the audit reads runs, never drives them",
@@ -280,6 +295,7 @@ const CRATES: &[(&str, &str)] = &[
     ("sandbox", "sandbox/src"),
     ("supervise", "supervise/src"),
     ("proxy", "proxy/src"),
+    ("remote", "remote/src"),
     ("engine", "engine/src"),
     ("audit", "audit/src"),
     ("mass", "src"),
