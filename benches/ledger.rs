@@ -2797,7 +2797,13 @@ fn child_main(kind: &str) {
             let hwm_open = vm_kb("VmHWM");
             let t = Instant::now();
             let r = l
-                .verify_with(&schema_check, ledger::VerifyOptions { index })
+                .verify_with(
+                    &schema_check,
+                    ledger::VerifyOptions {
+                        index,
+                        absent_ok: false,
+                    },
+                )
                 .expect("verify");
             let secs = t.elapsed().as_secs_f64();
             let problems: Vec<String> = r.problems.iter().map(|p| p.to_string()).collect();

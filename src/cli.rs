@@ -344,6 +344,11 @@ pub enum Command {
         remote: Option<String>,
         /// Runs to pull (default: every run the remote holds).
         runs: Vec<String>,
+        /// Leave blobs on the remote: every event and tree lands, and a
+        /// command that reads a blob fetches it then (the ledger becomes
+        /// partial; a pull without --lazy fetches what it reaches).
+        #[arg(long)]
+        lazy: bool,
         #[arg(long)]
         quiet: bool,
     },
@@ -351,6 +356,10 @@ pub enum Command {
     Clone {
         url: String,
         dir: PathBuf,
+        /// A partial clone: blobs stay on the remote until a command reads
+        /// them (`show`, `why`, `report`, `replay --check` fetch them).
+        #[arg(long)]
+        lazy: bool,
         #[arg(long)]
         quiet: bool,
     },

@@ -75,7 +75,7 @@ fn ledger_code(le: &ledger::LedgerError) -> u8 {
 fn remote_code(r: &remote::RemoteError) -> u8 {
     use remote::RemoteError as R;
     match r {
-        R::BadUrl { .. } | R::Config { .. } => 2,
+        R::BadUrl { .. } | R::Config { .. } | R::Nested { .. } => 2,
         R::Corrupt { .. } | R::MissingObject { .. } => 3,
         R::NotARemote { .. } | R::NoSuchRun { .. } | R::NoSuchRemote { .. } => 4,
         R::Conflict { .. } => 5,

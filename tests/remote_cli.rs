@@ -74,6 +74,22 @@ impl Target {
         }
     }
 
+    /// A location beside this one holding a file that is not ours.
+    fn with_foreign_file(&self) -> String {
+        match self {
+            Target::Folder(p) => {
+                let dir = p.with_extension("foreign");
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(dir.join("precious.csv"), "a,b\n").unwrap();
+                dir.to_string_lossy().into_owned()
+            }
+            Target::S3 { bucket } => {
+                s3_py(&format!("import boto3,os\nboto3.client('s3',endpoint_url=os.environ['AWS_ENDPOINT']).put_object(Bucket='{bucket}',Key='other/precious.csv',Body=b'a,b')\n"));
+                format!("s3://{bucket}/other")
+            }
+        }
+    }
+
     /// Flips one byte in the middle of the first pack on the store.
     fn corrupt_a_pack(&self) {
         match self {
@@ -179,6 +195,98 @@ fn clone_and_check(target: &Target, origin: &Path, away: &Path, env: &[(&str, &s
     std::fs::remove_dir_all(&dst).unwrap();
 }
 
+/// A lazy clone: much smaller, and `show`, `why`, `report` and `replay
+/// --check` give what they give on the origin, fetching blobs on demand;
+/// then a full pull fills it in.
+fn lazy_clone_reads_like_the_origin(
+    target: &Target,
+    origin: &Path,
+    away: &Path,
+    env: &[(&str, &str)],
+) {
+    let lazy = away.join("lazy");
+    let o = mass_in(
+        away,
+        Path::new("unused"),
+        &[
+            "clone",
+            &target.url(),
+            lazy.to_str().unwrap(),
+            "--lazy",
+            "--quiet",
+        ],
+        env,
+    );
+    assert!(
+        o.status.success() && text(&o).contains("lazy"),
+        "{}",
+        text(&o)
+    );
+    let size = |l: &Path| {
+        walk(&l.join("segments"))
+            .iter()
+            .map(|f| std::fs::metadata(f).unwrap().len())
+            .sum::<u64>()
+    };
+    assert!(
+        size(&lazy) * 2 < size(origin),
+        "a lazy clone ({} B) should hold far less than the origin ({} B)",
+        size(&lazy),
+        size(origin)
+    );
+    let o = mass_in(away, &lazy, &["verify"], env);
+    assert!(
+        o.status.success() && text(&o).contains("partial ledger: "),
+        "{}",
+        text(&o)
+    );
+    let same = |args: &[&str]| {
+        let here = mass_in(away, &lazy, args, env);
+        let there = mass_in(away, origin, args, env);
+        assert!(here.status.success(), "{args:?}: {}", text(&here));
+        assert_eq!(
+            String::from_utf8_lossy(&here.stdout),
+            String::from_utf8_lossy(&there.stdout),
+            "{args:?}"
+        );
+    };
+    same(&["report", "smoke", "--json"]);
+    let runs = mass_in(away, origin, &["runs", "smoke", "--json"], env);
+    let rollouts: serde_json::Value = serde_json::from_slice(&runs.stdout).unwrap();
+    let first = rollouts[0]["event"].as_str().unwrap().to_string();
+    same(&["why", &first, "--json"]);
+    // A blob only the remote holds, by abbreviation.
+    let blob = mass_in(away, origin, &["show", &first, "--json"], env);
+    let ev: serde_json::Value = serde_json::from_slice(&blob.stdout).unwrap();
+    let blob_id = ev["refs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .find(|r| {
+            let o = mass_in(away, origin, &["show", r, "--json"], env);
+            String::from_utf8_lossy(&o.stdout).contains("\"kind\": \"blob\"")
+        });
+    if let Some(b) = blob_id {
+        same(&["cat", &b[..12]]);
+    }
+    let o = mass_in(away, &lazy, &["replay", "smoke", "--check"], env);
+    assert!(
+        o.status.success() && text(&o).contains("replay check passed"),
+        "{}",
+        text(&o)
+    );
+    let o = mass_in(away, &lazy, &["pull", "--quiet"], env);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = mass_in(away, &lazy, &["verify"], env);
+    assert!(
+        o.status.success() && !text(&o).contains("partial ledger: "),
+        "a full pull left blobs out: {}",
+        text(&o)
+    );
+    std::fs::remove_dir_all(&lazy).unwrap();
+}
+
 fn push(target: &Target, origin: &Path, env: &[(&str, &str)]) -> Output {
     mass_in(
         Path::new("/"),
@@ -196,6 +304,7 @@ fn round_trip(target: Target, env: &[(&str, &str)]) {
     assert!(text(&o).contains("smoke: updated"), "{}", text(&o));
     let away = tempfile::tempdir().unwrap();
     clone_and_check(&target, &origin, away.path(), env);
+    lazy_clone_reads_like_the_origin(&target, &origin, away.path(), env);
     // A second push finds nothing to send.
     let o = push(&target, &origin, env);
     assert!(
@@ -364,6 +473,26 @@ fn bad_input(target: Target, env: &[(&str, &str)]) {
         env,
     );
     assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+
+    // A location holding someone else's data is not taken over.
+    let foreign = target.with_foreign_file();
+    let o = mass_in(d.path(), &origin, &["push", &foreign, "--quiet"], env);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    assert!(text(&o).contains("precious.csv"), "{}", text(&o));
+    // A clone never removes what it did not create (a symlink named DIR).
+    let link = d.path().join("link");
+    std::os::unix::fs::symlink(d.path().join("nowhere"), &link).unwrap();
+    let o = mass_in(
+        d.path(),
+        Path::new("unused"),
+        &["clone", &target.url(), link.to_str().unwrap()],
+        env,
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        link.symlink_metadata().is_ok(),
+        "the clone removed the user's symlink"
+    );
 }
 
 /// A secret in the environment (the store's key, as a user has it) and in

@@ -23,6 +23,13 @@ pub enum LedgerError {
     #[error("corrupt object {id}: {detail}")]
     Corruption { id: Id, detail: String },
 
+    /// A partial ledger's promisor (its remote) failed to hand over an
+    /// absent object, or handed over wrong bytes.
+    #[error(
+        "object {id} is not in this partial ledger and its remote did not provide it: {detail}"
+    )]
+    Promisor { id: Id, detail: String },
+
     #[error("corrupt ledger file {path} at byte {offset}: {detail}")]
     CorruptLog {
         path: PathBuf,

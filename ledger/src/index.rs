@@ -63,6 +63,21 @@ pub struct ObjLoc {
 impl ObjLoc {
     pub const LEN: usize = 34;
 
+    /// The location reported for an object a partial ledger's promisor
+    /// provided: in no segment (`seg` is `u32::MAX`), read from memory.
+    pub(crate) fn promised(kind: ObjectKind, raw_len: usize) -> ObjLoc {
+        ObjLoc {
+            kind,
+            flags: 0,
+            seg: u32::MAX,
+            offset: 0,
+            body_len: raw_len as u32,
+            raw_len: raw_len as u32,
+            meta_len: 0,
+            ordinal: u64::MAX,
+        }
+    }
+
     pub fn encode(&self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
         b[0] = self.kind as u8;

@@ -47,7 +47,7 @@ pub use migrate::{is_v1, migrate_v1, Migrated};
 pub use object::{check_ref_name, Event, EventEnvelope, Meta, NewEvent};
 pub use recovery::{Damage, DamageKind};
 pub use store::{
-    Batch, Chain, Durability, Ledger, Options, RecoveryReport, SetAside, Unprotected,
+    Batch, Chain, Durability, Ledger, Options, Promisor, RecoveryReport, SetAside, Unprotected,
     QUARANTINE_DIR,
 };
 pub use tree::{Change, EntryKind, Tree, TreeEntry};

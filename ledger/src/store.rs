@@ -301,7 +301,30 @@ pub struct Ledger {
     damaged: Vec<Damage>,
     /// The writer's published durable end (readers stop there).
     watermark: Option<Watermark>,
+    /// Where blobs and trees this ledger lacks come from (a lazy clone's
+    /// remote), with what it has handed over so far.
+    promisor: std::sync::RwLock<Option<Arc<dyn Promisor>>>,
+    promised: Mutex<HashMap<Id, Handed>>,
     _lock: Option<File>,
+}
+
+/// An object a promisor handed over: its kind and canonical bytes.
+type Handed = (ObjectKind, Arc<Vec<u8>>);
+
+/// The source of objects a partial ledger (a lazy clone) does not hold:
+/// reads of an absent blob or tree ask it, check what it returns against
+/// the id and keep it in memory for the ledger's lifetime. Nothing it
+/// returns is written to the log.
+pub trait Promisor: Send + Sync {
+    /// The object's kind and canonical bytes, `Ok(None)` if the source does
+    /// not have it either, `Err` (a message) if it could not be asked.
+    fn fetch(&self, id: &Id) -> std::result::Result<Option<(ObjectKind, Vec<u8>)>, String>;
+
+    /// Blobs and trees the source holds whose id starts with `hex` (an
+    /// abbreviation the ledger could not resolve); at most `limit`.
+    fn resolve(&self, _hex: &str, _limit: usize) -> Vec<Id> {
+        Vec::new()
+    }
 }
 
 /// Bytes a writer found after the last commit marker of a segment, listed
@@ -527,6 +550,8 @@ impl Ledger {
             recovery,
             damaged,
             watermark: None,
+            promisor: std::sync::RwLock::new(None),
+            promised: Mutex::new(HashMap::new()),
             _lock: None,
         })
     }
@@ -559,7 +584,60 @@ impl Ledger {
             in_batch: HashSet::new(),
             ref_updates: Vec::new(),
             heads: HashMap::new(),
+            absent_ok: false,
         }
+    }
+
+    /// Makes this a partial ledger's reader: blobs and trees it lacks are
+    /// asked of `p` (see [`Promisor`]).
+    pub fn set_promisor(&self, p: Arc<dyn Promisor>) {
+        if let Ok(mut g) = self.promisor.write() {
+            *g = Some(p);
+        }
+    }
+
+    /// Whether a promisor is set: the ledger may lack blobs and trees its
+    /// events and trees link to.
+    pub fn is_partial(&self) -> bool {
+        self.promisor.read().is_ok_and(|g| g.is_some())
+    }
+
+    /// An absent blob or tree from the promisor, checked against its id.
+    fn promised(
+        &self,
+        id: &Id,
+        want: Option<ObjectKind>,
+    ) -> Result<Option<(ObjectKind, Arc<Vec<u8>>)>> {
+        if want == Some(ObjectKind::Event) {
+            return Ok(None); // a partial ledger holds every event
+        }
+        if let Some(hit) = self.promised.lock().ok().and_then(|m| m.get(id).cloned()) {
+            return Ok(Some(hit));
+        }
+        let Some(p) = self.promisor.read().ok().and_then(|g| g.clone()) else {
+            return Ok(None);
+        };
+        let Some((kind, raw)) = p
+            .fetch(id)
+            .map_err(|detail| LedgerError::Promisor { id: *id, detail })?
+        else {
+            return Ok(None);
+        };
+        if kind == ObjectKind::Event || want.is_some_and(|w| w != kind) || Id::of(kind, &raw) != *id
+        {
+            return Err(LedgerError::Promisor {
+                id: *id,
+                detail: format!(
+                    "it returned {} whose bytes are not that object",
+                    kind.with_article()
+                ),
+            });
+        }
+        let got = (kind, Arc::new(raw));
+        if let Ok(mut m) = self.promised.lock() {
+            m.insert(*id, got.clone());
+        }
+        Ok(Some(got))
     }
 
     /// Stores one blob durably.
@@ -699,12 +777,23 @@ impl Ledger {
 
     /// Where an object is; an error saying why if it is not readable
     /// (`Corruption` for a damaged record a reader stepped over).
+    /// Where `id` is; for an object a partial ledger leaves on its remote,
+    /// a location in no segment (`seg == u32::MAX`) once the remote gave it.
     pub fn require(&self, id: &Id) -> Result<ObjLoc> {
-        self.locate(id)?.ok_or_else(|| self.missing(id))
+        if let Some(l) = self.locate(id)? {
+            return Ok(l);
+        }
+        match self.promised(id, None)? {
+            Some((kind, raw)) => Ok(ObjLoc::promised(kind, raw.len())),
+            None => Err(self.missing(id)),
+        }
     }
 
     pub fn kind_of(&self, id: &Id) -> Result<Option<ObjectKind>> {
-        Ok(self.locate(id)?.map(|l| l.kind))
+        match self.locate(id)? {
+            Some(l) => Ok(Some(l.kind)),
+            None => Ok(self.promised(id, None)?.map(|(k, _)| k)),
+        }
     }
 
     fn reader(&self, seg: u32) -> Result<Arc<File>> {
@@ -743,7 +832,12 @@ impl Ledger {
 
     /// Reads, decompresses and hash-checks an object's canonical bytes.
     fn read_verified(&self, id: &Id, want: Option<ObjectKind>) -> Result<(ObjLoc, Vec<u8>)> {
-        let loc = self.locate(id)?.ok_or_else(|| self.missing(id))?;
+        let Some(loc) = self.locate(id)? else {
+            return match self.promised(id, want)? {
+                Some((kind, raw)) => Ok((ObjLoc::promised(kind, raw.len()), raw.as_ref().clone())),
+                None => Err(self.missing(id)),
+            };
+        };
         if let Some(w) = want {
             if loc.kind != w {
                 return Err(LedgerError::WrongKind {
@@ -894,9 +988,28 @@ impl Ledger {
                     .collect();
                 match claimed.as_slice() {
                     [id] => Ok(*id),
-                    _ => Err(LedgerError::NotFound { prefix: p.hex }),
+                    _ => self.resolve_promised(p),
                 }
             }
+            1 => Ok(found[0]),
+            _ => Err(LedgerError::Ambiguous {
+                prefix: p.hex,
+                candidates: found,
+            }),
+        }
+    }
+
+    /// An abbreviation of an object a partial ledger leaves on its remote.
+    fn resolve_promised(&self, p: IdPrefix) -> Result<Id> {
+        let source = self.promisor.read().ok().and_then(|g| g.clone());
+        let found: Vec<Id> = source
+            .map(|s| s.resolve(&p.hex, 11))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|id| p.matches(id))
+            .collect();
+        match found.len() {
+            0 => Err(LedgerError::NotFound { prefix: p.hex }),
             1 => Ok(found[0]),
             _ => Err(LedgerError::Ambiguous {
                 prefix: p.hex,
@@ -1199,7 +1312,11 @@ impl Ledger {
                 continue;
             }
             for l in &p.links {
-                if !written.contains(l) && !w.unsynced.contains_key(l) && !self.contains(l)? {
+                if !b.absent_ok
+                    && !written.contains(l)
+                    && !w.unsynced.contains_key(l)
+                    && !self.contains(l)?
+                {
                     return Err(LedgerError::Dangling {
                         referrer: format!("{} {}", p.kind, p.id),
                         missing: *l,
@@ -1212,7 +1329,17 @@ impl Ledger {
         for u in &b.ref_updates {
             let Some(new) = u.new else { continue };
             if written.contains(&new) {
-                continue;
+                // Written by this batch: a ref still names only an event.
+                match b.objects.iter().find(|p| p.id == new).map(|p| p.kind) {
+                    Some(ObjectKind::Event) | None => continue,
+                    Some(k) => {
+                        return Err(LedgerError::WrongKind {
+                            id: new,
+                            expected: ObjectKind::Event,
+                            actual: k,
+                        })
+                    }
+                }
             }
             let kind = match w.unsynced.get(&new) {
                 Some(&(k, g)) => {
@@ -1843,6 +1970,7 @@ pub struct Batch<'a> {
     in_batch: HashSet<Id>,
     ref_updates: Vec<PendingRef>,
     heads: HashMap<String, HeadInfo>,
+    absent_ok: bool,
 }
 
 impl<'a> Batch<'a> {
@@ -1886,6 +2014,13 @@ impl<'a> Batch<'a> {
             event_links: None,
             similar: None,
         }))
+    }
+
+    /// Lets this batch's objects link to objects the ledger does not hold
+    /// (a lazy clone lands events and trees whose blobs stay on the
+    /// remote). Refs must still name events that are stored.
+    pub fn allow_absent_links(&mut self) {
+        self.absent_ok = true;
     }
 
     /// Adds an object given as its kind, canonical bytes and (for an event)

@@ -45,6 +45,9 @@ pub struct VerifyReport {
     /// `quarantine/damaged.jsonl`), stepped over rather than reported again.
     /// What depended on their objects still shows up as dangling links.
     pub set_aside: u64,
+    /// Objects linked to but not stored here that `VerifyOptions::absent_ok`
+    /// allowed (a lazy clone's blobs, left on its remote), counted once each.
+    pub absent: u64,
     pub problems: Vec<Problem>,
 }
 
@@ -66,11 +69,19 @@ pub struct VerifyOptions {
     /// Cross-check every index entry against the log (one ordered pass over
     /// the index). The log is checked either way.
     pub index: bool,
+    /// A partial ledger (a lazy clone): an event's ref or a tree's entry
+    /// naming an object not stored here is counted in
+    /// [`VerifyReport::absent`] instead of being a problem (its remote holds
+    /// it). A missing prev or parent is a problem either way.
+    pub absent_ok: bool,
 }
 
 impl Default for VerifyOptions {
     fn default() -> Self {
-        VerifyOptions { index: true }
+        VerifyOptions {
+            index: true,
+            absent_ok: false,
+        }
     }
 }
 
@@ -106,6 +117,7 @@ impl Ledger {
             seen,
             pending: Vec::new(),
             refs_from_log: HashMap::new(),
+            absent: HashSet::new(),
             r: VerifyReport::default(),
         };
         let set_aside = crate::open::read_damaged(self.dir())?;
@@ -125,9 +137,16 @@ impl Ledger {
         let Walk {
             seen,
             refs_from_log,
+            absent,
             mut r,
             ..
         } = st;
+        // Absent when linked, and still absent at the end (a full pull into
+        // a partial ledger stores blobs after the events naming them).
+        r.absent = absent
+            .iter()
+            .filter(|id| seen.kind_seen(id).is_none())
+            .count() as u64;
         // Index entries must point at records the scan met.
         for (k, slot) in seen.map.iter().filter(|_| seen.from_index) {
             let within = slot.seg < end_seg || (slot.seg == end_seg && slot.offset < end_off);
@@ -263,10 +282,15 @@ impl Ledger {
             },
             RecordType::Object(kind) => {
                 let id = rec.header.id;
-                if let Err(what) = self.check_object(kind, &id, &rec, seg, &st.seen, check_payload)
-                {
+                let absent = std::cell::RefCell::new(Vec::new());
+                let checks = Checks {
+                    payload: check_payload,
+                    absent: opts.absent_ok.then_some(&absent),
+                };
+                if let Err(what) = self.check_object(kind, &id, &rec, seg, &st.seen, &checks) {
                     st.r.problems.push(Problem { id: Some(id), what });
                 }
+                st.absent.extend(absent.into_inner());
                 match kind {
                     ObjectKind::Blob => st.r.blobs += 1,
                     ObjectKind::Tree => st.r.trees += 1,
@@ -288,8 +312,9 @@ impl Ledger {
         rec: &segment::ScannedRecord,
         seg: u32,
         seen: &Seen,
-        check_payload: PayloadCheck<'_>,
+        checks: &Checks<'_>,
     ) -> std::result::Result<(), String> {
+        let (check_payload, absent_ok) = (checks.payload, checks.absent);
         let h = &rec.header;
         let raw = match segment::dict_of(id, h.flags, &rec.body).map_err(|e| e.to_string())? {
             None => decode_body(id, h.flags, h.raw_len, &rec.body).map_err(|e| e.to_string())?,
@@ -331,13 +356,23 @@ impl Ledger {
                 ))
             }
         };
+        // A ref or a tree entry a partial ledger leaves on its remote.
+        let may_lack = |l: &Id, what: &str| -> std::result::Result<(), String> {
+            match (seen.kind_seen(l), absent_ok) {
+                (None, Some(n)) => {
+                    n.borrow_mut().push(*l);
+                    Ok(())
+                }
+                _ => need(l, what),
+            }
+        };
         match kind {
             ObjectKind::Blob => {}
             ObjectKind::Tree => {
                 let t = Tree::from_bytes(id, &raw).map_err(|e| e.to_string())?;
                 for e in &t.entries {
                     if e.kind != EntryKind::Dir {
-                        need(&Id(e.blob), &format!("entry {:?}: blob", e.path))?;
+                        may_lack(&Id(e.blob), &format!("entry {:?}: blob", e.path))?;
                     }
                 }
             }
@@ -356,7 +391,7 @@ impl Ledger {
                     need(p, "parent")?;
                 }
                 for x in &ev.refs {
-                    need(x, "ref")?;
+                    may_lack(x, "ref")?;
                 }
                 check_payload(&ev)
                     .map_err(|e| format!("payload of {} v{}: {e}", ev.kind, ev.version))?;
@@ -445,12 +480,21 @@ struct PendingRef {
 }
 
 /// What a verify scan carries from record to record.
+/// What `check_object` checks beyond the bytes: payloads, and (a partial
+/// ledger) where to note links to objects allowed to be absent.
+struct Checks<'a> {
+    payload: PayloadCheck<'a>,
+    absent: Option<&'a std::cell::RefCell<Vec<Id>>>,
+}
+
 struct Walk {
     seen: Seen,
     /// Ref updates since the last commit marker.
     pending: Vec<PendingRef>,
     /// Every ref's head as the operation log says.
     refs_from_log: HashMap<String, Id>,
+    /// Objects linked before they were stored, allowed as absent.
+    absent: HashSet<Id>,
     r: VerifyReport,
 }
 

@@ -110,7 +110,13 @@ fn flipped_body_bytes_give_corruption_naming_the_object() {
             report.problems
         );
         let log_only = l
-            .verify_with(&|_| Ok(()), ledger::VerifyOptions { index: false })
+            .verify_with(
+                &|_| Ok(()),
+                ledger::VerifyOptions {
+                    index: false,
+                    absent_ok: false,
+                },
+            )
             .unwrap();
         assert!(
             log_only.problems.iter().any(|p| p.id == Some(id)),

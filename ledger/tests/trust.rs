@@ -371,7 +371,13 @@ fn a_read_only_open_changes_nothing_even_with_a_torn_tail() {
         r.raw_object(id).unwrap();
     }
     let v = r
-        .verify_with(&|_| Ok(()), ledger::VerifyOptions { index: false })
+        .verify_with(
+            &|_| Ok(()),
+            ledger::VerifyOptions {
+                index: false,
+                absent_ok: false,
+            },
+        )
         .unwrap();
     assert!(v.is_clean(), "{:?}", v.problems);
     drop(r);

@@ -17,6 +17,10 @@ pub const CACHE_DIR: &str = "remote-cache/idx";
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Remotes {
     pub remotes: BTreeMap<String, String>,
+    /// Set by a lazy clone or pull: the URL whose blobs this ledger leaves
+    /// there, fetched when read (the ledger is partial).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial_from: Option<String>,
 }
 
 /// The index cache of the ledger in `ledger_dir`.
@@ -83,7 +87,7 @@ impl Remotes {
                 if let Some(url) = self.remotes.get(a) {
                     return Ok(url.clone());
                 }
-                if a.contains("://") || a.starts_with(['/', '.', '~']) {
+                if looks_like_location(a) {
                     return Ok(a.to_string());
                 }
                 Err(RemoteError::NoSuchRemote {
@@ -107,6 +111,15 @@ impl Remotes {
             }
         }
     }
+}
+
+/// Whether a command-line word names a location rather than a remote or a
+/// run: a URL, or a path that starts like one (`/`, `./`, `../`, `~/`).
+pub fn looks_like_location(word: &str) -> bool {
+    word.contains("://")
+        || word == "."
+        || word == ".."
+        || ["/", "./", "../", "~/"].iter().any(|p| word.starts_with(p))
 }
 
 /// Best-effort write of a cache file (temp file and rename): the cache is

@@ -36,6 +36,13 @@ pub enum RemoteError {
     #[error("conflict on run {run}: {detail}")]
     Conflict { run: String, detail: String },
 
+    #[error("{location} holds run {other}, and run {run} is inside it or holds it: push {other} as a whole (or give the run another name with `mass fork`)")]
+    Nested {
+        run: String,
+        other: String,
+        location: String,
+    },
+
     #[error("no run named {run:?} {place}")]
     NoSuchRun { run: String, place: String },
 

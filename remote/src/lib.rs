@@ -18,6 +18,7 @@
 
 pub mod config;
 pub mod error;
+mod fetch;
 pub mod pack;
 mod pull;
 mod push;
@@ -32,8 +33,9 @@ use ledger::Id;
 
 pub use config::Remotes;
 pub use error::{RemoteError, Result};
+pub use fetch::Fetcher;
 pub use pack::PackIndex;
-pub use pull::{pull, PullReport, RefChange};
+pub use pull::{pull, pull_with, PullReport, RefChange};
 pub use push::{push, PushReport};
 pub use refs::RunRecord;
 pub use store::{Store, Version};
@@ -99,12 +101,16 @@ impl Indexes {
 }
 
 impl Remote {
-    /// Opens `url`; pack indexes read from it are cached in `cache` (they
-    /// are immutable and checked again on every load).
+    /// Opens `url`; pack indexes read from it are cached under `cache`, in
+    /// a folder of this location's own (they are immutable and checked
+    /// again on every load).
     pub fn open(url: &str, cache: Option<&Path>) -> Result<Remote> {
         Ok(Remote {
             store: Store::open(url)?,
-            cache: cache.map(Path::to_path_buf),
+            // One cache per location: an index is only trusted for the
+            // remote it was read from (another could serve a crafted index
+            // under the same pack name).
+            cache: cache.map(|c| c.join(&blake3::hash(url.as_bytes()).to_hex()[..16])),
             unprotected: Unprotected::default(),
         })
     }
@@ -142,7 +148,9 @@ impl Remote {
             .store
             .list("")?
             .into_iter()
-            .filter(|k| k != "LOCK")
+            // A folder's lock, and temporary files a killed first push
+            // left, are not someone else's data.
+            .filter(|k| k != "LOCK" && !k.contains(".tmp-"))
             .take(3)
             .collect();
         if !other.is_empty() {
@@ -164,11 +172,7 @@ impl Remote {
             .store
             .list("refs")?
             .into_iter()
-            .filter_map(|k| {
-                k.strip_prefix("refs/")?
-                    .strip_suffix(".ref")
-                    .map(str::to_string)
-            })
+            .filter_map(|k| refs::decode_name(k.strip_prefix("refs/")?.strip_suffix(".ref")?))
             .collect())
     }
 
@@ -188,11 +192,21 @@ impl Remote {
 
     /// Loads every pack index (from the cache when it has it).
     pub fn indexes(&self, progress: &dyn Progress) -> Result<Indexes> {
-        let names: Vec<String> = self
-            .store
-            .list("packs")?
-            .into_iter()
-            .filter(|k| k.ends_with(".idx"))
+        let listed = self.store.list("packs")?;
+        let packs_there: std::collections::HashSet<&str> = listed
+            .iter()
+            .filter_map(|k| k.strip_suffix(".pack"))
+            .collect();
+        // An index whose pack is gone (deleted, lost) describes nothing the
+        // remote holds: a push uploads those objects again, a pull says
+        // which ref names an object no pack holds.
+        let names: Vec<String> = listed
+            .iter()
+            .filter(|k| {
+                k.strip_suffix(".idx")
+                    .is_some_and(|p| packs_there.contains(p))
+            })
+            .cloned()
             .collect();
         let mut packs = Vec::with_capacity(names.len());
         let mut at = HashMap::new();

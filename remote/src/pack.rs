@@ -1,9 +1,9 @@
 //! Pack files and their indexes: how objects travel to and from a store.
 //!
 //! A pack is a batch of objects compressed in **frames** (zstd frames of
-//! about 1 MiB of concatenated canonical bytes and event metadata), so
-//! similar objects written together compress together while one object is
-//! still fetched by a range read of its frame. Its name is the BLAKE3 of its
+//! about 1 MiB of concatenated canonical bytes and event metadata; blobs in
+//! frames of their own), so similar objects written together compress
+//! together while one object is still fetched by a range read of its frame. Its name is the BLAKE3 of its
 //! bytes. The index (`.idx`) beside it lists the objects sorted by id with a
 //! 256-entry fan-out, like git's `.idx`, each with its frame and place in
 //! it; every frame with its offset, length and BLAKE3; and every event's
@@ -32,6 +32,10 @@ const IDX_HEAD_LEN: usize = 8 + 4 + 4 + 32 + 8 + 16;
 const FANOUT_LEN: usize = 256 * 4;
 pub const IDX_ENTRY_LEN: usize = 60;
 pub const IDX_FRAME_LEN: usize = 48;
+/// The largest object a ledger stores (its record body limit) and the
+/// largest metadata: an index claiming more is refused.
+const MAX_OBJECT: u64 = 1 << 31;
+const MAX_META: u64 = 1 << 24;
 /// zstd level for frames (the ledger stores blobs at 9; frames see many
 /// objects at once, so a middle level matches it at a fraction of the time).
 const LEVEL: i32 = 6;
@@ -74,11 +78,15 @@ pub struct Built {
     pub objects: usize,
 }
 
-/// Gathers objects into frames and writes a pack and its index.
+/// Gathers objects into frames and writes a pack and its index. Blobs and
+/// the rest (events and trees) fill frames of their own, so a lazy pull,
+/// which wants no blob, downloads only the frames of events and trees.
 pub struct PackBuilder {
     body: Vec<u8>,
-    raw: Vec<u8>,
-    pending: Vec<Entry>,
+    /// Per lane (0: events and trees, 1: blobs): raw bytes of the open
+    /// frame and the entries in it (their frame number set when sealed).
+    raw: [Vec<u8>; 2],
+    pending: [Vec<Entry>; 2],
     entries: Vec<Entry>,
     frames: Vec<Frame>,
     links: Vec<Id>,
@@ -99,8 +107,8 @@ impl PackBuilder {
         body.extend_from_slice(&0u32.to_le_bytes()); // frame count, set by finish
         PackBuilder {
             body,
-            raw: Vec::new(),
-            pending: Vec::new(),
+            raw: [Vec::new(), Vec::new()],
+            pending: [Vec::new(), Vec::new()],
             entries: Vec::new(),
             frames: Vec::new(),
             links: Vec::new(),
@@ -114,7 +122,7 @@ impl PackBuilder {
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len() + self.pending.len()
+        self.entries.len() + self.pending[0].len() + self.pending[1].len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -124,47 +132,52 @@ impl PackBuilder {
     /// Adds one object: its canonical bytes, its metadata (events only) and
     /// its links (events only; trees' blobs are found by reading the tree).
     pub fn add(&mut self, id: Id, kind: ObjectKind, raw: &[u8], meta: &[u8], links: &[Id]) {
+        let lane = usize::from(kind == ObjectKind::Blob);
         let entry = Entry {
             id,
             kind,
-            frame: self.frames.len() as u32,
-            offset: self.raw.len() as u32,
+            frame: 0,
+            offset: self.raw[lane].len() as u32,
             raw_len: raw.len() as u32,
             meta_len: meta.len() as u32,
             links_start: self.links.len() as u32,
             links_count: links.len() as u32,
         };
-        self.raw.extend_from_slice(raw);
-        self.raw.extend_from_slice(meta);
+        self.raw[lane].extend_from_slice(raw);
+        self.raw[lane].extend_from_slice(meta);
         self.links.extend_from_slice(links);
-        self.pending.push(entry);
+        self.pending[lane].push(entry);
         self.raw_total += (raw.len() + meta.len()) as u64;
-        if self.raw.len() >= FRAME_TARGET {
-            self.seal_frame();
+        if self.raw[lane].len() >= FRAME_TARGET {
+            self.seal_frame(lane);
         }
     }
 
-    fn seal_frame(&mut self) {
-        if self.raw.is_empty() {
+    fn seal_frame(&mut self, lane: usize) {
+        if self.raw[lane].is_empty() {
             return;
         }
+        let raw = std::mem::take(&mut self.raw[lane]);
         // Compressing bytes held in memory cannot fail short of allocation.
-        let stored = zstd::bulk::compress(&self.raw, LEVEL).unwrap_or_else(|_| self.raw.clone());
-        let frame = Frame {
+        let stored = zstd::bulk::compress(&raw, LEVEL).unwrap_or_else(|_| raw.clone());
+        let number = self.frames.len() as u32;
+        self.frames.push(Frame {
             offset: self.body.len() as u64,
             stored_len: stored.len() as u32,
-            raw_len: self.raw.len() as u32,
+            raw_len: raw.len() as u32,
             hash: *blake3::hash(&stored).as_bytes(),
-        };
+        });
         self.body.extend_from_slice(&stored);
-        self.frames.push(frame);
-        self.entries.append(&mut self.pending);
-        self.raw.clear();
+        for mut e in self.pending[lane].drain(..) {
+            e.frame = number;
+            self.entries.push(e);
+        }
     }
 
-    /// Seals the last frame and returns the pack and its index.
+    /// Seals the last frames and returns the pack and its index.
     pub fn finish(mut self) -> Built {
-        self.seal_frame();
+        self.seal_frame(0);
+        self.seal_frame(1);
         let count = self.frames.len() as u32;
         self.body[12..16].copy_from_slice(&count.to_le_bytes());
         let id = *blake3::hash(&self.body).as_bytes();
@@ -396,6 +409,7 @@ impl PackIndex {
                 self.pack_len
             ));
         }
+        self.check_tiling()?;
         for e in &self.entries {
             counts[e.id.0[0] as usize] += 1;
             let frame = self
@@ -431,6 +445,49 @@ impl PackIndex {
             }
         }
         Ok(())
+    }
+
+    /// Each frame's objects (canonical bytes, then metadata) cover its raw
+    /// bytes exactly, and no object is larger than the ledger takes: a frame
+    /// cannot claim more bytes than its objects account for.
+    fn check_tiling(&self) -> std::result::Result<(), String> {
+        let mut spans: Vec<(u32, u32, u64)> = Vec::with_capacity(self.entries.len());
+        for e in &self.entries {
+            if e.raw_len as u64 > MAX_OBJECT || e.meta_len as u64 > MAX_META {
+                return Err(format!(
+                    "object {} claims {} bytes and {} of metadata, more than a ledger holds",
+                    e.id, e.raw_len, e.meta_len
+                ));
+            }
+            spans.push((e.frame, e.offset, e.raw_len as u64 + e.meta_len as u64));
+        }
+        spans.sort_unstable();
+        let mut next = (0u32, 0u64);
+        for (frame, offset, len) in spans {
+            if frame != next.0 {
+                self.frame_filled(next)?;
+                next = (frame, 0);
+            }
+            if offset as u64 != next.1 {
+                return Err(format!(
+                    "frame {frame}: objects do not follow each other at byte {offset}"
+                ));
+            }
+            next.1 += len;
+        }
+        self.frame_filled(next)
+    }
+
+    fn frame_filled(&self, (frame, end): (u32, u64)) -> std::result::Result<(), String> {
+        match self.frames.get(frame as usize) {
+            Some(f) if f.raw_len as u64 == end => Ok(()),
+            Some(f) => Err(format!(
+                "frame {frame} claims {} raw bytes, its objects {end}",
+                f.raw_len
+            )),
+            None if self.frames.is_empty() && end == 0 => Ok(()),
+            None => Err(format!("an object names frame {frame}, past the last")),
+        }
     }
 
     /// The entry of `id`, by binary search.
@@ -513,12 +570,26 @@ pub fn open_frame(key: &str, frame: &Frame, stored: &[u8], checked: bool) -> Res
             frame.offset
         )));
     }
-    let raw = zstd::bulk::decompress(stored, frame.raw_len as usize).map_err(|e| {
-        bad(format!(
-            "the frame at byte {} does not decompress: {e}",
-            frame.offset
-        ))
-    })?;
+    // Streamed, so a frame claiming more than it holds allocates only what
+    // it really decompresses to (plus one byte to notice the excess).
+    let mut raw = Vec::new();
+    {
+        use std::io::Read;
+        let dec = zstd::stream::read::Decoder::new(stored).map_err(|e| {
+            bad(format!(
+                "the frame at byte {} does not decompress: {e}",
+                frame.offset
+            ))
+        })?;
+        dec.take(frame.raw_len as u64 + 1)
+            .read_to_end(&mut raw)
+            .map_err(|e| {
+                bad(format!(
+                    "the frame at byte {} does not decompress: {e}",
+                    frame.offset
+                ))
+            })?;
+    }
     if raw.len() != frame.raw_len as usize {
         return Err(bad(format!(
             "the frame at byte {} decompresses to {} bytes, not {}",

@@ -42,6 +42,8 @@ pub enum RefChange {
 /// What a pull did.
 #[derive(Debug, Default, Clone)]
 pub struct PullReport {
+    /// Whether blobs were left on the remote (a lazy pull).
+    pub lazy: bool,
     pub runs: Vec<(String, Vec<RefChange>)>,
     pub objects: usize,
     /// Bytes of frames downloaded (indexes not counted).
@@ -59,6 +61,19 @@ pub fn pull(
     ledger: &Ledger,
     remote: &Remote,
     runs: &[String],
+    progress: &dyn Progress,
+) -> Result<PullReport> {
+    pull_with(ledger, remote, runs, false, progress)
+}
+
+/// [`pull`], or with `lazy` a partial pull: every event and tree the runs
+/// reach, but no blob (the ledger's reads fetch those through a
+/// [`crate::Fetcher`]).
+pub fn pull_with(
+    ledger: &Ledger,
+    remote: &Remote,
+    runs: &[String],
+    lazy: bool,
     progress: &dyn Progress,
 ) -> Result<PullReport> {
     remote.require_marker()?;
@@ -81,7 +96,7 @@ pub fn pull(
         records.push(rec);
     }
     let idx = remote.indexes(progress)?;
-    let want = reachable(ledger, remote, &idx, &records)?;
+    let want = reachable(ledger, remote, &idx, &records, lazy)?;
     progress.line(&format!(
         "{} object(s) to fetch from {}",
         want.len(),
@@ -90,17 +105,31 @@ pub fn pull(
     let mut report = PullReport::default();
     let mut frames = FrameCache::new();
     let mut got = fetch(remote, &idx, &want, &mut frames, &mut report, progress)?;
-    let blobs = tree_blobs(ledger, &idx, remote, &got)?;
-    let more = fetch(remote, &idx, &blobs, &mut frames, &mut report, progress)?;
-    got.extend(more);
-    check_links(&idx, &got)?;
-    let mut batch = ledger.batch();
-    for id in dependency_order(&got)? {
-        let f = &got[&id];
-        batch.put_raw(f.kind, f.raw.clone(), f.meta.clone())?;
+    if !lazy {
+        let blobs = tree_blobs(ledger, &idx, remote, &got)?;
+        let more = fetch(remote, &idx, &blobs, &mut frames, &mut report, progress)?;
+        got.extend(more);
     }
+    check_links(&idx, &got)?;
+    let heads = merged_heads(ledger, &got, &records, remote)?;
+    let mut planned = Vec::new();
     for rec in &records {
-        let changes = plan_refs(ledger, &got, rec, remote)?;
+        planned.push((
+            rec.run.clone(),
+            plan_refs(ledger, &got, rec, &heads, remote)?,
+        ));
+    }
+    let mut batch = ledger.batch();
+    if lazy {
+        batch.allow_absent_links();
+    }
+    for id in dependency_order(&got)? {
+        if let Some(f) = got.remove(&id) {
+            batch.put_raw(f.kind, f.raw, f.meta)?;
+            report.objects += 1;
+        }
+    }
+    for (run, changes) in planned {
         for c in &changes {
             match c {
                 RefChange::Created { name, head } => batch.set_ref(name, None, *head)?,
@@ -110,10 +139,10 @@ pub fn pull(
                 _ => {}
             }
         }
-        report.runs.push((rec.run.clone(), changes));
+        report.runs.push((run, changes));
     }
     batch.commit()?;
-    report.objects = got.len();
+    report.lazy = lazy;
     Ok(report)
 }
 
@@ -123,6 +152,7 @@ fn reachable(
     remote: &Remote,
     idx: &Indexes,
     records: &[RunRecord],
+    lazy: bool,
 ) -> Result<Vec<Id>> {
     let mut stack: Vec<(Id, String)> = Vec::new();
     for rec in records {
@@ -132,8 +162,19 @@ fn reachable(
     }
     let mut seen = HashSet::new();
     let mut want = Vec::new();
+    // A full pull into a partial ledger also fills in the blobs that what
+    // it already holds leaves on the remote: it walks through local objects.
+    let fill = !lazy && ledger.is_partial();
     while let Some((id, what)) = stack.pop() {
-        if !seen.insert(id) || ledger.contains(&id)? {
+        if !seen.insert(id) {
+            continue;
+        }
+        if ledger.contains(&id)? {
+            if fill {
+                for l in local_links(ledger, &id)? {
+                    stack.push((l, format!("object {}", id.short(12))));
+                }
+            }
             continue;
         }
         let Some((_, p, e)) = idx.find(&id) else {
@@ -143,6 +184,9 @@ fn reachable(
                 location: remote.location().to_string(),
             });
         };
+        if lazy && e.kind == ObjectKind::Blob {
+            continue;
+        }
         want.push(id);
         for l in p.links_of(e) {
             stack.push((*l, format!("event {}", id.short(12))));
@@ -151,9 +195,23 @@ fn reachable(
     Ok(want)
 }
 
+/// What a stored object links to (an event's links, a tree's blobs).
+fn local_links(ledger: &Ledger, id: &Id) -> Result<Vec<Id>> {
+    Ok(match ledger.locate(id)?.map(|l| l.kind) {
+        Some(ObjectKind::Event) => ledger.get_event(id)?.links().copied().collect(),
+        Some(ObjectKind::Tree) => ledger
+            .get_tree(id)?
+            .entries
+            .iter()
+            .filter_map(ledger::TreeEntry::blob_id)
+            .collect(),
+        _ => Vec::new(),
+    })
+}
+
 /// Frames already fetched and checked (pack key, frame number), so the
 /// second round (trees' blobs) does not download them again.
-type FrameCache = HashMap<(String, u32), std::rc::Rc<Vec<u8>>>;
+pub(crate) type FrameCache = HashMap<(String, u32), std::sync::Arc<Vec<u8>>>;
 
 /// Fetches and checks `ids`, frame by frame, pack by pack.
 fn fetch(
@@ -219,7 +277,7 @@ fn fetch(
 
 /// Downloads frames `absent` of pack `key` (and its header, so every byte
 /// of a pack that a pull reads is checked) into the cache.
-fn fetch_frames(
+pub(crate) fn fetch_frames(
     remote: &Remote,
     key: &str,
     shown: &str,
@@ -241,7 +299,7 @@ fn fetch_frames(
     for (f, stored) in absent.iter().zip(bytes.iter().skip(1)) {
         report.downloaded += stored.len() as u64;
         let raw = pack::open_frame(shown, &p.frames[*f as usize], stored, checked)?;
-        cache.insert((key.to_string(), *f), std::rc::Rc::new(raw));
+        cache.insert((key.to_string(), *f), std::sync::Arc::new(raw));
     }
     Ok(())
 }
@@ -317,10 +375,19 @@ fn plan_refs(
     ledger: &Ledger,
     got: &HashMap<Id, Fetched>,
     rec: &RunRecord,
+    heads: &BTreeMap<String, (Id, String)>,
     remote: &Remote,
 ) -> Result<Vec<RefChange>> {
     let mut out = Vec::new();
-    for (name, theirs) in rec.head_ids() {
+    for (name, _) in rec.head_ids() {
+        // A ref two records name (runs `a` and `a/b`) is planned once, by
+        // the first, with the head the records agree on.
+        let Some((theirs, by)) = heads.get(&name).cloned() else {
+            continue;
+        };
+        if by != rec.run {
+            continue;
+        }
         let change = match ledger.head(&name)? {
             None => RefChange::Created { name, head: theirs },
             Some(ours) if ours == theirs => RefChange::Unchanged { name },
@@ -347,6 +414,58 @@ fn plan_refs(
         out.push(change);
     }
     Ok(out)
+}
+
+/// Every ref the records name, with its head and the first run naming it.
+/// Records may overlap (runs `a` and `a/b` both hold `a/b`): the later of
+/// two heads on one chain wins, heads on different chains are a conflict.
+/// Every head must be an event.
+fn merged_heads(
+    ledger: &Ledger,
+    got: &HashMap<Id, Fetched>,
+    records: &[RunRecord],
+    remote: &Remote,
+) -> Result<BTreeMap<String, (Id, String)>> {
+    let mut heads: BTreeMap<String, (Id, String)> = BTreeMap::new();
+    for rec in records {
+        for (name, head) in rec.head_ids() {
+            let kind = match got.get(&head) {
+                Some(f) => Some(f.kind),
+                None => ledger.kind_of(&head)?,
+            };
+            if kind != Some(ObjectKind::Event) {
+                return Err(RemoteError::Corrupt {
+                    key: format!(
+                        "{}/{}",
+                        remote.location(),
+                        crate::refs::record_key(&rec.run)
+                    ),
+                    detail: format!("ref {name} names {head}, which is not an event"),
+                });
+            }
+            let Some((other, by)) = heads.get(&name).cloned() else {
+                heads.insert(name, (head, rec.run.clone()));
+                continue;
+            };
+            if other == head || chain_holds(ledger, got, other, head)? {
+                continue;
+            }
+            if !chain_holds(ledger, got, head, other)? {
+                return Err(RemoteError::Conflict {
+                    run: rec.run.clone(),
+                    detail: format!(
+                        "runs {by} and {} on {} give ref {name} heads on different chains ({} and {}); pull them one at a time",
+                        rec.run,
+                        remote.location(),
+                        other.short(12),
+                        head.short(12)
+                    ),
+                });
+            }
+            heads.insert(name, (head, by));
+        }
+    }
+    Ok(heads)
 }
 
 /// The fetched objects, each after the fetched objects it links to (a
@@ -398,26 +517,31 @@ fn chain_holds(
     head: Id,
     ancestor: Id,
 ) -> Result<bool> {
-    let target = ledger.get_event(&ancestor)?.seq;
+    let target = seq_and_prev(ledger, got, ancestor)?.0;
     let mut at = Some(head);
     while let Some(id) = at {
         if id == ancestor {
             return Ok(true);
         }
-        let (seq, prev) = match got.get(&id) {
-            Some(f) => {
-                let env = EventEnvelope::from_bytes(&id, &f.raw)?;
-                (env.seq, env.prev.map(Id))
-            }
-            None => {
-                let ev = ledger.get_event(&id)?;
-                (ev.seq, ev.prev)
-            }
-        };
+        let (seq, prev) = seq_and_prev(ledger, got, id)?;
         if seq <= target {
             return Ok(false);
         }
         at = prev;
     }
     Ok(false)
+}
+
+/// An event's place in its stream, fetched or stored.
+fn seq_and_prev(ledger: &Ledger, got: &HashMap<Id, Fetched>, id: Id) -> Result<(u64, Option<Id>)> {
+    Ok(match got.get(&id) {
+        Some(f) => {
+            let env = EventEnvelope::from_bytes(&id, &f.raw)?;
+            (env.seq, env.prev.map(Id))
+        }
+        None => {
+            let ev = ledger.get_event(&id)?;
+            (ev.seq, ev.prev)
+        }
+    })
 }

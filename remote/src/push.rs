@@ -80,6 +80,7 @@ struct RunPlan {
 /// remote has must be at or behind this ledger's.
 fn plan_runs(ledger: &Ledger, remote: &Remote, runs: &[String]) -> Result<Vec<RunPlan>> {
     let all = ledger.refs()?;
+    let theirs = remote.runs()?;
     let names = if runs.is_empty() {
         top_runs(&all)
     } else {
@@ -96,6 +97,17 @@ fn plan_runs(ledger: &Ledger, remote: &Remote, runs: &[String]) -> Result<Vec<Ru
             return Err(RemoteError::NoSuchRun {
                 run,
                 place: "in this ledger (`mass refs` lists refs)".into(),
+            });
+        }
+        // Records must not overlap: one ref, one record.
+        if let Some(other) = theirs
+            .iter()
+            .find(|o| **o != run && (refs::in_run(o, &run) || refs::in_run(&run, o)))
+        {
+            return Err(RemoteError::Nested {
+                run,
+                other: other.clone(),
+                location: remote.location().to_string(),
             });
         }
         let current = remote.read_run(&run)?;

@@ -31,11 +31,44 @@ pub struct RunRecord {
 }
 
 pub fn record_key(run: &str) -> String {
-    format!("refs/{run}.ref")
+    format!("refs/{}.ref", encode_name(run))
 }
 
 pub fn history_key(run: &str, hash: &str) -> String {
-    format!("history/{run}/{hash}.ref")
+    format!("history/{}/{hash}.ref", encode_name(run))
+}
+
+/// A run name as a key: bytes other than `A-Z a-z 0-9 . _ -` and `/` are
+/// written `=XX` (hex), so every store (and a folder) sees the same plain
+/// ASCII key and `object_store` has nothing to escape.
+pub fn encode_name(run: &str) -> String {
+    let mut out = String::with_capacity(run.len());
+    for b in run.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("={b:02X}"));
+        }
+    }
+    out
+}
+
+/// The run name a key part encodes, if it is a valid encoding.
+pub fn decode_name(key: &str) -> Option<String> {
+    let b = key.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'=' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// Whether ref `name` belongs to run `run`.

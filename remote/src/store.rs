@@ -39,7 +39,9 @@ enum Inner {
     Cloud(Arc<dyn ObjectStore>),
     Folder {
         root: PathBuf,
-        fs: Arc<dyn ObjectStore>,
+        /// Opened once the folder exists: only a push creates it, so a
+        /// mistyped path for a pull or clone leaves nothing behind.
+        fs: std::sync::OnceLock<Arc<dyn ObjectStore>>,
     },
 }
 
@@ -141,14 +143,11 @@ impl Store {
     }
 
     fn open_folder(url: &str, dir: &FsPath, rt: tokio::runtime::Runtime) -> Result<Store> {
-        std::fs::create_dir_all(dir).map_err(RemoteError::io(dir))?;
-        let root = dir.canonicalize().map_err(RemoteError::io(dir))?;
-        let fs = object_store::local::LocalFileSystem::new_with_prefix(&root)
-            .map_err(|e| bad_url(url, e.to_string()))?;
+        let root = std::path::absolute(dir).map_err(|e| bad_url(url, e.to_string()))?;
         Ok(Store {
             inner: Inner::Folder {
                 root,
-                fs: Arc::new(fs),
+                fs: std::sync::OnceLock::new(),
             },
             prefix: Path::default(),
             location: url.to_string(),
@@ -169,16 +168,24 @@ impl Store {
 
     fn path(&self, key: &str) -> Path {
         let mut p = self.prefix.clone();
-        for part in key.split('/') {
+        // No empty parts: `""` is the location itself, not `PREFIX//`.
+        for part in key.split('/').filter(|p| !p.is_empty()) {
             p = p.child(part);
         }
         p
     }
 
-    fn reader(&self) -> &Arc<dyn ObjectStore> {
+    /// The reading side; `None` for a folder that does not exist (yet).
+    fn reader(&self) -> Option<Arc<dyn ObjectStore>> {
         match &self.inner {
-            Inner::Cloud(s) => s,
-            Inner::Folder { fs, .. } => fs,
+            Inner::Cloud(s) => Some(s.clone()),
+            Inner::Folder { root, fs } => {
+                if let Some(f) = fs.get() {
+                    return Some(f.clone());
+                }
+                let opened = object_store::local::LocalFileSystem::new_with_prefix(root).ok()?;
+                Some(fs.get_or_init(|| Arc::new(opened)).clone())
+            }
         }
     }
 
@@ -196,7 +203,9 @@ impl Store {
     /// A whole file and its version, or `None` if there is none.
     pub fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
         let path = self.path(key);
-        let store = self.reader().clone();
+        let Some(store) = self.reader() else {
+            return Ok(None);
+        };
         let got = self.rt.block_on(async move {
             match store.get(&path).await {
                 Ok(r) => {
@@ -223,18 +232,29 @@ impl Store {
     /// Byte ranges of a file (nearby ranges are fetched together).
     pub fn get_ranges(&self, key: &str, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
         let path = self.path(key);
-        let store = self.reader().clone();
+        let gone = || RemoteError::Corrupt {
+            key: format!("{}/{key}", self.location),
+            detail: "its index lists it but the store does not have it".into(),
+        };
+        let store = self.reader().ok_or_else(gone)?;
         let ranges = ranges.to_vec();
-        self.rt
+        match self
+            .rt
             .block_on(async move { store.get_ranges(&path, &ranges).await })
-            .map_err(self.err("read ranges of", key))
+        {
+            Ok(b) => Ok(b),
+            Err(object_store::Error::NotFound { .. }) => Err(gone()),
+            Err(e) => Err(self.err("read ranges of", key)(e)),
+        }
     }
 
     /// Every key under `dir` (relative to the location), sorted.
     pub fn list(&self, dir: &str) -> Result<Vec<String>> {
         use futures::TryStreamExt;
         let path = self.path(dir);
-        let store = self.reader().clone();
+        let Some(store) = self.reader() else {
+            return Ok(Vec::new());
+        };
         let metas: Vec<object_store::ObjectMeta> = self
             .rt
             .block_on(async move { store.list(Some(&path)).try_collect().await })
@@ -422,10 +442,25 @@ mod folder {
 
     use crate::error::{RemoteError, Result};
 
+    /// The file of `key`, its directories created and, when new, synced
+    /// into their parents (up to the folder's own parent), so a power cut
+    /// cannot lose a directory a synced file sits in.
     fn place(root: &Path, key: &str) -> Result<PathBuf> {
         let p = root.join(key);
-        if let Some(dir) = p.parent() {
+        let Some(dir) = p.parent() else {
+            return Ok(p);
+        };
+        if !dir.is_dir() {
             fs::create_dir_all(dir).map_err(RemoteError::io(dir))?;
+            let top = root.parent().unwrap_or(root);
+            let mut at = dir;
+            while let Some(parent) = at.parent() {
+                sync_dir(at)?;
+                if at == top || parent == at {
+                    break;
+                }
+                at = parent;
+            }
         }
         Ok(p)
     }
@@ -477,6 +512,7 @@ mod folder {
     /// Compare-and-swap under the folder's lock; `expected` is the BLAKE3
     /// (hex) of the bytes the caller read, or `None` for "absent".
     pub fn swap(root: &Path, key: &str, bytes: &[u8], expected: Option<&str>) -> Result<bool> {
+        fs::create_dir_all(root).map_err(RemoteError::io(root))?;
         let lock_path = root.join("LOCK");
         let lock = OpenOptions::new()
             .create(true)

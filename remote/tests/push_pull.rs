@@ -287,3 +287,119 @@ fn a_location_that_is_not_a_remote_is_refused_for_pull_and_for_push_when_not_emp
     let err = pull(&a, &remote_at(&d.path().join("empty")), &[], &Quiet).unwrap_err();
     assert!(matches!(err, RemoteError::NotARemote { .. }), "{err}");
 }
+
+#[test]
+fn run_names_with_characters_stores_escape_round_trip_on_a_folder() {
+    let d = tempfile::tempdir().unwrap();
+    let a = Ledger::init(&d.path().join("a")).unwrap();
+    let store = d.path().join("store");
+    for (i, name) in ["café", "sweep[lr=0.1]", "a=b%c~d"].iter().enumerate() {
+        let h = a.append(name, None, note(&format!("run {i}"))).unwrap();
+        a.append(
+            &format!("{name}/sub"),
+            None,
+            note("sub").with_parents(vec![h]),
+        )
+        .unwrap();
+    }
+    push(&a, &remote_at(&store), &[], &Quiet).unwrap();
+    // A second push of the same runs is a no-op, not a conflict.
+    let again = push(&a, &remote_at(&store), &[], &Quiet).unwrap();
+    assert!(
+        again.runs.iter().all(|(_, _, changed)| !changed),
+        "{again:?}"
+    );
+    let mut names = remote_at(&store).runs().unwrap();
+    names.sort();
+    assert_eq!(names, vec!["a=b%c~d", "café", "sweep[lr=0.1]"]);
+    let b = Ledger::init(&d.path().join("b")).unwrap();
+    pull(&b, &remote_at(&store), &[], &Quiet).unwrap();
+    assert_eq!(refs(&a), refs(&b));
+}
+
+#[test]
+fn a_run_inside_a_run_the_remote_holds_is_refused_and_overlapping_records_pull() {
+    let d = tempfile::tempdir().unwrap();
+    let a = Ledger::init(&d.path().join("a")).unwrap();
+    make_run(&a, "x", 2);
+    let store = d.path().join("store");
+    push(&a, &remote_at(&store), &["r/sub".into()], &Quiet).unwrap();
+    let err = push(&a, &remote_at(&store), &["r".into()], &Quiet).unwrap_err();
+    assert!(matches!(err, RemoteError::Nested { .. }), "{err}");
+    // Records that overlap anyway (written by hand, or by an older push)
+    // pull: the shared ref lands once.
+    let sub = std::fs::read_to_string(store.join("refs/r/sub.ref")).unwrap();
+    let rec: remote::RunRecord = serde_json::from_str(&sub).unwrap();
+    let mut outer = rec.clone();
+    outer.run = "r".into();
+    outer
+        .heads
+        .insert("r".into(), a.head("r").unwrap().unwrap().to_hex());
+    std::fs::write(store.join("refs/r.ref"), outer.to_bytes()).unwrap();
+    // The outer run's events must be on the store: push them as another run.
+    let b = Ledger::init(&d.path().join("b")).unwrap();
+    let err = pull(&b, &remote_at(&store), &[], &Quiet).unwrap_err();
+    assert!(matches!(err, RemoteError::MissingObject { .. }), "{err}");
+    let full = d.path().join("full");
+    push(&a, &remote_at(&full), &["r".into()], &Quiet).unwrap();
+    let mut sub_rec = rec;
+    sub_rec.previous = None;
+    std::fs::create_dir_all(full.join("refs/r")).unwrap();
+    std::fs::write(full.join("refs/r/sub.ref"), sub_rec.to_bytes()).unwrap();
+    pull(&b, &remote_at(&full), &[], &Quiet).unwrap();
+    assert_eq!(refs(&a), refs(&b));
+}
+
+#[test]
+fn a_record_whose_head_is_not_an_event_is_refused_and_nothing_lands() {
+    let d = tempfile::tempdir().unwrap();
+    let a = Ledger::init(&d.path().join("a")).unwrap();
+    make_run(&a, "kind", 1);
+    let blob = a.put_blob(b"not an event").unwrap();
+    a.append(
+        "r/holder",
+        None,
+        note("holds the blob").with_refs(vec![blob]),
+    )
+    .unwrap();
+    let store = d.path().join("store");
+    push(&a, &remote_at(&store), &[], &Quiet).unwrap();
+    let path = store.join("refs/r.ref");
+    let mut rec: remote::RunRecord =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    rec.heads.insert("r/x".into(), blob.to_hex());
+    std::fs::write(&path, rec.to_bytes()).unwrap();
+    let b = Ledger::init(&d.path().join("b")).unwrap();
+    let err = pull(&b, &remote_at(&store), &[], &Quiet).unwrap_err();
+    assert!(matches!(err, RemoteError::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains("not an event"), "{err}");
+    assert!(refs(&b).is_empty());
+    assert_eq!(b.object_count().unwrap(), 0);
+}
+
+#[test]
+fn a_pack_gone_while_its_index_stays_is_an_integrity_error_on_pull_and_sent_again_on_push() {
+    let d = tempfile::tempdir().unwrap();
+    let a = Ledger::init(&d.path().join("a")).unwrap();
+    make_run(&a, "gone", 2);
+    let store = d.path().join("store");
+    push(&a, &remote_at(&store), &[], &Quiet).unwrap();
+    let pack = std::fs::read_dir(store.join("packs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().unwrap() == "pack")
+        .unwrap();
+    let bytes = std::fs::read(&pack).unwrap();
+    std::fs::remove_file(&pack).unwrap();
+    let b = Ledger::init(&d.path().join("b")).unwrap();
+    let err = pull(&b, &remote_at(&store), &[], &Quiet).unwrap_err();
+    assert!(matches!(err, RemoteError::MissingObject { .. }), "{err}");
+    // A push sees the objects as missing and uploads them again.
+    let h = a.head("r").unwrap();
+    a.append("r", h, note("more")).unwrap();
+    let rep = push(&a, &remote_at(&store), &[], &Quiet).unwrap();
+    assert!(rep.objects > 1, "{rep:?}");
+    pull(&b, &remote_at(&store), &[], &Quiet).unwrap();
+    assert_eq!(refs(&a), refs(&b));
+    drop(bytes);
+}

@@ -181,13 +181,17 @@ pub fn show(l: &Ledger, s: &str, json: bool) -> Result<ExitCode> {
                 )?;
                 writeln!(out)?;
             } else {
-                writeln!(
-                    out,
-                    "blob {id}: {} ({} stored{})",
-                    bytes(data.len() as u64),
-                    bytes(loc.body_len as u64),
-                    if loc.flags & 1 == 1 { ", zstd" } else { "" }
-                )?;
+                let stored = if loc.seg == u32::MAX {
+                    "not stored here: fetched from the remote this partial ledger was cloned from"
+                        .to_string()
+                } else {
+                    format!(
+                        "{} stored{}",
+                        bytes(loc.body_len as u64),
+                        if loc.flags & 1 == 1 { ", zstd" } else { "" }
+                    )
+                };
+                writeln!(out, "blob {id}: {} ({stored})", bytes(data.len() as u64))?;
                 match text {
                     Some(t) => {
                         for line in t.lines().take(20) {

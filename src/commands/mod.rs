@@ -191,9 +191,15 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Pull {
             remote: r,
             runs,
+            lazy,
             quiet,
-        } => remote::pull(&dir, r.as_deref(), &runs, quiet),
-        Command::Clone { url, dir: d, quiet } => remote::clone(&url, &d, quiet),
+        } => remote::pull(&dir, r.as_deref(), &runs, lazy, quiet),
+        Command::Clone {
+            url,
+            dir: d,
+            lazy,
+            quiet,
+        } => remote::clone(&url, &d, lazy, quiet),
         Command::Rank { file, prior, json } => rank::run(&file, prior, json),
         Command::Demo { workspace } => demo::run(&dir, workspace.as_deref()),
         Command::HarnessReplay { rollout, json } => proxy::harness_replay(&dir, &rollout, json),
@@ -249,6 +255,7 @@ pub fn open(dir: &std::path::Path) -> Result<Ledger> {
     for line in recovery_lines(&report) {
         eprintln!("note: {line}");
     }
+    remote::attach_promisor(&l, dir)?;
     Ok(l)
 }
 
@@ -258,6 +265,7 @@ pub fn open(dir: &std::path::Path) -> Result<Ledger> {
 pub fn open_read(dir: &std::path::Path) -> Result<Ledger> {
     let l = Ledger::open_read_only(dir)
         .with_context(|| format!("cannot open ledger {}", dir.display()))?;
+    remote::attach_promisor(&l, dir)?;
     if let Some(why) = &l.recovery().log_behind_index {
         eprintln!(
             "warning: the log is shorter than the index: {why}; showing what the log holds \

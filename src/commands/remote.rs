@@ -93,11 +93,7 @@ fn remote_and_runs(
 ) -> Result<(String, Vec<String>)> {
     let conf = Remotes::load(dir)?;
     match first {
-        Some(a)
-            if conf.remotes.contains_key(a)
-                || a.contains("://")
-                || a.starts_with(['/', '.', '~']) =>
-        {
+        Some(a) if conf.remotes.contains_key(a) || config::looks_like_location(a) => {
             Ok((conf.resolve(dir, Some(a))?, runs.to_vec()))
         }
         Some(run) => {
@@ -135,10 +131,26 @@ fn print_push(url: &str, rep: &PushReport) -> Result<()> {
     Ok(())
 }
 
-pub fn pull(dir: &Path, first: Option<&str>, runs: &[String], quiet: bool) -> Result<ExitCode> {
+/// A partial ledger (a lazy clone or pull) reads the blobs it lacks from
+/// the remote it was pulled from.
+pub fn attach_promisor(l: &ledger::Ledger, dir: &Path) -> Result<()> {
+    if let Some(url) = Remotes::load(dir)?.partial_from {
+        let f = remote::Fetcher::new(&url, Some(config::cache_dir(dir)));
+        l.set_promisor(std::sync::Arc::new(f));
+    }
+    Ok(())
+}
+
+pub fn pull(
+    dir: &Path,
+    first: Option<&str>,
+    runs: &[String],
+    lazy: bool,
+    quiet: bool,
+) -> Result<ExitCode> {
     let (url, runs) = remote_and_runs(dir, first, runs)?;
     let l = open(dir)?;
-    let rep = pull_into(&l, dir, &url, &runs, quiet)?;
+    let rep = pull_into(&l, dir, &url, &runs, lazy, quiet)?;
     print_pull(&url, &rep)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -148,21 +160,49 @@ fn pull_into(
     dir: &Path,
     url: &str,
     runs: &[String],
+    lazy: bool,
     quiet: bool,
 ) -> Result<PullReport> {
     let r = Remote::open(url, Some(&config::cache_dir(dir)))?;
+    if lazy {
+        mark_partial(l, dir, url)?;
+    }
     let lines = Lines::new(quiet);
-    let rep = remote::pull(l, &r, runs, &lines);
+    let rep = remote::pull_with(l, &r, runs, lazy, &lines);
     lines.done();
     rep.with_context(|| format!("pull from {url} failed"))
+}
+
+/// Marks the ledger partial before anything lands: a ledger holding links
+/// to absent blobs must always know where they are.
+fn mark_partial(l: &ledger::Ledger, dir: &Path, url: &str) -> Result<()> {
+    let mut conf = Remotes::load(dir)?;
+    match &conf.partial_from {
+        Some(other) if other != url => Err(CliError::Usage(format!(
+            "this ledger already leaves blobs on {other}; a lazy pull from a second remote is not supported (pull without --lazy)"
+        ))
+        .into()),
+        Some(_) => Ok(()),
+        None => {
+            conf.partial_from = Some(url.to_string());
+            conf.save(dir)?;
+            attach_promisor(l, dir)
+        }
+    }
 }
 
 fn print_pull(url: &str, rep: &PullReport) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "pulled from {url}: {} object(s), {} bytes downloaded",
-        rep.objects, rep.downloaded
+        "pulled from {url}: {} object(s), {} bytes downloaded{}",
+        rep.objects,
+        rep.downloaded,
+        if rep.lazy {
+            " (lazy: blobs stay there until read)"
+        } else {
+            ""
+        }
     )?;
     for (run, changes) in &rep.runs {
         let count = |f: fn(&RefChange) -> bool| changes.iter().filter(|c| f(c)).count();
@@ -181,7 +221,7 @@ fn print_pull(url: &str, rep: &PullReport) -> Result<()> {
 /// A new ledger in `dir` holding every run of `url`, which it names
 /// `origin`. On failure the new directory is removed: it held nothing but
 /// what this clone wrote.
-pub fn clone(url: &str, dir: &Path, quiet: bool) -> Result<ExitCode> {
+pub fn clone(url: &str, dir: &Path, lazy: bool, quiet: bool) -> Result<ExitCode> {
     let fresh = match std::fs::read_dir(dir) {
         Ok(mut entries) => {
             if entries.next().is_some() {
@@ -193,9 +233,18 @@ pub fn clone(url: &str, dir: &Path, quiet: bool) -> Result<ExitCode> {
             }
             false
         }
-        Err(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && dir.symlink_metadata().is_err() => {
+            true
+        }
+        Err(e) => {
+            return Err(CliError::Usage(format!(
+                "cannot clone into {}: {e}; clone into a new directory",
+                dir.display()
+            ))
+            .into())
+        }
     };
-    let res = clone_into(url, dir, quiet);
+    let res = clone_into(url, dir, lazy, quiet);
     if res.is_err() {
         if fresh {
             let _ = std::fs::remove_dir_all(dir);
@@ -212,7 +261,7 @@ pub fn clone(url: &str, dir: &Path, quiet: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn clone_into(url: &str, dir: &Path, quiet: bool) -> Result<PullReport> {
+fn clone_into(url: &str, dir: &Path, lazy: bool, quiet: bool) -> Result<PullReport> {
     // Check the location before creating anything.
     let r = Remote::open(url, None)?;
     r.require_marker()?;
@@ -221,5 +270,5 @@ fn clone_into(url: &str, dir: &Path, quiet: bool) -> Result<PullReport> {
     let mut conf = Remotes::default();
     conf.add(dir, "origin", url)?;
     conf.save(dir)?;
-    pull_into(&l, dir, url, &[], quiet)
+    pull_into(&l, dir, &conf.remotes["origin"], &[], lazy, quiet)
 }
