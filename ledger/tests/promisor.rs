@@ -51,7 +51,10 @@ fn partial_ledger(dir: &std::path::Path, absent: &[u8]) -> (Ledger, Id) {
 fn an_absent_blob_is_read_through_the_promisor_once_and_checked() {
     let d = tempfile::tempdir().unwrap();
     let (l, blob) = partial_ledger(d.path(), b"the content");
-    assert!(matches!(l.get_blob(&blob), Err(LedgerError::NotFound { .. })));
+    assert!(matches!(
+        l.get_blob(&blob),
+        Err(LedgerError::NotFound { .. })
+    ));
     let fake = Arc::new(Fake {
         answers: vec![(blob, ObjectKind::Blob, b"the content".to_vec())],
         asked: Mutex::new(0),
@@ -66,7 +69,10 @@ fn an_absent_blob_is_read_through_the_promisor_once_and_checked() {
     assert_eq!(*fake.asked.lock().unwrap(), 1, "fetched once, then kept");
     // Nothing was written: the object is still not stored.
     assert!(!l.contains(&blob).unwrap());
-    assert!(l.get_event(&blob).is_err(), "an event read never asks the promisor");
+    assert!(
+        l.get_event(&blob).is_err(),
+        "an event read never asks the promisor"
+    );
 }
 
 #[test]
