@@ -716,3 +716,47 @@ fn s3_remote_two_writers_racing_on_one_run_exactly_one_wins() {
         );
     }
 }
+
+/// A failed clone removes only what it created: a directory it made goes,
+/// an empty directory the user made stays (empty), a non-empty one is
+/// refused before anything is written, and the origin is never touched.
+#[test]
+fn a_failed_clone_removes_only_what_it_created() {
+    let d = tempfile::tempdir().unwrap();
+    let origin = two_cycle_run(d.path());
+    let store = d.path().join("store");
+    assert!(push(&Target::Folder(store.clone()), &origin, &[])
+        .status
+        .success());
+    let before = refs_of(&origin);
+    Target::Folder(store.clone()).corrupt_a_pack();
+    let url = store.to_str().unwrap().to_string();
+    let clone = |dst: &Path| {
+        mass_in(
+            d.path(),
+            Path::new("unused"),
+            &["clone", &url, dst.to_str().unwrap(), "--quiet"],
+            &[],
+        )
+    };
+    let made = d.path().join("made-by-clone");
+    assert_eq!(clone(&made).status.code(), Some(3));
+    assert!(!made.exists());
+    let users = d.path().join("users-empty");
+    std::fs::create_dir(&users).unwrap();
+    assert_eq!(clone(&users).status.code(), Some(3));
+    assert!(users.is_dir() && std::fs::read_dir(&users).unwrap().next().is_none());
+    let full = d.path().join("users-full");
+    std::fs::create_dir(&full).unwrap();
+    std::fs::write(full.join("notes.txt"), "mine").unwrap();
+    assert_eq!(clone(&full).status.code(), Some(2));
+    assert_eq!(
+        std::fs::read_to_string(full.join("notes.txt")).unwrap(),
+        "mine"
+    );
+    assert_eq!(std::fs::read_dir(&full).unwrap().count(), 1);
+    assert_eq!(refs_of(&origin), before);
+    assert!(mass_in(d.path(), &origin, &["verify"], &[])
+        .status
+        .success());
+}

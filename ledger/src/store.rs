@@ -1329,17 +1329,8 @@ impl Ledger {
         for u in &b.ref_updates {
             let Some(new) = u.new else { continue };
             if written.contains(&new) {
-                // Written by this batch: a ref still names only an event.
-                match b.objects.iter().find(|p| p.id == new).map(|p| p.kind) {
-                    Some(ObjectKind::Event) | None => continue,
-                    Some(k) => {
-                        return Err(LedgerError::WrongKind {
-                            id: new,
-                            expected: ObjectKind::Event,
-                            actual: k,
-                        })
-                    }
-                }
+                batch_head_is_event(&b, new)?;
+                continue;
             }
             let kind = match w.unsynced.get(&new) {
                 Some(&(k, g)) => {
@@ -2331,6 +2322,19 @@ fn interrupted_init(dir: &Path) -> bool {
         }
     }
     true
+}
+
+/// A ref set to an object written by the same batch must still name an
+/// event.
+fn batch_head_is_event(b: &Batch<'_>, new: Id) -> Result<()> {
+    match b.objects.iter().find(|p| p.id == new).map(|p| p.kind) {
+        Some(ObjectKind::Event) | None => Ok(()),
+        Some(k) => Err(LedgerError::WrongKind {
+            id: new,
+            expected: ObjectKind::Event,
+            actual: k,
+        }),
+    }
 }
 
 fn check_size(len: usize) -> Result<()> {
