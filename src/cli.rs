@@ -111,12 +111,37 @@ pub enum Command {
         /// No progress bars.
         #[arg(long)]
         quiet: bool,
+        #[command(flatten)]
+        workers: WorkersArgs,
     },
     /// Continue a run (or a fork) from its ledger: replay to the head, then live.
     Resume {
         run: String,
         #[arg(long)]
         quiet: bool,
+        #[command(flatten)]
+        workers: WorkersArgs,
+    },
+    /// Execute work items published on a store by `mass run --workers URL`,
+    /// on this machine, until stopped (or idle for --idle-exit).
+    Worker {
+        /// The store (as in `mass remote add`: s3://, gs://, az://, a folder).
+        url: String,
+        /// Items executed at once.
+        #[arg(long, default_value_t = 1)]
+        slots: u32,
+        /// Shown in claims and results (default: host/pid).
+        #[arg(long)]
+        name: Option<String>,
+        /// Lease length in seconds; renewed every third of it.
+        #[arg(long, default_value_t = 30.0)]
+        lease_secs: f64,
+        /// Stop after this many seconds with nothing to do.
+        #[arg(long)]
+        idle_exit: Option<f64>,
+        /// How often to look for new items, in milliseconds.
+        #[arg(long, default_value_t = 250)]
+        poll_ms: u64,
     },
     /// Re-run the driver over a run's recorded effects and compare every event id.
     Replay {
@@ -270,6 +295,10 @@ pub enum Command {
         run: Option<String>,
         #[arg(long)]
         json: bool,
+        /// Also show the work on this store: workers, items claimed, done
+        /// and failed.
+        #[arg(long)]
+        workers: Option<String>,
     },
     /// Store a directory as a tree; prints the tree id.
     Snapshot { dir: PathBuf },
@@ -468,4 +497,20 @@ pub struct ProxyGuards {
     /// On SIGINT/SIGTERM, wait this long for exchanges in flight.
     #[arg(long, value_name = "SECS", default_value_t = 10)]
     pub drain_secs: u64,
+}
+
+/// Where a run's work items execute.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkersArgs {
+    /// Execute rollouts and judgments on `mass worker` processes through
+    /// this store (s3://, gs://, az://, or a folder) instead of here.
+    #[arg(long, value_name = "URL")]
+    pub workers: Option<String>,
+    /// With --workers: seconds the store may be unreachable before the run
+    /// stops (exit 7; `mass resume` continues).
+    #[arg(long, default_value_t = 300.0, requires = "workers")]
+    pub store_patience: f64,
+    /// With --workers: attempts per item before it is recorded as failed.
+    #[arg(long, default_value_t = 3, requires = "workers")]
+    pub max_attempts: u32,
 }

@@ -45,6 +45,12 @@ fn exit_code_for(e: &anyhow::Error) -> u8 {
         if let Some(r) = cause.downcast_ref::<remote::RemoteError>() {
             return remote_code(r);
         }
+        match cause.downcast_ref::<workers::WorkError>() {
+            Some(workers::WorkError::Remote(r)) => return remote_code(r),
+            Some(workers::WorkError::Ledger(le)) => return ledger_code(le),
+            Some(workers::WorkError::StoreDown { .. }) => return 7,
+            _ => {}
+        }
         match cause.downcast_ref::<E>() {
             Some(E::Infrastructure { .. }) => return 7,
             Some(E::Sandbox(_)) => return 8,

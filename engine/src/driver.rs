@@ -381,6 +381,17 @@ fn emit_start(
 
 /// Records, resumes, continues a fork of, or checks a run.
 pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
+    drive_with(ledger, req, None)
+}
+
+/// [`drive`], with the stages' work items run by the executor `make`
+/// builds (live sessions only; a replay check always runs in process,
+/// where every item is served from the ledger).
+pub fn drive_with(
+    ledger: Arc<Ledger>,
+    req: RunRequest<'_>,
+    make: Option<&dyn crate::work::MakeExecutor>,
+) -> Result<RunSummary> {
     // Workspaces of a mass that died mid-run are never picked up again.
     if req.mode == Mode::Live {
         crate::harness::clean_stale_scratch();
@@ -414,12 +425,21 @@ pub fn drive(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<RunSummary> {
     main.emit(schemas::to_event(&schemas::Note {
         text: sandbox_note(&exp.sandbox),
     })?)?;
-    // Where the stages' work items run: this process.
-    let executor: Arc<dyn crate::work::Executor> = Arc::new(crate::work::InProcess::new(
-        session.clone(),
-        backends.clone(),
-        sel.train.iter().chain(&sel.heldout).cloned().collect(),
-    ));
+    // Where the stages' work items run: this process, or what `make` builds.
+    let tasks: Vec<crate::task::Task> = sel.train.iter().chain(&sel.heldout).cloned().collect();
+    let executor: Arc<dyn crate::work::Executor> = match make {
+        Some(m) if req.mode == Mode::Live => m.make(crate::work::ExecutorParts {
+            session: session.clone(),
+            backends: backends.clone(),
+            tasks,
+            suite: start.tasks,
+        })?,
+        _ => Arc::new(crate::work::InProcess::new(
+            session.clone(),
+            backends.clone(),
+            tasks,
+        )),
+    };
     let run = Cycles {
         session: &session,
         backends: &backends,

@@ -33,7 +33,7 @@ pub struct Judge {
 }
 
 /// What a judge is shown of each workspace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Shown {
     /// The method: files, results.json, report.md and the team's logs.txt.

@@ -34,7 +34,7 @@ use crate::task::Task;
 use crate::workflow::Workflow;
 
 /// A backend and the model it plays a role with.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Role {
     pub backend: String,
     pub model: String,
@@ -271,6 +271,55 @@ impl InProcess {
     }
 }
 
+impl InProcess {
+    /// Records `item` as a rollout that failed without being played, with
+    /// `detail` (an executor elsewhere failed on every attempt): the run
+    /// goes on as for any failed rollout.
+    pub fn fail_rollout(&self, item: RolloutItem, detail: String) -> Work<RunRef> {
+        let ready = self
+            .task(&item.task)
+            .and_then(|t| Ok((t, self.team(&item)?)));
+        let (task, team) = match ready {
+            Ok(v) => v,
+            Err(e) => return failed(e),
+        };
+        let session = self.session.clone();
+        Box::pin(async move {
+            let spec = RunSpec {
+                task: &task,
+                workflow: &item.workflow,
+                stream: item.stream.clone(),
+                purpose: &item.purpose,
+                cycle: item.cycle,
+                index: item.index,
+            };
+            let o = crate::harness::record_unrun(&session, &spec, &team, &item.rules, detail);
+            Ok(run_ref(o.await?))
+        })
+    }
+
+    /// Records `item`'s verdict as invalid, with `detail` as its reason (an
+    /// executor elsewhere failed on every attempt).
+    pub fn fail_judgment(&self, item: &JudgmentItem, detail: String) -> Result<(Id, Judgment)> {
+        let task = self.task(&item.task)?;
+        let record = Judgment {
+            task: task.id,
+            a: item.a.event.into(),
+            b: item.b.event.into(),
+            swapped: item.swapped,
+            judge_model: item.judge.model.clone(),
+            winner: "invalid".into(),
+            rationale: detail,
+            invalid_attempts: 0,
+            conversation: schemas::Hash32([0; 32]),
+        };
+        let ev = schemas::to_event(&record)?.with_parents(vec![item.a.event, item.b.event]);
+        let mut st = crate::exec::ledger(|| self.session.stream(&item.stream))?;
+        let id = crate::exec::ledger(|| st.emit(ev))?;
+        Ok((id, record))
+    }
+}
+
 /// A work item that cannot start: its error, as work.
 fn failed<T: 'static>(e: EngineError) -> Work<T> {
     Box::pin(async move { Err(e) })
@@ -283,6 +332,52 @@ pub fn run_ref(o: RunOutcome) -> RunRef {
         record: o.record,
         violations: o.guard.violations,
     }
+}
+
+/// A finished rollout read back from the ledger: its `mass.rollout` event
+/// `event` and the tamper guard's findings (the `mass.guard` event the
+/// rollout names as a parent). What an executor that did not play the
+/// rollout here (a worker did) hands back to the stages.
+pub fn run_ref_of(ledger: &ledger::Ledger, event: Id) -> Result<RunRef> {
+    let ev = ledger.get_event(&event)?;
+    let record: schemas::Rollout = schemas::decode_event(&ev)?;
+    let mut violations = Vec::new();
+    for p in &ev.parents {
+        if ledger.kind_of(p)? != Some(ledger::ObjectKind::Event) {
+            continue;
+        }
+        let parent = ledger.get_event(p)?;
+        if parent.kind == <schemas::GuardCheck as schemas::Record>::KIND {
+            let g: schemas::GuardCheck = schemas::decode_event(&parent)?;
+            violations = g.violations;
+        }
+    }
+    Ok(RunRef {
+        event,
+        record,
+        violations,
+    })
+}
+
+/// A judgment read back from the ledger: its `mass.judgment` event.
+pub fn judgment_of(ledger: &ledger::Ledger, event: Id) -> Result<(Id, Judgment)> {
+    let ev = ledger.get_event(&event)?;
+    Ok((event, schemas::decode_event(&ev)?))
+}
+
+/// What an executor other than [`InProcess`] is built from: the run's
+/// session, its backends as built, the tasks its items may name, and the
+/// tree of its recorded task suite (what a process elsewhere checks out).
+pub struct ExecutorParts {
+    pub session: Session,
+    pub backends: Backends,
+    pub tasks: Vec<Task>,
+    pub suite: Id,
+}
+
+/// Builds the executor a run's stages submit to (`mass run --workers`).
+pub trait MakeExecutor {
+    fn make(&self, parts: ExecutorParts) -> Result<Arc<dyn Executor>>;
 }
 
 impl Executor for InProcess {

@@ -95,8 +95,44 @@ pub fn pull_with(
             })?;
         records.push(rec);
     }
+    pull_records(ledger, remote, &records, lazy, progress)
+}
+
+/// Pulls the objects `heads` reach (ref name to head) and sets those refs
+/// here, as a pull of a run record naming them would; `label` names them
+/// in messages. How a work item's result lands in the run that asked for
+/// it, and a work item's inputs in a worker.
+pub fn pull_heads(
+    ledger: &Ledger,
+    remote: &Remote,
+    label: &str,
+    heads: &BTreeMap<String, Id>,
+    lazy: bool,
+    progress: &dyn Progress,
+) -> Result<PullReport> {
+    remote.require_marker()?;
+    let rec = RunRecord {
+        format: crate::refs::RECORD_FORMAT.to_string(),
+        run: label.to_string(),
+        version: 0,
+        heads: heads
+            .iter()
+            .map(|(n, id)| (n.clone(), id.to_hex()))
+            .collect(),
+        previous: None,
+    };
+    pull_records(ledger, remote, &[rec], lazy, progress)
+}
+
+fn pull_records(
+    ledger: &Ledger,
+    remote: &Remote,
+    records: &[RunRecord],
+    lazy: bool,
+    progress: &dyn Progress,
+) -> Result<PullReport> {
     let idx = remote.indexes(progress)?;
-    let want = reachable(ledger, remote, &idx, &records, lazy)?;
+    let want = reachable(ledger, remote, &idx, records, lazy)?;
     progress.line(&format!(
         "{} object(s) to fetch from {}",
         want.len(),
@@ -111,9 +147,9 @@ pub fn pull_with(
         got.extend(more);
     }
     check_links(&idx, &got)?;
-    let heads = merged_heads(ledger, &got, &records, remote)?;
+    let heads = merged_heads(ledger, &got, records, remote)?;
     let mut planned = Vec::new();
-    for rec in &records {
+    for rec in records {
         planned.push((
             rec.run.clone(),
             plan_refs(ledger, &got, rec, &heads, remote)?,

@@ -69,6 +69,21 @@ pub fn push(
     Ok(report)
 }
 
+/// Uploads what the remote lacks of everything `heads` reach, with no run
+/// record: objects that another process names by id (a worker's result, a
+/// work item's inputs). Same order and packs as [`push`].
+pub fn push_objects(
+    ledger: &Ledger,
+    remote: &Remote,
+    heads: &[Id],
+    progress: &dyn Progress,
+) -> Result<PushReport> {
+    remote.ensure_marker()?;
+    let have = remote.indexes(progress)?;
+    let order = missing_in_order(ledger, &have, heads)?;
+    upload(ledger, remote, &order, progress)
+}
+
 struct RunPlan {
     run: String,
     local: Vec<(String, Id)>,

@@ -29,10 +29,21 @@ use object_store::{ObjectStore, PutMode, PutOptions, PutPayload, UpdateVersion};
 use crate::error::{RemoteError, Result};
 
 /// The version of a file read from a store, for a later compare-and-swap.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Version {
     e_tag: Option<String>,
     version: Option<String>,
+}
+
+impl Version {
+    /// The version as one string (equal strings: the same version).
+    pub fn tag(&self) -> String {
+        format!(
+            "{}/{}",
+            self.e_tag.as_deref().unwrap_or(""),
+            self.version.as_deref().unwrap_or("")
+        )
+    }
 }
 
 enum Inner {

@@ -1007,3 +1007,49 @@ record!(
         evaluations: vec![Hash32([1; 32]), Hash32([2; 32])],
     }
 );
+
+/// `mass.work` v1: how one work item of a run executed with workers (`mass
+/// run --workers`): the item's content address on the store, which worker's
+/// result the coordinator took, on which attempt, and the record it landed
+/// (a `mass.rollout` or `mass.judgment`). Appended to the run's `workers`
+/// stream, beside the steps: no step depends on it, and the head is the
+/// same whoever executed the item.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct WorkResult {
+    /// The item's key on the store (BLAKE3 of its published envelope).
+    pub item: Hash32,
+    /// `rollout` or `judgment`.
+    pub kind: String,
+    /// The item's stream in the run.
+    pub stream: String,
+    /// The worker whose result was taken (`--name`, or host and process).
+    pub worker: String,
+    /// Which attempt produced it (from 1).
+    pub attempt: u32,
+    /// `done`, or `failed` (every attempt failed; the record is the
+    /// coordinator's failed rollout or invalid verdict).
+    pub outcome: String,
+    /// One line per failed attempt, with its cause.
+    pub attempts: Vec<String>,
+    /// The record the item came to.
+    pub result: Hash32,
+}
+
+record!(
+    WorkResult,
+    "mass.work",
+    1,
+    |w| vec![w.result],
+    WorkResult {
+        item: Hash32([1; 32]),
+        kind: "rollout".into(),
+        stream: "c1/t/collect/00".into(),
+        worker: "node-1/4242".into(),
+        attempt: 2,
+        outcome: "done".into(),
+        attempts: vec!["attempt 1 (node-2/77): lease expired".into()],
+        result: Hash32([2; 32]),
+    }
+);

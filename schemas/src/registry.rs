@@ -7,7 +7,8 @@ use crate::{
     decode, Cycle, CycleV1, Dataset, DatasetV1, Effect, Evaluation, EvaluationV1, EvaluationV2,
     GuardCheck, Judgment, ModelCall, Note, Promotion, ProposalRecord, Ranking, Record, Rollout,
     RunExecution, RunForked, RunMixed, RunMixedV1, RunRemoved, RunStarted, RunStartedV1,
-    SchemaError, Selection, SelectionV1, TrainStep, Training, TrainingV1, WorkspaceSnapshot,
+    SchemaError, Selection, SelectionV1, TrainStep, Training, TrainingV1, WorkResult,
+    WorkspaceSnapshot,
 };
 
 /// A known kind and its current version.
@@ -96,6 +97,7 @@ registry!(
         TrainStep,
         Evaluation,
         Cycle,
+        WorkResult,
     ],
     older: [
         RunStartedV1,

@@ -19,6 +19,11 @@ use schemas::{
 /// (kind, version, blake3 of the sample encoding)
 const PINS: &[(&str, u32, &str)] = &[
     (
+        "mass.work",
+        1,
+        "4f509c1a685f0048864c45f4cac6df5fe56bfce389dd859f751fbd444d170831",
+    ),
+    (
         "mass.guard",
         1,
         "6cd8eb5b53a0ed9ee7f664c53511c4d19d1de397269803a8bd337a88c60e7ba9",
@@ -197,6 +202,7 @@ fn sample_hash(kind: &str, version: u32) -> String {
         ("mass.selection", _) => encode(&schemas::SelectionV1::sample()),
         ("mass.guard", _) => encode(&schemas::GuardCheck::sample()),
         ("mass.train_step", _) => encode(&schemas::TrainStep::sample()),
+        ("mass.work", _) => encode(&schemas::WorkResult::sample()),
         (other, _) => panic!("kind {other} has no sample in this test: add it"),
     }
     .unwrap();

@@ -12,6 +12,7 @@ mod rank;
 mod remote;
 mod runs;
 mod sandbox;
+mod work;
 
 use std::process::ExitCode;
 
@@ -104,8 +105,21 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             experiment,
             name,
             quiet,
-        } => runs::run(&dir, &experiment, name.as_deref(), quiet),
-        Command::Resume { run, quiet } => runs::resume(&dir, &run, quiet),
+            workers,
+        } => runs::run(&dir, &experiment, name.as_deref(), quiet, &workers),
+        Command::Resume {
+            run,
+            quiet,
+            workers,
+        } => runs::resume(&dir, &run, quiet, &workers),
+        Command::Worker {
+            url,
+            slots,
+            name,
+            lease_secs,
+            idle_exit,
+            poll_ms,
+        } => work::worker(&url, slots, name, lease_secs, idle_exit, poll_ms),
         Command::Replay { run, check } => runs::replay_check(&dir, &run, check),
         Command::Rejudge {
             run,
@@ -137,10 +151,14 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             note_quarantine(&dir);
             audit::report(&l, &run, json, html.as_deref())
         }
-        Command::Status { run, json } => {
+        Command::Status { run, json, workers } => {
             let l = open_read(&dir)?;
             note_quarantine(&dir);
-            runs::status(&l, run.as_deref(), json)
+            let code = runs::status(&l, run.as_deref(), json)?;
+            match workers {
+                Some(url) => work::status(&url),
+                None => Ok(code),
+            }
         }
         Command::Export {
             what:

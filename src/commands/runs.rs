@@ -113,7 +113,13 @@ fn open_arc(dir: &Path) -> Result<Arc<Ledger>> {
     Ok(Arc::new(open(dir)?))
 }
 
-pub fn run(dir: &Path, experiment: &Path, name: Option<&str>, quiet: bool) -> Result<ExitCode> {
+pub fn run(
+    dir: &Path,
+    experiment: &Path,
+    name: Option<&str>,
+    quiet: bool,
+    workers: &crate::cli::WorkersArgs,
+) -> Result<ExitCode> {
     let text = std::fs::read_to_string(experiment)
         .with_context(|| format!("cannot read {}", experiment.display()))?;
     let origin = experiment.to_string_lossy().into_owned();
@@ -143,7 +149,9 @@ pub fn run(dir: &Path, experiment: &Path, name: Option<&str>, quiet: bool) -> Re
             );
         }
     }
-    go(
+    go_with(
+        dir,
+        workers,
         ledger,
         RunRequest {
             run,
@@ -155,14 +163,21 @@ pub fn run(dir: &Path, experiment: &Path, name: Option<&str>, quiet: bool) -> Re
     )
 }
 
-pub fn resume(dir: &Path, run: &str, quiet: bool) -> Result<ExitCode> {
+pub fn resume(
+    dir: &Path,
+    run: &str,
+    quiet: bool,
+    workers: &crate::cli::WorkersArgs,
+) -> Result<ExitCode> {
     let ledger = Arc::new(open(dir)?);
     if ledger.head(run)?.is_none() {
         bail!(CliError::NotFound(format!(
             "no run named {run:?} (`mass status` lists runs)"
         )));
     }
-    go(
+    go_with(
+        dir,
+        workers,
         ledger,
         RunRequest {
             run: run.to_string(),
@@ -233,6 +248,11 @@ fn unreached_streams(
         } else {
             name.strip_prefix(&prefix).unwrap_or(&name).to_string()
         };
+        // Which worker executed each item: beside the steps, no step
+        // depends on it, and a replay executes nothing.
+        if rel == workers::WORKERS_STREAM {
+            continue;
+        }
         match visited.get(&rel) {
             Some((reached, recorded)) if reached < recorded => out.push(format!(
                 "stream {rel}: {reached} of its {recorded} recorded events reproduced"
@@ -737,6 +757,27 @@ pub fn remove(l: &Ledger, run: &str) -> Result<ExitCode> {
         replay::REMOVALS,
         r.event.short(12),
     )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// [`go`], with the items executed by workers when `--workers` names a store.
+fn go_with(
+    dir: &Path,
+    workers: &crate::cli::WorkersArgs,
+    ledger: Arc<Ledger>,
+    req: RunRequest<'_>,
+) -> Result<ExitCode> {
+    let Some(settings) = crate::commands::work::settings(dir, workers)? else {
+        return go(ledger, req);
+    };
+    crate::interrupt::say_on_sigint(format!(
+        "\ninterrupted: run {run} stops here; everything it recorded is kept. `mass resume {run} --workers URL` continues it\n",
+        run = req.run
+    ));
+    let start = Instant::now();
+    let s =
+        engine::driver::drive_with(ledger.clone(), req, Some(&settings)).map_err(engine_error)?;
+    print_summary(&s, start.elapsed().as_secs_f64());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::chat::{Message, ToolDef, Usage};
 use crate::config::Backend as BackendCfg;
+use ledger::Id;
 
 /// What is sent to a model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -164,10 +165,14 @@ pub trait Backend: Send + Sync {
 /// honoured from the fork point and trained models stay available.
 /// A trained adapter as a backend takes it: the parameters the built-in
 /// simulation loads, or a directory of adapter files a server loads.
-#[derive(Clone)]
-enum Adapter {
+#[derive(Clone, Debug)]
+pub enum Adapter {
     Params(Arc<[u8]>),
-    Dir(PathBuf),
+    /// Adapter files checked out at `dir`, from ledger tree `tree`.
+    Dir {
+        dir: PathBuf,
+        tree: Id,
+    },
 }
 
 #[derive(Clone)]
@@ -245,21 +250,38 @@ impl Backends {
         Ok(())
     }
 
-    /// Registers trained adapter files (directory `dir`) on backend
-    /// `backend` under `model`, and remembers them for a rebuilt backend.
+    /// Registers trained adapter files (directory `dir`, checked out of
+    /// ledger tree `tree`) on backend `backend` under `model`, and remembers
+    /// them for a rebuilt backend.
     pub fn register_adapter_dir(
         &self,
         backend: &str,
         model: &str,
         dir: &Path,
+        tree: Id,
     ) -> Result<(), BackendError> {
         self.get(backend)?.register_adapter_dir(model, dir)?;
         self.write().adapters.push((
             backend.to_string(),
             model.to_string(),
-            Adapter::Dir(dir.to_path_buf()),
+            Adapter::Dir {
+                dir: dir.to_path_buf(),
+                tree,
+            },
         ));
         Ok(())
+    }
+
+    /// The backends' definitions as built now (after any `sync`).
+    pub fn config(&self) -> BTreeMap<String, BackendCfg> {
+        self.read().config.clone()
+    }
+
+    /// Every trained adapter registered so far, in the order trained:
+    /// (backend, model, adapter). What another process needs to serve the
+    /// same models (a worker).
+    pub fn adapters(&self) -> Vec<(String, String, Adapter)> {
+        self.read().adapters.clone()
     }
 
     /// The directory of trained model `model`'s adapter files on backend
@@ -270,7 +292,7 @@ impl Backends {
             .iter()
             .rev()
             .find_map(|(on, m, a)| match a {
-                Adapter::Dir(d) if on == backend && m == model => Some(d.clone()),
+                Adapter::Dir { dir, .. } if on == backend && m == model => Some(dir.clone()),
                 _ => None,
             })
     }
@@ -291,7 +313,7 @@ impl Backends {
             for (_, model, adapter) in b.adapters.iter().filter(|(on, _, _)| on == name) {
                 match adapter {
                     Adapter::Params(bytes) => fresh.register_adapter(model, bytes)?,
-                    Adapter::Dir(dir) => fresh.register_adapter_dir(model, dir)?,
+                    Adapter::Dir { dir, .. } => fresh.register_adapter_dir(model, dir)?,
                 }
             }
             if let Some(old) = b.by_name.insert(name.clone(), fresh) {

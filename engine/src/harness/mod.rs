@@ -402,6 +402,34 @@ pub async fn run_team(
     close_run(&mut orch, &mut ws, spec, team, rules, initial, played).await
 }
 
+/// Records a rollout that was never played: the task's initial workspace,
+/// its checks and guard, and a `mass.rollout` with status `failed` and
+/// `detail` (why it could not run: an executor that failed on every
+/// attempt). The run goes on as for any failed rollout: it is set aside,
+/// never judged or trained on.
+pub async fn record_unrun(
+    session: &replay::Session,
+    spec: &RunSpec<'_>,
+    team: &Team,
+    rules: &RunRules,
+    detail: String,
+) -> Result<RunOutcome> {
+    let mut orch = exec::ledger(|| session.stream(&format!("{}/orch", spec.stream)))?;
+    let mut ws = LiveWorkspace::new(session, spec, rules);
+    let initial = initial_snapshot(&mut orch, &mut ws, spec).await?;
+    let played = Played {
+        status: "failed",
+        detail,
+        report: String::new(),
+        orchestrator: None,
+        subagents: Vec::new(),
+        turns: 0,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+    };
+    close_run(&mut orch, &mut ws, spec, team, rules, initial, played).await
+}
+
 /// The rollout's status and detail for how the orchestrator's turns ended.
 fn status_of(ending: std::result::Result<(), Halt>, limits: &Limits) -> (&'static str, String) {
     match ending {

@@ -370,7 +370,7 @@ fn register_model(ctx: &Ctx<'_>, job: &Job<'_>, o: &TrainOutput) -> Result<Strin
             let name = format!("{}+c{cycle}-{}", job.backend.base_model(), id.short(8));
             let dir = checkout_adapter(ledger, &id)?;
             ctx.backends
-                .register_adapter_dir(backend_name, &name, &dir)?;
+                .register_adapter_dir(backend_name, &name, &dir, id)?;
             name
         }
         _ => format!("{}+c{cycle}", job.base_model),
@@ -502,7 +502,7 @@ fn record_steps(st: &mut replay::Stream, cycle: u32, metrics: &[u8]) -> Result<u
 /// directory is named by the tree id) under the system's temporary
 /// directory. A checkout goes to a fresh directory renamed into place, so
 /// a crash mid-checkout never leaves a half directory under the final name.
-fn checkout_adapter(l: &ledger::Ledger, id: &Id) -> Result<std::path::PathBuf> {
+pub fn checkout_adapter(l: &ledger::Ledger, id: &Id) -> Result<std::path::PathBuf> {
     let root = std::env::temp_dir().join("mass-adapters");
     let dir = root.join(id.to_hex());
     if dir.is_dir() {
