@@ -250,6 +250,16 @@ impl InProcess {
             })
     }
 
+    /// A handle on the same session, backends and tasks (for work that
+    /// outlives `&self`).
+    fn clone_parts(&self) -> InProcess {
+        InProcess {
+            session: self.session.clone(),
+            backends: self.backends.clone(),
+            tasks: self.tasks.clone(),
+        }
+    }
+
     fn seed_matches(&self, seed: u64, what: &str) -> Result<()> {
         if seed != self.session.seed() {
             return Err(EngineError::Invalid(format!(
@@ -302,6 +312,12 @@ impl InProcess {
     /// executor elsewhere failed on every attempt).
     pub fn fail_judgment(&self, item: &JudgmentItem, detail: String) -> Result<(Id, Judgment)> {
         let task = self.task(&item.task)?;
+        let mut st = crate::exec::ledger(|| self.session.stream(&item.stream))?;
+        // The judgment's "conversation": a note saying why there was none.
+        let note = schemas::to_event(&schemas::Note {
+            text: format!("{}{detail}", crate::harness::NOT_EXECUTED),
+        })?;
+        let why = crate::exec::ledger(|| st.emit(note))?;
         let record = Judgment {
             task: task.id,
             a: item.a.event.into(),
@@ -309,15 +325,21 @@ impl InProcess {
             swapped: item.swapped,
             judge_model: item.judge.model.clone(),
             winner: "invalid".into(),
-            rationale: detail,
+            rationale: format!("{}{detail}", crate::harness::NOT_EXECUTED),
             invalid_attempts: 0,
-            conversation: schemas::Hash32([0; 32]),
+            conversation: why.into(),
         };
         let ev = schemas::to_event(&record)?.with_parents(vec![item.a.event, item.b.event]);
-        let mut st = crate::exec::ledger(|| self.session.stream(&item.stream))?;
         let id = crate::exec::ledger(|| st.emit(ev))?;
         Ok((id, record))
     }
+}
+
+/// Why the item recorded on stream `rel` was never executed, when its
+/// recording says so (its first event is the `not executed` note).
+fn recorded_not_executed(session: &Session, rel: &str) -> Result<Option<String>> {
+    let st = crate::exec::ledger(|| session.stream(rel))?;
+    Ok(st.peek_history().and_then(crate::harness::not_executed))
 }
 
 /// A work item that cannot start: its error, as work.
@@ -399,6 +421,12 @@ impl Executor for InProcess {
                 cycle: item.cycle,
                 index: item.index,
             };
+            // A rollout recorded as never executed replays as such.
+            let orch = format!("{}/orch", item.stream);
+            if let Some(why) = recorded_not_executed(&session, &orch)? {
+                let o = crate::harness::record_unrun(&session, &spec, &team, &item.rules, why);
+                return Ok(run_ref(o.await?));
+            }
             Ok(run_ref(
                 run_team(&session, &spec, &team, &item.rules).await?,
             ))
@@ -425,7 +453,11 @@ impl Executor for InProcess {
             Err(e) => return failed(e),
         };
         let session = self.session.clone();
+        let me = self.clone_parts();
         Box::pin(async move {
+            if let Some(why) = recorded_not_executed(&session, &item.stream)? {
+                return me.fail_judgment(&item, why);
+            }
             judge_pair(
                 &session,
                 &item.stream,

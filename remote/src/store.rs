@@ -413,6 +413,18 @@ fn content_version(bytes: &[u8]) -> Version {
     }
 }
 
+/// How long one store call retries a transient failure (a refused
+/// connection, a 5xx) before it fails: bounded, so the callers' own
+/// policies decide how long an unreachable store is waited for (a push
+/// fails; a coordinator waits `--store-patience`, a worker keeps trying).
+fn retry() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        max_retries: 4,
+        retry_timeout: std::time::Duration::from_secs(10),
+        ..Default::default()
+    }
+}
+
 fn build_cloud(
     url: &str,
     scheme: &object_store::ObjectStoreScheme,
@@ -421,14 +433,17 @@ fn build_cloud(
     let built: std::result::Result<Arc<dyn ObjectStore>, object_store::Error> = match scheme {
         S::AmazonS3 => object_store::aws::AmazonS3Builder::from_env()
             .with_url(url)
+            .with_retry(retry())
             .build()
             .map(|s| Arc::new(s) as _),
         S::GoogleCloudStorage => object_store::gcp::GoogleCloudStorageBuilder::from_env()
             .with_url(url)
+            .with_retry(retry())
             .build()
             .map(|s| Arc::new(s) as _),
         S::MicrosoftAzure => object_store::azure::MicrosoftAzureBuilder::from_env()
             .with_url(url)
+            .with_retry(retry())
             .build()
             .map(|s| Arc::new(s) as _),
         S::Memory => Ok(Arc::new(object_store::memory::InMemory::new())),

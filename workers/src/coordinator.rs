@@ -244,7 +244,7 @@ async fn wait(rx: tokio::sync::oneshot::Receiver<Result<WorkResult>>) -> EResult
 
 fn failure(r: &WorkResult) -> String {
     format!(
-        "not executed: failed on every attempt ({}): {}",
+        "failed on every attempt ({}): {}",
         r.attempts.len(),
         r.attempts.join("; ")
     )

@@ -228,7 +228,10 @@ impl Worker {
             lease.claim.attempt
         ));
         match self.start(&env) {
-            Ok((item, handle)) => Ok(Some(self.watch_lease(lease, env, item, handle))),
+            Ok((item, handle)) => {
+                (self.log)(&format!("item {}: started", &job[..12]));
+                Ok(Some(self.watch_lease(lease, env, item, handle)))
+            }
             Err(e) => {
                 self.stats.failed += 1;
                 lease::fail(self.store(), &lease, &e.to_string(), max)?;
@@ -285,13 +288,19 @@ impl Worker {
             Work::Rollout(r) => {
                 session.set_seed(r.seed);
                 let fut = exec.rollout(r.item());
-                rt.spawn(async move { fut.await.map(|rr| rr.event) })
+                rt.spawn(async move {
+                    test_delay().await;
+                    fut.await.map(|rr| rr.event)
+                })
             }
             Work::Judgment(j) => {
                 session.set_seed(j.seed);
                 let item_job = self.judgment_item(&item.ledger, j)?;
                 let fut = exec.judgment(item_job);
-                rt.spawn(async move { fut.await.map(|(id, _)| id) })
+                rt.spawn(async move {
+                    test_delay().await;
+                    fut.await.map(|(id, _)| id)
+                })
             }
         };
         Ok((item, handle))
@@ -402,7 +411,15 @@ impl Worker {
             let r = running.swap_remove(i);
             r.stop.store(true, Ordering::SeqCst);
             let out = engine::exec::block_on(r.handle)?;
-            self.finish(&r.lease, &r.env, &r.item, out)?;
+            if let Err(e) = self.finish(&r.lease, &r.env, &r.item, out) {
+                // Not published: the lease (no longer renewed) expires and
+                // another worker executes the item.
+                self.stats.discarded += 1;
+                (self.log)(&format!(
+                    "item {}: could not publish its result ({e}): its work is discarded and its lease left to expire",
+                    &r.lease.job[..12]
+                ));
+            }
         }
         Ok(())
     }
@@ -556,6 +573,17 @@ fn renew_loop(url: &str, ttl: Duration, lease: &mut Lease, lost: &AtomicBool, st
             }
             _ => {}
         }
+    }
+}
+
+/// Test-only: `MASS_WORKER_TEST_ITEM_DELAY_MS=N` makes every item wait N ms
+/// before it starts (an item long enough for a lease to matter).
+async fn test_delay() {
+    let ms = std::env::var("MASS_WORKER_TEST_ITEM_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(ms) = ms {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
     }
 }
 

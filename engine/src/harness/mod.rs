@@ -402,6 +402,16 @@ pub async fn run_team(
     close_run(&mut orch, &mut ws, spec, team, rules, initial, played).await
 }
 
+/// How the note that opens a rollout or judgment never executed begins.
+pub const NOT_EXECUTED: &str = "not executed: ";
+
+/// Why the rollout or judgment recorded on a stream whose first event is
+/// `first` was never executed, if it was not.
+pub fn not_executed(first: &ledger::Event) -> Option<String> {
+    let note: schemas::Note = schemas::decode_event(first).ok()?;
+    note.text.strip_prefix(NOT_EXECUTED).map(str::to_string)
+}
+
 /// Records a rollout that was never played: the task's initial workspace,
 /// its checks and guard, and a `mass.rollout` with status `failed` and
 /// `detail` (why it could not run: an executor that failed on every
@@ -415,11 +425,16 @@ pub async fn record_unrun(
     detail: String,
 ) -> Result<RunOutcome> {
     let mut orch = exec::ledger(|| session.stream(&format!("{}/orch", spec.stream)))?;
+    // First on its stream, so a replay or resume knows it was never played.
+    let note = schemas::to_event(&schemas::Note {
+        text: format!("{NOT_EXECUTED}{detail}"),
+    })?;
+    exec::ledger(|| orch.emit(note))?;
     let mut ws = LiveWorkspace::new(session, spec, rules);
     let initial = initial_snapshot(&mut orch, &mut ws, spec).await?;
     let played = Played {
         status: "failed",
-        detail,
+        detail: format!("{NOT_EXECUTED}{detail}"),
         report: String::new(),
         orchestrator: None,
         subagents: Vec::new(),
