@@ -20,6 +20,13 @@ trap 'scripts/llamacpp-server.sh stop; scripts/s3-server.sh stop' EXIT
 # secret; two writers racing on one run (~2 minutes).
 eval "$(scripts/s3-server.sh start | sed 's/^/export /')"
 cargo test --test remote_cli -- --ignored
+# Work items through the same server (`mass run --workers`, `mass worker`):
+# three workers give the in-process head; workers SIGKILLed at random
+# moments; the coordinator killed and resumed; the store down for 10 s and
+# past the coordinator's patience (exit 7, then resume); a worker cut off
+# from the store; a poison item (~6 minutes; one at a time: each test runs
+# three or four worker processes on the 2 cores).
+cargo test --test workers_cli -- --ignored --test-threads=1
 scripts/s3-server.sh stop
 MASS_LLAMACPP_URL="$(scripts/llamacpp-server.sh start)"
 export MASS_LLAMACPP_URL

@@ -26,6 +26,7 @@ pub fn settings(dir: &Path, args: &WorkersArgs) -> Result<Option<workers::Settin
         poll: Duration::from_millis(200),
         max_attempts: args.max_attempts.max(1),
         cache: Some(remote::config::cache_dir(dir)),
+        unconfined_results: false,
     }))
 }
 

@@ -166,7 +166,6 @@ pub fn fail(store: &Store, lease: &Lease, cause: &str, max_attempts: u32) -> Res
     )?;
     if lease.claim.attempt >= max_attempts {
         give_up(store, &lease.job)?;
-        return Ok(());
     }
     let mut next = lease.claim.clone();
     next.released = true;

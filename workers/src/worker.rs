@@ -85,6 +85,8 @@ pub struct Worker {
     cache: tempfile::TempDir,
     prepared: HashMap<String, Arc<Prepared>>,
     watch: Watch,
+    /// Items refused as damaged or foreign (not looked at again).
+    refused: BTreeSet<String>,
     stats: Stats,
     beat: Option<remote::Version>,
     log: Box<dyn Fn(&str) + Send>,
@@ -106,6 +108,7 @@ impl Worker {
             cache,
             prepared: HashMap::new(),
             watch: Watch::default(),
+            refused: BTreeSet::new(),
             stats: Stats::default(),
             beat: None,
             log,
@@ -165,8 +168,16 @@ impl Worker {
             if running.len() >= self.opts.slots as usize {
                 break;
             }
-            if let Some(r) = self.take(&job)? {
-                running.push(r);
+            match self.take(&job) {
+                Ok(Some(r)) => running.push(r),
+                Ok(None) => {}
+                // A damaged or foreign item is refused, once, and skipped;
+                // the store failing is the round's error (retried).
+                Err(WorkError::Format { key, detail }) => {
+                    (self.log)(&format!("refused {key}: {detail}"));
+                    self.refused.insert(job);
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(busy)
@@ -186,7 +197,7 @@ impl Worker {
             .list("work/items")?
             .iter()
             .filter_map(|k| wire::job_of(k, "work/items"))
-            .filter(|j| !done.contains(j) && !mine.contains(j))
+            .filter(|j| !done.contains(j) && !mine.contains(j) && !self.refused.contains(j))
             .collect();
         let me = self.opts.name.clone();
         open.sort_by_cached_key(|j| blake3::hash(format!("{me}/{j}").as_bytes()).to_hex());
