@@ -384,7 +384,7 @@ impl Worker {
             let done = if a.form == "params" {
                 backends.register_adapter(&a.backend, &a.model, &l.get_blob(&id)?)
             } else {
-                let dir = engine::stages::train::checkout_adapter(l, &id)?;
+                let dir = engine::backend::checkout_adapter(l, &id)?;
                 backends.register_adapter_dir(&a.backend, &a.model, &dir, id)
             };
             done.map_err(engine::error::EngineError::from)?;

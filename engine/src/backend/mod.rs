@@ -344,6 +344,34 @@ impl Backends {
     }
 }
 
+/// The adapter files of tree `id`, checked out (once per content: the
+/// directory is named by the tree id) under the system's temporary
+/// directory. A checkout goes to a fresh directory renamed into place, so
+/// a crash mid-checkout never leaves a half directory under the final name.
+pub fn checkout_adapter(l: &ledger::Ledger, id: &Id) -> crate::error::Result<std::path::PathBuf> {
+    let root = std::env::temp_dir().join("mass-adapters");
+    let dir = root.join(id.to_hex());
+    if dir.is_dir() {
+        return Ok(dir);
+    }
+    let io = |e: std::io::Error| {
+        crate::error::EngineError::io(format!("adapter checkout under {}", root.display()), e)
+    };
+    std::fs::create_dir_all(&root).map_err(io)?;
+    let partial = root.join(format!(".{}-{}", id.short(16), std::process::id()));
+    let _ = std::fs::remove_dir_all(&partial);
+    l.checkout(id, &partial)?;
+    match std::fs::rename(&partial, &dir) {
+        Ok(()) => Ok(dir),
+        // Another process put the same content in place first.
+        Err(_) if dir.is_dir() => {
+            let _ = std::fs::remove_dir_all(&partial);
+            Ok(dir)
+        }
+        Err(e) => Err(io(e)),
+    }
+}
+
 /// Builds one backend; simulated models know the tasks under `tasks`.
 fn build_at(name: &str, cfg: &BackendCfg, tasks: &Path) -> Result<Arc<dyn Backend>, BackendError> {
     Ok(match cfg {

@@ -368,7 +368,7 @@ fn register_model(ctx: &Ctx<'_>, job: &Job<'_>, o: &TrainOutput) -> Result<Strin
             let id = parse_id(tree)?;
             // Served on the backend's base weights: named after them.
             let name = format!("{}+c{cycle}-{}", job.backend.base_model(), id.short(8));
-            let dir = checkout_adapter(ledger, &id)?;
+            let dir = crate::backend::checkout_adapter(ledger, &id)?;
             ctx.backends
                 .register_adapter_dir(backend_name, &name, &dir, id)?;
             name
@@ -496,32 +496,4 @@ fn record_steps(st: &mut replay::Stream, cycle: u32, metrics: &[u8]) -> Result<u
         n += 1;
     }
     Ok(n)
-}
-
-/// The adapter files of tree `id`, checked out (once per content: the
-/// directory is named by the tree id) under the system's temporary
-/// directory. A checkout goes to a fresh directory renamed into place, so
-/// a crash mid-checkout never leaves a half directory under the final name.
-pub fn checkout_adapter(l: &ledger::Ledger, id: &Id) -> Result<std::path::PathBuf> {
-    let root = std::env::temp_dir().join("mass-adapters");
-    let dir = root.join(id.to_hex());
-    if dir.is_dir() {
-        return Ok(dir);
-    }
-    let io = |e: std::io::Error| {
-        EngineError::io(format!("adapter checkout under {}", root.display()), e)
-    };
-    std::fs::create_dir_all(&root).map_err(io)?;
-    let partial = root.join(format!(".{}-{}", id.short(16), std::process::id()));
-    let _ = std::fs::remove_dir_all(&partial);
-    l.checkout(id, &partial)?;
-    match std::fs::rename(&partial, &dir) {
-        Ok(()) => Ok(dir),
-        // Another process put the same content in place first.
-        Err(_) if dir.is_dir() => {
-            let _ = std::fs::remove_dir_all(&partial);
-            Ok(dir)
-        }
-        Err(e) => Err(io(e)),
-    }
 }
