@@ -202,9 +202,10 @@ fn run_with_workers(
     (l.clone(), mass(dir, &l, &args, env))
 }
 
-fn same_head_with_three_workers(url: &str, env: &[(String, String)]) {
+/// Returns everything the commands and workers printed.
+fn same_head_with_three_workers(url: &str, env: &[(String, String)]) -> String {
     let d = tempfile::tempdir().unwrap();
-    let _w = start_workers(url, 3, "5", env, d.path());
+    let w = start_workers(url, 3, "5", env, d.path());
     let (l, o) = run_with_workers(d.path(), url, &[], env);
     check_run(d.path(), &l, &o);
     let s = mass(Path::new("/"), &l, &["status", "--workers", url], env);
@@ -214,6 +215,8 @@ fn same_head_with_three_workers(url: &str, env: &[(String, String)]) {
     for w in ["w0", "w1", "w2"] {
         assert!(out.contains(&format!("worker {w}:")), "{out}");
     }
+    drop(w);
+    format!("{}{out}{}", text(&o), logs(d.path()))
 }
 
 /// Kills a random worker at random moments (and starts a replacement)
@@ -382,7 +385,8 @@ fn count_files(dir: &Path) -> usize {
 #[test]
 fn folder_workers_give_the_in_process_head() {
     let d = tempfile::tempdir().unwrap();
-    same_head_with_three_workers(d.path().join("store").to_str().unwrap(), &[]);
+    let printed = same_head_with_three_workers(d.path().join("store").to_str().unwrap(), &[]);
+    assert!(printed.contains("worker w0:"), "{printed}");
 }
 
 #[test]
@@ -529,7 +533,18 @@ const S3: &str = "needs the S3 server (scripts/s3-server.sh); run by scripts/tes
 fn s3_workers_give_the_in_process_head() {
     let _ = S3;
     let b = new_bucket("wk-head");
-    same_head_with_three_workers(&format!("s3://{b}/work"), &[]);
+    // A planted secret as the store's credential: on no object, in no output.
+    let secret = "mass-planted-secret-5d1e9b7c3a";
+    let env = vec![("AWS_SECRET_ACCESS_KEY".to_string(), secret.to_string())];
+    let printed = same_head_with_three_workers(&format!("s3://{b}/work"), &env);
+    assert!(!printed.contains(secret), "{printed}");
+    let found = s3_py(&format!("import boto3,os\ns=boto3.client('s3',endpoint_url=os.environ['AWS_ENDPOINT'])\nn=0\nhit=[]\nfor p in s.get_paginator('list_objects_v2').paginate(Bucket='{b}'):\n  for o in p.get('Contents',[]):\n    n+=1\n    if b'{secret}' in s.get_object(Bucket='{b}',Key=o['Key'])['Body'].read():\n      hit.append(o['Key'])\nprint(n, hit)\n"));
+    assert!(
+        found.trim().ends_with("[]"),
+        "the secret is on the store: {found}"
+    );
+    let objects: usize = found.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(objects > 100, "{found}");
 }
 
 #[test]

@@ -104,8 +104,21 @@ pub fn status(url: &str) -> Result<ExitCode> {
     }
     for (job, holder, attempt, released) in &s.claimed {
         let state = if *released { "released" } else { "claimed" };
+        // The lease's age as far as this machine can tell: the holder's
+        // last heartbeat (its clock against ours).
+        let seen = s
+            .workers
+            .iter()
+            .find(|w| w.worker == *holder)
+            .map(|w| {
+                format!(
+                    ", holder last seen {:.0}s ago",
+                    now.saturating_sub(w.at_ms) as f64 / 1000.0
+                )
+            })
+            .unwrap_or_default();
         println!(
-            "  item {} {state} by {holder}, attempt {attempt}",
+            "  item {} {state} by {holder}, attempt {attempt}{seen}",
             &job[..12]
         );
     }
