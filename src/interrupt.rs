@@ -1,5 +1,6 @@
 //! What Ctrl-C says during a run: that nothing recorded is lost and how to
-//! continue. The ledger is crash-safe (an interrupted run resumes from its
+//! continue; and, for `mass worker`, SIGINT and SIGTERM as a request to stop
+//! (its items are released to other workers). The ledger is crash-safe (an interrupted run resumes from its
 //! last durable event), so the handler only prints and then lets SIGINT do
 //! what it always does: end the process, with the usual signal status.
 
@@ -31,4 +32,23 @@ pub fn say_on_sigint(message: String) {
     unsafe {
         libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
     }
+}
+
+/// Set by SIGINT or SIGTERM once `stop_on_signals` installed its handler.
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_stop(_: libc::c_int) {
+    // An atomic store is async-signal-safe.
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Makes SIGINT and SIGTERM set the returned flag instead of ending the
+/// process (a worker then stops its items and releases them to others).
+pub fn stop_on_signals() -> &'static std::sync::atomic::AtomicBool {
+    // SAFETY: installing a handler that only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_stop as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_stop as *const () as libc::sighandler_t);
+    }
+    &STOP
 }

@@ -339,7 +339,19 @@ impl InProcess {
 /// recording says so (its first event is the `not executed` note).
 fn recorded_not_executed(session: &Session, rel: &str) -> Result<Option<String>> {
     let st = crate::exec::ledger(|| session.stream(rel))?;
-    Ok(st.peek_history().and_then(crate::harness::not_executed))
+    if let Some(first) = st.peek_history() {
+        return Ok(crate::harness::not_executed(first));
+    }
+    // A re-judge: its source run may have recorded the item as never
+    // executed (the re-judge takes the same course).
+    let Some(src) = session.source() else {
+        return Ok(None);
+    };
+    let Some(head) = src.head(session.ledger(), rel)? else {
+        return Ok(None);
+    };
+    let first = session.ledger().chain(head).last().transpose()?;
+    Ok(first.as_ref().and_then(crate::harness::not_executed))
 }
 
 /// A work item that cannot start: its error, as work.

@@ -35,7 +35,7 @@ pub use config::Remotes;
 pub use error::{RemoteError, Result};
 pub use fetch::Fetcher;
 pub use pack::PackIndex;
-pub use pull::{pull, pull_heads, pull_with, PullReport, RefChange};
+pub use pull::{pull, pull_heads, pull_with, HeadCheck, PullReport, RefChange};
 pub use push::{push, push_objects, PushReport};
 pub use refs::RunRecord;
 pub use store::{Store, Version};

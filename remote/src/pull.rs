@@ -95,19 +95,25 @@ pub fn pull_with(
             })?;
         records.push(rec);
     }
-    pull_records(ledger, remote, &records, lazy, progress)
+    pull_records(ledger, remote, &records, lazy, None, progress)
 }
+
+/// What a caller of [`pull_heads`] may refuse a head for before anything
+/// lands: the ref it would set and the event it names.
+pub type HeadCheck<'a> = &'a dyn Fn(&str, &EventEnvelope) -> std::result::Result<(), String>;
 
 /// Pulls the objects `heads` reach (ref name to head) and sets those refs
 /// here, as a pull of a run record naming them would; `label` names them
-/// in messages. How a work item's result lands in the run that asked for
-/// it, and a work item's inputs in a worker.
+/// in messages. Every head's event is shown to `check` first: a refusal
+/// stops the pull with nothing written. How a work item's result lands in
+/// the run that asked for it, and a work item's inputs in a worker.
 pub fn pull_heads(
     ledger: &Ledger,
     remote: &Remote,
     label: &str,
     heads: &BTreeMap<String, Id>,
     lazy: bool,
+    check: HeadCheck<'_>,
     progress: &dyn Progress,
 ) -> Result<PullReport> {
     remote.require_marker()?;
@@ -121,7 +127,7 @@ pub fn pull_heads(
             .collect(),
         previous: None,
     };
-    pull_records(ledger, remote, &[rec], lazy, progress)
+    pull_records(ledger, remote, &[rec], lazy, Some(check), progress)
 }
 
 fn pull_records(
@@ -129,6 +135,7 @@ fn pull_records(
     remote: &Remote,
     records: &[RunRecord],
     lazy: bool,
+    check: Option<HeadCheck<'_>>,
     progress: &dyn Progress,
 ) -> Result<PullReport> {
     let idx = remote.indexes(progress)?;
@@ -148,6 +155,9 @@ fn pull_records(
     }
     check_links(&idx, &got)?;
     let heads = merged_heads(ledger, &got, records, remote)?;
+    if let Some(check) = check {
+        check_heads(ledger, &got, &heads, check)?;
+    }
     let mut planned = Vec::new();
     for rec in records {
         planned.push((
@@ -401,6 +411,38 @@ fn check_links(idx: &Indexes, got: &HashMap<Id, Fetched>) -> Result<()> {
                 });
             }
         }
+    }
+    Ok(())
+}
+
+/// Shows every head's event to `check` (fetched, or already here).
+fn check_heads(
+    ledger: &Ledger,
+    got: &HashMap<Id, Fetched>,
+    heads: &BTreeMap<String, (Id, String)>,
+    check: HeadCheck<'_>,
+) -> Result<()> {
+    for (name, (id, by)) in heads {
+        let env = match got.get(id) {
+            Some(f) => EventEnvelope::from_bytes(id, &f.raw)?,
+            None => {
+                let ev = ledger.get_event(id)?;
+                EventEnvelope {
+                    kind: ev.kind,
+                    version: ev.version,
+                    stream: ev.stream,
+                    seq: ev.seq,
+                    prev: ev.prev.map(|p| p.0),
+                    parents: ev.parents.iter().map(|p| p.0).collect(),
+                    refs: ev.refs.iter().map(|p| p.0).collect(),
+                    payload: ev.payload,
+                }
+            }
+        };
+        check(name, &env).map_err(|detail| RemoteError::Corrupt {
+            key: by.clone(),
+            detail: format!("ref {name} would name event {}: {detail}", id.short(12)),
+        })?;
     }
     Ok(())
 }

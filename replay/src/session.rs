@@ -81,7 +81,7 @@ impl SourceRun {
     }
 
     /// The head stream `rel` of the source had (`None`: no such stream).
-    pub(crate) fn head(&self, ledger: &Ledger, rel: &str) -> Result<Option<Id>> {
+    pub fn head(&self, ledger: &Ledger, rel: &str) -> Result<Option<Id>> {
         match &self.heads {
             Some(h) => Ok(h.get(rel).copied()),
             None => Ok(ledger.head(&ref_name(&self.run, rel))?),
@@ -174,6 +174,11 @@ impl Session {
 
     pub fn mode(&self) -> &Mode {
         &self.inner.mode
+    }
+
+    /// The mixed-mode source run, if this session has one.
+    pub fn source(&self) -> Option<&SourceRun> {
+        self.inner.source.as_ref()
     }
 
     /// Sets the root seed (the driver reads it from the run's first event).

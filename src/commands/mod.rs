@@ -155,10 +155,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             let l = open_read(&dir)?;
             note_quarantine(&dir);
             let code = runs::status(&l, run.as_deref(), json)?;
-            match workers {
-                Some(url) => work::status(&url),
-                None => Ok(code),
+            if let Some(url) = workers {
+                work::status(&url)?;
             }
+            Ok(code)
         }
         Command::Export {
             what:

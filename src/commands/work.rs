@@ -20,6 +20,9 @@ pub fn settings(dir: &Path, args: &WorkersArgs) -> Result<Option<workers::Settin
             "--store-patience takes a number of seconds, 0 or more".into()
         ));
     }
+    // A location that cannot be a store is refused before the run records
+    // anything (exit 2), as `mass remote add` refuses it.
+    remote::Remote::open(url, None)?;
     Ok(Some(workers::Settings {
         url: url.clone(),
         patience: Duration::from_secs_f64(args.store_patience),
@@ -53,6 +56,7 @@ pub fn worker(
         lease: Duration::from_secs_f64(lease_secs),
         poll: Duration::from_millis(poll_ms.max(10)),
         idle_exit: idle_exit.map(Duration::from_secs_f64),
+        stop: Some(crate::interrupt::stop_on_signals()),
     };
     let shown = remote::store::scrub(url);
     eprintln!("worker {name}: {slots} slot(s) on {shown}");
@@ -121,6 +125,9 @@ pub fn status(url: &str) -> Result<ExitCode> {
             "  item {} {state} by {holder}, attempt {attempt}{seen}",
             &job[..12]
         );
+    }
+    for key in &s.unreadable {
+        println!("  unreadable: {key}");
     }
     Ok(ExitCode::SUCCESS)
 }

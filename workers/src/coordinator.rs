@@ -57,6 +57,15 @@ pub struct Settings {
 
 impl MakeExecutor for Settings {
     fn make(&self, parts: ExecutorParts) -> EResult<Arc<dyn Executor>> {
+        if let Some(src) = parts.session.source() {
+            // A re-judge takes its rollouts from its source run, effect by
+            // effect; a worker has no source run to take them from.
+            return Err(EngineError::Invalid(format!(
+                "run {} re-judges run {}: it takes its rollouts from that run, in this process; continue it without --workers",
+                parts.session.run(),
+                src.run
+            )));
+        }
         Ok(Arc::new(Workers::start(self.clone(), parts)?))
     }
 }
@@ -71,7 +80,84 @@ struct Ask {
     /// the item's stream.
     stream: String,
     kind: &'static str,
+    /// What the item's record must say.
+    expect: Expect,
     reply: tokio::sync::oneshot::Sender<Result<WorkResult>>,
+}
+
+/// What a result's record must say to be the item's: a rollout's task,
+/// purpose, cycle and index; a judgment's task, runs, order and judge.
+#[derive(Debug, Clone)]
+pub enum Expect {
+    Rollout {
+        task: String,
+        purpose: String,
+        cycle: u32,
+        index: u32,
+    },
+    Judgment {
+        task: String,
+        a: Id,
+        b: Id,
+        swapped: bool,
+        judge_model: String,
+    },
+}
+
+impl Expect {
+    fn of(work: &wire::Work) -> Result<Expect> {
+        Ok(match work {
+            wire::Work::Rollout(r) => Expect::Rollout {
+                task: r.task.clone(),
+                purpose: r.purpose.clone(),
+                cycle: r.cycle,
+                index: r.index,
+            },
+            wire::Work::Judgment(j) => Expect::Judgment {
+                task: j.task.clone(),
+                a: wire::id_of("item", &j.a)?,
+                b: wire::id_of("item", &j.b)?,
+                swapped: j.swapped,
+                judge_model: j.judge.model.clone(),
+            },
+        })
+    }
+
+    /// Whether `env`, the record a result names, is this item's.
+    fn check(&self, env: &ledger::EventEnvelope) -> std::result::Result<(), String> {
+        let same = match self {
+            Expect::Rollout {
+                task,
+                purpose,
+                cycle,
+                index,
+            } => {
+                let r: schemas::Rollout = schemas::decode(&env.kind, env.version, &env.payload)
+                    .map_err(|e| e.to_string())?;
+                r.task == *task && r.purpose == *purpose && r.cycle == *cycle && r.index == *index
+            }
+            Expect::Judgment {
+                task,
+                a,
+                b,
+                swapped,
+                judge_model,
+            } => {
+                let j: Judgment = schemas::decode(&env.kind, env.version, &env.payload)
+                    .map_err(|e| e.to_string())?;
+                j.task == *task
+                    && j.a.0 == a.0
+                    && j.b.0 == b.0
+                    && j.swapped == *swapped
+                    && j.judge_model == *judge_model
+            }
+        };
+        if same {
+            Ok(())
+        } else {
+            Err(format!("its record is not this item's (expected {self:?})"))
+        }
+    }
 }
 
 /// Work items executed by workers through the store.
@@ -171,6 +257,7 @@ impl Workers {
         }
         let stream = work.stream().to_string();
         let kind = work.kind();
+        let expect = Expect::of(&work)?;
         let env = Envelope {
             format: wire::ITEM_FORMAT.into(),
             work,
@@ -185,6 +272,7 @@ impl Workers {
             needs,
             stream,
             kind,
+            expect,
             reply,
         };
         let sent = self
@@ -246,11 +334,13 @@ async fn wait(rx: tokio::sync::oneshot::Receiver<Result<WorkResult>>) -> EResult
     }
 }
 
+/// Why the item was never executed, as recorded in the run (and hashed
+/// into it): the number of failed attempts only; which worker failed how
+/// is in the `mass.work` record, beside the steps.
 fn failure(r: &WorkResult) -> String {
     format!(
-        "failed on every attempt ({}): {}",
-        r.attempts.len(),
-        r.attempts.join("; ")
+        "failed on every attempt ({}); the causes are in the run's `workers` stream",
+        r.attempt
     )
 }
 
@@ -345,7 +435,7 @@ impl Pump {
                 Ok(a) => fresh.push(a),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) if self.waiting.is_empty() => return,
-                Err(mpsc::RecvTimeoutError::Disconnected) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(backoff),
             }
             fresh.extend(rx.try_iter());
             let step = self.publish(&mut fresh).and_then(|()| self.collect());
@@ -389,9 +479,21 @@ impl Pump {
         heads.dedup();
         remote::push_objects(&self.ledger, &self.remote, &heads, &remote::Quiet)?;
         for a in fresh.iter() {
-            self.remote
-                .store()
-                .create(&wire::item_key(&a.job), bytes::Bytes::from(a.bytes.clone()))?;
+            let key = wire::item_key(&a.job);
+            let store = self.remote.store();
+            if store.create(&key, bytes::Bytes::from(a.bytes.clone()))? {
+                continue;
+            }
+            // Published before (a resumed run): it must still be ours.
+            let held = store.get(&key)?.map(|(b, _)| b);
+            if held.as_deref() != Some(a.bytes.as_slice()) {
+                return Err(WorkError::Publish {
+                    job: a.job.clone(),
+                    detail: format!(
+                        "{key} on the store holds other bytes than this item (changed or damaged there); remove it, then `mass resume`"
+                    ),
+                });
+            }
         }
         for a in fresh.drain(..) {
             self.waiting.entry(a.job.clone()).or_default().push(a);
@@ -404,6 +506,7 @@ impl Pump {
         if self.waiting.is_empty() {
             return Ok(());
         }
+        self.refusals()?;
         let store = self.remote.store();
         let ready: Vec<String> = store
             .list("work/results")?
@@ -418,8 +521,8 @@ impl Pump {
             };
             let asks = self.waiting.remove(&job).unwrap_or_default();
             let Some(first) = asks.first() else { continue };
-            let landed = wire::parse::<WorkResult>(&key, &bytes)
-                .and_then(|r| self.land(&key, first.stream.as_str(), first.kind, r));
+            let landed =
+                wire::parse::<WorkResult>(&key, &bytes).and_then(|r| self.land(&key, first, r));
             match landed {
                 Err(e) if is_store_error(&e) => {
                     self.waiting.insert(job, asks);
@@ -431,8 +534,45 @@ impl Pump {
         Ok(())
     }
 
-    /// Checks a result and pulls its streams into the run.
-    fn land(&self, key: &str, stream: &str, kind: &str, r: WorkResult) -> Result<WorkResult> {
+    /// Waiting items a worker refused (it could not read them: changed on
+    /// the store, or a build that reads another format) end with the
+    /// worker's reason: the run stops rather than waiting for ever.
+    fn refusals(&mut self) -> Result<()> {
+        let keys = self.remote.store().list("work/refused")?;
+        for key in keys {
+            let Some(job) = key
+                .strip_prefix("work/refused/")
+                .and_then(|r| r.split('/').next())
+                .map(str::to_string)
+            else {
+                continue;
+            };
+            if !self.waiting.contains_key(&job) {
+                continue;
+            }
+            let Some((bytes, _)) = self.remote.store().get(&key)? else {
+                continue;
+            };
+            let reason = wire::parse::<wire::Refusal>(&key, &bytes)
+                .map(|r| format!("worker {} refused it: {}", r.worker, r.reason))
+                .unwrap_or_else(|e| e.to_string());
+            for a in self.waiting.remove(&job).unwrap_or_default() {
+                let _ = a.reply.send(Err(WorkError::Publish {
+                    job: job.clone(),
+                    detail: format!(
+                        "{reason}. Workers must run the same mass build as the coordinator; once fixed, remove {key} from the store and `mass resume`"
+                    ),
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks a result and pulls its streams into the run: only under the
+    /// item's stream, each head an event of the stream it is named for,
+    /// the record the item's own.
+    fn land(&self, key: &str, ask: &Ask, r: WorkResult) -> Result<WorkResult> {
+        let (stream, kind) = (ask.stream.as_str(), ask.kind);
         if r.format != wire::RESULT_FORMAT || (r.outcome != "done" && r.outcome != "failed") {
             return Err(bad(
                 key,
@@ -459,7 +599,8 @@ impl Pump {
             }
             heads.insert(replay::ref_name(&self.run, rel), wire::id_of(key, hex_id)?);
         }
-        if heads.get(&replay::ref_name(&self.run, &record_stream)) != Some(&event) {
+        let record_ref = replay::ref_name(&self.run, &record_stream);
+        if heads.get(&record_ref) != Some(&event) {
             return Err(bad(
                 key,
                 format!(
@@ -468,12 +609,25 @@ impl Pump {
                 ),
             ));
         }
+        let prefix = format!("{}/", self.run);
+        let unconfined = self.s.unconfined_results;
+        let check = |name: &str, env: &ledger::EventEnvelope| {
+            let rel = name.strip_prefix(&prefix).unwrap_or(name);
+            if env.stream != rel && !unconfined {
+                return Err(format!("that event belongs to stream {}", env.stream));
+            }
+            if name == record_ref && !unconfined {
+                ask.expect.check(env)?;
+            }
+            Ok(())
+        };
         remote::pull_heads(
             &self.ledger,
             &self.remote,
             key,
             &heads,
             false,
+            &check,
             &remote::Quiet,
         )?;
         Ok(r)
@@ -481,8 +635,8 @@ impl Pump {
 
     fn fail_all_fresh(&mut self, fresh: &mut Vec<Ask>, e: &WorkError) {
         for a in fresh.drain(..) {
-            let _ = a.reply.send(Err(WorkError::Format {
-                key: wire::item_key(&a.job),
+            let _ = a.reply.send(Err(WorkError::Publish {
+                job: a.job.clone(),
                 detail: e.to_string(),
             }));
         }
@@ -517,11 +671,11 @@ fn answer(asks: Vec<Ask>, landed: Result<WorkResult>) {
             }
         }
         Err(e) => {
-            let msg = e.to_string();
+            let detail = e.to_string();
             for a in asks {
-                let _ = a.reply.send(Err(WorkError::Format {
-                    key: wire::result_key(&a.job),
-                    detail: msg.clone(),
+                let _ = a.reply.send(Err(WorkError::Refused {
+                    job: a.job.clone(),
+                    detail: detail.clone(),
                 }));
             }
         }
@@ -537,5 +691,8 @@ fn bad(key: &str, detail: String) -> WorkError {
 
 /// A failure of the store itself (retried), not of what it holds.
 fn is_store_error(e: &WorkError) -> bool {
-    matches!(e, WorkError::Remote(remote::RemoteError::Store { .. }))
+    matches!(
+        e,
+        WorkError::Remote(remote::RemoteError::Store { .. } | remote::RemoteError::Io { .. })
+    )
 }

@@ -15,6 +15,12 @@ pub enum WorkError {
     /// An object on the store is not what its name says.
     #[error("{key} on the work store is unreadable: {detail}")]
     Format { key: String, detail: String },
+    /// A result the coordinator will not take.
+    #[error("the result of work item {job} was refused: {detail}. It stays on the store (work/results/{job}.json); remove it there, or use a new --workers location, then `mass resume` executes the item again")]
+    Refused { job: String, detail: String },
+    /// An item could not be published, or a worker refused it.
+    #[error("work item {job} could not be published or executed: {detail}")]
+    Publish { job: String, detail: String },
     /// The store did not answer for longer than the coordinator waits.
     #[error("the work store {location} has been unreachable for {secs}s (last error: {last}); everything recorded so far is kept: `mass resume` continues once it answers")]
     StoreDown {

@@ -14,6 +14,7 @@
 
 pub mod coordinator;
 pub mod error;
+pub mod execute;
 pub mod lease;
 pub mod status;
 pub mod wire;

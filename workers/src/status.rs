@@ -21,6 +21,8 @@ pub struct Summary {
     pub claimed: Vec<(String, String, u32, bool)>,
     /// Failed attempts recorded (including those later retried).
     pub attempts: usize,
+    /// Objects under `work/` this build cannot read (named, not fatal).
+    pub unreadable: Vec<String>,
 }
 
 /// Reads the work on `store`.
@@ -38,7 +40,10 @@ pub fn read(store: &Store) -> Result<Summary> {
             continue;
         };
         if let Some((bytes, _)) = store.get(&key)? {
-            let r: WorkResult = wire::parse(&key, &bytes)?;
+            let Ok(r) = wire::parse::<WorkResult>(&key, &bytes) else {
+                s.unreadable.push(key);
+                continue;
+            };
             if r.outcome == "done" {
                 s.done += 1;
             } else {
@@ -55,14 +60,19 @@ pub fn read(store: &Store) -> Result<Summary> {
             continue;
         }
         if let Some((bytes, _)) = store.get(&key)? {
-            let c: Claim = wire::parse(&key, &bytes)?;
-            s.claimed.push((job, c.worker, c.attempt, c.released));
+            match wire::parse::<Claim>(&key, &bytes) {
+                Ok(c) => s.claimed.push((job, c.worker, c.attempt, c.released)),
+                Err(_) => s.unreadable.push(key),
+            }
         }
     }
     s.attempts = store.list("work/attempts")?.len();
     for key in store.list("work/workers")? {
         if let Some((bytes, _)) = store.get(&key)? {
-            s.workers.push(wire::parse(&key, &bytes)?);
+            match wire::parse::<WorkerBeat>(&key, &bytes) {
+                Ok(w) => s.workers.push(w),
+                Err(_) => s.unreadable.push(key),
+            }
         }
     }
     Ok(s)

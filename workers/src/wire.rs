@@ -24,6 +24,7 @@ use crate::error::{Result, WorkError};
 pub const ITEM_FORMAT: &str = "mass-work-item 1";
 pub const CLAIM_FORMAT: &str = "mass-work-claim 1";
 pub const ATTEMPT_FORMAT: &str = "mass-work-attempt 1";
+pub const REFUSAL_FORMAT: &str = "mass-work-refusal 1";
 pub const RESULT_FORMAT: &str = "mass-work-result 1";
 pub const WORKER_FORMAT: &str = "mass-worker 1";
 
@@ -38,6 +39,14 @@ pub fn attempt_key(job: &str, n: u32) -> String {
 }
 pub fn result_key(job: &str) -> String {
     format!("work/results/{job}.json")
+}
+/// A worker's refusal of an item it cannot read (changed on the store, or
+/// written by another build).
+pub fn refusal_key(job: &str, worker: &str) -> String {
+    format!(
+        "work/refused/{job}/{}.json",
+        remote::refs::encode_name(worker)
+    )
 }
 pub fn worker_key(name: &str) -> String {
     format!("work/workers/{}.json", remote::refs::encode_name(name))
@@ -249,6 +258,8 @@ impl Envelope {
 pub struct Claim {
     pub format: String,
     pub worker: String,
+    /// Unique per worker process: which claim is whose, whatever the names.
+    pub nonce: String,
     pub attempt: u32,
     pub beat: u64,
     pub ttl_ms: u64,
@@ -265,6 +276,9 @@ pub struct Attempt {
     pub attempt: u32,
     pub worker: String,
     pub cause: String,
+    /// Whether it counts towards the item's failures (the item's own
+    /// failure does; an expired lease or an infrastructure failure does not).
+    pub counts: bool,
 }
 
 /// An item's result: the streams it recorded (relative name to head) and
@@ -282,6 +296,15 @@ pub struct WorkResult {
     pub event: String,
     /// Every failed attempt's line (`attempt N (WORKER): CAUSE`).
     pub attempts: Vec<String>,
+}
+
+/// Why a worker refused an item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Refusal {
+    pub format: String,
+    pub worker: String,
+    pub reason: String,
 }
 
 /// A worker's heartbeat, for `mass status`.

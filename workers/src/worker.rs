@@ -1,31 +1,28 @@
 //! `mass worker URL`: claims work items on the store, executes each exactly
-//! as the coordinator's in-process executor would (the engine's
-//! `InProcess`, the same harness, sandbox, checks and guards), pushes what
-//! it recorded and publishes a result, then takes the next.
+//! as the coordinator's in-process executor would ([`crate::execute`]),
+//! pushes what it recorded and publishes a result, then takes the next.
 //!
-//! Each item is recorded into a scratch ledger of its own, partial, whose
-//! missing objects (the task suite, trained adapters, the workspaces a
-//! judgment compares) are fetched from the store when read; it is removed
-//! once the item's result is published or discarded. Event ids carry no run
-//! name, so what a worker records has the ids the coordinator's own
-//! recording would have. A lease the worker cannot renew (another took the
-//! item, or the store is unreachable for the lease's length) stops the
-//! item and discards its work.
+//! A lease the worker cannot renew (another took the item, or the store was
+//! unreachable for the lease's length) stops the item and discards its
+//! work. An item's own failure is an attempt that counts; a failure of this
+//! machine or of a server it needs (an infrastructure failure) is recorded,
+//! does not count, and makes the worker pause before it claims again, with
+//! a growing pause. A worker told to stop (SIGINT, SIGTERM) stops its items
+//! and releases them at once, without counting.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use engine::backend::Backends;
-use engine::task::Task;
-use engine::work::{Executor, InProcess};
-use ledger::{Id, Ledger};
+use engine::error::EngineError;
+use ledger::Id;
 use remote::{Remote, Store};
 
 use crate::error::{Result, WorkError};
-use crate::lease::{self, Lease, Take, Watch};
-use crate::wire::{self, Context, Envelope, Work, WorkResult, WorkerBeat};
+use crate::execute::{self, Handle, ItemLedger, Scratch};
+use crate::lease::{self, Claimant, Lease, Take, Watch};
+use crate::wire::{self, Envelope, Refusal, WorkResult, WorkerBeat};
 
 /// How a worker runs.
 #[derive(Clone)]
@@ -41,6 +38,8 @@ pub struct Options {
     pub poll: Duration,
     /// Stop after this long with nothing to do (`None`: never).
     pub idle_exit: Option<Duration>,
+    /// Set (by a signal handler) to stop: running items are released.
+    pub stop: Option<&'static AtomicBool>,
 }
 
 /// What a worker did.
@@ -52,65 +51,66 @@ pub struct Stats {
     pub duplicates: u64,
 }
 
-/// Backends and tasks built for one context (kept while the worker runs:
-/// items of a cycle share it).
-struct Prepared {
-    _suite: engine::suite::SuiteCheckout,
-    backends: Backends,
-    tasks: Vec<Task>,
-}
-
 struct Running {
-    lease: Lease,
+    lease: Arc<Mutex<Lease>>,
+    job: String,
     env: Envelope,
     item: ItemLedger,
-    handle: tokio::task::JoinHandle<engine::error::Result<Id>>,
+    handle: Handle,
     lost: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
 }
 
-/// An item's scratch ledger (removed with it).
-struct ItemLedger {
-    _dir: tempfile::TempDir,
-    ledger: Arc<Ledger>,
+impl Running {
+    fn lease(&self) -> Lease {
+        self.lease.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
-/// The run name a worker records an item under (any name gives the same
-/// ids: envelopes carry stream names relative to their run).
-const RUN: &str = "work";
+/// The longest pause after infrastructure failures.
+const MAX_PAUSE: Duration = Duration::from_secs(60);
 
 pub struct Worker {
     opts: Options,
+    me: Claimant,
     remote: Remote,
-    cache: tempfile::TempDir,
-    prepared: HashMap<String, Arc<Prepared>>,
+    scratch: Scratch,
     watch: Watch,
     /// Items refused as damaged or foreign (not looked at again).
     refused: BTreeSet<String>,
     stats: Stats,
     beat: Option<remote::Version>,
+    /// No claims before this (after an infrastructure failure), and the
+    /// next pause.
+    paused_until: Option<Instant>,
+    pause: Duration,
     log: Box<dyn Fn(&str) + Send>,
 }
 
 impl Worker {
     pub fn new(opts: Options, log: Box<dyn Fn(&str) + Send>) -> Result<Worker> {
-        let cache = tempfile::Builder::new()
-            .prefix("mass-worker-")
-            .tempdir()
-            .map_err(|e| io("cannot make the worker's cache directory", e))?;
-        let remote = Remote::open(&opts.url, Some(cache.path()))?;
+        let scratch = Scratch::new()?;
+        let remote = Remote::open(&opts.url, Some(&scratch.index_cache()))?;
         // The store is a remote like any (packs, indexes): marked as one by
         // whoever comes first, coordinator or worker.
         remote.ensure_marker()?;
+        let me = Claimant {
+            name: opts.name.clone(),
+            nonce: nonce(),
+            ttl: opts.lease,
+            max_attempts: 1,
+        };
         Ok(Worker {
             opts,
+            me,
             remote,
-            cache,
-            prepared: HashMap::new(),
+            scratch,
             watch: Watch::default(),
             refused: BTreeSet::new(),
             stats: Stats::default(),
             beat: None,
+            paused_until: None,
+            pause: Duration::from_secs(1),
             log,
         })
     }
@@ -119,13 +119,25 @@ impl Worker {
         self.remote.store()
     }
 
-    /// Claims and executes items until idle for `idle_exit` (or forever).
+    fn paused(&self) -> bool {
+        self.paused_until.is_some_and(|t| Instant::now() < t)
+    }
+
+    fn stopping(&self) -> bool {
+        self.opts.stop.is_some_and(|s| s.load(Ordering::SeqCst))
+    }
+
+    /// Claims and executes items until idle for `idle_exit`, or stopped.
     pub fn run(&mut self) -> Result<Stats> {
         let mut running: Vec<Running> = Vec::new();
         let mut idle_since = Instant::now();
         let mut backoff = self.opts.poll;
         let mut last_beat = Instant::now() - Duration::from_secs(60);
         loop {
+            if self.stopping() {
+                self.release_all(running);
+                return Ok(self.stats.clone());
+            }
             match self.round(&mut running, &mut last_beat) {
                 Ok(busy) => {
                     backoff = self.opts.poll;
@@ -150,6 +162,18 @@ impl Worker {
         }
     }
 
+    /// Stops every running item and lets it go to another worker.
+    fn release_all(&mut self, running: Vec<Running>) {
+        for r in running {
+            r.handle.abort();
+            r.stop.store(true, Ordering::SeqCst);
+            let l = r.lease();
+            let cause = "the worker was stopped (SIGINT or SIGTERM)";
+            let _ = lease::fail(self.store(), &l, cause, false, 1);
+            (self.log)(&format!("item {}: stopped and released", short(&r.job)));
+        }
+    }
+
     /// One look at the store: finished items published, new ones claimed.
     fn round(&mut self, running: &mut Vec<Running>, last_beat: &mut Instant) -> Result<bool> {
         self.reap(running)?;
@@ -157,15 +181,15 @@ impl Worker {
             self.heartbeat(running)?;
             *last_beat = Instant::now();
         }
-        let free = self.opts.slots as usize - running.len().min(self.opts.slots as usize);
-        if free == 0 {
+        let slots = self.opts.slots as usize;
+        if running.len() >= slots || self.paused() {
             return Ok(true);
         }
-        let mine: BTreeSet<String> = running.iter().map(|r| r.lease.job.clone()).collect();
+        let mine: BTreeSet<String> = running.iter().map(|r| r.job.clone()).collect();
         let open = self.open_items(&mine)?;
         let busy = !open.is_empty();
         for job in open {
-            if running.len() >= self.opts.slots as usize {
+            if running.len() >= slots || self.paused() {
                 break;
             }
             match self.take(&job) {
@@ -173,25 +197,38 @@ impl Worker {
                 Ok(None) => {}
                 // A damaged or foreign item is refused, once, and skipped;
                 // the store failing is the round's error (retried).
-                Err(WorkError::Format { key, detail }) => {
-                    (self.log)(&format!("refused {key}: {detail}"));
-                    self.refused.insert(job);
-                }
+                Err(WorkError::Format { key, detail }) => self.refuse(&job, &key, &detail)?,
                 Err(e) => return Err(e),
             }
         }
         Ok(busy)
     }
 
+    /// Says on the store why this worker cannot read item `job` (the
+    /// coordinator stops on it and says what to do).
+    fn refuse(&mut self, job: &str, key: &str, detail: &str) -> Result<()> {
+        (self.log)(&format!("refused {key}: {detail}"));
+        let r = Refusal {
+            format: wire::REFUSAL_FORMAT.into(),
+            worker: self.opts.name.clone(),
+            reason: format!("{key}: {detail}"),
+        };
+        self.store()
+            .create(&wire::refusal_key(job, &self.opts.name), wire::to_bytes(&r))?;
+        self.refused.insert(job.to_string());
+        Ok(())
+    }
+
     /// Items without a result that this worker is not running, in an
     /// order of this worker's own (so workers start on different items).
-    fn open_items(&self, mine: &BTreeSet<String>) -> Result<Vec<String>> {
+    fn open_items(&mut self, mine: &BTreeSet<String>) -> Result<Vec<String>> {
         let done: BTreeSet<String> = self
             .store()
             .list("work/results")?
             .iter()
             .filter_map(|k| wire::job_of(k, "work/results"))
             .collect();
+        self.watch.retain(|j| !done.contains(j));
         let mut open: Vec<String> = self
             .store()
             .list("work/items")?
@@ -210,46 +247,56 @@ impl Worker {
             Some((bytes, _)) => Envelope::decode(job, &bytes)?,
             None => return Ok(None),
         };
-        let max = env.max_attempts.max(1);
-        let lease = match lease::try_claim(
-            self.remote.store(),
-            job,
-            &self.opts.name,
-            self.opts.lease,
-            max,
-            &mut self.watch,
-        )? {
+        let me = Claimant {
+            max_attempts: env.max_attempts.max(1),
+            ..self.me.clone()
+        };
+        let lease = match lease::try_claim(self.remote.store(), job, &me, &mut self.watch)? {
             Take::Mine(l) => l,
             Take::Busy => return Ok(None),
             Take::Given(lines) => {
                 (self.log)(&format!(
-                    "item {} ({}) given up after {} failed attempt(s)",
-                    &job[..12],
+                    "item {} ({}) given up: {}",
+                    short(job),
                     env.work.stream(),
-                    lines.len()
+                    lines.join("; ")
                 ));
                 return Ok(None);
             }
         };
         (self.log)(&format!(
             "item {} ({} {}), attempt {}",
-            &job[..12],
+            short(job),
             env.work.kind(),
             env.work.stream(),
             lease.claim.attempt
         ));
-        match self.start(&env) {
+        match self.scratch.start(&self.remote, &self.opts.url, &env) {
             Ok((item, handle)) => {
-                (self.log)(&format!("item {}: started", &job[..12]));
+                (self.log)(&format!("item {}: started", short(job)));
                 Ok(Some(self.watch_lease(lease, env, item, handle)))
             }
             Err(e) => {
-                self.stats.failed += 1;
-                lease::fail(self.store(), &lease, &e.to_string(), max)?;
-                (self.log)(&format!("item {}: could not start: {e}", &job[..12]));
+                // This machine could not set the item up: not the item's fault.
+                let cause = format!("could not start on this worker: {e}");
+                self.infrastructure(&lease, &cause)?;
                 Ok(None)
             }
         }
+    }
+
+    /// Records a failure that is not the item's, releases the item and
+    /// pauses this worker.
+    fn infrastructure(&mut self, lease: &Lease, cause: &str) -> Result<()> {
+        self.stats.failed += 1;
+        (self.log)(&format!(
+            "item {}: {cause}; released, not counted; pausing {} s before claiming again",
+            short(&lease.job),
+            self.pause.as_secs()
+        ));
+        self.paused_until = Some(Instant::now() + self.pause);
+        self.pause = (self.pause * 2).min(MAX_PAUSE);
+        lease::fail(self.store(), lease, cause, false, 1)
     }
 
     /// Starts the lease's renewals beside the running item.
@@ -258,144 +305,24 @@ impl Worker {
         lease: Lease,
         env: Envelope,
         item: ItemLedger,
-        handle: tokio::task::JoinHandle<engine::error::Result<Id>>,
+        handle: Handle,
     ) -> Running {
         let lost = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
+        let job = lease.job.clone();
+        let lease = Arc::new(Mutex::new(lease));
         let (url, ttl) = (self.opts.url.clone(), self.opts.lease);
-        let (mut held, l, s) = (lease.clone(), lost.clone(), stop.clone());
-        std::thread::spawn(move || renew_loop(&url, ttl, &mut held, &l, &s));
+        let (held, l, s) = (lease.clone(), lost.clone(), stop.clone());
+        std::thread::spawn(move || renew_loop(&url, ttl, &held, &l, &s));
         Running {
             lease,
+            job,
             env,
             item,
             handle,
             lost,
             stop,
         }
-    }
-
-    /// Builds what `env` needs and spawns its execution.
-    #[allow(clippy::type_complexity)]
-    fn start(
-        &mut self,
-        env: &Envelope,
-    ) -> Result<(
-        ItemLedger,
-        tokio::task::JoinHandle<engine::error::Result<Id>>,
-    )> {
-        test_poison(env)?;
-        let prepared = self.prepare(&env.context)?;
-        let item = self.item_ledger()?;
-        let session = replay::Session::new(item.ledger.clone(), RUN, replay::Mode::Live)
-            .map_err(engine::error::EngineError::from)?;
-        let exec = InProcess::new(
-            session.clone(),
-            prepared.backends.clone(),
-            prepared.tasks.clone(),
-        );
-        let rt = engine::exec::runtime()?;
-        let handle = match &env.work {
-            Work::Rollout(r) => {
-                session.set_seed(r.seed);
-                let fut = exec.rollout(r.item());
-                rt.spawn(async move {
-                    test_delay().await;
-                    fut.await.map(|rr| rr.event)
-                })
-            }
-            Work::Judgment(j) => {
-                session.set_seed(j.seed);
-                let item_job = self.judgment_item(&item.ledger, j)?;
-                let fut = exec.judgment(item_job);
-                rt.spawn(async move {
-                    test_delay().await;
-                    fut.await.map(|(id, _)| id)
-                })
-            }
-        };
-        Ok((item, handle))
-    }
-
-    /// The judgment item, with the two runs pulled (their events; the
-    /// workspaces come when read).
-    fn judgment_item(
-        &self,
-        ledger: &Ledger,
-        j: &wire::JudgmentWire,
-    ) -> Result<engine::work::JudgmentItem> {
-        let (a, b) = (wire::id_of("item", &j.a)?, wire::id_of("item", &j.b)?);
-        let heads = BTreeMap::from([("inputs/a".to_string(), a), ("inputs/b".to_string(), b)]);
-        remote::pull_heads(
-            ledger,
-            &self.remote,
-            "work item",
-            &heads,
-            true,
-            &remote::Quiet,
-        )?;
-        Ok(engine::work::JudgmentItem {
-            task: j.task.clone(),
-            stream: j.stream.clone(),
-            a: engine::work::run_ref_of(ledger, a)?,
-            b: engine::work::run_ref_of(ledger, b)?,
-            swapped: j.swapped,
-            judge: j.judge.clone(),
-            max_retries: j.max_retries,
-            sampling: j.sampling.clone(),
-            seed: j.seed,
-            shown: j.shown,
-        })
-    }
-
-    fn item_ledger(&self) -> Result<ItemLedger> {
-        let dir = tempfile::Builder::new()
-            .prefix("mass-work-item-")
-            .tempdir()
-            .map_err(|e| io("cannot make an item's scratch ledger", e))?;
-        let ledger = Ledger::init(dir.path())?;
-        ledger.set_promisor(Arc::new(remote::Fetcher::new(
-            &self.opts.url,
-            Some(self.cache.path().to_path_buf()),
-        )));
-        Ok(ItemLedger {
-            _dir: dir,
-            ledger: Arc::new(ledger),
-        })
-    }
-
-    /// The backends and tasks of `ctx`, built once.
-    fn prepare(&mut self, ctx: &Context) -> Result<Arc<Prepared>> {
-        let key = blake3::hash(&serde_json::to_vec(ctx).unwrap_or_default())
-            .to_hex()
-            .to_string();
-        if let Some(p) = self.prepared.get(&key) {
-            return Ok(p.clone());
-        }
-        let scratch = self.item_ledger()?;
-        let l = &scratch.ledger;
-        let suite = engine::suite::checkout(l, wire::id_of("context", &ctx.suite)?, RUN)?;
-        let tasks =
-            engine::task::load_suite(suite.path()).map_err(engine::error::EngineError::from)?;
-        let backends = Backends::build(&ctx.backends, suite.path())
-            .map_err(|e| engine::error::EngineError::Invalid(e.to_string()))?;
-        for a in &ctx.adapters {
-            let id = wire::id_of("context", &a.id)?;
-            let done = if a.form == "params" {
-                backends.register_adapter(&a.backend, &a.model, &l.get_blob(&id)?)
-            } else {
-                let dir = engine::backend::checkout_adapter(l, &id)?;
-                backends.register_adapter_dir(&a.backend, &a.model, &dir, id)
-            };
-            done.map_err(engine::error::EngineError::from)?;
-        }
-        let p = Arc::new(Prepared {
-            _suite: suite,
-            backends,
-            tasks,
-        });
-        self.prepared.insert(key, p.clone());
-        Ok(p)
     }
 
     /// Publishes finished items; discards those whose lease was lost.
@@ -410,7 +337,7 @@ impl Worker {
                 self.stats.discarded += 1;
                 (self.log)(&format!(
                     "item {}: lease lost (another worker has it, or the store was unreachable for {} ms): stopped, its work discarded",
-                    &r.lease.job[..12],
+                    short(&r.job),
                     self.opts.lease.as_millis()
                 ));
                 continue;
@@ -422,13 +349,14 @@ impl Worker {
             let r = running.swap_remove(i);
             r.stop.store(true, Ordering::SeqCst);
             let out = engine::exec::block_on(r.handle)?;
-            if let Err(e) = self.finish(&r.lease, &r.env, &r.item, out) {
+            let lease = r.lease.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if let Err(e) = self.finish(&lease, &r.env, &r.item, out) {
                 // Not published: the lease (no longer renewed) expires and
                 // another worker executes the item.
                 self.stats.discarded += 1;
                 (self.log)(&format!(
                     "item {}: could not publish its result ({e}): its work is discarded and its lease left to expire",
-                    &r.lease.job[..12]
+                    short(&r.job)
                 ));
             }
         }
@@ -444,13 +372,15 @@ impl Worker {
         item: &ItemLedger,
         out: std::result::Result<engine::error::Result<Id>, tokio::task::JoinError>,
     ) -> Result<()> {
-        let job = &lease.job;
         let event = match out {
             Ok(Ok(ev)) => ev,
+            Ok(Err(e @ EngineError::Infrastructure { .. })) => {
+                return self.infrastructure(lease, &e.to_string())
+            }
             Ok(Err(e)) => return self.failed(lease, env, &e.to_string()),
             Err(e) => return self.failed(lease, env, &format!("the item's task ended: {e}")),
         };
-        let heads = recorded_heads(&item.ledger)?;
+        let heads = execute::recorded_heads(&item.ledger)?;
         let ids: Vec<Id> = heads.values().copied().collect();
         remote::push_objects(&item.ledger, &self.remote, &ids, &remote::Quiet)?;
         let result = WorkResult {
@@ -460,19 +390,27 @@ impl Worker {
             outcome: "done".into(),
             heads: heads.iter().map(|(k, v)| (k.clone(), v.to_hex())).collect(),
             event: event.to_hex(),
-            attempts: lease::attempts(self.store(), job)?,
+            attempts: lease::attempts(self.store(), &lease.job)?
+                .iter()
+                .map(lease::line)
+                .collect(),
         };
+        self.publish(&lease.job, &result)
+    }
+
+    fn publish(&mut self, job: &str, result: &WorkResult) -> Result<()> {
         if self
             .store()
-            .create(&wire::result_key(job), wire::to_bytes(&result))?
+            .create(&wire::result_key(job), wire::to_bytes(result))?
         {
             self.stats.done += 1;
-            (self.log)(&format!("item {}: done", &job[..12]));
+            self.pause = Duration::from_secs(1);
+            (self.log)(&format!("item {}: done", short(job)));
         } else {
             self.stats.duplicates += 1;
             (self.log)(&format!(
                 "item {}: a result was already published (executed twice: a worker thought dead finished); this execution's is discarded",
-                &job[..12]
+                short(job)
             ));
         }
         Ok(())
@@ -482,11 +420,11 @@ impl Worker {
         self.stats.failed += 1;
         (self.log)(&format!(
             "item {} ({}): attempt {} failed: {cause}",
-            &lease.job[..12],
+            short(&lease.job),
             env.work.stream(),
             lease.claim.attempt
         ));
-        lease::fail(self.store(), lease, cause, env.max_attempts.max(1))
+        lease::fail(self.store(), lease, cause, true, env.max_attempts.max(1))
     }
 
     fn heartbeat(&mut self, running: &[Running]) -> Result<()> {
@@ -495,7 +433,7 @@ impl Worker {
             worker: self.opts.name.clone(),
             slots: self.opts.slots,
             at_ms: wire::now_ms(),
-            running: running.iter().map(|r| r.lease.job.clone()).collect(),
+            running: running.iter().map(|r| r.job.clone()).collect(),
             done: self.stats.done,
             failed: self.stats.failed,
             duplicates: self.stats.duplicates,
@@ -520,6 +458,12 @@ impl Worker {
 /// discarded). What a worker thought dead does when it finishes after all;
 /// tests use it to execute an item twice.
 pub fn execute_unclaimed(opts: Options, job: &str) -> Result<bool> {
+    if wire::job_of(&wire::result_key(job), "work/results").is_none() {
+        return Err(WorkError::Format {
+            key: job.to_string(),
+            detail: "not an item's name (64 hex digits)".into(),
+        });
+    }
     let mut w = Worker::new(opts, Box::new(|_| {}))?;
     let env = match w.store().get(&wire::item_key(job))? {
         Some((bytes, _)) => Envelope::decode(job, &bytes)?,
@@ -530,13 +474,14 @@ pub fn execute_unclaimed(opts: Options, job: &str) -> Result<bool> {
             })
         }
     };
-    let (item, handle) = w.start(&env)?;
+    let (item, handle) = w.scratch.start(&w.remote, &w.opts.url, &env)?;
     let out = engine::exec::block_on(handle)?;
     let lease = Lease {
         job: job.to_string(),
         claim: wire::Claim {
             format: wire::CLAIM_FORMAT.into(),
             worker: w.opts.name.clone(),
+            nonce: w.me.nonce.clone(),
             attempt: 0,
             beat: 0,
             ttl_ms: 0,
@@ -549,19 +494,15 @@ pub fn execute_unclaimed(opts: Options, job: &str) -> Result<bool> {
     Ok(w.stats.done > before)
 }
 
-/// Every stream the item recorded (relative name to head).
-fn recorded_heads(ledger: &Ledger) -> Result<BTreeMap<String, Id>> {
-    let prefix = format!("{RUN}/");
-    Ok(ledger
-        .refs()?
-        .into_iter()
-        .filter_map(|(n, id)| n.strip_prefix(&prefix).map(|r| (r.to_string(), id)))
-        .collect())
-}
-
-/// Renews `lease` every third of `ttl` until `stop`; sets `lost` when it
+/// Renews the lease every third of `ttl` until `stop`; sets `lost` when it
 /// cannot (moved by another worker, or no successful renewal for `ttl`).
-fn renew_loop(url: &str, ttl: Duration, lease: &mut Lease, lost: &AtomicBool, stop: &AtomicBool) {
+fn renew_loop(
+    url: &str,
+    ttl: Duration,
+    lease: &Mutex<Lease>,
+    lost: &AtomicBool,
+    stop: &AtomicBool,
+) {
     let store = Store::open(url).ok();
     let mut last_ok = Instant::now();
     while !stop.load(Ordering::SeqCst) {
@@ -572,7 +513,8 @@ fn renew_loop(url: &str, ttl: Duration, lease: &mut Lease, lost: &AtomicBool, st
         if last_ok.elapsed() < ttl / 3 {
             continue;
         }
-        match store.as_ref().map(|s| lease::renew(s, lease)) {
+        let mut held = lease.lock().unwrap_or_else(|p| p.into_inner());
+        match store.as_ref().map(|s| lease::renew(s, &mut held)) {
             Some(Ok(true)) => last_ok = Instant::now(),
             Some(Ok(false)) => {
                 lost.store(true, Ordering::SeqCst);
@@ -587,38 +529,20 @@ fn renew_loop(url: &str, ttl: Duration, lease: &mut Lease, lost: &AtomicBool, st
     }
 }
 
-/// Test-only: `MASS_WORKER_TEST_ITEM_DELAY_MS=N` makes every item wait N ms
-/// before it starts (an item long enough for a lease to matter).
-async fn test_delay() {
-    let ms = std::env::var("MASS_WORKER_TEST_ITEM_DELAY_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok());
-    if let Some(ms) = ms {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
+/// A process-unique nonce for claims.
+fn nonce() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    format!("{:016x}", h.finish())
 }
 
-/// Test-only: `MASS_WORKER_TEST_FAIL_TASK=ID` makes every item of task ID
-/// fail on this worker (a poison item: one that fails wherever it runs).
-fn test_poison(env: &Envelope) -> Result<()> {
-    let Ok(task) = std::env::var("MASS_WORKER_TEST_FAIL_TASK") else {
-        return Ok(());
-    };
-    let named = match &env.work {
-        Work::Rollout(r) => r.task == task,
-        Work::Judgment(j) => j.task == task,
-    };
-    if named {
-        return Err(WorkError::Engine(engine::error::EngineError::Invalid(
-            format!("task {task} fails on this worker (MASS_WORKER_TEST_FAIL_TASK)"),
-        )));
-    }
-    Ok(())
-}
-
-fn io(context: &str, source: std::io::Error) -> WorkError {
-    WorkError::Io {
-        context: context.into(),
-        source,
-    }
+fn short(job: &str) -> &str {
+    job.get(..12).unwrap_or(job)
 }

@@ -49,6 +49,7 @@ fn options(url: &str, name: &str) -> Options {
         lease: Duration::from_secs(10),
         poll: Duration::from_millis(50),
         idle_exit: Some(Duration::from_secs(3)),
+        stop: None,
     }
 }
 
@@ -82,36 +83,45 @@ fn jobs(store: &Path, dir: &str) -> Vec<String> {
     v
 }
 
-/// An item executed a second time after its result was published (a
-/// worker thought dead that finishes after all): the second result is
-/// discarded, the first stays byte for byte, and the run's head is the
-/// same as without the second execution.
+/// Every item executed twice before the coordinator collects it (a worker
+/// thought dead that finishes after all, for every item): the second
+/// result is discarded and the first stays byte for byte, and the run's
+/// head is the in-process head.
 #[test]
-fn an_item_executed_twice_yields_one_result() {
+fn every_item_executed_twice_keeps_one_result_and_the_in_process_head() {
     let d = tempfile::tempdir().unwrap();
     let store = d.path().join("store");
     let url = store.to_str().unwrap().to_string();
-    let ws: Vec<_> = (0..2)
-        .map(|i| {
-            let o = options(&url, &format!("w{i}"));
-            std::thread::spawn(move || Worker::new(o, Box::new(|_| {})).unwrap().run().unwrap())
+    let stop = Arc::new(AtomicBool::new(false));
+    let twice = {
+        let (url, store, stop) = (url.clone(), store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut seen = std::collections::BTreeSet::new();
+            let mut duplicates = 0;
+            while !stop.load(Ordering::SeqCst) {
+                for job in jobs(&store, "work/items") {
+                    if !seen.insert(job.clone()) {
+                        continue;
+                    }
+                    let exec = |n: &str| {
+                        workers::worker::execute_unclaimed(options(&url, n), &job).unwrap()
+                    };
+                    assert!(exec("first"), "the first execution of {job} must publish");
+                    let before = std::fs::read(store.join(wire::result_key(&job))).unwrap();
+                    assert!(!exec("second"), "a second result was published for {job}");
+                    let after = std::fs::read(store.join(wire::result_key(&job))).unwrap();
+                    assert_eq!(before, after, "the first result changed");
+                    duplicates += 1;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            duplicates
         })
-        .collect();
+    };
     let first = run(&d.path().join("coord"), &settings(&url)).unwrap();
-    let done: u64 = ws.into_iter().map(|w| w.join().unwrap().done).sum();
-    let results = jobs(&store, "work/results");
-    assert_eq!(done as usize, results.len());
-    for job in results.iter().take(3) {
-        let key = store.join(wire::result_key(job));
-        let before = std::fs::read(&key).unwrap();
-        let published = workers::worker::execute_unclaimed(options(&url, "late"), job).unwrap();
-        assert!(!published, "a second result was published for {job}");
-        assert_eq!(
-            std::fs::read(&key).unwrap(),
-            before,
-            "the first result changed"
-        );
-    }
+    stop.store(true, Ordering::SeqCst);
+    let duplicates = twice.join().unwrap();
+    assert_eq!(duplicates, jobs(&store, "work/results").len());
     // The same experiment in process: the same head.
     let l = Arc::new(Ledger::init(&d.path().join("inproc")).unwrap());
     let inproc = engine::driver::drive(
@@ -276,7 +286,86 @@ fn an_item_changed_on_the_store_is_refused() {
         !store.join(wire::claim_key(&job)).exists(),
         "a refused item was claimed"
     );
-    // The coordinator waits for results no worker will give; it is left
-    // behind (the test process ends it).
-    drop(coord);
+    // The coordinator stops on the refusal, saying what to do.
+    let err = coord
+        .join()
+        .unwrap()
+        .expect_err("a refused item cannot finish the run")
+        .to_string();
+    assert!(
+        err.contains("refused it") && err.contains("same mass build"),
+        "{err}"
+    );
+}
+
+/// Regression (a result handing the coordinator another item's record):
+/// the forger executes one item honestly, then publishes for every other
+/// item a result naming that record under the other item's stream. The
+/// coordinator refuses it (the event belongs to another stream) and no
+/// ref of the run names it under a wrong stream.
+#[test]
+fn a_result_naming_another_items_record_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("store");
+    let url = store.to_str().unwrap().to_string();
+    let stop = Arc::new(AtomicBool::new(false));
+    let forger = {
+        let (url, store, stop) = (url.clone(), store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut honest: Option<(String, WorkResult)> = None;
+            let mut forged = 0;
+            let mut seen = std::collections::BTreeSet::new();
+            while !stop.load(Ordering::SeqCst) {
+                for job in jobs(&store, "work/items") {
+                    if !seen.insert(job.clone()) {
+                        continue;
+                    }
+                    let Some((_, real)) = &honest else {
+                        workers::worker::execute_unclaimed(options(&url, "honest"), &job).unwrap();
+                        let b = std::fs::read(store.join(wire::result_key(&job))).unwrap();
+                        honest = Some((job.clone(), wire::parse("r", &b).unwrap()));
+                        continue;
+                    };
+                    let env = Envelope::decode(
+                        &job,
+                        &std::fs::read(store.join(wire::item_key(&job))).unwrap(),
+                    )
+                    .unwrap();
+                    let r = WorkResult {
+                        heads: [(format!("{}/orch", env.work.stream()), real.event.clone())]
+                            .into_iter()
+                            .collect(),
+                        worker: "forger".into(),
+                        ..real.clone()
+                    };
+                    let s = remote::Store::open(store.to_str().unwrap()).unwrap();
+                    assert!(s
+                        .create(&wire::result_key(&job), wire::to_bytes(&r))
+                        .unwrap());
+                    forged += 1;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            forged
+        })
+    };
+    let l = d.path().join("coord");
+    let out = run(&l, &settings(&url));
+    stop.store(true, Ordering::SeqCst);
+    assert!(forger.join().unwrap() > 0, "nothing was forged");
+    let err = out
+        .expect_err("a forged result cannot finish the run")
+        .to_string();
+    assert!(err.contains("that event belongs to stream"), "{err}");
+    // Every rollout ref of the run names an event of its own stream.
+    let ledger = Ledger::open(&l).unwrap();
+    for (name, head) in ledger.refs().unwrap() {
+        let Some(rel) = name.strip_prefix("smoke/") else {
+            continue;
+        };
+        if rel == workers::WORKERS_STREAM {
+            continue;
+        }
+        assert_eq!(ledger.get_event(&head).unwrap().stream, rel, "ref {name}");
+    }
 }
