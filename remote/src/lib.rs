@@ -154,6 +154,11 @@ impl Remote {
             .take(3)
             .collect();
         if !other.is_empty() {
+            // Another process may have marked it since we looked (two
+            // workers starting at once on an empty location).
+            if self.store.get(MARKER_KEY)?.is_some() {
+                return self.require_marker();
+            }
             return Err(RemoteError::NotARemote {
                 location: self.location().to_string(),
                 hint: format!(
