@@ -454,11 +454,10 @@ fn s3_count(bucket: &str, prefix: &str) -> usize {
 }
 
 /// A TCP forwarder to the S3 server that can be taken down (new
-/// connections refused by closing them at once, open ones cut).
+/// connections closed at once, open ones cut within 100 ms).
 struct Forwarder {
     port: u16,
     down: Arc<AtomicBool>,
-    open: Arc<Mutex<Vec<TcpStream>>>,
 }
 
 impl Forwarder {
@@ -468,8 +467,7 @@ impl Forwarder {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let down = Arc::new(AtomicBool::new(false));
-        let open = Arc::new(Mutex::new(Vec::new()));
-        let (d, o) = (down.clone(), open.clone());
+        let d = down.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(client) = conn else { continue };
@@ -480,16 +478,14 @@ impl Forwarder {
                 let Ok(server) = TcpStream::connect(&upstream) else {
                     continue;
                 };
-                {
-                    let mut g = o.lock().unwrap();
-                    g.push(client.try_clone().unwrap());
-                    g.push(server.try_clone().unwrap());
-                }
-                pipe(client.try_clone().unwrap(), server.try_clone().unwrap());
-                pipe(server, client);
+                let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
+                    continue;
+                };
+                pipe(client, s2, d.clone());
+                pipe(server, c2, d.clone());
             }
         });
-        Forwarder { port, down, open }
+        Forwarder { port, down }
     }
 
     fn env(&self) -> Vec<(String, String)> {
@@ -501,25 +497,32 @@ impl Forwarder {
 
     fn set_down(&self, down: bool) {
         self.down.store(down, Ordering::SeqCst);
-        if down {
-            for s in self.open.lock().unwrap().drain(..) {
-                let _ = s.shutdown(Shutdown::Both);
-            }
-        }
     }
 }
 
-fn pipe(mut from: TcpStream, mut to: TcpStream) {
+/// Copies `from` to `to` until either ends or the forwarder goes down
+/// (then both are cut); the thread's sockets close with it.
+fn pipe(mut from: TcpStream, mut to: TcpStream, down: Arc<AtomicBool>) {
     std::thread::spawn(move || {
+        let _ = from.set_read_timeout(Some(Duration::from_millis(100)));
         let mut buf = [0u8; 16384];
         loop {
+            if down.load(Ordering::SeqCst) {
+                let _ = from.shutdown(Shutdown::Both);
+                let _ = to.shutdown(Shutdown::Both);
+                return;
+            }
             match from.read(&mut buf) {
-                Ok(0) | Err(_) => break,
+                Ok(0) => break,
                 Ok(n) => {
                     if to.write_all(&buf[..n]).is_err() {
                         break;
                     }
                 }
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => break,
             }
         }
         let _ = to.shutdown(Shutdown::Write);
