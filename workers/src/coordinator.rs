@@ -413,6 +413,8 @@ struct Pump {
     s: Settings,
     waiting: HashMap<String, Vec<Ask>>,
     down_since: Option<(Instant, String)>,
+    /// When `work/refused` was last listed.
+    refusals_seen: Instant,
 }
 
 impl Pump {
@@ -424,6 +426,7 @@ impl Pump {
             s,
             waiting: HashMap::new(),
             down_since: None,
+            refusals_seen: Instant::now() - Duration::from_secs(60),
         }
     }
 
@@ -506,7 +509,12 @@ impl Pump {
         if self.waiting.is_empty() {
             return Ok(());
         }
-        self.refusals()?;
+        // Refusals are rare (another build, a damaged item): looked for
+        // every 2 s, not on every poll.
+        if self.refusals_seen.elapsed() >= Duration::from_secs(2) {
+            self.refusals()?;
+            self.refusals_seen = Instant::now();
+        }
         let store = self.remote.store();
         let ready: Vec<String> = store
             .list("work/results")?
