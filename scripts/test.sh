@@ -30,7 +30,7 @@ cargo test --test workers_cli -- --ignored --test-threads=1
 scripts/s3-server.sh stop
 MASS_LLAMACPP_URL="$(scripts/llamacpp-server.sh start)"
 export MASS_LLAMACPP_URL
-cargo test -p engine --test llamacpp -- --ignored
+cargo test --workspace --test llamacpp -- --ignored
 # Whole MASS cycles through the `mass` binary against the same server
 # (examples/llamacpp.toml, offline replay, a live re-judge, the planted key),
 # and against a second server of the test's own that it SIGKILLs mid-run and
