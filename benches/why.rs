@@ -211,6 +211,7 @@ fn task_block(l: &Ledger, t: usize) -> (Vec<Id>, usize) {
             log: h(tree),
             checkpoint: "checkpoint-3".into(),
             validation_loss: 0.9,
+            base_validation_loss: Some(1.1),
             effect: h(dataset),
             hyperparameters: h(tree),
             checkpoint_reason: "lowest".into(),

@@ -978,3 +978,45 @@ fn every_win_rate_in_the_report_names_its_unit() {
         );
     }
 }
+
+/// Whether training learnt is read off the records: each cycle's
+/// `mass.training` (v3) carries the chosen checkpoint's validation loss and
+/// the starting model's on the same lines; `report --json` has both under
+/// the cycle's `training`, equal to the record's, and the text report sets
+/// them side by side. The simulated trainer measures its base model as a
+/// real one does.
+#[test]
+fn the_report_sets_the_chosen_checkpoint_beside_the_starting_model() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let ledger = smoke(d.path(), 3);
+    let r = json(&ledger, &["report", "smoke", "--json"]);
+    let out = d.path().join("events.jsonl");
+    ok(
+        &ledger,
+        &["export", "events", "smoke", "--out", out.to_str().unwrap()],
+    );
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(&out)
+        .expect("events")
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("event"))
+        .filter(|e| e["kind"] == "mass.training")
+        .collect();
+    assert!(!records.is_empty(), "the smoke run trains");
+    let text = String::from_utf8_lossy(&ok(&ledger, &["report", "smoke"]).stdout).to_string();
+    for rec in &records {
+        let p = &rec["payload"];
+        let c = &r["cycles"][p["cycle"].as_u64().expect("cycle") as usize - 1];
+        let t = &c["training"];
+        assert_eq!(t["event"], rec["id"], "{t}");
+        assert_eq!(t["validation_loss"], p["validation_loss"], "{t}");
+        let base = p["base_validation_loss"]
+            .as_f64()
+            .expect("the base loss recorded");
+        assert_eq!(t["base_validation_loss"].as_f64(), Some(base), "{t}");
+        let line = format!(
+            "validation loss {base:.4} -> {:.4}",
+            p["validation_loss"].as_f64().expect("loss")
+        );
+        assert!(text.contains(&line), "no {line:?} in:\n{text}");
+    }
+}

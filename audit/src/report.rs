@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use ledger::{Event, Id, Ledger};
 use schemas::{
     Decodable, Effect, EffectStatus, Judgment, Promotion, ProposalRecord, Rollout, Selection,
-    TrainStep,
+    TrainStep, Training,
 };
 use serde::Serialize;
 
@@ -38,6 +38,20 @@ pub const STAGES: [&str; 8] = [
 pub struct Report {
     pub run: String,
     pub cycles: Vec<CycleReport>,
+    /// Per served model, over the whole run: live calls whose prompt the
+    /// trainer's side counted (`serve.prompt_tokens_command`), and how many
+    /// of those counts equal the server's `usage.prompt_tokens`. Empty
+    /// when no backend counts.
+    pub template_parity: BTreeMap<String, Parity>,
+}
+
+/// Template parity of one model's calls (engine::backend::parity).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Parity {
+    /// Live calls counted on the trainer's side (failed counts included).
+    pub calls: u32,
+    /// Of those, calls whose two counts are equal.
+    pub equal: u32,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -60,12 +74,19 @@ pub struct CycleReport {
     pub scores: Vec<TaskScores>,
     /// The trainer's recorded metrics (`mass.train_step`), in step order.
     pub loss: Vec<LossPoint>,
+    /// The cycle's `mass.training` record: the model it made and whether
+    /// it learnt (the chosen checkpoint's validation loss against the
+    /// starting model's on the same lines); null when the cycle trained
+    /// nothing.
+    pub training: Option<TrainedModel>,
     /// Per task, how the outer loop's verdicts split by the position the
     /// winner was shown in (position bias of the judge stage).
     pub position: Vec<TaskPosition>,
     /// Inner-loop iterations whose optimizer gave no usable proposal (every
     /// attempt malformed or changing nothing), so no candidate ran.
     pub failed_proposals: Vec<FailedProposal>,
+    /// The cycle's share of the run's `template_parity`, per model.
+    pub template_parity: BTreeMap<String, Parity>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -114,6 +135,20 @@ pub struct Shortfall {
     pub validation: u32,
     pub wanted_validation: u32,
     pub why: String,
+}
+
+/// What a cycle's training made, from its `mass.training` record.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainedModel {
+    pub event: String,
+    pub base_model: String,
+    pub new_model: String,
+    pub checkpoint: String,
+    /// The chosen checkpoint's loss on the held-out validation lines.
+    pub validation_loss: f64,
+    /// The starting model's loss on the same lines, when the trainer
+    /// measured it (null otherwise, and for records older than v3).
+    pub base_validation_loss: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -234,6 +269,28 @@ fn workflow_lines(l: &Ledger, rollout: Id) -> Result<Vec<String>> {
     Ok(text.lines().map(str::to_string).collect())
 }
 
+/// Each cycle's `mass.training` record (on the main stream), as the model
+/// it made and its validation loss against its starting model's.
+fn trainings(main: &[Event], cycles: &mut BTreeMap<u32, CycleReport>) -> Result<()> {
+    for ev in main {
+        let Some(t) = Training::read(ev) else {
+            continue;
+        };
+        let t = t.map_err(|e| EngineError::recording("mass.training", e))?;
+        if let Some(c) = cycles.get_mut(&t.cycle) {
+            c.training = Some(TrainedModel {
+                event: ev.id.to_hex(),
+                base_model: t.base_model,
+                new_model: t.new_model,
+                checkpoint: t.checkpoint,
+                validation_loss: t.validation_loss,
+                base_validation_loss: t.base_validation_loss,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Lines in one list and not the other, counted with multiplicity.
 fn changed_lines(a: &[String], b: &[String]) -> u32 {
     let mut count: BTreeMap<&str, i64> = BTreeMap::new();
@@ -259,6 +316,7 @@ pub fn report(l: &Ledger, run: &str) -> Result<Report> {
         .map(|f| (f.cycle, cycle_report(f)))
         .collect();
     walltimes(l, &main, &mut cycles)?;
+    trainings(&main, &mut cycles)?;
     bt_scores(l, run, &mut cycles)?;
     exclusions(l, &main, &mut cycles)?;
     let prefix = format!("{run}/");
@@ -285,9 +343,16 @@ pub fn report(l: &Ledger, run: &str) -> Result<Report> {
         c.loss.reverse();
         c.loss.sort_by_key(|p| p.step);
     }
+    let mut template_parity: BTreeMap<String, Parity> = BTreeMap::new();
+    for (model, p) in cycles.values().flat_map(|c| &c.template_parity) {
+        let t = template_parity.entry(model.clone()).or_default();
+        t.calls += p.calls;
+        t.equal += p.equal;
+    }
     Ok(Report {
         run: run.into(),
         cycles: cycles.into_values().collect(),
+        template_parity,
     })
 }
 
@@ -320,8 +385,10 @@ fn cycle_report(f: CycleFigures) -> CycleReport {
         shortfalls: Vec::new(),
         scores: Vec::new(),
         loss: Vec::new(),
+        training: None,
         position: Vec::new(),
         failed_proposals: Vec::new(),
+        template_parity: BTreeMap::new(),
     }
 }
 
@@ -460,6 +527,17 @@ fn count_model_call(l: &Ledger, ev: &Event, stage: &str, c: &mut CycleReport) ->
             s.model_calls += 1;
             s.prompt_tokens += out["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
             s.completion_tokens += out["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+        }
+        // Counted on the trainer's side too: does the server render the
+        // prompt as the trainer does?
+        let t = &out["trainer_tokens"];
+        if let Some(model) = t["model"].as_str() {
+            let p = c.template_parity.entry(model.to_string()).or_default();
+            p.calls += 1;
+            let server = out["usage"]["prompt_tokens"].as_u64();
+            if server.is_some() && t["prompt_tokens"].as_u64() == server {
+                p.equal += 1;
+            }
         }
     }
     Ok(())

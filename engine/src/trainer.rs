@@ -32,6 +32,11 @@ pub struct TrainOutput {
     pub exit_status: i32,
     pub checkpoint: String,
     pub validation_loss: f64,
+    /// The starting model's validation loss, from the metrics line with a
+    /// finite `base_validation_loss` (absent in effects recorded before it
+    /// was read).
+    #[serde(default)]
+    pub base_validation_loss: Option<f64>,
     /// Tree of the output directory and blob of the log, as hex ids.
     pub output_tree: String,
     pub log: String,
@@ -206,6 +211,9 @@ pub fn sim_train(
     let mut log = String::new();
     let mut best: Option<(f64, SimParams, String)> = None;
     let mut metrics = String::new();
+    let base_loss = sim_base_loss(base, &v);
+    metrics.push_str(&json!({"step": 0, "base_validation_loss": base_loss}).to_string());
+    metrics.push('\n');
     for (k, frac) in [(1u32, 0.4), (2, 0.75), (3, 1.0)] {
         let step = learning_rate * frac;
         let mut p = base.clone();
@@ -258,6 +266,31 @@ pub fn sim_train(
         t.examples, t.orchestrator_examples, t.delegating_orchestrators, t.validating_examples, mean_flaws
     ));
     Ok((p, name, loss, log))
+}
+
+/// The validation examples' distance from what the starting model does:
+/// the loss a real trainer measures before its first step (the same
+/// distance its checkpoints' losses measure, without their training terms).
+fn sim_base_loss(base: &SimParams, v: &DatasetStats) -> f64 {
+    let ratio = |a: u32, b: u32, default: f64| if b == 0 { default } else { a as f64 / b as f64 };
+    1.0 + (base.delegation
+        - ratio(
+            v.delegating_orchestrators,
+            v.orchestrator_examples,
+            base.delegation,
+        ))
+    .abs()
+        + (base.verification - ratio(v.validating_examples, v.examples, base.verification)).abs()
+}
+
+/// The starting model's validation loss from a metrics JSONL file: the
+/// first line with a finite `base_validation_loss` (trainers/lora_sft.py
+/// writes it before the first step unless told `--no-eval-base`).
+pub fn base_validation_loss(metrics: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let v = serde_json::from_str::<Value>(line).ok()?;
+        v["base_validation_loss"].as_f64().filter(|l| l.is_finite())
+    })
 }
 
 /// Picks the checkpoint with the lowest validation loss from a metrics JSONL

@@ -68,6 +68,7 @@ impl Scripted {
             },
             raw: None,
             raw_body: None,
+            trainer_tokens: None,
         })
     }
 }

@@ -38,6 +38,8 @@ fn pool(dir: &Path) -> ServerPool {
          exec python3 -m http.server --bind 127.0.0.1 --directory {www} {{port}}"
     );
     let params = ServeParams {
+        prompt_tokens_command: None,
+        adapter_api: None,
         command,
         adapter_command: None,
         ready_path: "/".into(),
@@ -198,12 +200,41 @@ fn dropping_the_pool_ends_the_whole_tree_before_drop_returns() {
     let tree = Tree::read(d.path());
     assert!(answers(&url));
     assert_eq!(tree.survivors(), tree.0);
+    let logs = pool.logs().to_path_buf();
+    assert!(logs.join("m.log").is_file(), "{}", logs.display());
     drop(pool);
     assert_eq!(
         tree.survivors(),
         vec![],
         "left by the drop (the last one is the server; the second the daemon that left its group)"
     );
+    assert!(
+        !logs.exists(),
+        "a pool whose servers all ran to the end left its logs in {}",
+        logs.display()
+    );
+}
+
+#[test]
+fn a_server_that_fails_keeps_its_log() {
+    let params = ServeParams {
+        prompt_tokens_command: None,
+        adapter_api: None,
+        command: "echo the weights are missing >&2; exit 3".into(),
+        adapter_command: None,
+        ready_path: "/".into(),
+        start_timeout_secs: 30,
+    };
+    let pool = ServerPool::new("keeps-logs", &params, "m");
+    let err = runtime()
+        .block_on(pool.base_url("m"))
+        .expect_err("a server that exits is an error");
+    let logs = pool.logs().to_path_buf();
+    assert!(err.to_string().contains("m.log"), "{err}");
+    drop(pool);
+    let log = std::fs::read_to_string(logs.join("m.log")).expect("the failed server's log is kept");
+    assert!(log.contains("the weights are missing"), "{log}");
+    let _ = std::fs::remove_dir_all(&logs);
 }
 
 /// The pids of `root`'s descendants, from /proc.

@@ -189,15 +189,17 @@ impl Selection {
 
 impl Training {
     /// Reads a `mass.training` event of any version this build knows (v1
-    /// upgraded as [`From<TrainingV1>`] says); `None` for other kinds and
-    /// for versions this build does not know.
+    /// and v2 upgraded as [`From<TrainingV1>`] and [`From<TrainingV2>`]
+    /// say); `None` for other kinds and for versions this build does not
+    /// know.
     pub fn read(ev: &ledger::Event) -> Option<Result<Training, SchemaError>> {
         if ev.kind != <Training as Record>::KIND {
             return None;
         }
         match ev.version {
-            1 => Some(decode_event::<TrainingV1>(ev).map(Training::from)),
-            2 => Some(decode_event::<Training>(ev)),
+            1 => Some(decode_event::<TrainingV1>(ev).map(|t| Training::from(TrainingV2::from(t)))),
+            2 => Some(decode_event::<TrainingV2>(ev).map(Training::from)),
+            3 => Some(decode_event::<Training>(ev)),
             _ => None,
         }
     }

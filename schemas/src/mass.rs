@@ -552,14 +552,15 @@ record!(
     }
 );
 
-/// `mass.training` v2: a training step and the model it produced, with
+/// `mass.training` v2 (read only; v3 replaced it): a training step and
+/// the model it produced, with
 /// what the trainer was given and why its checkpoint was chosen. The
 /// trainer's per-step metrics precede it as `mass.train_step` events on the
 /// cycle's `train` stream.
 #[derive(
     rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
 )]
-pub struct Training {
+pub struct TrainingV2 {
     pub cycle: u32,
     pub dataset: Hash32,
     pub base_model: String,
@@ -592,7 +593,7 @@ pub struct Training {
 }
 
 record!(
-    Training,
+    TrainingV2,
     "mass.training",
     2,
     |s| vec![
@@ -603,7 +604,7 @@ record!(
         s.hyperparameters,
         s.adapter
     ],
-    Training {
+    TrainingV2 {
         cycle: 1,
         dataset: Hash32([1; 32]),
         base_model: "sim/base".into(),
@@ -623,12 +624,91 @@ record!(
     }
 );
 
-impl From<TrainingV1> for Training {
+/// `mass.training` v3: a training step and the model it produced, with
+/// what the trainer was given, why its checkpoint was chosen, and the
+/// validation loss of the model it started from. The
+/// trainer's per-step metrics precede it as `mass.train_step` events on the
+/// cycle's `train` stream.
+#[derive(
+    rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, serde::Serialize, Debug, Clone, PartialEq,
+)]
+pub struct Training {
+    pub cycle: u32,
+    pub dataset: Hash32,
+    pub base_model: String,
+    pub new_model: String,
+    /// The trainer command template (placeholders unexpanded) or
+    /// `builtin:sim`.
+    pub command: String,
+    pub exit_status: i32,
+    /// Tree of the trainer's output directory; blob of its log.
+    pub output: Hash32,
+    pub log: Hash32,
+    pub checkpoint: String,
+    /// The chosen checkpoint's loss on the held-out validation lines.
+    pub validation_loss: f64,
+    /// The loss of the model training started from (the base model, or
+    /// the adapter it trained on from) on the same lines, before the first
+    /// step, when the trainer measured it (its metrics line with
+    /// `base_validation_loss`).
+    pub base_validation_loss: Option<f64>,
+    /// The trainer effect that ran it.
+    pub effect: Hash32,
+    /// Blob: the hyperparameters handed to the trainer (a JSON object;
+    /// `{}` when the experiment sets none).
+    pub hyperparameters: Hash32,
+    /// Why the checkpoint was chosen (e.g. the lowest validation loss of
+    /// how many checkpoints).
+    pub checkpoint_reason: String,
+    /// Tree of the chosen checkpoint's directory (the adapter files); the
+    /// empty tree when the trainer wrote none.
+    pub adapter: Hash32,
+    /// The trainer's own account of its code, from `trainer.json` in its
+    /// output (`name`, `version`, `script_sha256`), or empty.
+    pub trainer_version: String,
+    /// How many `mass.train_step` events were recorded for it.
+    pub steps: u32,
+}
+
+record!(
+    Training,
+    "mass.training",
+    3,
+    |s| vec![
+        s.dataset,
+        s.output,
+        s.log,
+        s.effect,
+        s.hyperparameters,
+        s.adapter
+    ],
+    Training {
+        cycle: 1,
+        dataset: Hash32([1; 32]),
+        base_model: "sim/base".into(),
+        new_model: "sim/c1-abcd".into(),
+        command: "builtin:sim".into(),
+        exit_status: 0,
+        output: Hash32([2; 32]),
+        log: Hash32([3; 32]),
+        checkpoint: "checkpoint-2".into(),
+        validation_loss: 0.8125,
+        base_validation_loss: Some(1.0625),
+        effect: Hash32([4; 32]),
+        hyperparameters: Hash32([5; 32]),
+        checkpoint_reason: "lowest validation loss of 3 checkpoints".into(),
+        adapter: Hash32([6; 32]),
+        trainer_version: "lora_sft 1 sha256:ab12".into(),
+        steps: 12,
+    }
+);
+
+impl From<TrainingV1> for TrainingV2 {
     /// A v1 record read as v2: what v1 did not record is empty (the
     /// hyperparameters and adapter links point at the output tree, which
     /// held them if anything did).
     fn from(t: TrainingV1) -> Self {
-        Training {
+        TrainingV2 {
             cycle: t.cycle,
             dataset: t.dataset,
             base_model: t.base_model,
@@ -645,6 +725,31 @@ impl From<TrainingV1> for Training {
             adapter: t.output,
             trainer_version: String::new(),
             steps: 0,
+        }
+    }
+}
+
+impl From<TrainingV2> for Training {
+    /// A v2 record read as v3: v2 did not record the starting model's loss.
+    fn from(t: TrainingV2) -> Self {
+        Training {
+            cycle: t.cycle,
+            dataset: t.dataset,
+            base_model: t.base_model,
+            new_model: t.new_model,
+            command: t.command,
+            exit_status: t.exit_status,
+            output: t.output,
+            log: t.log,
+            checkpoint: t.checkpoint,
+            validation_loss: t.validation_loss,
+            base_validation_loss: None,
+            effect: t.effect,
+            hyperparameters: t.hyperparameters,
+            checkpoint_reason: t.checkpoint_reason,
+            adapter: t.adapter,
+            trainer_version: t.trainer_version,
+            steps: t.steps,
         }
     }
 }

@@ -7,7 +7,7 @@ use crate::{
     decode, Cycle, CycleV1, Dataset, DatasetV1, Effect, Evaluation, EvaluationV1, EvaluationV2,
     GuardCheck, Judgment, ModelCall, Note, Promotion, ProposalRecord, Ranking, Record, Rollout,
     RunExecution, RunForked, RunMixed, RunMixedV1, RunRemoved, RunStarted, RunStartedV1,
-    SchemaError, Selection, SelectionV1, TrainStep, Training, TrainingV1, WorkResult,
+    SchemaError, Selection, SelectionV1, TrainStep, Training, TrainingV1, TrainingV2, WorkResult,
     WorkspaceSnapshot,
 };
 
@@ -106,6 +106,7 @@ registry!(
         CycleV1,
         DatasetV1,
         TrainingV1,
+        TrainingV2,
         RunMixedV1,
         SelectionV1
     ],

@@ -159,6 +159,11 @@ const PINS: &[(&str, u32, &str)] = &[
         "3e2e191d0c4db1a5504061f7814111363394a46b33ed790e575a4c0be9982e46",
     ),
     (
+        "mass.training",
+        3,
+        "9f5189e702bf6eb14b324b5145b62fc0e6974b2c952d42c4403384c9cf9e116c",
+    ),
+    (
         "mass.selection",
         2,
         "c97743e849ca2d2b8886a372dbc55c76233fc8af16280b355dff42128ea44054",
@@ -182,7 +187,8 @@ fn sample_hash(kind: &str, version: u32) -> String {
         ("mass.dataset", 1) => encode(&schemas::DatasetV1::sample()),
         ("mass.dataset", 2) => encode(&schemas::Dataset::sample()),
         ("mass.training", 1) => encode(&schemas::TrainingV1::sample()),
-        ("mass.training", 2) => encode(&schemas::Training::sample()),
+        ("mass.training", 2) => encode(&schemas::TrainingV2::sample()),
+        ("mass.training", 3) => encode(&schemas::Training::sample()),
         ("run.mixed", 2) => encode(&schemas::RunMixed::sample()),
         ("mass.selection", 2) => encode(&schemas::Selection::sample()),
         (_, v) if v != 1 => panic!("{kind} v{version} has no sample in this test: add it"),

@@ -575,9 +575,14 @@ fn write_inner(out: &mut impl Write, c: &audit::report::CycleReport) -> std::io:
     Ok(())
 }
 
-/// The report's training line: the loss from first to last step and the
-/// lowest validation loss with its checkpoint.
-fn write_training(out: &mut impl Write, loss: &[audit::report::LossPoint]) -> std::io::Result<()> {
+/// The report's training lines: the loss from first to last step and the
+/// lowest validation loss with its checkpoint, then the model made and its
+/// validation loss against the starting model's.
+fn write_training(
+    out: &mut impl Write,
+    loss: &[audit::report::LossPoint],
+    trained: Option<&audit::report::TrainedModel>,
+) -> std::io::Result<()> {
     let train: Vec<f64> = loss.iter().filter_map(|p| p.train_loss).collect();
     let best = loss
         .iter()
@@ -602,6 +607,28 @@ fn write_training(out: &mut impl Write, loss: &[audit::report::LossPoint]) -> st
         writeln!(out, "  training: no metrics recorded")?;
     } else {
         writeln!(out, "  training: {}", parts.join("; "))?;
+    }
+    if let Some(t) = trained {
+        let base = match t.base_validation_loss {
+            Some(b) => format!(
+                "{b:.4} -> {:.4} ({})",
+                t.validation_loss,
+                if t.validation_loss < b {
+                    "lower: it learnt"
+                } else {
+                    "not lower: it did not learn on these lines"
+                }
+            ),
+            None => format!(
+                "{:.4} (the starting model's was not measured)",
+                t.validation_loss
+            ),
+        };
+        writeln!(
+            out,
+            "  trained {} -> {} ({}): validation loss {base}",
+            t.base_model, t.new_model, t.checkpoint
+        )?;
     }
     Ok(())
 }
@@ -685,6 +712,26 @@ fn write_exclusions(out: &mut impl Write, c: &audit::report::CycleReport) -> std
     Ok(())
 }
 
+/// The report's template parity line: per served model, how many live
+/// calls the server counted as many prompt tokens as the trainer's side.
+fn write_parity(
+    out: &mut impl Write,
+    parity: &std::collections::BTreeMap<String, audit::report::Parity>,
+) -> std::io::Result<()> {
+    if parity.is_empty() {
+        return Ok(());
+    }
+    let each: Vec<String> = parity
+        .iter()
+        .map(|(m, p)| format!("{m} {} of {} call(s)", p.equal, p.calls))
+        .collect();
+    writeln!(
+        out,
+        "template parity (the server's prompt tokens equal to the trainer's count): {}",
+        each.join(", ")
+    )
+}
+
 /// `mass report RUN`.
 pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<ExitCode> {
     if !is_run(l, run)? {
@@ -706,6 +753,7 @@ pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<
     }
     let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{:.0}%", v * 100.0));
     writeln!(out, "run {}: {} cycle(s)", r.run, r.cycles.len())?;
+    write_parity(&mut out, &r.template_parity)?;
     for c in &r.cycles {
         let f = &c.figures;
         writeln!(out, "\ncycle {} ({} -> {})", f.cycle, f.model, f.next_model)?;
@@ -762,7 +810,7 @@ pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<
             }
         )?;
         writeln!(out, "  supervised tokens: {}", f.supervised_tokens)?;
-        write_training(&mut out, &c.loss)?;
+        write_training(&mut out, &c.loss, c.training.as_ref())?;
         write_stages(&mut out, &c.stages)?;
         write_scores(&mut out, &c.scores)?;
         write_position(&mut out, &c.position)?;

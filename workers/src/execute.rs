@@ -152,7 +152,7 @@ impl Scratch {
             let done = if a.form == "params" {
                 backends.register_adapter(&a.backend, &a.model, &l.get_blob(&id)?)
             } else {
-                let dir = engine::backend::checkout_adapter(l, &id)?;
+                let dir = backends.checkout_adapter(l, &id)?;
                 backends.register_adapter_dir(&a.backend, &a.model, &dir, id)
             };
             done.map_err(EngineError::from)?;

@@ -3,7 +3,9 @@
 //! calls one directly, only through a `model` effect, so every call is
 //! recorded and replayable.
 
+pub mod checkouts;
 pub mod openai;
+pub mod parity;
 pub mod serve;
 pub mod sim;
 
@@ -55,6 +57,11 @@ pub struct ChatResponse {
     /// The blob id of the raw response body, for servers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub raw_body: Option<String>,
+    /// The trainer's count of this call's prompt, beside the server's in
+    /// `usage.prompt_tokens` (template parity, `backend::parity`); only
+    /// for live calls to a backend with a `prompt_tokens_command`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trainer_tokens: Option<parity::TrainerTokens>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -188,6 +195,9 @@ struct Built {
     /// Per backend, the base models it had before a rebuild changed them.
     former_bases: BTreeMap<String, Vec<String>>,
     tasks: PathBuf,
+    /// Adapter files checked out for the servers; removed with the last
+    /// clone of these backends.
+    checkouts: Arc<checkouts::Checkouts>,
 }
 
 impl Backends {
@@ -208,6 +218,7 @@ impl Backends {
                 adapters: Vec::new(),
                 former_bases: BTreeMap::new(),
                 tasks: tasks.to_path_buf(),
+                checkouts: Arc::default(),
             })),
         })
     }
@@ -270,6 +281,24 @@ impl Backends {
             },
         ));
         Ok(())
+    }
+
+    /// The adapter files of ledger tree `id`, checked out for these
+    /// backends' servers (`backend::checkouts`: removed when the last clone
+    /// of these backends is dropped).
+    pub fn checkout_adapter(
+        &self,
+        l: &ledger::Ledger,
+        id: &Id,
+    ) -> crate::error::Result<std::path::PathBuf> {
+        // Not under the lock: a checkout may take a while.
+        let c = self.read().checkouts.clone();
+        c.checkout(l, id)
+    }
+
+    /// Where these backends' adapter checkouts are, once one was made.
+    pub fn checkouts_dir(&self) -> Option<PathBuf> {
+        self.read().checkouts.root_if_made().map(Path::to_path_buf)
     }
 
     /// The backends' definitions as built now (after any `sync`).
@@ -341,34 +370,6 @@ impl Backends {
             (true, Some(now)) => now.base_model(),
             _ => model.to_string(),
         }
-    }
-}
-
-/// The adapter files of tree `id`, checked out (once per content: the
-/// directory is named by the tree id) under the system's temporary
-/// directory. A checkout goes to a fresh directory renamed into place, so
-/// a crash mid-checkout never leaves a half directory under the final name.
-pub fn checkout_adapter(l: &ledger::Ledger, id: &Id) -> crate::error::Result<std::path::PathBuf> {
-    let root = std::env::temp_dir().join("mass-adapters");
-    let dir = root.join(id.to_hex());
-    if dir.is_dir() {
-        return Ok(dir);
-    }
-    let io = |e: std::io::Error| {
-        crate::error::EngineError::io(format!("adapter checkout under {}", root.display()), e)
-    };
-    std::fs::create_dir_all(&root).map_err(io)?;
-    let partial = root.join(format!(".{}-{}", id.short(16), std::process::id()));
-    let _ = std::fs::remove_dir_all(&partial);
-    l.checkout(id, &partial)?;
-    match std::fs::rename(&partial, &dir) {
-        Ok(()) => Ok(dir),
-        // Another process put the same content in place first.
-        Err(_) if dir.is_dir() => {
-            let _ = std::fs::remove_dir_all(&partial);
-            Ok(dir)
-        }
-        Err(e) => Err(io(e)),
     }
 }
 

@@ -42,6 +42,9 @@ pub struct OpenAiBackend {
     limit: Arc<tokio::sync::Semaphore>,
     /// The servers `mass` starts itself (`[backends.NAME.serve]`).
     pool: Option<Arc<super::serve::ServerPool>>,
+    /// Counts each live call's prompt the trainer's way
+    /// (`serve.prompt_tokens_command`).
+    counter: Option<Arc<super::parity::Counter>>,
 }
 
 impl fmt::Debug for OpenAiBackend {
@@ -92,6 +95,17 @@ impl OpenAiBackend {
                 .serve
                 .as_ref()
                 .map(|s| Arc::new(super::serve::ServerPool::new(name, s, &params.model))),
+            counter: params
+                .serve
+                .as_ref()
+                .and_then(|s| s.prompt_tokens_command.as_deref())
+                .map(|line| {
+                    // `{{`/`}}` are braces, as in the serve commands (the
+                    // experiment's validation refuses placeholders).
+                    let line = crate::config::expand_placeholders(line, |_| None)
+                        .unwrap_or_else(|_| line.to_string());
+                    Arc::new(super::parity::Counter::new(&line, name))
+                }),
         })
     }
 
@@ -219,7 +233,7 @@ impl Backend for OpenAiBackend {
         self.params
             .serve
             .as_ref()
-            .is_some_and(|s| s.adapter_command.is_some())
+            .is_some_and(|s| s.adapter_command.is_some() || s.adapter_api.is_some())
     }
 
     fn register_adapter_dir(&self, model: &str, dir: &std::path::Path) -> Result<(), BackendError> {
@@ -231,7 +245,7 @@ impl Backend for OpenAiBackend {
             _ => Err(BackendError::Config {
                 backend: self.name.clone(),
                 detail: format!(
-                    "cannot serve the trained adapter {model}: set [backends.{}.serve] with an adapter_command",
+                    "cannot serve the trained adapter {model}: set [backends.{}.serve] with an adapter_command or an adapter_api",
                     self.name
                 ),
             }),
@@ -242,8 +256,20 @@ impl Backend for OpenAiBackend {
         Box::pin(async move {
             let body = serde_json::to_vec(&self.wire(req))
                 .map_err(|e| self.failed(format!("cannot encode the request: {e}"), None))?;
+            let counted = self.counter.as_ref().map(|c| (c.clone(), body.clone()));
             let (status, retry_after, raw) = self.attempt(&req.model, body).await?;
-            classify(&self.name, status.as_u16(), retry_after, raw)
+            let mut reply = classify(&self.name, status.as_u16(), retry_after, raw)?;
+            if let Some((counter, body)) = counted {
+                let model = req.model.clone();
+                reply.trainer_tokens = Some(
+                    tokio::task::spawn_blocking(move || counter.count(&model, &body))
+                        .await
+                        .map_err(|e| {
+                            self.failed(format!("the prompt counter panicked: {e}"), None)
+                        })?,
+                );
+            }
+            Ok(reply)
         })
     }
 }
@@ -404,6 +430,7 @@ pub fn parse_response(v: &Value) -> Result<ChatResponse, String> {
             .to_string(),
         raw: None,
         raw_body: None,
+        trainer_tokens: None,
     })
 }
 

@@ -9,7 +9,9 @@
 //! Each server runs supervised (the `supervise` crate): its output goes to a
 //! log file beside the others (the path is in every error), and its whole
 //! tree, daemons that left its process group included, ends when the pool
-//! is dropped or when `mass` dies however it dies. A server is ready when
+//! is dropped or when `mass` dies however it dies. The logs are removed
+//! when the pool ends, unless a server failed to start or died before it
+//! was stopped: then they are kept and their directory named on stderr. A server is ready when
 //! `ready_path` answers HTTP 200; one that exits first, or is not ready in
 //! `start_timeout_secs`, is an infrastructure failure naming its log.
 
@@ -19,7 +21,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::BackendError;
-use crate::config::{expand_placeholders, shell_quote, ServeParams};
+use crate::config::{expand_placeholders, shell_quote, AdapterApi, ServeParams};
 use supervise::{Child, Command};
 
 /// How often a starting server is polled.
@@ -29,6 +31,9 @@ const POLL: Duration = Duration::from_millis(250);
 struct Server {
     child: Child,
     base_url: String,
+    /// Adapters loaded into it at runtime (`serve.adapter_api`); a
+    /// restarted server starts with none.
+    loaded: std::collections::BTreeSet<String>,
 }
 
 /// The servers of one backend.
@@ -40,6 +45,9 @@ pub struct ServerPool {
     adapters: Mutex<BTreeMap<String, PathBuf>>,
     servers: tokio::sync::Mutex<BTreeMap<String, Server>>,
     logs: PathBuf,
+    /// A server failed to start, or died before the pool stopped it: its
+    /// log is kept (and named) when the pool ends, not removed.
+    failed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for ServerPool {
@@ -62,15 +70,24 @@ impl ServerPool {
             adapters: Mutex::new(BTreeMap::new()),
             servers: tokio::sync::Mutex::new(BTreeMap::new()),
             logs,
+            failed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     fn failed(&self, detail: String) -> BackendError {
+        self.failed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         BackendError::Failed {
             backend: self.backend.clone(),
             detail,
             retry_after: None,
         }
+    }
+
+    /// The directory of the servers' logs (removed when the pool ends
+    /// unless a server failed).
+    pub fn logs(&self) -> &Path {
+        &self.logs
     }
 
     /// Makes trained model `model` servable from the adapter files in `dir`.
@@ -82,39 +99,106 @@ impl ServerPool {
     }
 
     /// The base URL (`http://127.0.0.1:PORT/v1`) of the server for `model`,
-    /// started and waited for if it is not running.
+    /// started and waited for if it is not running. With `adapter_api`, a
+    /// trained adapter is served by the base model's server, loaded into
+    /// it on its first call (and again after that server restarted).
     pub async fn base_url(&self, model: &str) -> Result<String, BackendError> {
         let mut servers = self.servers.lock().await;
-        if let Some(s) = servers.get_mut(model) {
-            match s.child.try_wait() {
-                Ok(None) => return Ok(s.base_url.clone()),
-                // It died since: take down what it left in its group, then
-                // start it again below.
-                _ => {
-                    if let Some(mut dead) = servers.remove(model) {
-                        kill_group(&mut dead.child);
-                    }
-                }
+        let adapter = self.adapter_dir(model)?;
+        if let (Some(dir), Some(api)) = (&adapter, self.params.adapter_api) {
+            let base = self.base_model.clone();
+            let server = self.running(&mut servers, &base, None).await?;
+            if !server.loaded.contains(model) {
+                self.load(api, &server.base_url, model, dir).await?;
+                server.loaded.insert(model.to_string());
             }
+            return Ok(server.base_url.clone());
         }
-        let adapter = if model == self.base_model {
-            None
-        } else {
-            let known = self
-                .adapters
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(model)
-                .cloned();
-            Some(known.ok_or_else(|| BackendError::UnknownModel {
-                backend: self.backend.clone(),
-                model: model.to_string(),
-            })?)
+        let server = self
+            .running(&mut servers, model, adapter.as_deref())
+            .await?;
+        Ok(server.base_url.clone())
+    }
+
+    /// The adapter directory of `model`; `None` for the base model.
+    fn adapter_dir(&self, model: &str) -> Result<Option<PathBuf>, BackendError> {
+        if model == self.base_model {
+            return Ok(None);
+        }
+        let known = self
+            .adapters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(model)
+            .cloned();
+        known.map(Some).ok_or_else(|| BackendError::UnknownModel {
+            backend: self.backend.clone(),
+            model: model.to_string(),
+        })
+    }
+
+    /// The running server named `model`, started if it is not (or no
+    /// longer) running.
+    async fn running<'a>(
+        &self,
+        servers: &'a mut BTreeMap<String, Server>,
+        model: &str,
+        adapter: Option<&Path>,
+    ) -> Result<&'a mut Server, BackendError> {
+        let alive = match servers.get_mut(model) {
+            Some(s) => matches!(s.child.try_wait(), Ok(None)),
+            None => false,
         };
-        let server = self.start(model, adapter.as_deref()).await?;
-        let url = server.base_url.clone();
-        servers.insert(model.to_string(), server);
-        Ok(url)
+        if !alive {
+            // It died under the run: take down what it left in its group
+            // (its log is kept when the pool ends), then start it again.
+            if let Some(mut dead) = servers.remove(model) {
+                self.failed
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                kill_group(&mut dead.child);
+            }
+            let server = self.start(model, adapter).await?;
+            servers.insert(model.to_string(), server);
+        }
+        servers
+            .get_mut(model)
+            .ok_or_else(|| self.failed(format!("the server for {model} is not in the pool")))
+    }
+
+    /// Loads trained adapter `model` (files in `dir`) into the running
+    /// server at `base_url`.
+    async fn load(
+        &self,
+        api: AdapterApi,
+        base_url: &str,
+        model: &str,
+        dir: &Path,
+    ) -> Result<(), BackendError> {
+        let AdapterApi::Vllm = api;
+        let url = format!("{base_url}/load_lora_adapter");
+        let body = serde_json::json!({"lora_name": model, "lora_path": dir});
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(self.params.start_timeout_secs))
+            .build()
+            .map_err(|e| self.failed(format!("cannot build the HTTP client: {e}")))?;
+        let resp = client
+            .post(&url)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| self.failed(format!("cannot load adapter {model} at {url}: {e}")))?;
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        // Loaded already (by an earlier process on the same server): the
+        // name is taken by the same files, as names are content ids.
+        if status.is_success() || text.contains("already been loaded") {
+            return Ok(());
+        }
+        Err(self.failed(format!(
+            "the server at {base_url} did not load adapter {model} from {}: HTTP {status}: {}",
+            dir.display(),
+            text.chars().take(300).collect::<String>()
+        )))
     }
 
     async fn start(&self, model: &str, adapter: Option<&Path>) -> Result<Server, BackendError> {
@@ -159,6 +243,7 @@ impl ServerPool {
         let mut child = cmd
             .spawn()
             .map_err(|e| self.failed(format!("cannot start the model server: {e}")))?;
+        let loaded = std::collections::BTreeSet::new();
         let base_url = format!("http://127.0.0.1:{port}/v1");
         let ready = format!("http://127.0.0.1:{port}{}", self.params.ready_path);
         let client = reqwest::Client::builder()
@@ -177,7 +262,11 @@ impl ServerPool {
             }
             if let Ok(r) = client.get(&ready).send().await {
                 if r.status().is_success() {
-                    return Ok(Server { child, base_url });
+                    return Ok(Server {
+                        child,
+                        base_url,
+                        loaded,
+                    });
                 }
             }
             if started.elapsed() >= limit {
@@ -195,10 +284,27 @@ impl ServerPool {
 }
 
 impl Drop for ServerPool {
+    /// Stops every server, then removes their logs, unless one of them
+    /// failed: then the logs stay, and their directory is named.
     fn drop(&mut self) {
+        let mut failed = *self.failed.get_mut();
         let servers = self.servers.get_mut();
         for s in servers.values_mut() {
+            // Exited before it was told to: it died under the run.
+            failed |= matches!(s.child.try_wait(), Ok(Some(_)));
             kill_group(&mut s.child);
+        }
+        if !self.logs.exists() {
+            return;
+        }
+        if failed {
+            eprintln!(
+                "mass: a model server of backend {} failed; its logs are kept in {}",
+                self.backend,
+                self.logs.display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.logs);
         }
     }
 }

@@ -12,6 +12,9 @@ use super::quote_list;
 /// A model backend. In the file: `[backends.<name>]` with `kind = "sim" | "openai"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "RawBackend", into = "RawBackend")]
+// An experiment holds a handful of these, built once: boxing the larger
+// variant would save nothing that matters and cost every constructor.
+#[allow(clippy::large_enum_variant)]
 pub enum Backend {
     Sim(SimConfig),
     OpenAi(OpenAiParams),
@@ -151,6 +154,29 @@ pub struct ServeParams {
     pub ready_path: String,
     #[serde(default = "default_start_timeout")]
     pub start_timeout_secs: u64,
+    /// A program (run through `bash -c`) that reads request bodies, one
+    /// JSON line each, and answers `{"prompt_tokens": N}` per line: the
+    /// prompt counted as the trainer renders and tokenizes it
+    /// (trainers/count_tokens.py). Every live call records it beside the
+    /// server's count; `mass report` shows per model how many agree. No
+    /// placeholders; `{{` and `}}` stand for braces, as in the commands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_command: Option<String>,
+    /// How a trained adapter reaches a server: absent, a server of its own
+    /// (`adapter_command`); `"vllm"`, loaded into the running base-model
+    /// server through vLLM's `POST /v1/load_lora_adapter` (the server
+    /// started with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING`),
+    /// and called by its name as the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter_api: Option<AdapterApi>,
+}
+
+/// A server API that loads adapters into a running server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AdapterApi {
+    /// vLLM: `POST /v1/load_lora_adapter {"lora_name", "lora_path"}`.
+    Vllm,
 }
 
 fn default_ready_path() -> String {

@@ -39,8 +39,8 @@ mod trainer;
 mod validate;
 
 pub use backend::{
-    Backend, BackendKind, OpenAiParams, ServeParams, SimConfig, StructuredOutput, DEFINITION_URL,
-    SERVE_PLACEHOLDERS,
+    AdapterApi, Backend, BackendKind, OpenAiParams, ServeParams, SimConfig, StructuredOutput,
+    DEFINITION_URL, SERVE_PLACEHOLDERS,
 };
 pub use harness::{GuardAction, GuardsConfig, HarnessConfig, HarnessKind, SandboxConfig};
 pub use method::Method;

@@ -551,6 +551,17 @@ fn check_serve(key: &str, serve: &ServeParams, v: &mut Validator) {
             format!("{key}.serve.ready_path must start with '/'"),
         );
     }
+    // No placeholders; `{{` and `}}` are braces, as in the serve commands.
+    if let Some(Err(e)) = serve
+        .prompt_tokens_command
+        .as_deref()
+        .map(|c| expand_placeholders(c, |_| None))
+    {
+        v.add(
+            format!("{key}.serve.prompt_tokens_command"),
+            format!("{key}.serve.prompt_tokens_command: {e}; it takes no placeholders (write {{{{ and }}}} for braces)"),
+        );
+    }
 }
 
 /// One serve command (`name` is `command` or `adapter_command`): known

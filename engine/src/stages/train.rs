@@ -340,6 +340,9 @@ fn output(
         ),
         checkpoint,
         validation_loss: loss,
+        base_validation_loss: crate::trainer::base_validation_loss(&String::from_utf8_lossy(
+            &metrics,
+        )),
         output_tree: ledger.snapshot_dir(out_dir).map_err(|e| e.to_string())?.to_hex(),
         log: put(log.as_bytes())?,
         adapter: adapter.map(|a| put(&a)).transpose()?,
@@ -368,7 +371,7 @@ fn register_model(ctx: &Ctx<'_>, job: &Job<'_>, o: &TrainOutput) -> Result<Strin
             let id = parse_id(tree)?;
             // Served on the backend's base weights: named after them.
             let name = format!("{}+c{cycle}-{}", job.backend.base_model(), id.short(8));
-            let dir = crate::backend::checkout_adapter(ledger, &id)?;
+            let dir = ctx.backends.checkout_adapter(ledger, &id)?;
             ctx.backends
                 .register_adapter_dir(backend_name, &name, &dir, id)?;
             name
@@ -398,6 +401,7 @@ fn training_record(
         log: Hash32(parse_id(&o.log)?.0),
         checkpoint: o.checkpoint.clone(),
         validation_loss: o.validation_loss,
+        base_validation_loss: o.base_validation_loss,
         effect: effect.into(),
         hyperparameters: Hash32(parse_id(&o.hyperparameters)?.0),
         checkpoint_reason: o.checkpoint_reason.clone(),

@@ -303,6 +303,7 @@ impl SimBackend {
             finish_reason: finish_reason.into(),
             raw: None,
             raw_body: None,
+            trainer_tokens: None,
         })
     }
 }
