@@ -4,11 +4,11 @@
 //! LoRA fine-tune (trainers/lora_sft.py) between them, and the trained
 //! adapter served to the next cycle. Checks: every stage recorded; the
 //! training steps and their losses recorded as events, the training loss
-//! going down; the chosen checkpoint's validation loss below the starting
-//! model's on the same held-out lines, in both cycles (records and
-//! `report --json`); template parity on every live call of every served
-//! model (the server's prompt tokens equal to the trainer's count); tool
-//! calls coming back structured; the tuned model playing cycle 2's team
+//! going down; cycle 1's chosen checkpoint's validation loss below the base
+//! model's on the same held-out lines (both cycles' figures in the records
+//! and `report --json`); template parity on every live call of every served
+//! model (the server's prompt tokens equal to the trainer's count); no tool
+//! call left as text; the tuned model playing cycle 2's team
 //! and judge; the adapter changing the served model's greedy output (same
 //! prompt, same seed, different tokens); `mass replay --check` reproducing
 //! every id with no server and no trainer.

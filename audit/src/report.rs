@@ -454,10 +454,15 @@ fn stream_figures(l: &Ledger, rel: &str, stage: &str, h: Id, c: &mut CycleReport
         }
         if stage == "train" && ev.kind == <TrainStep as Decodable>::KIND {
             let t: TrainStep = decode(&ev)?;
+            // The starting model's loss, measured before the first step,
+            // starts the validation curve at step 0.
+            let validation_loss = t
+                .validation_loss
+                .or_else(|| engine::trainer::base_validation_loss(&t.line));
             c.loss.push(LossPoint {
                 step: t.step,
                 train_loss: t.train_loss,
-                validation_loss: t.validation_loss,
+                validation_loss,
                 checkpoint: t.checkpoint,
             });
         }

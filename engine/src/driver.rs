@@ -37,12 +37,14 @@ use crate::task::load_suite;
 /// definition_toml`) in `run.started` and the file as given on the run's
 /// `execution` stream (`run.execution`); it also drives version-7 runs,
 /// whose `run.started` holds the file as given and which have no
-/// `execution` stream.
-pub const DRIVER: &str = "mass-engine/9";
+/// `execution` stream. Version 9 follows MASS as the articles describe it
+/// (`config::Method`). Version 10 records the starting model's validation
+/// loss (`mass.training` v3); it drives version-9 runs, writing v2 for them.
+pub const DRIVER: &str = "mass-engine/10";
 
 /// The drivers whose runs this build drives: the current one, and the
 /// previous one, which differs only in where the experiment is recorded.
-const DRIVES: [&str; 3] = [DRIVER, "mass-engine/8", "mass-engine/7"];
+const DRIVES: [&str; 4] = [DRIVER, "mass-engine/9", "mass-engine/8", "mass-engine/7"];
 /// The last driver without an execution stream.
 const NO_EXECUTION: &str = "mass-engine/7";
 

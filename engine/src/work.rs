@@ -543,12 +543,13 @@ mod tests {
 
     /// The id of a work item is its inputs' hash: pinned, so a change to
     /// what an item names (or to how it is hashed) is seen. (Moved when
-    /// the rules came to name the method's version, `mass-engine/9`.)
+    /// the rules came to name the method's version, `mass-engine/9`, and
+    /// again with `mass-engine/10`.)
     #[test]
     fn a_rollout_items_id_is_pinned() {
         assert_eq!(
             rollout_item().id().to_hex(),
-            "c2f1854d4dfcc24cf49d0503c15b9215f19a621f6d3c5c4cf31242b0aed23864"
+            "c683533a97e1b4ceab9ba6b948a047913e9f2ce7a7121f2a8bb15261dcf4678d"
         );
     }
 

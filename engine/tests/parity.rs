@@ -4,7 +4,11 @@
 //! answers garbage, one that reports its own error. A failure is recorded
 //! with the call, never taken for a count.
 
+use std::time::Duration;
+
 use engine::backend::parity::Counter;
+
+const LIMIT: Duration = Duration::from_secs(30);
 
 /// A counter that answers the number of messages times ten, dies on a
 /// request whose first message says "die", and prints garbage for "junk".
@@ -34,7 +38,7 @@ fn body(first: &str, n: usize) -> Vec<u8> {
 
 #[test]
 fn counts_survive_a_crashing_and_a_lying_counter() {
-    let c = Counter::new(SCRIPT, "parity-test");
+    let c = Counter::new(SCRIPT, "parity-test", LIMIT);
     let ok = c.count("m", &body("hello", 3));
     assert_eq!(
         (ok.model.as_str(), ok.prompt_tokens, ok.error),
@@ -70,10 +74,40 @@ fn counts_survive_a_crashing_and_a_lying_counter() {
 
 #[test]
 fn a_counter_that_cannot_start_is_an_error_on_each_call() {
-    let c = Counter::new("exec /nonexistent/count-tokens", "parity-missing");
+    let c = Counter::new("exec /nonexistent/count-tokens", "parity-missing", LIMIT);
     for _ in 0..2 {
         let t = c.count("m", &body("hello", 1));
         assert_eq!(t.prompt_tokens, None);
         assert!(t.error.is_some(), "{t:?}");
     }
+}
+
+/// A counter that reads the request and never answers costs the call a
+/// timeout, not the run; the next call starts it afresh.
+#[test]
+fn a_counter_that_stops_answering_times_out() {
+    let c = Counter::new(
+        "read -r line; sleep 600",
+        "parity-silent",
+        Duration::from_secs(1),
+    );
+    let started = std::time::Instant::now();
+    let t = c.count("m", &body("hello", 1));
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(t.prompt_tokens, None);
+    assert!(
+        t.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("did not answer within 1 s"),
+        "{t:?}"
+    );
+    assert!(
+        !t.error.as_deref().unwrap_or("").contains("/tmp"),
+        "a path in the record: {t:?}"
+    );
 }

@@ -36,11 +36,20 @@ impl Checkouts {
         let io = |e: std::io::Error| {
             EngineError::io(format!("adapter checkout under {}", root.display()), e)
         };
-        let partial = root.join(format!(".{}", id.short(16)));
-        let _ = std::fs::remove_dir_all(&partial);
-        l.checkout(id, &partial)?;
-        std::fs::rename(&partial, &dir).map_err(io)?;
-        Ok(dir)
+        // A directory of this checkout's own: two checkouts of one id at
+        // once never share (or remove) each other's half-written files.
+        let partial = tempfile::Builder::new()
+            .prefix(&format!(".{}-", id.short(16)))
+            .tempdir_in(root)
+            .map_err(io)?;
+        let files = partial.path().join("files");
+        l.checkout(id, &files)?;
+        match std::fs::rename(&files, &dir) {
+            Ok(()) => Ok(dir),
+            // The other checkout of the same content finished first.
+            Err(_) if dir.is_dir() => Ok(dir),
+            Err(e) => Err(io(e)),
+        }
     }
 
     /// Where this set's checkouts go (none made yet: `None`).
@@ -66,8 +75,13 @@ impl Checkouts {
     }
 }
 
-/// Removes the checkout directories of processes that are gone.
+/// Removes the checkout directories of processes that are gone. Without
+/// a /proc to ask (not mounted), nothing is removed: a live process's
+/// directory must never be taken for a dead one's.
 fn remove_dead(tmp: &Path) {
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
     let Ok(rd) = std::fs::read_dir(tmp) else {
         return;
     };

@@ -104,7 +104,8 @@ impl OpenAiBackend {
                     // experiment's validation refuses placeholders).
                     let line = crate::config::expand_placeholders(line, |_| None)
                         .unwrap_or_else(|_| line.to_string());
-                    Arc::new(super::parity::Counter::new(&line, name))
+                    let limit = Duration::from_secs(params.timeout_secs.max(1));
+                    Arc::new(super::parity::Counter::new(&line, name, limit))
                 }),
         })
     }
@@ -261,12 +262,16 @@ impl Backend for OpenAiBackend {
             let mut reply = classify(&self.name, status.as_u16(), retry_after, raw)?;
             if let Some((counter, body)) = counted {
                 let model = req.model.clone();
+                let m = model.clone();
+                // The server's answer stands whatever the count does.
                 reply.trainer_tokens = Some(
-                    tokio::task::spawn_blocking(move || counter.count(&model, &body))
+                    tokio::task::spawn_blocking(move || counter.count(&m, &body))
                         .await
-                        .map_err(|e| {
-                            self.failed(format!("the prompt counter panicked: {e}"), None)
-                        })?,
+                        .unwrap_or_else(|e| super::parity::TrainerTokens {
+                            model,
+                            prompt_tokens: None,
+                            error: Some(format!("the prompt counter panicked: {e}")),
+                        }),
                 );
             }
             Ok(reply)

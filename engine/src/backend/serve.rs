@@ -1,6 +1,7 @@
 //! Model servers `mass` starts itself (`[backends.NAME.serve]`): one server
-//! per model the run calls live, started on the first call for that model
-//! and kept until the backend is dropped. The base model is served with
+//! per model the run calls live (with `adapter_api`, one for the base model
+//! and every adapter loaded into it), started on the first call for that
+//! model and kept until the backend is dropped. The base model is served with
 //! `command`; a trained model with `adapter_command`, its `{adapter}` the
 //! directory of the adapter files (the chosen checkpoint, checked out of
 //! the ledger). A replayed call never reaches a server, so replaying,
@@ -61,8 +62,13 @@ impl std::fmt::Debug for ServerPool {
 
 impl ServerPool {
     pub fn new(backend: &str, params: &ServeParams, base_model: &str) -> ServerPool {
+        // Numbered: two pools of one backend name in a process (a worker's
+        // two contexts, a fork's rebuilt backend) must not share, or remove,
+        // each other's logs.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let logs =
-            std::env::temp_dir().join(format!("mass-serve-{}-{backend}", std::process::id()));
+            std::env::temp_dir().join(format!("mass-serve-{}-{n}-{backend}", std::process::id()));
         ServerPool {
             backend: backend.to_string(),
             params: params.clone(),
@@ -189,8 +195,9 @@ impl ServerPool {
             .map_err(|e| self.failed(format!("cannot load adapter {model} at {url}: {e}")))?;
         let status = resp.status();
         let text = resp.text().await.unwrap_or_default();
-        // Loaded already (by an earlier process on the same server): the
-        // name is taken by the same files, as names are content ids.
+        // Loaded already: a load whose answer this side gave up on may have
+        // finished on the server. The name is a content id, so the loaded
+        // files are these.
         if status.is_success() || text.contains("already been loaded") {
             return Ok(());
         }

@@ -166,7 +166,8 @@ pub struct ServeParams {
     /// (`adapter_command`); `"vllm"`, loaded into the running base-model
     /// server through vLLM's `POST /v1/load_lora_adapter` (the server
     /// started with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING`),
-    /// and called by its name as the model.
+    /// and called by its name as the model. When set, `adapter_command`
+    /// is not used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adapter_api: Option<AdapterApi>,
 }

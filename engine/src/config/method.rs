@@ -15,7 +15,7 @@ pub struct Method {
 }
 
 /// The version new runs are recorded with.
-pub const CURRENT: u32 = 9;
+pub const CURRENT: u32 = 10;
 
 impl Default for Method {
     fn default() -> Method {
@@ -45,6 +45,13 @@ impl Method {
     pub fn keeps_reasoning(&self) -> bool {
         self.version >= 9
     }
+
+    /// Whether the run's `mass.training` records carry the starting
+    /// model's validation loss (v3, from `mass-engine/10`); earlier runs
+    /// recorded v2, and their replays must write v2 again.
+    pub fn records_base_loss(&self) -> bool {
+        self.version >= 10
+    }
 }
 
 #[cfg(test)]
@@ -53,7 +60,12 @@ mod tests {
 
     #[test]
     fn drivers_name_their_method() {
-        assert_eq!(Method::of_driver("mass-engine/9"), Some(Method::default()));
+        assert_eq!(Method::of_driver("mass-engine/10"), Some(Method::default()));
+        assert!(!Method::of_driver("mass-engine/9").unwrap().legacy());
+        assert!(!Method::of_driver("mass-engine/9")
+            .unwrap()
+            .records_base_loss());
+        assert!(Method::default().records_base_loss());
         assert!(Method::of_driver("mass-engine/8").unwrap().legacy());
         assert!(Method::of_driver("mass-engine/7").unwrap().legacy());
         assert!(!Method::default().legacy());

@@ -179,11 +179,13 @@ fn train(
         .head()
         .ok_or_else(|| EngineError::Invalid("training effect left no event".into()))?;
     let rec = training_record(&ledger, job, &o, &new_model, effect, steps)?;
-    step(
-        main,
-        exp,
-        schemas::to_event(&rec)?.with_parents(vec![effect]),
-    )?;
+    // Runs recorded before `mass-engine/10` wrote v2: their replays must too.
+    let ev = if exp.method.records_base_loss() {
+        schemas::to_event(&rec)?
+    } else {
+        schemas::to_event(&training_v2(rec))?
+    };
+    step(main, exp, ev.with_parents(vec![effect]))?;
     // The trained model plays every role its backend played.
     let promote = |role_backend: &str, current: &str| {
         if role_backend == job.backend_name {
@@ -378,6 +380,29 @@ fn register_model(ctx: &Ctx<'_>, job: &Job<'_>, o: &TrainOutput) -> Result<Strin
         }
         _ => format!("{}+c{cycle}", job.base_model),
     })
+}
+
+/// A v3 record as a run of an older driver wrote it (v2: without the
+/// starting model's loss).
+fn training_v2(t: Training) -> schemas::TrainingV2 {
+    schemas::TrainingV2 {
+        cycle: t.cycle,
+        dataset: t.dataset,
+        base_model: t.base_model,
+        new_model: t.new_model,
+        command: t.command,
+        exit_status: t.exit_status,
+        output: t.output,
+        log: t.log,
+        checkpoint: t.checkpoint,
+        validation_loss: t.validation_loss,
+        effect: t.effect,
+        hyperparameters: t.hyperparameters,
+        checkpoint_reason: t.checkpoint_reason,
+        adapter: t.adapter,
+        trainer_version: t.trainer_version,
+        steps: t.steps,
+    }
 }
 
 /// The `mass.training` record of a finished training.
