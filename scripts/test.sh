@@ -56,7 +56,7 @@ bash trainers/selftest.sh
 # The real loop (examples/real-cpu.toml): two cycles of SmolLM2-135M with
 # real LoRA training between them, the adapter served to cycle 2 by
 # llama-server processes mass starts itself (built once from the vendored
-# llama.cpp, ~6 minutes of 2 cores, cached), template parity on every call,
+# llama.cpp, ~7 minutes of 2 cores, cached), template parity on every call,
 # the chosen checkpoint's validation loss below the base model's, then
 # replayed offline (about 12 minutes on 2 cores).
 scripts/llama-server-env.sh >/dev/null
