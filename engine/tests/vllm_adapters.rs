@@ -95,8 +95,8 @@ fn backend(dir: &Path) -> OpenAiBackend {
     OpenAiBackend::new("policy", &params).unwrap()
 }
 
-fn ask(b: &OpenAiBackend, model: &str) -> String {
-    let req = ChatRequest {
+fn request(model: &str) -> ChatRequest {
+    ChatRequest {
         model: model.into(),
         messages: vec![Message::user("hi")],
         tools: Vec::new(),
@@ -107,8 +107,11 @@ fn ask(b: &OpenAiBackend, model: &str) -> String {
         stop: Vec::new(),
         tool_choice: None,
         response_format: None,
-    };
-    let r = engine::exec::block_on(b.complete(&req))
+    }
+}
+
+fn ask(b: &OpenAiBackend, model: &str) -> String {
+    let r = engine::exec::block_on(b.complete(&request(model)))
         .expect("runtime")
         .unwrap_or_else(|e| panic!("{model}: {e}"));
     r.message.content.unwrap_or_default()
@@ -185,18 +188,7 @@ fn an_adapter_the_server_refuses_is_an_error_naming_it() {
     let empty = d.path().join("empty");
     std::fs::create_dir_all(&empty).unwrap();
     b.register_adapter_dir("base+c1-cccc", &empty).unwrap();
-    let req = ChatRequest {
-        model: "base+c1-cccc".into(),
-        messages: vec![Message::user("hi")],
-        tools: Vec::new(),
-        temperature: 0.0,
-        seed: 1,
-        max_tokens: 8,
-        top_p: None,
-        stop: Vec::new(),
-        tool_choice: None,
-        response_format: None,
-    };
+    let req = request("base+c1-cccc");
     let err = engine::exec::block_on(b.complete(&req))
         .expect("runtime")
         .expect_err("the server refused the adapter");

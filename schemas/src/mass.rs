@@ -754,6 +754,31 @@ impl From<TrainingV2> for Training {
     }
 }
 
+impl From<Training> for TrainingV2 {
+    /// A v3 record as a run of an older driver writes it (v2: without the
+    /// starting model's loss), so replays of such runs stay exact.
+    fn from(t: Training) -> Self {
+        TrainingV2 {
+            cycle: t.cycle,
+            dataset: t.dataset,
+            base_model: t.base_model,
+            new_model: t.new_model,
+            command: t.command,
+            exit_status: t.exit_status,
+            output: t.output,
+            log: t.log,
+            checkpoint: t.checkpoint,
+            validation_loss: t.validation_loss,
+            effect: t.effect,
+            hyperparameters: t.hyperparameters,
+            checkpoint_reason: t.checkpoint_reason,
+            adapter: t.adapter,
+            trainer_version: t.trainer_version,
+            steps: t.steps,
+        }
+    }
+}
+
 /// `mass.train_step` v1: one line of the trainer's metrics file, as
 /// recorded on the cycle's `train` stream (a step's training loss, or a
 /// checkpoint's validation loss). Fields the trainer did not write are

@@ -8,7 +8,7 @@
 //! coordinator's own recording would have.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,7 +59,7 @@ const PREFIX: &str = "mass-worker-";
 impl Scratch {
     /// A fresh scratch root; roots of workers no longer alive are removed.
     pub fn new() -> Result<Scratch> {
-        remove_dead_roots(&std::env::temp_dir());
+        engine::backend::checkouts::remove_dead(&std::env::temp_dir(), PREFIX);
         let root = tempfile::Builder::new()
             .prefix(&format!("{PREFIX}{}-", std::process::id()))
             .tempdir()
@@ -211,26 +211,6 @@ pub fn recorded_heads(ledger: &Ledger) -> Result<BTreeMap<String, Id>> {
         .into_iter()
         .filter_map(|(n, id)| n.strip_prefix(&prefix).map(|r| (r.to_string(), id)))
         .collect())
-}
-
-/// Removes the scratch roots of workers whose process is gone.
-fn remove_dead_roots(tmp: &Path) {
-    let Ok(rd) = std::fs::read_dir(tmp) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix(PREFIX)
-            .and_then(|r| r.split('-').next())
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
 }
 
 /// Test-only: `MASS_WORKER_TEST_ITEM_DELAY_MS=N` makes every item wait N ms

@@ -62,7 +62,7 @@ impl Checkouts {
             return Ok(t.path());
         }
         let tmp = std::env::temp_dir();
-        remove_dead(&tmp);
+        remove_dead(&tmp, PREFIX);
         let made = tempfile::Builder::new()
             .prefix(&format!("{PREFIX}{}-", std::process::id()))
             .tempdir_in(&tmp)
@@ -75,10 +75,11 @@ impl Checkouts {
     }
 }
 
-/// Removes the checkout directories of processes that are gone. Without
-/// a /proc to ask (not mounted), nothing is removed: a live process's
-/// directory must never be taken for a dead one's.
-fn remove_dead(tmp: &Path) {
+/// Removes the directories under `tmp` named `PREFIX<pid>-...` whose
+/// process is gone (adapter checkouts here, a worker's scratch roots in
+/// the workers crate). Without a /proc to ask (not mounted), nothing is
+/// removed: a live process's directory must never be taken for a dead one's.
+pub fn remove_dead(tmp: &Path, prefix: &str) {
     if !Path::new("/proc/self").exists() {
         return;
     }
@@ -88,7 +89,7 @@ fn remove_dead(tmp: &Path) {
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         let Some(pid) = name
-            .strip_prefix(PREFIX)
+            .strip_prefix(prefix)
             .and_then(|r| r.split('-').next())
             .and_then(|p| p.parse::<u32>().ok())
         else {

@@ -183,7 +183,7 @@ fn train(
     let ev = if exp.method.records_base_loss() {
         schemas::to_event(&rec)?
     } else {
-        schemas::to_event(&training_v2(rec))?
+        schemas::to_event(&schemas::TrainingV2::from(rec))?
     };
     step(main, exp, ev.with_parents(vec![effect]))?;
     // The trained model plays every role its backend played.
@@ -380,29 +380,6 @@ fn register_model(ctx: &Ctx<'_>, job: &Job<'_>, o: &TrainOutput) -> Result<Strin
         }
         _ => format!("{}+c{cycle}", job.base_model),
     })
-}
-
-/// A v3 record as a run of an older driver wrote it (v2: without the
-/// starting model's loss).
-fn training_v2(t: Training) -> schemas::TrainingV2 {
-    schemas::TrainingV2 {
-        cycle: t.cycle,
-        dataset: t.dataset,
-        base_model: t.base_model,
-        new_model: t.new_model,
-        command: t.command,
-        exit_status: t.exit_status,
-        output: t.output,
-        log: t.log,
-        checkpoint: t.checkpoint,
-        validation_loss: t.validation_loss,
-        effect: t.effect,
-        hyperparameters: t.hyperparameters,
-        checkpoint_reason: t.checkpoint_reason,
-        adapter: t.adapter,
-        trainer_version: t.trainer_version,
-        steps: t.steps,
-    }
 }
 
 /// The `mass.training` record of a finished training.
