@@ -52,14 +52,16 @@ cargo test --test proxy_llamacpp -- --ignored --nocapture
 # and re-executed against its recording with the server stopped.
 eval "$(scripts/qwen-env.sh | sed 's/^/export /')"
 cargo test --test qwen_code -- --ignored --nocapture
+# llama.cpp's own server (built once from the vendored llama.cpp, ~7
+# minutes of 2 cores, cached), for the trainer's self-test (one server,
+# the adapter chosen per request) and the real loop.
+scripts/llama-server-env.sh >/dev/null
 bash trainers/selftest.sh
 # The real loop (examples/real-cpu.toml): two cycles of SmolLM2-135M with
-# real LoRA training between them, the adapter served to cycle 2 by
-# llama-server processes mass starts itself (built once from the vendored
-# llama.cpp, ~7 minutes of 2 cores, cached), template parity on every call,
-# the chosen checkpoint's validation loss below the base model's, then
-# replayed offline (about 12 minutes on 2 cores).
-scripts/llama-server-env.sh >/dev/null
+# real LoRA training between them, the adapter served to cycle 2 by the
+# one llama-server mass starts itself (restarted with the adapter),
+# template parity on every call, the chosen checkpoint's validation loss
+# below the base model's, then replayed offline (about 8 minutes on 2 cores).
 cargo test --test real_cpu -- --ignored --nocapture
 # The HTML report in a real headless browser (Debian's chromium, installed
 # once; playwright-core cached in ~/.cache/mass/browser); screenshots are

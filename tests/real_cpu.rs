@@ -136,6 +136,285 @@ fn greedy(lora: Option<&Path>) -> String {
     answer
 }
 
+/// The `llama-server` processes a run started, as seen from outside.
+#[derive(Debug, Default)]
+struct Servers {
+    /// Every pid seen, with its command line.
+    started: std::collections::BTreeMap<u32, String>,
+    most_at_once: usize,
+}
+
+/// Runs `cmd` (stdout and stderr to files in `dir`), polling /proc every
+/// 100 ms for `llama-server` processes descending from it.
+fn run_watching_servers(cmd: &mut Command, dir: &Path) -> (Output, Servers) {
+    let (out, err) = (dir.join("run.stdout"), dir.join("run.stderr"));
+    let mut child = cmd
+        .stdout(std::fs::File::create(&out).expect("stdout file"))
+        .stderr(std::fs::File::create(&err).expect("stderr file"))
+        .spawn()
+        .expect("mass run");
+    let mut servers = Servers::default();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        // The server itself, not its warden (whose command line holds
+        // the whole serve command).
+        let now = descendants(child.id())
+            .into_iter()
+            .filter(|(pid, _)| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim() == "llama-server")
+            })
+            .collect::<Vec<_>>();
+        servers.most_at_once = servers.most_at_once.max(now.len());
+        servers.started.extend(now);
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let read = |p: &Path| std::fs::read(p).unwrap_or_default();
+    (
+        Output {
+            status,
+            stdout: read(&out),
+            stderr: read(&err),
+        },
+        servers,
+    )
+}
+
+/// Living (not zombie) processes under `root`, with their command lines.
+fn descendants(root: u32) -> Vec<(u32, String)> {
+    let mut parent = std::collections::BTreeMap::new();
+    let mut lines = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // After the command name in parentheses: state, then the parent.
+        let mut rest = stat.rsplit(')').next().unwrap_or("").split_whitespace();
+        let (state, ppid) = (rest.next(), rest.next().and_then(|p| p.parse::<u32>().ok()));
+        if let (Some(state), Some(ppid)) = (state, ppid) {
+            if state != "Z" {
+                parent.insert(pid, ppid);
+                let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+                lines.insert(pid, String::from_utf8_lossy(&cmdline).replace('\0', " "));
+            }
+        }
+    }
+    let under = |mut pid: u32| loop {
+        match parent.get(&pid) {
+            Some(&p) if p == root => return true,
+            Some(&p) if p > 1 => pid = p,
+            _ => return false,
+        }
+    };
+    lines.into_iter().filter(|(pid, _)| under(*pid)).collect()
+}
+
+/// Both trainings recorded with their losses (the chosen checkpoint's
+/// validation loss below the starting model's in cycle 1), their adapter
+/// files in the ledger, and the training loss going down; returns the
+/// `mass.training` events.
+fn check_trainings<'a>(ledger: &Path, dir: &Path, evs: &'a [Value]) -> Vec<&'a Value> {
+    let of = |kind: &str| -> Vec<&Value> { evs.iter().filter(|e| e["kind"] == kind).collect() };
+    let trainings = of("mass.training");
+    assert_eq!(trainings.len(), 2);
+    for t in &trainings {
+        let p = &t["payload"];
+        assert_eq!(p["exit_status"], 0, "{p}");
+        assert!(
+            p["trainer_version"]
+                .as_str()
+                .unwrap_or("")
+                .contains("sha256:"),
+            "{p}"
+        );
+        assert!(
+            p["checkpoint_reason"]
+                .as_str()
+                .unwrap()
+                .contains("lowest validation loss"),
+            "{p}"
+        );
+        assert!(p["steps"].as_u64().unwrap() >= 4, "{p}");
+        // Learning, measured where it means something: the chosen
+        // checkpoint's loss on the held-out validation lines against the
+        // base model's on the same lines, both recorded, in both cycles
+        // (cycle 2 trains on from cycle 1's adapter; the trainer measures
+        // the base model with the adapter switched off). Cycle 2's own step
+        // (its start, the loss before its first step, to its chosen
+        // checkpoint) is printed: at these settings it was above its start
+        // in most runs.
+        let (chosen, base) = (
+            p["validation_loss"].as_f64().expect("validation_loss"),
+            p["base_validation_loss"]
+                .as_f64()
+                .expect("base_validation_loss recorded"),
+        );
+        let start = of("mass.train_step")
+            .into_iter()
+            .filter(|e| e["payload"]["cycle"] == p["cycle"] && e["payload"]["step"] == 0)
+            .find_map(|e| {
+                let line: Value = serde_json::from_str(e["payload"]["line"].as_str()?).ok()?;
+                line["base_validation_loss"].as_f64()
+            });
+        eprintln!(
+            "cycle {}: validation loss: base model {base}, start {start:?}, chosen {chosen}",
+            p["cycle"]
+        );
+        assert!(
+            chosen < base,
+            "cycle {}: chosen {chosen} >= base model {base}",
+            p["cycle"]
+        );
+        // The adapter files the server loaded are in the ledger.
+        let dir = dir.join(format!("adapter-c{}", p["cycle"]));
+        let o = mass(ledger)
+            .arg("checkout")
+            .arg(p["adapter"].as_str().unwrap())
+            .arg(&dir)
+            .output()
+            .expect("mass checkout");
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(
+            dir.join("adapter.gguf").is_file() && dir.join("adapter_model.safetensors").is_file()
+        );
+    }
+    // The training loss went down in each cycle.
+    for cycle in [1u64, 2] {
+        let losses: Vec<f64> = of("mass.train_step")
+            .into_iter()
+            .filter(|e| e["payload"]["cycle"] == cycle)
+            .filter_map(|e| e["payload"]["train_loss"].as_f64())
+            .collect();
+        assert!(losses.len() >= 4, "cycle {cycle}: {losses:?}");
+        assert!(losses.last() < losses.first(), "cycle {cycle}: {losses:?}");
+    }
+    trainings
+}
+
+/// The tuned model played cycle 2's team and judge.
+fn check_cycle2_players(evs: &[Value], c1: &str) {
+    let of = |kind: &str| -> Vec<&Value> { evs.iter().filter(|e| e["kind"] == kind).collect() };
+    let rollouts: Vec<&Value> = of("mass.rollout")
+        .into_iter()
+        .filter(|e| e["payload"]["cycle"] == 2 && e["payload"]["purpose"] == "collect")
+        .collect();
+    assert!(!rollouts.is_empty());
+    assert!(rollouts
+        .iter()
+        .all(|r| r["payload"]["orchestrator_model"] == c1));
+    let judged: Vec<&Value> = of("mass.judgment")
+        .into_iter()
+        .filter(|e| {
+            e["stream"].as_str().unwrap_or("").starts_with("c2/")
+                && e["stream"].as_str().unwrap_or("").contains("/pair/")
+        })
+        .collect();
+    assert!(!judged.is_empty() && judged.iter().all(|j| j["payload"]["judge_model"] == c1));
+}
+
+/// The report plots the recorded losses, sets each cycle's chosen
+/// checkpoint beside its starting model, and shows template parity on
+/// every live call of every served model.
+fn check_report(ledger: &Path, trainings: &[&Value], c1: &str) {
+    // The report plots the recorded losses and sets each cycle's chosen
+    // checkpoint beside its starting model.
+    let r = json(ledger, &["report", "real-cpu", "--json"]);
+    assert!(
+        r["cycles"][0]["loss"]
+            .as_array()
+            .is_some_and(|l| l.len() >= 4),
+        "{r}"
+    );
+    for (c, rec) in r["cycles"]
+        .as_array()
+        .expect("cycles")
+        .iter()
+        .zip(trainings)
+    {
+        let t = &c["training"];
+        assert_eq!(
+            t["validation_loss"], rec["payload"]["validation_loss"],
+            "{t}"
+        );
+        assert_eq!(
+            t["base_validation_loss"], rec["payload"]["base_validation_loss"],
+            "{t}"
+        );
+    }
+    // Template parity: every live call to every served model (the base
+    // model and both adapters) was counted by the trainer's template and
+    // tokenizer, and the server counted the same.
+    // The evaluations, whatever they say (a 135M model may not improve):
+    // printed for the record with their intervals.
+    for (i, c) in r["cycles"].as_array().expect("cycles").iter().enumerate() {
+        for e in c["figures"]["evaluations"].as_array().into_iter().flatten() {
+            eprintln!(
+                "cycle {} evaluation {} vs {} ({}): judgments {}-{}-{} (W/(W+L) {}), pairs {}-{}-{}, pair win rate {} interval {}",
+                i + 1,
+                e["split"],
+                e["against"],
+                e["judge_model"],
+                e["judgment_wins"],
+                e["judgment_losses"],
+                e["judgment_ties"],
+                e["judgment_win_rate"],
+                e["wins"],
+                e["losses"],
+                e["ties"],
+                e["win_rate"],
+                e["interval"]
+            );
+        }
+    }
+    let parity = r["template_parity"].as_object().expect("template_parity");
+    eprintln!("template parity: {parity:?}");
+    for m in ["smollm2-135m", c1] {
+        let p = &parity
+            .get(m)
+            .unwrap_or_else(|| panic!("no parity for {m}: {parity:?}"));
+        assert!(p["calls"].as_u64() > Some(0), "{m}: {p}");
+        assert_eq!(p["equal"], p["calls"], "{m}: {p}");
+    }
+    for (m, p) in parity {
+        assert_eq!(p["equal"], p["calls"], "{m}: {p}");
+    }
+}
+
+/// Tool calls come back structured (llama-server parses the model's
+/// <tool_call> blocks into `tool_calls`), never left in the text.
+fn check_tool_calls(ledger: &Path, evs: &[Value]) {
+    let of = |kind: &str| -> Vec<&Value> { evs.iter().filter(|e| e["kind"] == kind).collect() };
+    let (mut answered, mut structured) = (0, 0);
+    for e in of("effect") {
+        let p = &e["payload"];
+        let Some(output) = p["output"].as_str().filter(|_| p["effect"] == "model") else {
+            continue;
+        };
+        let o = mass(ledger)
+            .args(["cat", output])
+            .output()
+            .expect("mass cat");
+        assert!(o.status.success(), "{}", text(&o));
+        let out: Value = serde_json::from_slice(&o.stdout).expect("model output");
+        let m = &out["message"];
+        answered += 1;
+        if m["tool_calls"].as_array().is_some_and(|c| !c.is_empty()) {
+            structured += 1;
+        }
+        assert!(
+            !m["content"].as_str().unwrap_or("").contains("<tool_call>"),
+            "a tool call left as text: {m}"
+        );
+    }
+    eprintln!("{structured} of {answered} team calls came back with structured tool calls");
+    assert!(answered > 0, "no team call recorded");
+}
+
 #[test]
 #[ignore = "needs the llama.cpp and training venvs (scripts/llamacpp-server.sh, scripts/train-env.sh); minutes"]
 fn two_real_cycles_train_serve_the_adapter_and_replay_offline() {
@@ -152,14 +431,29 @@ fn two_real_cycles_train_serve_the_adapter_and_replay_offline() {
     std::fs::write(&exp, definition).expect("experiment");
     let ledger = d.path().join("ledger");
     let t = Instant::now();
-    let o = mass(&ledger)
-        .arg("run")
-        .arg(&exp)
-        .arg("--quiet")
-        .output()
-        .expect("mass run");
+    let (o, servers) =
+        run_watching_servers(mass(&ledger).arg("run").arg(&exp).arg("--quiet"), d.path());
     eprintln!("mass run examples/real-cpu.toml: {:.0?}", t.elapsed());
     assert!(o.status.success(), "{}", text(&o));
+    // One llama-server at a time served the base model and every adapter
+    // (`adapter_api = "llama-cpp"`): restarted with each new adapter, never
+    // a second server beside it.
+    eprintln!(
+        "llama-server processes: {} started, at most {} at once",
+        servers.started.len(),
+        servers.most_at_once
+    );
+    assert_eq!(servers.most_at_once, 1, "{servers:?}");
+    let loras: Vec<usize> = servers
+        .started
+        .values()
+        .map(|line| line.matches(" --lora ").count())
+        .collect();
+    assert_eq!(
+        loras,
+        [0, 1, 2],
+        "the base model's server, restarted with cycle 1's adapter, then with both: {servers:?}"
+    );
 
     // Two cycles, each training a model of its own.
     let st = json(&ledger, &["status", "real-cpu", "--json"]);
@@ -184,156 +478,10 @@ fn two_real_cycles_train_serve_the_adapter_and_replay_offline() {
     );
 
     let evs = events(&ledger, d.path());
-    let of = |kind: &str| -> Vec<&Value> { evs.iter().filter(|e| e["kind"] == kind).collect() };
-    let trainings = of("mass.training");
-    assert_eq!(trainings.len(), 2);
-    for t in &trainings {
-        let p = &t["payload"];
-        assert_eq!(p["exit_status"], 0, "{p}");
-        assert!(
-            p["trainer_version"]
-                .as_str()
-                .unwrap_or("")
-                .contains("sha256:"),
-            "{p}"
-        );
-        assert!(
-            p["checkpoint_reason"]
-                .as_str()
-                .unwrap()
-                .contains("lowest validation loss"),
-            "{p}"
-        );
-        assert!(p["steps"].as_u64().unwrap() >= 4, "{p}");
-        // Learning, measured where it means something: the chosen
-        // checkpoint's loss on the held-out validation lines against the
-        // starting model's on the same lines, both recorded. Asserted for
-        // cycle 1, which starts from the base model. Cycle 2 continues
-        // cycle 1's adapter, and at these settings its chosen checkpoint
-        // was above its start in two of three runs (1.372 -> 1.373 with 4
-        // steps, 1.465 -> 1.489 with 8; 0.917 -> 0.892 once): printed, not
-        // asserted, until continued training is tuned (see the closing note).
-        let (chosen, base) = (
-            p["validation_loss"].as_f64().expect("validation_loss"),
-            p["base_validation_loss"]
-                .as_f64()
-                .expect("base_validation_loss recorded"),
-        );
-        eprintln!("cycle {}: validation loss {base} -> {chosen}", p["cycle"]);
-        if p["cycle"] == 1 {
-            assert!(chosen < base, "cycle 1: chosen {chosen} >= base {base}");
-        }
-        // The adapter files the second server loaded are in the ledger.
-        let dir = d.path().join(format!("adapter-c{}", p["cycle"]));
-        let o = mass(&ledger)
-            .arg("checkout")
-            .arg(p["adapter"].as_str().unwrap())
-            .arg(&dir)
-            .output()
-            .expect("mass checkout");
-        assert!(o.status.success(), "{}", text(&o));
-        assert!(
-            dir.join("adapter.gguf").is_file() && dir.join("adapter_model.safetensors").is_file()
-        );
-    }
-    // The training loss went down in each cycle.
-    for cycle in [1u64, 2] {
-        let losses: Vec<f64> = of("mass.train_step")
-            .into_iter()
-            .filter(|e| e["payload"]["cycle"] == cycle)
-            .filter_map(|e| e["payload"]["train_loss"].as_f64())
-            .collect();
-        assert!(losses.len() >= 4, "cycle {cycle}: {losses:?}");
-        assert!(losses.last() < losses.first(), "cycle {cycle}: {losses:?}");
-    }
-    // The tuned model played cycle 2's team and judge.
-    let rollouts: Vec<&Value> = of("mass.rollout")
-        .into_iter()
-        .filter(|e| e["payload"]["cycle"] == 2 && e["payload"]["purpose"] == "collect")
-        .collect();
-    assert!(!rollouts.is_empty());
-    assert!(rollouts
-        .iter()
-        .all(|r| r["payload"]["orchestrator_model"] == c1.as_str()));
-    let judged: Vec<&Value> = of("mass.judgment")
-        .into_iter()
-        .filter(|e| {
-            e["stream"].as_str().unwrap_or("").starts_with("c2/")
-                && e["stream"].as_str().unwrap_or("").contains("/pair/")
-        })
-        .collect();
-    assert!(
-        !judged.is_empty()
-            && judged
-                .iter()
-                .all(|j| j["payload"]["judge_model"] == c1.as_str())
-    );
-    // The report plots the recorded losses and sets each cycle's chosen
-    // checkpoint beside its starting model.
-    let r = json(&ledger, &["report", "real-cpu", "--json"]);
-    assert!(
-        r["cycles"][0]["loss"]
-            .as_array()
-            .is_some_and(|l| l.len() >= 4),
-        "{r}"
-    );
-    for (c, rec) in r["cycles"]
-        .as_array()
-        .expect("cycles")
-        .iter()
-        .zip(&trainings)
-    {
-        let t = &c["training"];
-        assert_eq!(
-            t["validation_loss"], rec["payload"]["validation_loss"],
-            "{t}"
-        );
-        assert_eq!(
-            t["base_validation_loss"], rec["payload"]["base_validation_loss"],
-            "{t}"
-        );
-    }
-    // Template parity: every live call to every served model (the base
-    // model and both adapters) was counted by the trainer's template and
-    // tokenizer, and the server counted the same.
-    let parity = r["template_parity"].as_object().expect("template_parity");
-    eprintln!("template parity: {parity:?}");
-    for m in ["smollm2-135m", c1.as_str()] {
-        let p = &parity
-            .get(m)
-            .unwrap_or_else(|| panic!("no parity for {m}: {parity:?}"));
-        assert!(p["calls"].as_u64() > Some(0), "{m}: {p}");
-        assert_eq!(p["equal"], p["calls"], "{m}: {p}");
-    }
-    for (m, p) in parity {
-        assert_eq!(p["equal"], p["calls"], "{m}: {p}");
-    }
-    // Tool calls come back structured (llama-server parses the model's
-    // <tool_call> blocks into `tool_calls`), never left in the text.
-    let (mut answered, mut structured) = (0, 0);
-    for e in of("effect") {
-        let p = &e["payload"];
-        let Some(output) = p["output"].as_str().filter(|_| p["effect"] == "model") else {
-            continue;
-        };
-        let o = mass(&ledger)
-            .args(["cat", output])
-            .output()
-            .expect("mass cat");
-        assert!(o.status.success(), "{}", text(&o));
-        let out: Value = serde_json::from_slice(&o.stdout).expect("model output");
-        let m = &out["message"];
-        answered += 1;
-        if m["tool_calls"].as_array().is_some_and(|c| !c.is_empty()) {
-            structured += 1;
-        }
-        assert!(
-            !m["content"].as_str().unwrap_or("").contains("<tool_call>"),
-            "a tool call left as text: {m}"
-        );
-    }
-    eprintln!("{structured} of {answered} team calls came back with structured tool calls");
-    assert!(answered > 0, "no team call recorded");
+    let trainings = check_trainings(&ledger, d.path(), &evs);
+    check_cycle2_players(&evs, &c1);
+    check_report(&ledger, &trainings, &c1);
+    check_tool_calls(&ledger, &evs);
 
     // The adapter changes the model: same prompt, same seed, greedy.
     let adapter = d.path().join("adapter-c1");

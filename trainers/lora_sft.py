@@ -36,7 +36,11 @@ Output (OUTPUT_DIR):
       {"kind": "dataset", "split": "train"|"validation", "examples", "truncated",
        "dropped_without_assistant_tokens", "tokens", "supervised_tokens", "max_length",
        "truncation"}
-      {"kind": "base", "step": 0, "base_validation_loss"}           (unless --no-eval-base)
+      {"kind": "base_model", "base_model_validation_loss"}          (with --init-adapter, unless
+                                                                   --no-eval-base: the base model,
+                                                                   the adapter switched off)
+      {"kind": "base", "step": 0, "base_validation_loss"}           (unless --no-eval-base: the
+                                                                   starting model, before step 1)
       {"kind": "step", "step", "train_loss", "learning_rate", "tokens", "tokens_total",
        "epoch", "grad_norm", "mean_token_accuracy", "seconds"}      one per optimizer step
       {"kind": "checkpoint", "step", "checkpoint": "checkpoint-N", "validation_loss",
@@ -548,7 +552,10 @@ def main(argv=None):
     cfg = training_arguments(a, SFTConfig)
 
     checkpoints = []  # {"checkpoint", "step", "validation_loss", "epoch"}
-    state = {"eval": None, "tokens_total": 0, "t_step": time.time(), "base": None, "train_runtime": None}
+    state = {
+        "eval": None, "tokens_total": 0, "t_step": time.time(), "base": None, "train_runtime": None,
+        "base_model": None, "measuring_base_model": False,
+    }
 
     class Recorder(TrainerCallback):
         def on_train_begin(self, args, st, control, **kw):
@@ -556,7 +563,12 @@ def main(argv=None):
 
         def on_log(self, args, st, control, logs=None, **kw):
             logs = logs or {}
-            if "eval_loss" in logs:
+            if "eval_loss" in logs and state["measuring_base_model"]:
+                loss = finite_or_none(logs["eval_loss"])
+                state["base_model"] = loss
+                emit({"kind": "base_model", "base_model_validation_loss": loss})
+                print(f"lora_sft: base model (adapter off) validation loss {loss}", file=sys.stderr)
+            elif "eval_loss" in logs:
                 loss = finite_or_none(logs["eval_loss"])
                 state["eval"] = (st.global_step, loss)
                 if st.global_step == 0:
@@ -634,6 +646,14 @@ def main(argv=None):
         callbacks=[Recorder()],
     )
     trainer.remove_callback(PrinterCallback)  # our own lines on stderr instead of log dicts on stdout
+    if a.init_adapter and a.eval_base:
+        # Trained on from an adapter: the base model itself (the adapter
+        # switched off) on the same validation lines, so that learning is
+        # measured against the base model in every cycle, not only the first.
+        state["measuring_base_model"] = True
+        with trainer.model.disable_adapter():
+            trainer.evaluate()
+        state["measuring_base_model"] = False
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     print(
         f"lora_sft: training {trainable} LoRA parameters (r={a.rank}, alpha={a.alpha}, all linear layers) "
@@ -654,6 +674,8 @@ def main(argv=None):
         f"lowest validation loss ({best['validation_loss']:.6g} at step {best['step']}) "
         f"of {len(valid)} checkpoint(s)"
     )
+    if state["base_model"] is not None:
+        reason += f"; the base model: {state['base_model']:.6g}"
     if state["base"] is not None:
         reason += f"; {'the initial adapter' if a.init_adapter else 'the base model'}: {state['base']:.6g}"
     if a.keep_checkpoints == "best":
@@ -711,6 +733,7 @@ def main(argv=None):
             "validation": dict(val_summary, file=os.path.abspath(a.validation), sha256=sha256_file(a.validation)),
         },
         "base_validation_loss": state["base"],
+        "base_model_validation_loss": state["base_model"] if a.init_adapter else state["base"],
         "checkpoints": checkpoints,
         "chosen": {
             "checkpoint": best["checkpoint"],

@@ -61,6 +61,9 @@ REASONING = os.path.join(HERE, "testdata", "reasoning.jsonl")
 BASE_DIR = os.path.join(CACHE, "smollm2-135m-hf")
 GGUF = os.path.join(CACHE, "SmolLM2-135M-Instruct.Q4_1.gguf")
 LLAMACPP_PY = os.environ.get("MASS_LLAMACPP_PYTHON") or os.path.join(CACHE, "llamacpp-venv", "bin", "python")
+# llama.cpp's own server, built by scripts/llama-server-env.sh.
+LLAMA_SERVER = os.environ.get("MASS_LLAMA_SERVER") or os.path.join(CACHE, "llama-server-0.3.36", "bin", "llama-server")
+SERVE_TEMPLATE = os.path.join(HERE, "chatml_tools.serve.jinja")
 TEMPLATE = os.path.join(HERE, "chatml_tools.jinja")
 
 # A short, fast and strong training: the last 128 tokens of each example (the
@@ -443,6 +446,32 @@ class Training(unittest.TestCase):
         self.assertEqual(r.fields["adapter.lora.alpha"].contents(), 32.0)
         self.assertEqual(len(r.tensors), 30 * 7 * 2)
 
+    def test_continued_training_measures_the_base_model_and_its_start(self):
+        """Trained on from an adapter (as cycle 2 trains on from cycle 1's), the trainer measures
+        the base model with the adapter switched off and the starting adapter, on the same lines.
+        Oracles: the base model's loss is what seed 1 measured before its first step (same base
+        model, same validation file), and the start is seed 1's chosen checkpoint's loss."""
+        first = RUNS[1]
+        init = os.path.join(first["dir"], first["trainer"]["chosen"]["checkpoint"])
+        out = os.path.join(WORK, "continued")
+        run_trainer(out, *TRAIN_ARGS, "--seed", "1", "--max-steps", "2", "--eval-every", "2", "--init-adapter", init)
+        ms = read_metrics(out)
+        base_model = [m for m in ms if m["kind"] == "base_model"]
+        start = [m for m in ms if m["kind"] == "base"]
+        self.assertEqual(len(base_model), 1, ms)
+        self.assertEqual(len(start), 1, ms)
+        self.assertAlmostEqual(base_model[0]["base_model_validation_loss"], first["trainer"]["base_validation_loss"], places=4)
+        self.assertAlmostEqual(start[0]["base_validation_loss"], first["trainer"]["chosen"]["validation_loss"], places=4)
+        with open(os.path.join(out, "trainer.json"), encoding="utf-8") as f:
+            rec = json.load(f)
+        self.assertEqual(rec["base_model_validation_loss"], base_model[0]["base_model_validation_loss"])
+        self.assertIn("the base model: ", rec["chosen"]["reason"])
+        self.assertIn("the initial adapter: ", rec["chosen"]["reason"])
+        note(
+            f"continued from seed 1's adapter: base model {base_model[0]['base_model_validation_loss']:.4f}, "
+            f"start {start[0]['base_validation_loss']:.4f}, chosen {rec['chosen']['validation_loss']:.4f}"
+        )
+
     def test_train_loss_decreases(self):
         for seed, run in RUNS.items():
             steps = [m for m in run["metrics"] if m["kind"] == "step"]
@@ -498,15 +527,18 @@ def free_port():
 class Server:
     """llama-cpp-python's OpenAI server on 127.0.0.1, always stopped."""
 
-    def __init__(self, lora=None):
+    def __init__(self, lora=None, cmd=None):
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="llamacpp-", suffix=".log", dir=WORK, delete=False)
-        cmd = [
-            LLAMACPP_PY, "-m", "llama_cpp.server", "--model", GGUF, "--host", "127.0.0.1",
-            "--port", str(self.port), "--n_threads", "2", "--n_ctx", "2048", "--seed", "1234",
-        ]
-        if lora:
-            cmd += ["--lora_path", lora]
+        if cmd is None:
+            cmd = [
+                LLAMACPP_PY, "-m", "llama_cpp.server", "--model", GGUF, "--host", "127.0.0.1",
+                "--port", str(self.port), "--n_threads", "2", "--n_ctx", "2048", "--seed", "1234",
+            ]
+            if lora:
+                cmd += ["--lora_path", lora]
+        else:
+            cmd = [c.replace("{port}", str(self.port)) for c in cmd]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def __enter__(self):
@@ -546,6 +578,32 @@ class Server:
         with urllib.request.urlopen(req, timeout=300) as r:
             return json.load(r)["choices"][0]["text"]
 
+    def get(self, path):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=60) as r:
+            return json.load(r)
+
+    def chat(self, messages, tools, extra=None):
+        """A greedy chat completion's text and tool calls, as a comparable string."""
+        body = {"model": "x", "messages": messages, "tools": tools, "max_tokens": 32, "temperature": 0,
+                "seed": 1234, "top_k": 1}
+        body.update(extra or {})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/chat/completions", data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=300) as r:
+                m = json.load(r)["choices"][0]["message"]
+        except urllib.error.HTTPError as e:
+            raise AssertionError(f"HTTP {e.code}: {e.read()[:500]!r}") from None
+        return json.dumps([m.get("content"), m.get("tool_calls")], sort_keys=True)
+
+
+def llama_server(*extra):
+    """The command of a llama-server as the real loop runs it (examples/real-cpu.toml)."""
+    return [LLAMA_SERVER, "-m", GGUF, "--jinja", "--chat-template-file", SERVE_TEMPLATE, "--host", "127.0.0.1",
+            "--port", "{port}", "-t", "2", "-c", "4096", "-np", "1", *extra]
+
 
 class Serving(unittest.TestCase):
     def test_adapter_changes_greedy_output(self):
@@ -569,6 +627,32 @@ class Serving(unittest.TestCase):
         self.assertNotEqual(tuned, base, "the LoRA adapter did not change the greedy completion")
         self.assertTrue(base.strip() or tuned.strip())
         note(f"served: base {base[:70]!r} | with adapter {tuned[:70]!r}")
+
+    def test_one_llama_server_serves_the_base_model_and_the_adapter_per_request(self):
+        """What `serve.adapter_api = "llama-cpp"` relies on, on the real server: started with
+        `--lora-init-without-apply --lora FILE`, it lists the adapter with its id, and a request's
+        `lora` scales make it answer exactly as a server with the adapter applied (scale 1) or a
+        server without it (scale 0), on the served chat template and its tools."""
+        if not os.path.exists(LLAMA_SERVER):
+            self.fail(f"{LLAMA_SERVER} missing: scripts/llama-server-env.sh builds it")
+        adapter = os.path.join(RUNS[1]["dir"], RUNS[1]["trainer"]["chosen"]["checkpoint"], "adapter.gguf")
+        _, msgs, tools = lora_sft.read_jsonl(VALID)[0]
+        first = next(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+        # The system prompt, the tools and the first user turn: ~2,000 tokens.
+        prompt = msgs[:first]
+        with Server(cmd=llama_server("--lora-init-without-apply", "--lora", adapter)) as shared:
+            listed = shared.get("/lora-adapters")
+            self.assertEqual([(a["id"], a["path"]) for a in listed], [(0, adapter)])
+            on = shared.chat(prompt, tools, {"lora": [{"id": 0, "scale": 1.0}]})
+            off = shared.chat(prompt, tools, {"lora": [{"id": 0, "scale": 0.0}]})
+        with Server(cmd=llama_server("--lora", adapter)) as applied:
+            tuned = applied.chat(prompt, tools)
+        with Server(cmd=llama_server()) as plain:
+            base = plain.chat(prompt, tools)
+        self.assertNotEqual(tuned, base, "the adapter did not change the greedy answer: the test would prove nothing")
+        self.assertEqual(on, tuned, "scale 1 on the shared server is not the adapter applied")
+        self.assertEqual(off, base, "scale 0 on the shared server is not the base model")
+        note(f"one llama-server, per-request adapter: base {base[:60]!r} | adapter {tuned[:60]!r}")
 
 
 CLASSES = (Schedule, Errors, Mask, Reading, Tokenizer, Training, Serving)

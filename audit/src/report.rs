@@ -76,7 +76,7 @@ pub struct CycleReport {
     pub loss: Vec<LossPoint>,
     /// The cycle's `mass.training` record: the model it made and whether
     /// it learnt (the chosen checkpoint's validation loss against the
-    /// starting model's on the same lines); null when the cycle trained
+    /// base model's on the same lines); null when the cycle trained
     /// nothing.
     pub training: Option<TrainedModel>,
     /// Per task, how the outer loop's verdicts split by the position the
@@ -146,8 +146,9 @@ pub struct TrainedModel {
     pub checkpoint: String,
     /// The chosen checkpoint's loss on the held-out validation lines.
     pub validation_loss: f64,
-    /// The starting model's loss on the same lines, when the trainer
-    /// measured it (null otherwise, and for records older than v3).
+    /// The base model's loss on the same lines, when the trainer measured
+    /// it (as `mass.training` v3 defines it; null otherwise, and for
+    /// records older than v3).
     pub base_validation_loss: Option<f64>,
 }
 

@@ -32,9 +32,9 @@ pub struct TrainOutput {
     pub exit_status: i32,
     pub checkpoint: String,
     pub validation_loss: f64,
-    /// The starting model's validation loss, from the metrics line with a
-    /// finite `base_validation_loss` (absent in effects recorded before it
-    /// was read).
+    /// The base model's validation loss, as [`base_validation_loss`]
+    /// reads it from the metrics (absent in effects recorded before it was
+    /// read).
     #[serde(default)]
     pub base_validation_loss: Option<f64>,
     /// Tree of the output directory and blob of the log, as hex ids.
@@ -283,14 +283,21 @@ fn sim_base_loss(base: &SimParams, v: &DatasetStats) -> f64 {
         + (base.verification - ratio(v.validating_examples, v.examples, base.verification)).abs()
 }
 
-/// The starting model's validation loss from a metrics JSONL file: the
-/// first line with a finite `base_validation_loss` (trainers/lora_sft.py
-/// writes it before the first step unless told `--no-eval-base`).
+/// The base model's validation loss from a metrics JSONL file: the first
+/// finite `base_model_validation_loss` (trainers/lora_sft.py measures the
+/// base model with the adapter switched off when it trains on from one),
+/// else the first finite `base_validation_loss` (the loss before the first
+/// step, which is the base model's when training starts from it; written
+/// unless the trainer is told `--no-eval-base`). Metrics recorded before
+/// the first key existed give what they gave.
 pub fn base_validation_loss(metrics: &str) -> Option<f64> {
-    metrics.lines().find_map(|line| {
-        let v = serde_json::from_str::<Value>(line).ok()?;
-        v["base_validation_loss"].as_f64().filter(|l| l.is_finite())
-    })
+    let first = |key: &str| {
+        metrics.lines().find_map(|line| {
+            let v = serde_json::from_str::<Value>(line).ok()?;
+            v[key].as_f64().filter(|l| l.is_finite())
+        })
+    };
+    first("base_model_validation_loss").or_else(|| first("base_validation_loss"))
 }
 
 /// Picks the checkpoint with the lowest validation loss from a metrics JSONL
@@ -319,6 +326,19 @@ pub fn best_checkpoint(metrics: &str) -> Option<(String, f64, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_base_model_measured_under_a_continued_adapter_is_the_base_loss() {
+        // Cycle 2 trains on from cycle 1's adapter: the loss before its
+        // first step is that adapter's; the base model's is its own line.
+        let continued = "{\"kind\":\"base_model\",\"base_model_validation_loss\":3.5}\n{\"kind\":\"base\",\"step\":0,\"base_validation_loss\":1.25}\n";
+        assert_eq!(base_validation_loss(continued), Some(3.5));
+        let first = "{\"kind\":\"base\",\"step\":0,\"base_validation_loss\":1.25}\n";
+        assert_eq!(base_validation_loss(first), Some(1.25));
+        let not_finite = "{\"base_model_validation_loss\":null}\n{\"base_validation_loss\":2.0}\n";
+        assert_eq!(base_validation_loss(not_finite), Some(2.0));
+        assert_eq!(base_validation_loss("not json\n{}\n"), None);
+    }
 
     #[test]
     fn stats_read_delegation_checks_and_flaws() {

@@ -40,12 +40,13 @@ fn pool(dir: &Path) -> ServerPool {
     let params = ServeParams {
         prompt_tokens_command: None,
         adapter_api: None,
+        adapter_file: None,
         command,
         adapter_command: None,
         ready_path: "/".into(),
         start_timeout_secs: 30,
     };
-    ServerPool::new("lifetime", &params, "m")
+    ServerPool::new("lifetime", &params, "m", None)
 }
 
 /// A process as it was seen: its pid and start time (so a reused pid is
@@ -220,12 +221,13 @@ fn a_server_that_fails_keeps_its_log() {
     let params = ServeParams {
         prompt_tokens_command: None,
         adapter_api: None,
+        adapter_file: None,
         command: "echo the weights are missing >&2; exit 3".into(),
         adapter_command: None,
         ready_path: "/".into(),
         start_timeout_secs: 30,
     };
-    let pool = ServerPool::new("keeps-logs", &params, "m");
+    let pool = ServerPool::new("keeps-logs", &params, "m", None);
     let err = runtime()
         .block_on(pool.base_url("m"))
         .expect_err("a server that exits is an error");

@@ -76,6 +76,7 @@ fn backend(dir: &Path) -> OpenAiBackend {
         start_timeout_secs: 30,
         prompt_tokens_command: None,
         adapter_api: Some(AdapterApi::Vllm),
+        adapter_file: None,
     };
     let params = OpenAiParams {
         base_url: "http://127.0.0.1/v1".into(),

@@ -647,10 +647,12 @@ pub struct Training {
     pub checkpoint: String,
     /// The chosen checkpoint's loss on the held-out validation lines.
     pub validation_loss: f64,
-    /// The loss of the model training started from (the base model, or
-    /// the adapter it trained on from) on the same lines, before the first
-    /// step, when the trainer measured it (its metrics line with
-    /// `base_validation_loss`).
+    /// The base model's loss on the same lines, when the trainer measured
+    /// it: its metrics line with `base_model_validation_loss` (the base
+    /// model with the adapter switched off, when training went on from
+    /// one), else with `base_validation_loss` (before the first step). Runs
+    /// recorded before trainers/lora_sft.py measured the base model under a
+    /// continued adapter carry the starting adapter's loss there.
     pub base_validation_loss: Option<f64>,
     /// The trainer effect that ran it.
     pub effect: Hash32,

@@ -96,6 +96,9 @@ pub type Reply<'a> = std::pin::Pin<
 pub struct Endpoint {
     pub base_url: String,
     pub api_key: Option<String>,
+    /// While held, a server `mass` started for it is not restarted (for
+    /// another adapter); hold the endpoint as long as its URL is used.
+    pub hold: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Endpoint {

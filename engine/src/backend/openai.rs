@@ -82,6 +82,14 @@ impl OpenAiBackend {
             .filter(|v| !v.trim().is_empty())
             .unwrap_or_else(|| params.base_url.clone());
         let url = format!("{}/chat/completions", base.trim().trim_end_matches('/'));
+        let pool = params.serve.as_ref().map(|s| {
+            Arc::new(super::serve::ServerPool::new(
+                name,
+                s,
+                &params.model,
+                api_key.clone(),
+            ))
+        });
         Ok(OpenAiBackend {
             name: name.to_string(),
             params: params.clone(),
@@ -91,10 +99,7 @@ impl OpenAiBackend {
             limit: Arc::new(tokio::sync::Semaphore::new(
                 params.max_concurrency.max(1) as usize
             )),
-            pool: params
-                .serve
-                .as_ref()
-                .map(|s| Arc::new(super::serve::ServerPool::new(name, s, &params.model))),
+            pool,
             counter: params
                 .serve
                 .as_ref()
@@ -146,23 +151,32 @@ impl OpenAiBackend {
             top_p: req.top_p,
             stop: (!req.stop.is_empty()).then_some(req.stop.as_slice()),
             response_format,
+            lora: None,
         }
     }
 
+    /// Sends `req` once. The route (a server `mass` started) is held
+    /// until the answer is read, so that server is not restarted under it.
     async fn attempt(
         &self,
-        model: &str,
-        body: Vec<u8>,
+        req: &ChatRequest,
     ) -> Result<(reqwest::StatusCode, Option<Duration>, Vec<u8>), BackendError> {
         let _permit = self
             .limit
             .acquire()
             .await
             .map_err(|_| self.failed("the request limiter was closed".into(), None))?;
-        let url = match &self.pool {
-            Some(pool) => format!("{}/chat/completions", pool.base_url(model).await?),
-            None => self.url.clone(),
+        let mut wire = self.wire(req);
+        let (url, _route) = match &self.pool {
+            Some(pool) => {
+                let route = pool.route(&req.model).await?;
+                wire.lora = route.lora.clone();
+                (format!("{}/chat/completions", route.base_url), Some(route))
+            }
+            None => (self.url.clone(), None),
         };
+        let body = serde_json::to_vec(&wire)
+            .map_err(|e| self.failed(format!("cannot encode the request: {e}"), None))?;
         let mut rb = self
             .client
             .post(&url)
@@ -215,17 +229,25 @@ impl Backend for OpenAiBackend {
 
     fn endpoint<'a>(&'a self, model: &'a str) -> super::EndpointLookup<'a> {
         Box::pin(async move {
-            let base_url = match &self.pool {
-                Some(pool) => pool.base_url(model).await?,
-                None => self
-                    .url
-                    .strip_suffix("/chat/completions")
-                    .unwrap_or(&self.url)
-                    .to_string(),
+            let (base_url, hold) = match &self.pool {
+                Some(pool) => {
+                    let route = pool.external(model).await?;
+                    let url = route.base_url.clone();
+                    let hold: Arc<dyn std::any::Any + Send + Sync> = Arc::new(route);
+                    (url, Some(hold))
+                }
+                None => (
+                    self.url
+                        .strip_suffix("/chat/completions")
+                        .unwrap_or(&self.url)
+                        .to_string(),
+                    None,
+                ),
             };
             Ok(Some(super::Endpoint {
                 base_url,
                 api_key: self.api_key.clone(),
+                hold,
             }))
         })
     }
@@ -255,10 +277,18 @@ impl Backend for OpenAiBackend {
 
     fn complete<'a>(&'a self, req: &'a ChatRequest) -> super::Reply<'a> {
         Box::pin(async move {
-            let body = serde_json::to_vec(&self.wire(req))
-                .map_err(|e| self.failed(format!("cannot encode the request: {e}"), None))?;
-            let counted = self.counter.as_ref().map(|c| (c.clone(), body.clone()));
-            let (status, retry_after, raw) = self.attempt(&req.model, body).await?;
+            // What the trainer would see: the request as recorded, without
+            // the routing fields `attempt` adds.
+            let counted = match &self.counter {
+                Some(c) => Some((
+                    c.clone(),
+                    serde_json::to_vec(&self.wire(req)).map_err(|e| {
+                        self.failed(format!("cannot encode the request: {e}"), None)
+                    })?,
+                )),
+                None => None,
+            };
+            let (status, retry_after, raw) = self.attempt(req).await?;
             let mut reply = classify(&self.name, status.as_u16(), retry_after, raw)?;
             if let Some((counter, body)) = counted {
                 let model = req.model.clone();
@@ -507,6 +537,10 @@ struct WireRequest<'a> {
     stop: Option<&'a [String]>,
     #[serde(skip_serializing_if = "Option::is_none")]
     response_format: Option<Value>,
+    /// llama.cpp's per-request adapter scales (`serve.adapter_api =
+    /// "llama-cpp"`): set where the request is routed, never recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lora: Option<Value>,
 }
 
 fn quote_body(raw: &[u8]) -> String {

@@ -166,18 +166,39 @@ pub struct ServeParams {
     /// (`adapter_command`); `"vllm"`, loaded into the running base-model
     /// server through vLLM's `POST /v1/load_lora_adapter` (the server
     /// started with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING`),
-    /// and called by its name as the model. When set, `adapter_command`
-    /// is not used.
+    /// and called by its name as the model; `"llama-cpp"`, one
+    /// `llama-server` for the base model and every adapter, its `command`
+    /// given them all through `{loras}` and each request picking its own
+    /// (`lora` in the body). With either, `adapter_command` is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adapter_api: Option<AdapterApi>,
+    /// With `adapter_api = "llama-cpp"`: the adapter's GGUF inside its
+    /// directory (`{loras}` names `DIR/adapter_file` for each adapter);
+    /// absent, `adapter.gguf` (what trainers/lora_sft.py writes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter_file: Option<String>,
 }
 
-/// A server API that loads adapters into a running server.
+impl ServeParams {
+    /// The adapter's GGUF inside its directory (`adapter_file`).
+    pub fn adapter_file(&self) -> &str {
+        self.adapter_file.as_deref().unwrap_or("adapter.gguf")
+    }
+}
+
+/// A server API that serves adapters from the base model's running server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum AdapterApi {
     /// vLLM: `POST /v1/load_lora_adapter {"lora_name", "lora_path"}`.
     Vllm,
+    /// llama.cpp's `llama-server`: it cannot load an adapter once running,
+    /// so the one server is restarted (after the requests in flight end)
+    /// with every adapter known so far (`--lora-init-without-apply --lora
+    /// FILE ...` in place of `{loras}`, applied to no request by default),
+    /// and each request names its adapter (`"lora": [{"id", "scale"}]`,
+    /// the ids read back from `GET /lora-adapters`).
+    LlamaCpp,
 }
 
 fn default_ready_path() -> String {
@@ -188,8 +209,9 @@ fn default_start_timeout() -> u64 {
     300
 }
 
-/// Placeholders of `serve.command` and `serve.adapter_command`.
-pub const SERVE_PLACEHOLDERS: [&str; 3] = ["port", "model", "adapter"];
+/// Placeholders of `serve.command` and `serve.adapter_command` (`{loras}`:
+/// `command` only, with `adapter_api = "llama-cpp"`).
+pub const SERVE_PLACEHOLDERS: [&str; 4] = ["port", "model", "adapter", "loras"];
 
 /// The `response_format` dialect a server speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

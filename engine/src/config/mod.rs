@@ -665,6 +665,79 @@ optimizer = "sim"
     }
 
     #[test]
+    fn serve_commands_and_adapter_apis_are_checked() {
+        let parse = |serve: &str| {
+            let text = format!(
+                "{MINIMAL}\n[backends.server]\nkind = \"openai\"\nmodel = \"m\"\nbase_url = \"http://a:1/v1\"\n[backends.server.serve]\n{serve}\n"
+            );
+            Experiment::parse(&text, "exp.toml").map_err(|e| e.to_string())
+        };
+        for (serve, says) in [
+            ("command = \"serve {model}\"", "command must use {port}"),
+            (
+                "command = \"s {port}\"\nadapter_command = \"s {port}\"",
+                "adapter_command must use {adapter}",
+            ),
+            (
+                "command = \"s {port} {loras}\"",
+                "only adapter_api = \"llama-cpp\" fills",
+            ),
+            (
+                "command = \"s {port}\"\nadapter_api = \"llama-cpp\"",
+                "must use {loras} with adapter_api = \"llama-cpp\"",
+            ),
+            (
+                "command = \"s {port}\"\nadapter_command = \"s {port} {adapter} {loras}\"",
+                "adapter_command cannot use {loras}",
+            ),
+            (
+                "command = \"s {port}\"\nadapter_command = \"s {port} {adapter}\"\nadapter_api = \"vllm\"",
+                "adapter_command is not used with adapter_api",
+            ),
+            (
+                "command = \"s {port} {loras}\"\nadapter_api = \"llama-cpp\"\nadapter_file = \"../x.gguf\"",
+                "adapter_file must be a relative path inside",
+            ),
+            (
+                "command = \"s {port}\"\nadapter_api = \"vllm\"\nadapter_file = \"a.gguf\"",
+                "adapter_file is used only with adapter_api = \"llama-cpp\"",
+            ),
+        ] {
+            let err = parse(serve).expect_err(serve);
+            assert!(err.contains(says), "{serve}: {err}");
+        }
+        let e = parse("command = \"s {port} {loras}\"\nadapter_api = \"llama-cpp\"").unwrap();
+        let serve = match &e.backends["server"] {
+            Backend::OpenAi(p) => p.serve.clone().unwrap(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(serve.adapter_api, Some(AdapterApi::LlamaCpp));
+        assert_eq!(serve.adapter_file(), "adapter.gguf");
+        // An external harness sends its own requests: it could select no
+        // adapter of llama.cpp's, so the pairing is refused up front.
+        let external = |api: &str| {
+            let text = format!(
+                "name = \"t\"\nseed = 7\ntasks_dir = \"tasks\"\n[backends.server]\nkind = \"openai\"\nmodel = \"m\"\nbase_url = \"http://a:1/v1\"\n[backends.server.serve]\n{api}\n[roles]\norchestrator = \"server\"\njudge = \"server\"\noptimizer = \"server\"\n[harness]\nkind = \"external\"\ncommand = \"agent {{prompt_file}}\"\n"
+            );
+            Experiment::parse(&text, "exp.toml").map_err(|e| e.to_string())
+        };
+        let err = external("command = \"s {port} {loras}\"\nadapter_api = \"llama-cpp\"")
+            .expect_err("refused");
+        assert!(
+            err.contains("harness.kind = \"external\" cannot call the adapters"),
+            "{err}"
+        );
+        external("command = \"s {port}\"\nadapter_command = \"s {port} {adapter}\"")
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Absent keys stay out of the definition: older experiments keep their ids.
+        let plain = parse("command = \"s {port}\"").unwrap().definition_toml();
+        assert!(
+            !plain.contains("adapter_file") && !plain.contains("adapter_api"),
+            "{plain}"
+        );
+    }
+
+    #[test]
     fn sampling_is_per_role_with_the_old_defaults_and_checked() {
         let e = minimal();
         assert_eq!(e.sampling.team, SamplingConfig::with(0.7, 4096));

@@ -7,8 +7,9 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use super::{
-    expand_placeholders, quote_list, Backend, ConfigError, Experiment, HarnessKind, OpenAiParams,
-    Problem, ServeParams, SimConfig, TrainerKind, SERVE_PLACEHOLDERS, TRAINER_PLACEHOLDERS,
+    expand_placeholders, quote_list, AdapterApi, Backend, ConfigError, Experiment, HarnessKind,
+    OpenAiParams, Problem, ServeParams, SimConfig, TrainerKind, SERVE_PLACEHOLDERS,
+    TRAINER_PLACEHOLDERS,
 };
 
 impl Experiment {
@@ -112,6 +113,23 @@ impl Experiment {
         }
     }
 
+    /// An external harness calls its model's server itself, with bodies
+    /// `mass` does not write: it cannot select one of llama.cpp's
+    /// per-request adapters, so a trained model would be answered by the
+    /// base model. Refused before anything is recorded.
+    fn check_harness_backend(&self, v: &mut Validator) {
+        let name = self.roles.orchestrator.as_str();
+        let Some(Backend::OpenAi(p)) = self.backends.get(name) else {
+            return;
+        };
+        if p.serve.as_ref().and_then(|s| s.adapter_api) == Some(AdapterApi::LlamaCpp) {
+            v.add(
+                "harness.kind",
+                format!("harness.kind = \"external\" cannot call the adapters of backends.{name} (serve.adapter_api = \"llama-cpp\"): the harness sends its own requests, which select no adapter, so a trained model would be answered by the base model; serve adapters with serve.adapter_command instead"),
+            );
+        }
+    }
+
     fn check_harness(&self, v: &mut Validator) {
         let h = &self.harness;
         match h.kind {
@@ -153,6 +171,7 @@ impl Experiment {
                         );
                     }
                 }
+                self.check_harness_backend(v);
                 if let Err(e) = proxy::Normaliser::new(&h.normalise) {
                     v.add("harness.normalise", format!("harness.normalise: {e}"));
                 }
@@ -537,8 +556,9 @@ fn check_serve(key: &str, serve: &ServeParams, v: &mut Validator) {
     ];
     for (name, cmd) in commands {
         let Some(cmd) = cmd else { continue };
-        check_serve_command(key, name, cmd, v);
+        check_serve_command(key, name, cmd, serve.adapter_api, v);
     }
+    check_adapter_api(key, serve, v);
     if serve.start_timeout_secs == 0 {
         v.add(
             format!("{key}.serve.start_timeout_secs"),
@@ -564,9 +584,47 @@ fn check_serve(key: &str, serve: &ServeParams, v: &mut Validator) {
     }
 }
 
+/// `serve.adapter_api` beside the keys it replaces or needs: never with
+/// `adapter_command` (one of the two would be silently unused); with
+/// `"llama-cpp"`, an `adapter_file` inside the adapter's directory.
+fn check_adapter_api(key: &str, serve: &ServeParams, v: &mut Validator) {
+    if serve.adapter_api.is_some() && serve.adapter_command.is_some() {
+        v.add(
+            format!("{key}.serve.adapter_command"),
+            format!("{key}.serve.adapter_command is not used with adapter_api (adapters are served by the base model's server): remove one of the two"),
+        );
+    }
+    if let Some(file) = &serve.adapter_file {
+        let path = std::path::Path::new(file);
+        let inside = !file.trim().is_empty()
+            && path
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !inside {
+            v.add(
+                format!("{key}.serve.adapter_file"),
+                format!("{key}.serve.adapter_file must be a relative path inside the adapter's directory, such as \"adapter.gguf\" (got {file:?})"),
+            );
+        }
+        if serve.adapter_api != Some(AdapterApi::LlamaCpp) {
+            v.add(
+                format!("{key}.serve.adapter_file"),
+                format!("{key}.serve.adapter_file is used only with adapter_api = \"llama-cpp\""),
+            );
+        }
+    }
+}
+
 /// One serve command (`name` is `command` or `adapter_command`): known
-/// placeholders only, `{port}` always, `{adapter}` in the adapter command.
-fn check_serve_command(key: &str, name: &str, cmd: &str, v: &mut Validator) {
+/// placeholders only, `{port}` always, `{adapter}` in the adapter command,
+/// `{loras}` in `command` exactly when adapters go to llama.cpp's server.
+fn check_serve_command(
+    key: &str,
+    name: &str,
+    cmd: &str,
+    api: Option<AdapterApi>,
+    v: &mut Validator,
+) {
     let mut used = Vec::new();
     let checked = expand_placeholders(cmd, |n| {
         used.push(n.to_string());
@@ -596,6 +654,33 @@ fn check_serve_command(key: &str, name: &str, cmd: &str, v: &mut Validator) {
         );
     } else if name == "adapter_command" && !used.iter().any(|u| u == "adapter") {
         v.add(field, format!("{key}.serve.adapter_command must use {{adapter}}, the directory of the adapter files"));
+    } else if let Some(problem) = loras_problem(key, name, &used, api) {
+        v.add(field, problem);
+    }
+}
+
+/// Where `{loras}` is wrong: anywhere but `command`, or in `command`
+/// without `adapter_api = "llama-cpp"` (nothing would fill it), or
+/// missing from `command` with it (the server would know no adapter).
+fn loras_problem(
+    key: &str,
+    name: &str,
+    used: &[String],
+    api: Option<AdapterApi>,
+) -> Option<String> {
+    let has = used.iter().any(|u| u == "loras");
+    let llama = api == Some(AdapterApi::LlamaCpp);
+    match (name, has, llama) {
+        ("command", false, true) => Some(format!(
+            "{key}.serve.command must use {{loras}} with adapter_api = \"llama-cpp\": mass puts the adapters' --lora options there"
+        )),
+        ("command", true, false) => Some(format!(
+            "{key}.serve.command uses {{loras}}, which only adapter_api = \"llama-cpp\" fills: set it, or remove {{loras}}"
+        )),
+        ("command", _, _) | (_, false, _) => None,
+        (_, true, _) => Some(format!(
+            "{key}.serve.{name} cannot use {{loras}}: only serve.command takes it"
+        )),
     }
 }
 

@@ -163,9 +163,17 @@ fn perform(
 ) -> std::result::Result<EffectOutput, EffectError> {
     let transient =
         |what: &str, e: &dyn std::fmt::Display| EffectError::transient(format!("{what}: {e}"));
+    // Held to the end of the harness's run: a server `mass` started is not
+    // restarted under it. A backend that cannot serve this model to a
+    // program calling it directly will not on a retry either.
     let endpoint = handle
         .block_on(team.orchestrator.endpoint(&team.orchestrator_model))
-        .map_err(|e| transient("the model endpoint", &e))?
+        .map_err(|e| match e {
+            crate::backend::BackendError::Config { .. } => {
+                EffectError::final_(format!("the model endpoint: {e}"))
+            }
+            e => transient("the model endpoint", &e),
+        })?
         .ok_or_else(|| {
             EffectError::final_(
                 "the orchestrator's backend has no HTTP endpoint for an external harness",
