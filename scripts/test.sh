@@ -37,10 +37,6 @@ cargo test --workspace --test llamacpp -- --ignored
 # restarts (a few minutes on 2 cores; one test at a time: the server answers
 # one request at a time).
 cargo test --test llamacpp_cycle -- --ignored --test-threads=1 --nocapture
-# The real LoRA trainer (trainers/lora_sft.py): its environment built once
-# (scripts/train-env.sh: ~2 minutes and 6.5 GB in ~/.cache/mass the first
-# time), then a few training steps on CPU checked end to end, the adapter
-# served by the llama.cpp build above changing the model's greedy output.
 scripts/llamacpp-server.sh stop
 # The recording proxy with the official OpenAI Python client (a venv built
 # once in ~/.cache/mass/openai-venv) against a llama.cpp server of the
@@ -53,14 +49,18 @@ cargo test --test proxy_llamacpp -- --ignored --nocapture
 eval "$(scripts/qwen-env.sh | sed 's/^/export /')"
 cargo test --test qwen_code -- --ignored --nocapture
 # llama.cpp's own server (built once from the vendored llama.cpp, ~7
-# minutes of 2 cores, cached), for the trainer's self-test (one server,
-# the adapter chosen per request) and the real loop.
+# minutes of 2 cores, cached), for the trainer's self-test and the real loop.
 scripts/llama-server-env.sh >/dev/null
+# The real LoRA trainer (trainers/lora_sft.py): its environment built once
+# (scripts/train-env.sh: ~2 minutes and 6.5 GB in ~/.cache/mass the first
+# time), then a few training steps on CPU checked end to end (continued
+# from an adapter too), the adapter changing the model's greedy output, and
+# one llama-server choosing the adapter per request as one started with it.
 bash trainers/selftest.sh
 # The real loop (examples/real-cpu.toml): two cycles of SmolLM2-135M with
-# real LoRA training between them, the adapter served to cycle 2 by the
-# one llama-server mass starts itself (restarted with the adapter),
-# template parity on every call, the chosen checkpoint's validation loss
+# real LoRA training between them, the adapters served to cycle 2 by the
+# one llama-server mass starts itself (restarted with each new adapter),
+# template parity on every call, each chosen checkpoint's validation loss
 # below the base model's, then replayed offline (about 8 minutes on 2 cores).
 cargo test --test real_cpu -- --ignored --nocapture
 # The HTML report in a real headless browser (Debian's chromium, installed

@@ -981,7 +981,7 @@ fn every_win_rate_in_the_report_names_its_unit() {
 
 /// Whether training learnt is read off the records: each cycle's
 /// `mass.training` (v3) carries the chosen checkpoint's validation loss and
-/// the starting model's on the same lines; `report --json` has both under
+/// the base model's on the same lines; `report --json` has both under
 /// the cycle's `training`, equal to the record's, and the text report sets
 /// them side by side. The simulated trainer measures its base model as a
 /// real one does.

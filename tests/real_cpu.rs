@@ -2,11 +2,13 @@
 //! two MASS cycles with SmolLM2-135M served by llama.cpp's `llama-server`
 //! that `mass` starts itself (the training template, `--jinja`), a real
 //! LoRA fine-tune (trainers/lora_sft.py) between them, and the trained
-//! adapter served to the next cycle. Checks: every stage recorded; the
-//! training steps and their losses recorded as events, the training loss
-//! going down; cycle 1's chosen checkpoint's validation loss below the base
-//! model's on the same held-out lines (both cycles' figures in the records
-//! and `report --json`); template parity on every live call of every served
+//! adapter served to the next cycle. Checks: one llama-server at a time,
+//! started with 0, then 1, then 2 adapters (`adapter_api = "llama-cpp"`,
+//! watched in /proc); every stage recorded; the training steps and their
+//! losses recorded as events, the training loss going down; each cycle's
+//! chosen checkpoint's validation loss below the base model's on the same
+//! held-out lines (the figures in the records and `report --json`; the
+//! evaluations printed); template parity on every live call of every served
 //! model (the server's prompt tokens equal to the trainer's count); no tool
 //! call left as text; the tuned model playing cycle 2's team
 //! and judge; the adapter changing the served model's greedy output (same
@@ -215,7 +217,7 @@ fn descendants(root: u32) -> Vec<(u32, String)> {
 }
 
 /// Both trainings recorded with their losses (the chosen checkpoint's
-/// validation loss below the starting model's in cycle 1), their adapter
+/// validation loss below the base model's in both cycles), their adapter
 /// files in the ledger, and the training loss going down; returns the
 /// `mass.training` events.
 fn check_trainings<'a>(ledger: &Path, dir: &Path, evs: &'a [Value]) -> Vec<&'a Value> {
@@ -318,11 +320,12 @@ fn check_cycle2_players(evs: &[Value], c1: &str) {
 }
 
 /// The report plots the recorded losses, sets each cycle's chosen
-/// checkpoint beside its starting model, and shows template parity on
+/// checkpoint beside the base model's loss, prints the evaluations, and
+/// shows template parity on
 /// every live call of every served model.
 fn check_report(ledger: &Path, trainings: &[&Value], c1: &str) {
     // The report plots the recorded losses and sets each cycle's chosen
-    // checkpoint beside its starting model.
+    // checkpoint beside the base model's loss.
     let r = json(ledger, &["report", "real-cpu", "--json"]);
     assert!(
         r["cycles"][0]["loss"]
@@ -346,9 +349,6 @@ fn check_report(ledger: &Path, trainings: &[&Value], c1: &str) {
             "{t}"
         );
     }
-    // Template parity: every live call to every served model (the base
-    // model and both adapters) was counted by the trainer's template and
-    // tokenizer, and the server counted the same.
     // The evaluations, whatever they say (a 135M model may not improve):
     // printed for the record with their intervals.
     for (i, c) in r["cycles"].as_array().expect("cycles").iter().enumerate() {
@@ -371,6 +371,9 @@ fn check_report(ledger: &Path, trainings: &[&Value], c1: &str) {
             );
         }
     }
+    // Template parity: every live call to every served model (the base
+    // model and both adapters) was counted by the trainer's template and
+    // tokenizer, and the server counted the same.
     let parity = r["template_parity"].as_object().expect("template_parity");
     eprintln!("template parity: {parity:?}");
     for m in ["smollm2-135m", c1] {
@@ -416,7 +419,7 @@ fn check_tool_calls(ledger: &Path, evs: &[Value]) {
 }
 
 #[test]
-#[ignore = "needs the llama.cpp and training venvs (scripts/llamacpp-server.sh, scripts/train-env.sh); minutes"]
+#[ignore = "needs llama-server and the llama.cpp and training venvs (scripts/llama-server-env.sh, scripts/llamacpp-server.sh, scripts/train-env.sh); minutes"]
 fn two_real_cycles_train_serve_the_adapter_and_replay_offline() {
     let d = tempfile::tempdir().expect("tempdir");
     let tasks = root().join("examples/tasks");

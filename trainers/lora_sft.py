@@ -24,7 +24,8 @@ model directory, the converter and the venv). What it does:
   naming FILE:LINE, those left without an assistant token;
 - trains a LoRA adapter (all linear layers of the fp32 base, TRL's SFTTrainer,
   CPU, deterministic for a given --seed), logging every optimizer step;
-- evaluates the validation loss before training (the base model) and at every
+- evaluates the validation loss before training (the starting model; with
+  --init-adapter also the base model, the adapter switched off) and at every
   checkpoint (every --eval-every steps and at the last step), saves the checkpoint
   as a PEFT adapter and converts it to a llama.cpp LoRA GGUF
   (convert_lora_to_gguf.py from the llama-cpp-python release that serves it) so
@@ -574,7 +575,7 @@ def main(argv=None):
                 if st.global_step == 0:
                     state["base"] = loss
                     emit({"kind": "base", "step": 0, "base_validation_loss": loss})
-                    print(f"lora_sft: base model validation loss {loss}", file=sys.stderr)
+                    print(f"lora_sft: starting model validation loss {loss}", file=sys.stderr)
                     state["t_step"] = time.time()
             elif "loss" in logs:
                 now = time.time()

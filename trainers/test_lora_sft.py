@@ -525,7 +525,7 @@ def free_port():
 
 
 class Server:
-    """llama-cpp-python's OpenAI server on 127.0.0.1, always stopped."""
+    """A model server on 127.0.0.1 (llama-cpp-python's by default, or `cmd`), always stopped."""
 
     def __init__(self, lora=None, cmd=None):
         self.port = free_port()
@@ -600,7 +600,8 @@ class Server:
 
 
 def llama_server(*extra):
-    """The command of a llama-server as the real loop runs it (examples/real-cpu.toml)."""
+    """The command of a llama-server as the real loop runs it (examples/real-cpu.toml), with one
+    4,096-token slot."""
     return [LLAMA_SERVER, "-m", GGUF, "--jinja", "--chat-template-file", SERVE_TEMPLATE, "--host", "127.0.0.1",
             "--port", "{port}", "-t", "2", "-c", "4096", "-np", "1", *extra]
 

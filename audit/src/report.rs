@@ -271,7 +271,7 @@ fn workflow_lines(l: &Ledger, rollout: Id) -> Result<Vec<String>> {
 }
 
 /// Each cycle's `mass.training` record (on the main stream), as the model
-/// it made and its validation loss against its starting model's.
+/// it made and its validation loss against the base model's.
 fn trainings(main: &[Event], cycles: &mut BTreeMap<u32, CycleReport>) -> Result<()> {
     for ev in main {
         let Some(t) = Training::read(ev) else {

@@ -38,7 +38,7 @@ use crate::task::load_suite;
 /// `execution` stream (`run.execution`); it also drives version-7 runs,
 /// whose `run.started` holds the file as given and which have no
 /// `execution` stream. Version 9 follows MASS as the articles describe it
-/// (`config::Method`). Version 10 records the starting model's validation
+/// (`config::Method`). Version 10 records the base model's validation
 /// loss (`mass.training` v3); it drives version-9 runs, writing v2 for them.
 pub const DRIVER: &str = "mass-engine/10";
 

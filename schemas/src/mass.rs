@@ -732,7 +732,7 @@ impl From<TrainingV1> for TrainingV2 {
 }
 
 impl From<TrainingV2> for Training {
-    /// A v2 record read as v3: v2 did not record the starting model's loss.
+    /// A v2 record read as v3: v2 did not record the base model's loss.
     fn from(t: TrainingV2) -> Self {
         Training {
             cycle: t.cycle,
@@ -758,7 +758,7 @@ impl From<TrainingV2> for Training {
 
 impl From<Training> for TrainingV2 {
     /// A v3 record as a run of an older driver writes it (v2: without the
-    /// starting model's loss), so replays of such runs stay exact.
+    /// base model's loss), so replays of such runs stay exact.
     fn from(t: Training) -> Self {
         TrainingV2 {
             cycle: t.cycle,

@@ -577,7 +577,7 @@ fn write_inner(out: &mut impl Write, c: &audit::report::CycleReport) -> std::io:
 
 /// The report's training lines: the loss from first to last step and the
 /// lowest validation loss with its checkpoint, then the model made and its
-/// validation loss against the starting model's.
+/// validation loss against the base model's.
 fn write_training(
     out: &mut impl Write,
     loss: &[audit::report::LossPoint],
@@ -620,7 +620,7 @@ fn write_training(
                 }
             ),
             None => format!(
-                "{:.4} (the starting model's was not measured)",
+                "{:.4} (the base model's was not measured)",
                 t.validation_loss
             ),
         };

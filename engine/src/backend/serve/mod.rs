@@ -2,10 +2,11 @@
 //! per model the run calls live (with `adapter_api`, one for the base model
 //! and every adapter: loaded into it through vLLM's API, or given to
 //! llama.cpp's server when it starts, see [`llama_cpp`]), started on the
-//! first call for that model and kept until the backend is dropped. The base model is served with
-//! `command`; a trained model with `adapter_command`, its `{adapter}` the
-//! directory of the adapter files (the chosen checkpoint, checked out of
-//! the ledger). A replayed call never reaches a server, so replaying,
+//! first call for that model and kept until the backend is dropped
+//! (llama.cpp's: restarted for each new adapter). The base model is served
+//! with `command`; without `adapter_api`, a trained model with
+//! `adapter_command`, its `{adapter}` the directory of the adapter files
+//! (the chosen checkpoint, checked out of the ledger). A replayed call never reaches a server, so replaying,
 //! re-judging offline or auditing a run starts none.
 //!
 //! Each server runs supervised (the `supervise` crate): its output goes to a
@@ -67,8 +68,8 @@ pub struct ServerPool {
     /// A server failed to start, or died before the pool stopped it: its
     /// log is kept (and named) when the pool ends, not removed.
     failed: std::sync::atomic::AtomicBool,
-    /// Sent to the servers' own endpoints (`/lora-adapters`) as to the
-    /// model calls; never in an error.
+    /// Sent to llama-server's `GET /lora-adapters` as to the model calls;
+    /// never in an error.
     api_key: Option<String>,
     /// llama.cpp: adapters the server could not start with (a missing or
     /// unloadable file), each with the reason; left out of later starts so
@@ -390,10 +391,13 @@ impl ServerPool {
 
     /// Starts llama.cpp's server for the base model with every adapter
     /// registered and not broken. An adapter whose file is missing is
-    /// broken at once; when a start with adapters new since the last good
-    /// one fails, it is tried once more without them, and if that starts,
-    /// they are the cause: marked broken with the first error, so the base
-    /// model and the other adapters stay served.
+    /// broken at once. When a start with adapters new since the last good
+    /// start fails twice (once could be a port taken meanwhile), it is
+    /// tried without all of them; if that starts, every one of them is
+    /// marked broken with the first error (in the loop one adapter is new
+    /// at a time; after a resume, several may be, and a good one goes down
+    /// with a bad one), so the base model and the other adapters stay
+    /// served.
     async fn start_with_adapters(&self, model: &str) -> Result<Server, BackendError> {
         let file = self.params.adapter_file();
         let mut loras = self
@@ -418,22 +422,29 @@ impl ServerPool {
             .filter(|n| !good.contains(*n))
             .cloned()
             .collect();
-        let (server, started) = match self.start(model, None, &loras).await {
-            Ok(server) => (server, loras),
-            Err(first) if !fresh.is_empty() => match self.start(model, None, &known).await {
-                Ok(server) => {
-                    let mut broken = self.broken.lock().unwrap_or_else(|p| p.into_inner());
-                    for name in fresh {
-                        broken.insert(name, format!("the server did not start with it: {first}"));
-                    }
-                    (server, known)
-                }
-                Err(_) => return Err(first),
-            },
+        let first = match self.start(model, None, &loras).await {
+            Ok(server) => return Ok(self.started(server, &loras)),
+            Err(first) if !fresh.is_empty() => first,
             Err(first) => return Err(first),
         };
-        *self.good.lock().unwrap_or_else(|p| p.into_inner()) = started.into_keys().collect();
-        Ok(server)
+        if let Ok(server) = self.start(model, None, &loras).await {
+            return Ok(self.started(server, &loras));
+        }
+        let Ok(server) = self.start(model, None, &known).await else {
+            return Err(first);
+        };
+        let mut broken = self.broken.lock().unwrap_or_else(|p| p.into_inner());
+        for name in fresh {
+            broken.insert(name, format!("the server did not start with it: {first}"));
+        }
+        drop(broken);
+        Ok(self.started(server, &known))
+    }
+
+    /// Notes the adapters of a server that started, and hands it back.
+    fn started(&self, server: Server, loras: &BTreeMap<String, PathBuf>) -> Server {
+        *self.good.lock().unwrap_or_else(|p| p.into_inner()) = loras.keys().cloned().collect();
+        server
     }
 
     /// Runs the server command `line` under supervision, its output to a
