@@ -599,11 +599,11 @@ class Server:
         return json.dumps([m.get("content"), m.get("tool_calls")], sort_keys=True)
 
 
-def llama_server(*extra):
+def llama_server(*extra, ctx=4096):
     """The command of a llama-server as the real loop runs it (examples/real-cpu.toml), with one
-    4,096-token slot."""
+    slot of `ctx` tokens."""
     return [LLAMA_SERVER, "-m", GGUF, "--jinja", "--chat-template-file", SERVE_TEMPLATE, "--host", "127.0.0.1",
-            "--port", "{port}", "-t", "2", "-c", "4096", "-np", "1", *extra]
+            "--port", "{port}", "-t", "2", "-c", str(ctx), "-np", "1", *extra]
 
 
 class Serving(unittest.TestCase):
@@ -654,6 +654,28 @@ class Serving(unittest.TestCase):
         self.assertEqual(on, tuned, "scale 1 on the shared server is not the adapter applied")
         self.assertEqual(off, base, "scale 0 on the shared server is not the base model")
         note(f"one llama-server, per-request adapter: base {base[:60]!r} | adapter {tuned[:60]!r}")
+
+    def test_a_tool_call_comes_back_structured(self):
+        """The served template and llama-server's parser turn the trained model's <tool_call> block
+        into a structured `tool_calls` entry, as the real loop asks (`tool_choice` "required"): the
+        conversation of a validation example up to its last assistant turn, which is a tool call."""
+        if not os.path.exists(LLAMA_SERVER):
+            self.fail(f"{LLAMA_SERVER} missing: scripts/llama-server-env.sh builds it")
+        adapter = os.path.join(RUNS[1]["dir"], RUNS[1]["trainer"]["chosen"]["checkpoint"], "adapter.gguf")
+        _, msgs, tools = lora_sft.read_jsonl(VALID)[0]
+        last = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+        self.assertTrue(msgs[last].get("tool_calls"), "the example's last assistant turn is not a tool call")
+        with Server(cmd=llama_server("--lora", adapter, ctx=8192)) as s:
+            content, calls = json.loads(
+                s.chat(msgs[:last], tools, {"tool_choice": "required", "max_tokens": 256})
+            )
+        names = {t["function"]["name"] for t in tools}
+        self.assertTrue(calls, f"no structured tool call; content: {content!r}")
+        self.assertNotIn("<tool_call>", content or "", "a tool call left in the text")
+        for c in calls:
+            self.assertIn(c["function"]["name"], names, c)
+            json.loads(c["function"]["arguments"])  # arguments are a JSON object's text
+        note(f"structured tool call from the trained model: {calls[0]['function']['name']}({calls[0]['function']['arguments'][:60]})")
 
 
 CLASSES = (Schedule, Errors, Mask, Reading, Tokenizer, Training, Serving)

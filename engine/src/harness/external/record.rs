@@ -148,6 +148,28 @@ pub async fn run(
     close_run(&mut orch, &mut ws, spec, team, rules, initial, played).await
 }
 
+/// Where the harness reaches the orchestrator's model. A backend that
+/// cannot serve this model to a program calling it directly will not on a
+/// retry either: that is final.
+fn endpoint(
+    handle: &tokio::runtime::Handle,
+    team: &Team,
+) -> std::result::Result<crate::backend::Endpoint, EffectError> {
+    handle
+        .block_on(team.orchestrator.endpoint(&team.orchestrator_model))
+        .map_err(|e| match e {
+            crate::backend::BackendError::Config { .. } => {
+                EffectError::final_(format!("the model endpoint: {e}"))
+            }
+            e => EffectError::transient(format!("the model endpoint: {e}")),
+        })?
+        .ok_or_else(|| {
+            EffectError::final_(
+                "the orchestrator's backend has no HTTP endpoint for an external harness",
+            )
+        })
+}
+
 /// Runs the program once, recording its traffic; the effect's output.
 #[allow(clippy::too_many_arguments)]
 fn perform(
@@ -164,21 +186,8 @@ fn perform(
     let transient =
         |what: &str, e: &dyn std::fmt::Display| EffectError::transient(format!("{what}: {e}"));
     // Held to the end of the harness's run: a server `mass` started is not
-    // restarted under it. A backend that cannot serve this model to a
-    // program calling it directly will not on a retry either.
-    let endpoint = handle
-        .block_on(team.orchestrator.endpoint(&team.orchestrator_model))
-        .map_err(|e| match e {
-            crate::backend::BackendError::Config { .. } => {
-                EffectError::final_(format!("the model endpoint: {e}"))
-            }
-            e => transient("the model endpoint", &e),
-        })?
-        .ok_or_else(|| {
-            EffectError::final_(
-                "the orchestrator's backend has no HTTP endpoint for an external harness",
-            )
-        })?;
+    // restarted under it.
+    let endpoint = endpoint(handle, team)?;
     let mut upstream =
         Upstream::new(&endpoint.base_url).map_err(|e| EffectError::final_(e.to_string()))?;
     if let Some(key) = endpoint.api_key.as_deref() {
