@@ -117,6 +117,159 @@ fn exported_events(ledger: &Path, run: &str) -> Vec<Value> {
         .collect()
 }
 
+/// One provenance line of an exported dataset: `why` of its rollout, of
+/// its conversation and of the exported file's line all lead back to it;
+/// returns the model it trained and whether its workflow had a lineage.
+fn check_provenance_line(
+    ledger: &Path,
+    dir: &Path,
+    seed: u64,
+    p: &Value,
+    train: &[String],
+    validation: &[String],
+) -> (String, bool) {
+    let mut lineage = false;
+    let rollout = p["rollout"].as_str().expect("rollout id");
+    let file = p["file"].as_str().expect("file");
+    let line = p["line"].as_u64().expect("line") as usize;
+    let lines = if file == "train" { train } else { validation };
+    assert!(line >= 1 && line <= lines.len(), "seed {seed}: {p}");
+    let w = json(ledger, &["why", rollout, "--json"]);
+    assert_eq!(w["rollout"]["event"], rollout);
+    assert_eq!(w["selection"]["decision"], file, "seed {seed}: {w}");
+    assert_eq!(w["selection"]["event"], p["selection"]);
+    assert_eq!(w["ranking"]["event"], p["ranking"]);
+    let back = w["dataset_lines"].as_array().expect("dataset lines");
+    assert!(
+        back.iter()
+            .any(|b| b["file"] == file && b["line"] == line as u64),
+        "seed {seed}: why {rollout} does not name {file} line {line}: {w}"
+    );
+    // Every judgment named the rollout, and the ranking counted them.
+    let judged = w["judgments"].as_array().expect("judgments");
+    let r = &w["ranking"];
+    let decided = judged.iter().filter(|j| j["outcome"] != "invalid").count() as u64;
+    assert!(
+        r["wins"].as_u64().unwrap() + r["losses"].as_u64().unwrap() + r["ties"].as_u64().unwrap()
+            <= decided,
+        "seed {seed}: {w}"
+    );
+    // The conversation form names the same rollout.
+    let conv = p["conversation"].as_str().expect("conversation");
+    let wc = json(ledger, &["why", conv, "--json"]);
+    assert_eq!(wc["rollout"]["event"], rollout);
+    assert_eq!(wc["agents"].as_array().map(Vec::len), Some(1));
+    // A workflow that is not the bare task has its lineage: the
+    // proposal and the promotion that made it champion.
+    if w["workflow"]["bare"] == false {
+        lineage = true;
+        let m = &w["workflow"]["promotion"];
+        assert!(m["iteration"].as_u64().unwrap() >= 1, "seed {seed}: {w}");
+        assert!(
+            w["workflow"]["proposal"]["event"].is_string(),
+            "seed {seed}: {w}"
+        );
+        let c = json(
+            ledger,
+            &["why", m["candidate_run"].as_str().unwrap(), "--json"],
+        );
+        assert_eq!(c["rollout"]["purpose"], "inner");
+    }
+    // The exported file's line leads to the same rollout and
+    // conversation, and is the recorded line (exported as openai).
+    let path = dir.join(if file == "train" {
+        "train.jsonl"
+    } else {
+        "train.validation.jsonl"
+    });
+    let at = format!("{}:{line}", path.display());
+    let wl = json(ledger, &["why", &at, "--json"]);
+    assert_eq!(wl["dataset_line"]["rollout"], rollout, "seed {seed}");
+    assert_eq!(wl["dataset_line"]["conversation"], p["conversation"]);
+    assert_eq!(wl["dataset_line"]["content"], "openai", "seed {seed}");
+    assert_eq!(wl["rollout"]["rollout"]["event"], rollout);
+    assert_eq!(wl["rollout"]["agents"].as_array().map(Vec::len), Some(1));
+    let model = w["training"]["new_model"]
+        .as_str()
+        .expect("trained")
+        .to_string();
+    (model, lineage)
+}
+
+/// The trained model, by name and by its training event, names every line
+/// of the dataset and where it came from.
+fn check_model_names_its_dataset(ledger: &Path, seed: u64, model: &str, provenance: &[Value]) {
+    let m = json(ledger, &["why", model, "--json"]);
+    assert_eq!(m["model"], model);
+    assert_eq!(m["runs"], serde_json::json!(["smoke"]));
+    let origins = m["dataset"]["examples"].as_array().expect("examples");
+    assert_eq!(origins.len(), provenance.len(), "seed {seed}");
+    for (o, p) in origins.iter().zip(provenance) {
+        for k in [
+            "file",
+            "line",
+            "rollout",
+            "conversation",
+            "selection",
+            "ranking",
+        ] {
+            assert_eq!(o[k], p[k], "seed {seed}: {k}");
+        }
+    }
+    assert_eq!(
+        m["dataset"]["trained_by"], m["training"]["event"],
+        "seed {seed}"
+    );
+    let by_event = json(
+        ledger,
+        &["why", m["training"]["event"].as_str().unwrap(), "--json"],
+    );
+    assert_eq!(by_event["dataset"], m["dataset"], "seed {seed}");
+    let ds = json(
+        ledger,
+        &["why", m["dataset"]["event"].as_str().unwrap(), "--json"],
+    );
+    assert_eq!(ds, m["dataset"], "seed {seed}");
+}
+
+/// `mass runs` lists the same decisions and every kind of rollout, and
+/// `mass status` names the trained model.
+fn check_runs_list(ledger: &Path, seed: u64, provenance: &[Value], trained_model: Option<&str>) {
+    let rows = json(ledger, &["runs", "smoke", "--json"]);
+    let rows = rows.as_array().expect("rows");
+    let count = |k: &str| rows.iter().filter(|r| r["kind"] == k).count();
+    assert_eq!(count("collection"), 6 * 2, "seed {seed}: 6 runs of 2 tasks");
+    assert!(
+        count("reference") >= 2 && count("search candidate") > 0,
+        "seed {seed}"
+    );
+    assert!(count("evaluation") > 0, "seed {seed}");
+    for p in provenance {
+        let row = rows
+            .iter()
+            .find(|r| r["event"] == p["rollout"])
+            .expect("the rollout is listed");
+        assert_eq!(row["selection"], p["file"], "seed {seed}: {row}");
+        assert_eq!(row["kind"], "collection");
+    }
+    let task = rows[0]["task"].as_str().expect("task").to_string();
+    let one = json(
+        ledger,
+        &["runs", "smoke", "--task", &task, "--cycle", "1", "--json"],
+    );
+    assert!(one
+        .as_array()
+        .expect("rows")
+        .iter()
+        .all(|r| r["task"] == task.as_str()));
+    let st = json(ledger, &["status", "smoke", "--json"]);
+    assert_eq!(
+        st[0]["cycles"][0]["next_model"].as_str(),
+        trained_model,
+        "seed {seed}"
+    );
+}
+
 #[test]
 fn every_dataset_line_leads_to_its_rollout_and_back() {
     let mut with_lineage = 0;
@@ -149,142 +302,14 @@ fn every_dataset_line_leads_to_its_rollout_and_back() {
         );
         let mut trained_model = None;
         for p in &provenance {
-            let rollout = p["rollout"].as_str().expect("rollout id");
-            let file = p["file"].as_str().expect("file");
-            let line = p["line"].as_u64().expect("line") as usize;
-            let lines = if file == "train" { &train } else { &validation };
-            assert!(line >= 1 && line <= lines.len(), "seed {seed}: {p}");
-            let w = json(&ledger, &["why", rollout, "--json"]);
-            assert_eq!(w["rollout"]["event"], rollout);
-            assert_eq!(w["selection"]["decision"], file, "seed {seed}: {w}");
-            assert_eq!(w["selection"]["event"], p["selection"]);
-            assert_eq!(w["ranking"]["event"], p["ranking"]);
-            let back = w["dataset_lines"].as_array().expect("dataset lines");
-            assert!(
-                back.iter()
-                    .any(|b| b["file"] == file && b["line"] == line as u64),
-                "seed {seed}: why {rollout} does not name {file} line {line}: {w}"
-            );
-            // Every judgment named the rollout, and the ranking counted them.
-            let judged = w["judgments"].as_array().expect("judgments");
-            let r = &w["ranking"];
-            let decided = judged.iter().filter(|j| j["outcome"] != "invalid").count() as u64;
-            assert!(
-                r["wins"].as_u64().unwrap()
-                    + r["losses"].as_u64().unwrap()
-                    + r["ties"].as_u64().unwrap()
-                    <= decided,
-                "seed {seed}: {w}"
-            );
-            // The conversation form names the same rollout.
-            let conv = p["conversation"].as_str().expect("conversation");
-            let wc = json(&ledger, &["why", conv, "--json"]);
-            assert_eq!(wc["rollout"]["event"], rollout);
-            assert_eq!(wc["agents"].as_array().map(Vec::len), Some(1));
-            // A workflow that is not the bare task has its lineage: the
-            // proposal and the promotion that made it champion.
-            if w["workflow"]["bare"] == false {
-                with_lineage += 1;
-                let m = &w["workflow"]["promotion"];
-                assert!(m["iteration"].as_u64().unwrap() >= 1, "seed {seed}: {w}");
-                assert!(
-                    w["workflow"]["proposal"]["event"].is_string(),
-                    "seed {seed}: {w}"
-                );
-                let c = json(
-                    &ledger,
-                    &["why", m["candidate_run"].as_str().unwrap(), "--json"],
-                );
-                assert_eq!(c["rollout"]["purpose"], "inner");
-            }
-            let model = w["training"]["new_model"]
-                .as_str()
-                .expect("trained")
-                .to_string();
+            let (model, lineage) =
+                check_provenance_line(&ledger, d.path(), seed, p, &train, &validation);
+            with_lineage += usize::from(lineage);
             assert!(trained_model.get_or_insert(model.clone()) == &model);
-            // The exported file's line leads to the same rollout and
-            // conversation, and is the recorded line (exported as openai).
-            let path = d.path().join(if file == "train" {
-                "train.jsonl"
-            } else {
-                "train.validation.jsonl"
-            });
-            let at = format!("{}:{line}", path.display());
-            let wl = json(&ledger, &["why", &at, "--json"]);
-            assert_eq!(wl["dataset_line"]["rollout"], rollout, "seed {seed}");
-            assert_eq!(wl["dataset_line"]["conversation"], p["conversation"]);
-            assert_eq!(wl["dataset_line"]["content"], "openai", "seed {seed}");
-            assert_eq!(wl["rollout"]["rollout"]["event"], rollout);
-            assert_eq!(wl["rollout"]["agents"].as_array().map(Vec::len), Some(1));
         }
-        // The trained model, by name and by its training event, names every
-        // line of the dataset and where it came from.
         let model = trained_model.clone().expect("a trained model");
-        let m = json(&ledger, &["why", &model, "--json"]);
-        assert_eq!(m["model"], model.as_str());
-        assert_eq!(m["runs"], serde_json::json!(["smoke"]));
-        let origins = m["dataset"]["examples"].as_array().expect("examples");
-        assert_eq!(origins.len(), provenance.len(), "seed {seed}");
-        for (o, p) in origins.iter().zip(&provenance) {
-            for k in [
-                "file",
-                "line",
-                "rollout",
-                "conversation",
-                "selection",
-                "ranking",
-            ] {
-                assert_eq!(o[k], p[k], "seed {seed}: {k}");
-            }
-        }
-        assert_eq!(
-            m["dataset"]["trained_by"], m["training"]["event"],
-            "seed {seed}"
-        );
-        let by_event = json(
-            &ledger,
-            &["why", m["training"]["event"].as_str().unwrap(), "--json"],
-        );
-        assert_eq!(by_event["dataset"], m["dataset"], "seed {seed}");
-        let ds = json(
-            &ledger,
-            &["why", m["dataset"]["event"].as_str().unwrap(), "--json"],
-        );
-        assert_eq!(ds, m["dataset"], "seed {seed}");
-        // `mass runs` lists the same decisions, and every kind of rollout.
-        let rows = json(&ledger, &["runs", "smoke", "--json"]);
-        let rows = rows.as_array().expect("rows");
-        let count = |k: &str| rows.iter().filter(|r| r["kind"] == k).count();
-        assert_eq!(count("collection"), 6 * 2, "seed {seed}: 6 runs of 2 tasks");
-        assert!(
-            count("reference") >= 2 && count("search candidate") > 0,
-            "seed {seed}"
-        );
-        assert!(count("evaluation") > 0, "seed {seed}");
-        for p in &provenance {
-            let row = rows
-                .iter()
-                .find(|r| r["event"] == p["rollout"])
-                .expect("the rollout is listed");
-            assert_eq!(row["selection"], p["file"], "seed {seed}: {row}");
-            assert_eq!(row["kind"], "collection");
-        }
-        let task = rows[0]["task"].as_str().expect("task").to_string();
-        let one = json(
-            &ledger,
-            &["runs", "smoke", "--task", &task, "--cycle", "1", "--json"],
-        );
-        assert!(one
-            .as_array()
-            .expect("rows")
-            .iter()
-            .all(|r| r["task"] == task.as_str()));
-        let st = json(&ledger, &["status", "smoke", "--json"]);
-        assert_eq!(
-            st[0]["cycles"][0]["next_model"].as_str(),
-            trained_model.as_deref(),
-            "seed {seed}"
-        );
+        check_model_names_its_dataset(&ledger, seed, &model, &provenance);
+        check_runs_list(&ledger, seed, &provenance, trained_model.as_deref());
     }
     assert!(with_lineage > 0, "no seed trained on a searched workflow");
 }
@@ -581,6 +606,58 @@ fn diffing_a_run_with_its_rejudge_shows_changed_verdicts_and_decisions() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("M a.txt"));
 }
 
+/// The report's Bradley-Terry scores are the ranked collected runs `mass
+/// runs` lists, score for score.
+fn scores_are_the_ranked_runs(c: &Value, runs: &Value, seed: u64) {
+    let mut ranked: Vec<(String, f64)> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "collection" && r["score"].is_number())
+        .map(|r| {
+            (
+                r["event"].as_str().unwrap().to_string(),
+                r["score"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    let mut scored: Vec<(String, f64)> = c["scores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["runs"].as_array().unwrap())
+        .map(|r| {
+            (
+                r["rollout"].as_str().unwrap().to_string(),
+                r["score"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    ranked.sort_by(|a, b| a.0.cmp(&b.0));
+    scored.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(!scored.is_empty(), "seed {seed}: every task is collected");
+    assert_eq!(scored, ranked, "seed {seed}");
+}
+
+/// The HTML report draws every mark its JSON calls for, and loads nothing
+/// from the network.
+fn html_draws_every_mark(ledger: &Path, dir: &Path, r: &Value, seed: u64) {
+    let html = dir.join("report.html");
+    ok(
+        ledger,
+        &["report", "smoke", "--html", html.to_str().unwrap()],
+    );
+    let page = std::fs::read_to_string(&html).expect("html report");
+    for (chart, want) in expected_marks(r).into_iter().map(|(_, c, n)| (c, n)) {
+        assert_eq!(
+            marks_in(&page, 1, &chart),
+            Some(want),
+            "seed {seed}: {chart}"
+        );
+    }
+    assert_offline(&page);
+}
+
 /// `mass report RUN --json` agrees with the records it summarises, for
 /// several seeds: the cycle figures equal `mass status`'s, accepted inner
 /// steps equal the cycle's inner wins, every model call recorded in the
@@ -639,54 +716,14 @@ fn the_report_counts_what_the_run_recorded() {
         }
         // The scores are the ranked collected runs `mass runs` lists.
         let runs = json(&ledger, &["runs", "smoke", "--json"]);
-        let mut ranked: Vec<(String, f64)> = runs
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| r["kind"] == "collection" && r["score"].is_number())
-            .map(|r| {
-                (
-                    r["event"].as_str().unwrap().to_string(),
-                    r["score"].as_f64().unwrap(),
-                )
-            })
-            .collect();
-        let mut scored: Vec<(String, f64)> = c["scores"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|t| t["runs"].as_array().unwrap())
-            .map(|r| {
-                (
-                    r["rollout"].as_str().unwrap().to_string(),
-                    r["score"].as_f64().unwrap(),
-                )
-            })
-            .collect();
-        ranked.sort_by(|a, b| a.0.cmp(&b.0));
-        scored.sort_by(|a, b| a.0.cmp(&b.0));
-        assert!(!scored.is_empty(), "seed {seed}: every task is collected");
-        assert_eq!(scored, ranked, "seed {seed}");
+        scores_are_the_ranked_runs(c, &runs, seed);
         position_and_checks_recounted(&ledger, c, &runs, seed);
         let text = String::from_utf8_lossy(&ok(&ledger, &["report", "smoke"]).stdout).to_string();
         assert!(
             text.contains("percentile bootstrap") && text.contains("  evaluate "),
             "{text}"
         );
-        let html = d.path().join("report.html");
-        ok(
-            &ledger,
-            &["report", "smoke", "--html", html.to_str().unwrap()],
-        );
-        let page = std::fs::read_to_string(&html).expect("html report");
-        for (chart, want) in expected_marks(&r).into_iter().map(|(_, c, n)| (c, n)) {
-            assert_eq!(
-                marks_in(&page, 1, &chart),
-                Some(want),
-                "seed {seed}: {chart}"
-            );
-        }
-        assert_offline(&page);
+        html_draws_every_mark(&ledger, d.path(), &r, seed);
     }
 }
 
@@ -703,33 +740,7 @@ fn position_and_checks_recounted(ledger: &Path, c: &Value, runs: &Value, seed: u
         .collect();
     let mut want: std::collections::BTreeMap<String, [u64; 5]> = Default::default();
     let events = exported_events(ledger, "smoke");
-    // Inner-loop iterations without a usable proposal (one cycle here).
-    let mut valid: std::collections::BTreeMap<(String, u64), bool> = Default::default();
-    for e in events.iter().filter(|e| e["kind"] == "mass.proposal") {
-        let p = &e["payload"];
-        let key = (
-            p["task"].as_str().unwrap().to_string(),
-            p["iteration"].as_u64().unwrap(),
-        );
-        *valid.entry(key).or_default() |= p["valid"] == true;
-    }
-    let failed: Vec<(String, u64)> = valid
-        .into_iter()
-        .filter(|(_, v)| !v)
-        .map(|(k, _)| k)
-        .collect();
-    let reported: Vec<(String, u64)> = c["failed_proposals"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| {
-            (
-                f["task"].as_str().unwrap().to_string(),
-                f["iteration"].as_u64().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(reported, failed, "seed {seed}: failed proposals");
+    failed_proposals_recounted(&events, c, seed);
     for e in events {
         let p = &e["payload"];
         if e["kind"] != "mass.judgment"
@@ -770,6 +781,48 @@ fn position_and_checks_recounted(ledger: &Path, c: &Value, runs: &Value, seed: u
         .collect();
     assert!(!want.is_empty(), "seed {seed}: no outer-loop verdict");
     assert_eq!(got, want, "seed {seed}: position bias per task");
+    check_agreement_recounted(c, &collected, seed);
+}
+
+/// The report's failed proposals: the inner-loop iterations without a
+/// usable proposal (one cycle here), recounted from the exported events.
+fn failed_proposals_recounted(events: &[Value], c: &Value, seed: u64) {
+    let mut valid: std::collections::BTreeMap<(String, u64), bool> = Default::default();
+    for e in events.iter().filter(|e| e["kind"] == "mass.proposal") {
+        let p = &e["payload"];
+        let key = (
+            p["task"].as_str().unwrap().to_string(),
+            p["iteration"].as_u64().unwrap(),
+        );
+        *valid.entry(key).or_default() |= p["valid"] == true;
+    }
+    let failed: Vec<(String, u64)> = valid
+        .into_iter()
+        .filter(|(_, v)| !v)
+        .map(|(k, _)| k)
+        .collect();
+    let reported: Vec<(String, u64)> = c["failed_proposals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["task"].as_str().unwrap().to_string(),
+                f["iteration"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(reported, failed, "seed {seed}: failed proposals");
+}
+
+/// Each task's agreement of the ranking with the hidden checks, recounted
+/// from `mass runs`: pairs whose score and check share differ, and of those
+/// the pairs ordered the same way by both.
+fn check_agreement_recounted(
+    c: &Value,
+    collected: &std::collections::BTreeMap<&str, &Value>,
+    seed: u64,
+) {
     for t in c["scores"].as_array().unwrap() {
         let ranked: Vec<(f64, f64)> = t["runs"]
             .as_array()
