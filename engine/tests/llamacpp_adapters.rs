@@ -13,10 +13,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod common;
+
+use common::served::{self, ask, log, request};
 use engine::backend::openai::OpenAiBackend;
-use engine::backend::{Backend, ChatRequest};
-use engine::chat::Message;
-use engine::config::{AdapterApi, OpenAiParams, ServeParams};
+use engine::backend::Backend;
+use engine::config::{AdapterApi, ServeParams};
 
 const FAKE: &str = r#"
 import json, os, sys, time
@@ -93,52 +95,7 @@ fn serve(dir: &Path) -> ServeParams {
 }
 
 fn backend(dir: &Path) -> OpenAiBackend {
-    let params = OpenAiParams {
-        base_url: "http://127.0.0.1/v1".into(),
-        base_url_env: None,
-        model: "base".into(),
-        api_key_env: None,
-        api_key_file: None,
-        timeout_secs: 10,
-        max_retries: 0,
-        max_concurrency: 4,
-        structured_output: engine::config::StructuredOutput::JsonSchema,
-        temperature: 0.0,
-        max_tokens: 8,
-        lora_adapter: None,
-        serve: Some(serve(dir)),
-    };
-    OpenAiBackend::new("policy", &params).unwrap()
-}
-
-fn request(model: &str, text: &str) -> ChatRequest {
-    ChatRequest {
-        model: model.into(),
-        messages: vec![Message::user(text)],
-        tools: Vec::new(),
-        temperature: 0.0,
-        seed: 1,
-        max_tokens: 8,
-        top_p: None,
-        stop: Vec::new(),
-        tool_choice: None,
-        response_format: None,
-    }
-}
-
-fn ask(b: &OpenAiBackend, model: &str) -> String {
-    let r = engine::exec::block_on(b.complete(&request(model, "hi")))
-        .expect("runtime")
-        .unwrap_or_else(|e| panic!("{model}: {e}"));
-    r.message.content.unwrap_or_default()
-}
-
-fn log(dir: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(dir.join("log.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    served::backend(serve(dir), 4)
 }
 
 fn starts(dir: &Path) -> Vec<serde_json::Value> {

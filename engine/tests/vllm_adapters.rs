@@ -9,10 +9,12 @@
 
 use std::path::Path;
 
+mod common;
+
+use common::served::{self, ask, log, request};
 use engine::backend::openai::OpenAiBackend;
-use engine::backend::{Backend, ChatRequest};
-use engine::chat::Message;
-use engine::config::{AdapterApi, OpenAiParams, ServeParams};
+use engine::backend::Backend;
+use engine::config::{AdapterApi, ServeParams};
 
 /// A fake vLLM: `/v1/models` (ready), `/v1/load_lora_adapter`, and
 /// `/v1/chat/completions` answering with the model it was asked for.
@@ -78,52 +80,7 @@ fn backend(dir: &Path) -> OpenAiBackend {
         adapter_api: Some(AdapterApi::Vllm),
         adapter_file: None,
     };
-    let params = OpenAiParams {
-        base_url: "http://127.0.0.1/v1".into(),
-        base_url_env: None,
-        model: "base".into(),
-        api_key_env: None,
-        api_key_file: None,
-        timeout_secs: 10,
-        max_retries: 0,
-        max_concurrency: 2,
-        structured_output: engine::config::StructuredOutput::JsonSchema,
-        temperature: 0.0,
-        max_tokens: 8,
-        lora_adapter: None,
-        serve: Some(serve),
-    };
-    OpenAiBackend::new("policy", &params).unwrap()
-}
-
-fn request(model: &str) -> ChatRequest {
-    ChatRequest {
-        model: model.into(),
-        messages: vec![Message::user("hi")],
-        tools: Vec::new(),
-        temperature: 0.0,
-        seed: 1,
-        max_tokens: 8,
-        top_p: None,
-        stop: Vec::new(),
-        tool_choice: None,
-        response_format: None,
-    }
-}
-
-fn ask(b: &OpenAiBackend, model: &str) -> String {
-    let r = engine::exec::block_on(b.complete(&request(model)))
-        .expect("runtime")
-        .unwrap_or_else(|e| panic!("{model}: {e}"));
-    r.message.content.unwrap_or_default()
-}
-
-fn log(dir: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(dir.join("log.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    served::backend(serve, 2)
 }
 
 fn adapter(dir: &Path, name: &str) -> std::path::PathBuf {
@@ -189,7 +146,7 @@ fn an_adapter_the_server_refuses_is_an_error_naming_it() {
     let empty = d.path().join("empty");
     std::fs::create_dir_all(&empty).unwrap();
     b.register_adapter_dir("base+c1-cccc", &empty).unwrap();
-    let req = request("base+c1-cccc");
+    let req = request("base+c1-cccc", "hi");
     let err = engine::exec::block_on(b.complete(&req))
         .expect("runtime")
         .expect_err("the server refused the adapter");
