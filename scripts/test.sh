@@ -48,6 +48,11 @@ cargo test --test proxy_llamacpp -- --ignored --nocapture
 # and re-executed against its recording with the server stopped.
 eval "$(scripts/qwen-env.sh | sed 's/^/export /')"
 cargo test --test qwen_code -- --ignored --nocapture
+# `mass export tables` loaded by DuckDB and polars (a venv built once in
+# ~/.cache/mass/data-venv, ~10 s), the README's notebook example checked
+# against `mass report --json`.
+eval "$(scripts/data-env.sh | sed 's/^/export /')"
+cargo test --test tables -- --ignored --nocapture
 # llama.cpp's own server (built once from the vendored llama.cpp, ~7
 # minutes of 2 cores, cached), for the trainer's self-test and the real loop.
 scripts/llama-server-env.sh >/dev/null

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 const EXIT_CODES: &str = "Exit codes:
-  0  success
+  0  success (also when the reader of the output stops early, as `| head` does)
   1  other error
   2  usage error (bad arguments, malformed id or ref name)
   3  integrity problem (verify found problems, a read hit corrupt data, a remote's pack failed its hash)
@@ -108,6 +108,12 @@ pub enum Command {
         /// The run's name (default: the experiment's name).
         #[arg(long = "ref")]
         name: Option<String>,
+        /// Override a key of the experiment, e.g. `outer.cycles=1` or
+        /// `inner.iterations=2` (repeatable; checked as `mass fork --set`
+        /// checks them). The run records the experiment with the overrides
+        /// applied, so resume, replay and forks need no flag.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
         /// No progress bars.
         #[arg(long)]
         quiet: bool,
@@ -199,7 +205,9 @@ pub enum Command {
         /// Report which layers and levels are available, and run nothing.
         #[arg(long)]
         probe: bool,
-        /// The command, after `--`.
+        /// The command, after `--`: one argument is a bash line (`-- 'ls |
+        /// wc -l'`); several are a program and its arguments, each passed
+        /// as given (quoted for bash before they are joined).
         #[arg(last = true)]
         command: Vec<String>,
     },
@@ -464,6 +472,28 @@ pub enum ExportWhat {
         #[arg(long)]
         out: PathBuf,
     },
+    /// One table per concept of a run (runs, cycles, stages, rollouts,
+    /// model_calls, tool_calls, judgments, rankings, selections,
+    /// dataset_lines, trainings, training_steps, evaluations), for pandas,
+    /// polars and DuckDB; columns in schemas/SCHEMAS.md ("Tables"). Several
+    /// runs go into the same tables, each row naming its run. Files are
+    /// replaced only once every table is complete.
+    Tables {
+        #[arg(required = true)]
+        runs: Vec<String>,
+        /// Directory for the files (created if missing): NAME.parquet or
+        /// NAME.csv per table.
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, value_enum, default_value = "parquet")]
+        format: TableFormat,
+    },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum TableFormat {
+    Parquet,
+    Csv,
 }
 
 fn parse_level(s: &str) -> Result<sandbox::Level, String> {

@@ -2,7 +2,7 @@
 //! the libraries below it return typed errors that are mapped to exit codes here.
 //!
 //! Exit codes (also in `mass --help` and README.md):
-//! 0 success · 1 other error · 2 usage error · 3 integrity problem (verify found
+//! 0 success (also when a reader closes the output early, `mass log | head`) · 1 other error · 2 usage error · 3 integrity problem (verify found
 //! problems, a read hit corrupt data, a remote's pack failed its hash) · 4 not
 //! found or ambiguous id/ref, or not a mass remote · 5 conflict (a ref moved,
 //! here or on a remote) · 6 ledger locked by another process · 7 a run
@@ -22,7 +22,7 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     match commands::run(cli) {
         Ok(code) => code,
-        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) if is_broken_pipe(&e) => ExitCode::from(output::decided()),
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(exit_code_for(&e))
@@ -90,10 +90,31 @@ fn remote_code(r: &remote::RemoteError) -> u8 {
     }
 }
 
-/// A reader that closed our stdout early (`mass log | head`) is not an error.
+/// A reader that closed the command's output early (`mass log | head`,
+/// `mass report RUN --json | head`) is not an error: exit 0, say nothing.
+///
+/// Quiet only when a write to the command's own output saw the pipe close
+/// (`output::closed_by_reader`, set by the writer every command prints
+/// through, and by `export --out FILE`'s), and the error that stopped the
+/// command is a broken pipe. A broken pipe elsewhere (a socket to a model
+/// server, a child's stdin) leaves that flag unset and stays an error.
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+    output::closed_by_reader() && e.chain().any(cause_is_broken_pipe)
+}
+
+/// Whether one link of an error chain is a broken pipe: an `io::Error`, or
+/// a `serde_json::Error` from writing JSON (its `source()` skips the
+/// `io::Error` it holds, so the kind is asked of it directly). Other
+/// errors that wrap an `io::Error` (a `with_context` around a flush, the
+/// ledger's and engine's `Io` variants) name it as their source, so the
+/// chain reaches it.
+fn cause_is_broken_pipe(c: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind::BrokenPipe;
+    if let Some(io) = c.downcast_ref::<std::io::Error>() {
+        return io.kind() == BrokenPipe;
+    }
+    if let Some(j) = c.downcast_ref::<serde_json::Error>() {
+        return j.io_error_kind() == Some(BrokenPipe);
+    }
+    false
 }

@@ -1,7 +1,90 @@
-//! Rendering ledger objects for people (text) and programs (JSON).
+//! Rendering ledger objects for people (text) and programs (JSON), and the
+//! writer every command's output goes through ([`stdout`], [`Out`]), which
+//! notices a reader that went away (`mass log | head`).
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use ledger::{Event, Ledger, Meta};
 use serde_json::{json, Value};
+
+/// Set once a write to a command's own output (standard output, or the
+/// file `--out` names, e.g. /dev/stdout or a FIFO) failed because its reader
+/// closed it. `main` exits quietly on a broken pipe only when this is set,
+/// so a broken pipe anywhere else (a socket to a model server, a child's
+/// stdin) is still reported as an error.
+static CLOSED_BY_READER: AtomicBool = AtomicBool::new(false);
+
+/// Whether a command's output was closed by its reader (see [`Out`]).
+pub fn closed_by_reader() -> bool {
+    CLOSED_BY_READER.load(Ordering::SeqCst)
+}
+
+/// The exit code a command decided on before printing its result.
+static DECIDED: AtomicU8 = AtomicU8::new(0);
+
+/// Records the exit code a command has decided on before it prints, and
+/// returns it: a reader that stops early must not turn a decided failure
+/// into success (`mass verify | head` still exits 3 on a damaged ledger,
+/// `mass sandbox -- false | true` still exits 1).
+pub fn decide(code: u8) -> ExitCode {
+    DECIDED.store(code, Ordering::SeqCst);
+    ExitCode::from(code)
+}
+
+/// The code [`decide`] recorded (0 when none): `main`'s exit code when the
+/// reader closed the output.
+pub fn decided() -> u8 {
+    DECIDED.load(Ordering::SeqCst)
+}
+
+/// A command's output: writes pass through unchanged, and a broken pipe is
+/// noted (see [`closed_by_reader`]) before the error goes back to the
+/// command, which stops as on any write error. Rust ignores SIGPIPE, so a
+/// closed reader shows up here as EPIPE rather than killing the process
+/// mid-write of a ledger; `main` then exits 0 without a message, as `cat`
+/// or `git log` piped into `head` do.
+pub struct Out<W: Write>(pub W);
+
+impl<W: Write> Out<W> {
+    fn note<T>(r: std::io::Result<T>) -> std::io::Result<T> {
+        if let Err(e) = &r {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                CLOSED_BY_READER.store(true, Ordering::SeqCst);
+            }
+        }
+        r
+    }
+}
+
+impl<W: Write> Write for Out<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        Self::note(self.0.write(buf))
+    }
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        Self::note(self.0.write_all(buf))
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Self::note(self.0.flush())
+    }
+}
+
+/// Standard output, locked, for a command's results. Commands write to it
+/// (or use [`outln!`]) instead of `println!`, which panics on a closed pipe.
+pub fn stdout() -> Out<std::io::StdoutLock<'static>> {
+    Out(std::io::stdout().lock())
+}
+
+/// `println!` for command output: writes through [`stdout`] and returns the
+/// write's `io::Result` for `?`, instead of panicking when the reader is gone.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!($crate::output::stdout(), $($arg)*)
+    }};
+}
+pub(crate) use outln;
 
 /// The JSON view of an event: ids as 64 hex digits, payload decoded by schema.
 pub fn event_json(ev: &Event, meta: Option<&Meta>) -> Value {

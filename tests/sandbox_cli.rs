@@ -102,3 +102,104 @@ fn a_run_records_the_sandbox_level_in_force() {
     let t = String::from_utf8_lossy(&o.stdout);
     assert!(t.contains("sandbox: level full"), "{t}");
 }
+
+/// The levels `mass sandbox --probe` says this machine offers.
+fn available_levels() -> Vec<String> {
+    let o = mass(&["sandbox", "--probe"]);
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("level "))
+        .filter(|l| l.trim_end().ends_with(" available"))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+/// A workspace the sandbox user can reach (level full runs commands as
+/// another uid when mass runs as root).
+fn reachable_workspace() -> (tempfile::TempDir, String) {
+    let d = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
+    std::fs::set_permissions(
+        d.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let ws = d.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let w = ws.to_str().unwrap().to_string();
+    (d, w)
+}
+
+/// Regression (#31, part 5): `mass sandbox -- python3 -c "print('x')"`
+/// joined its arguments unquoted into one bash line, so python3 got
+/// `print(x)` (or bash a syntax error). Several arguments now reach the
+/// program byte for byte: quotes, spaces, `$`, backslashes, newlines,
+/// globs, an empty string; one argument is still a shell line.
+#[test]
+fn several_arguments_reach_the_program_as_given() {
+    let levels = available_levels();
+    assert!(
+        levels.iter().any(|l| l == "none"),
+        "level none is always available: {levels:?}"
+    );
+    let (_d, w) = reachable_workspace();
+    let args = [
+        "it's",
+        "say \"hi\"",
+        "two  words",
+        "$HOME",
+        "back\\slash",
+        "line\nbreak",
+        "",
+        "*",
+        "a;b|c&&d",
+        "`id` $(id)",
+    ];
+    let expected: String = args.iter().map(|a| format!("[{a}]\n")).collect();
+    for level in &levels {
+        let base = ["sandbox", "--level", level, "--workspace", &w, "--"];
+        let direct = [&base[..], &["printf", "[%s]\\n"], &args[..]].concat();
+        let o = mass(&direct);
+        assert!(o.status.success(), "level {level}: {}", text(&o));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            expected,
+            "level {level}"
+        );
+        // Through `sh -c` and "$@": each argument arrives as one.
+        let script = "printf '[%s]\\n' \"$@\"";
+        let via_sh = [&base[..], &["sh", "-c", script, "sh"], &args[..]].concat();
+        let o = mass(&via_sh);
+        assert!(o.status.success(), "level {level}: {}", text(&o));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            expected,
+            "level {level}"
+        );
+        // One argument stays a shell line: the pipe is the shell's.
+        let o = mass(&[&base[..], &["printf 'a\\nb\\n' | wc -l"]].concat());
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout).trim(),
+            "2",
+            "{}",
+            text(&o)
+        );
+    }
+    let python = Command::new("python3").arg("-c").arg("0").output();
+    if !python.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped the python3 case: no python3 on this machine");
+        return;
+    }
+    let o = mass(&[
+        "sandbox",
+        "--level",
+        "none",
+        "--workspace",
+        &w,
+        "--",
+        "python3",
+        "-c",
+        "print('x')",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "x\n");
+}

@@ -75,13 +75,8 @@ fn recorded(l: &Ledger, run: &str) -> Result<Recorded> {
         .head(run)?
         .ok_or_else(|| EngineError::Invalid(format!("no run named {run:?}")))?;
     let mut out = Recorded::default();
-    let prefix = format!("{run}/");
     let mut heads = vec![(String::new(), head)];
-    for (name, h) in l.refs()? {
-        if let Some(rel) = name.strip_prefix(&prefix) {
-            heads.push((rel.to_string(), h));
-        }
-    }
+    heads.extend(super::run_streams(l, run)?);
     for (rel, h) in heads {
         let mut evs = l.chain(h).collect::<std::result::Result<Vec<_>, _>>()?;
         evs.reverse();

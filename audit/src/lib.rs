@@ -280,6 +280,26 @@ pub fn find_rollout(l: &Ledger, what: &str) -> Result<Id> {
     )))
 }
 
+/// The streams of run `run` other than its main one, as (name relative to
+/// the run, head), sorted by name: the refs `RUN/<rel>` whose head event is
+/// on stream `<rel>`. Every stream a run writes names its events so; a ref
+/// under `RUN/` that is not such a stream (the main ref or a stream of
+/// another run named `RUN/...`, the ledger's `mass/runs` stream for a run
+/// named `mass`) belongs to someone else.
+pub fn run_streams(l: &Ledger, run: &str) -> Result<Vec<(String, Id)>> {
+    let prefix = format!("{run}/");
+    let mut out = Vec::new();
+    for (name, head) in l.refs()? {
+        let Some(rel) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        if l.get_event(&head)?.stream == rel {
+            out.push((rel.to_string(), head));
+        }
+    }
+    Ok(out)
+}
+
 /// One rollout of a run, as `mass runs RUN` lists it.
 #[derive(Debug, Clone, Serialize)]
 pub struct RolloutRow {
@@ -307,12 +327,8 @@ pub struct RolloutRow {
 /// orchestrator stream) and described through index lookups; sorted by
 /// cycle, task, kind and index.
 pub fn rollouts(l: &Ledger, run: &str) -> Result<Vec<RolloutRow>> {
-    let prefix = format!("{run}/");
     let mut out = Vec::new();
-    for (name, head) in l.refs()? {
-        if !name.starts_with(&prefix) {
-            continue;
-        }
+    for (_, head) in run_streams(l, run)? {
         let ev = l.get_event(&head)?;
         if ev.kind != <Rollout as Decodable>::KIND {
             continue;

@@ -241,8 +241,9 @@ pub struct StageCost {
     pub wall_seconds: f64,
 }
 
-/// The stage a stream's model calls count toward, from its name.
-fn stage_of(stream: &str) -> Option<(u32, &'static str)> {
+/// The cycle and stage a stream's model calls count toward, from its name
+/// (relative to the run): `c1/TASK/collect/...` is cycle 1's collect stage.
+pub fn stage_of(stream: &str) -> Option<(u32, &'static str)> {
     let mut parts = stream.split('/');
     let cycle: u32 = parts.next()?.strip_prefix('c')?.parse().ok()?;
     let second = parts.next()?;
@@ -320,11 +321,8 @@ pub fn report(l: &Ledger, run: &str) -> Result<Report> {
     trainings(&main, &mut cycles)?;
     bt_scores(l, run, &mut cycles)?;
     exclusions(l, &main, &mut cycles)?;
-    let prefix = format!("{run}/");
-    for (name, h) in l.refs()? {
-        let Some(rel) = name.strip_prefix(&prefix) else {
-            continue;
-        };
+    for (rel, h) in super::run_streams(l, run)? {
+        let rel = rel.as_str();
         let Some((cycle, stage)) = stage_of(rel) else {
             continue;
         };
@@ -609,6 +607,21 @@ fn bt_scores(l: &Ledger, run: &str, cycles: &mut BTreeMap<u32, CycleReport>) -> 
 /// (`engine::milestone::closes`): each step a stage records ends a span of
 /// that stage's time, which starts where the previous step ended.
 fn walltimes(l: &Ledger, main: &[Event], cycles: &mut BTreeMap<u32, CycleReport>) -> Result<()> {
+    for ((cycle, stage), seconds) in stage_seconds(l, main)? {
+        if let Some(c) = cycles.get_mut(&cycle) {
+            if let Some(s) = c.stages.iter_mut().find(|s| s.stage == stage) {
+                s.wall_seconds += seconds;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Seconds per (cycle, stage) of a run's main stream `main` (in log
+/// order), as `mass report` counts them: each step a stage records ends a
+/// span of that stage's time, which starts where the previous step ended.
+pub fn stage_seconds(l: &Ledger, main: &[Event]) -> Result<BTreeMap<(u32, &'static str), f64>> {
+    let mut out = BTreeMap::new();
     let mut last_ms: Option<u64> = None;
     for ev in main {
         let ms = l.get_meta(&ev.id)?.wall_ms;
@@ -622,12 +635,8 @@ fn walltimes(l: &Ledger, main: &[Event], cycles: &mut BTreeMap<u32, CycleReport>
         let Some((cycle, stage)) = engine::milestone::closes(ev) else {
             continue;
         };
-        if let Some(c) = cycles.get_mut(&cycle) {
-            if let Some(s) = c.stages.iter_mut().find(|s| s.stage == stage.name()) {
-                s.wall_seconds += ms.saturating_sub(from) as f64 / 1000.0;
-            }
-        }
+        *out.entry((cycle, stage.name())).or_insert(0.0) += ms.saturating_sub(from) as f64 / 1000.0;
         last_ms = Some(ms);
     }
-    Ok(())
+    Ok(out)
 }

@@ -171,6 +171,14 @@ pub fn recorded_experiment(ledger: &Ledger, run: &str, first: &Event) -> Result<
     Ok(Experiment::parse(&start.text, "the recorded experiment")?)
 }
 
+/// The experiment run `run` executes: its file as given, execution
+/// settings included (its `run.execution` record; the definition for runs
+/// that have none).
+pub fn recorded_execution(ledger: &Ledger, run: &str, first: &Event) -> Result<Experiment> {
+    let start = recorded_start(ledger, run, first)?;
+    Ok(Experiment::parse(&start.text, "the recorded experiment")?)
+}
+
 /// The overrides that hand judging to `judge`: the name of a backend the
 /// experiment defines, or a TOML file defining one (`[backends.NAME]`), which
 /// is added to the run by value. A file may not redefine a backend the

@@ -54,4 +54,4 @@ pub use error::{Divergence, ReplayError, Result};
 pub use fork::fork_run;
 pub use remove::{remove_run, run_refs, Removed, REMOVALS};
 pub use session::{ref_name, Clock, Mode, Session, SourceRun, EXECUTION, MAIN};
-pub use stream::{Begin, Pending, Stream};
+pub use stream::{Begin, Pending, Stream, ELAPSED_META};

@@ -40,10 +40,17 @@ impl Drop for Stream {
     }
 }
 
+/// The unhashed metadata key of a live effect result's duration in
+/// microseconds, from the moment [`Stream::begin`] decided to perform it to
+/// its result (`mass export tables` reads it as a call's latency).
+pub const ELAPSED_META: &str = "effect.elapsed_us";
+
 /// A live effect in progress: returned by [`Stream::begin`], closed by [`Stream::finish`].
 pub struct Pending {
     req: EffectRequest,
     started: Option<Id>,
+    /// When the effect began, for the result's `effect.elapsed_us`.
+    began: std::time::Instant,
 }
 
 /// What [`Stream::begin`] decided.
@@ -213,6 +220,7 @@ impl Stream {
                         return Ok(Begin::Perform(Pending {
                             req,
                             started: Some(rec.id),
+                            began: std::time::Instant::now(),
                         }));
                     };
                     let d = self.effect_at(&done, &req)?;
@@ -270,7 +278,11 @@ impl Stream {
         } else {
             None
         };
-        Ok(Begin::Perform(Pending { req, started }))
+        Ok(Begin::Perform(Pending {
+            req,
+            started,
+            began: std::time::Instant::now(),
+        }))
     }
 
     /// Records the result of a live effect and returns it.
@@ -333,7 +345,12 @@ impl Stream {
             error,
             links,
         };
-        let id = b.append(&self.ref_name, self.head, self.effect_event(&rec)?)?;
+        // How long the effect took (from `begin`, waits for a concurrency
+        // slot included) is the transport's timing, not part of what was
+        // decided: unhashed metadata, so replays keep their ids.
+        let elapsed = p.began.elapsed().as_micros().to_string();
+        let ev = self.effect_event(&rec)?.with_meta(ELAPSED_META, elapsed);
+        let id = b.append(&self.ref_name, self.head, ev)?;
         let durable = b.submit()?;
         self.pos += 1;
         self.head = Some(id);
@@ -437,6 +454,7 @@ impl Stream {
             EffectStatus::Started => Ok(Some(Begin::Perform(Pending {
                 req: req.clone(),
                 started: Some(id),
+                began: std::time::Instant::now(),
             }))),
             // The source ended on it: retry, as a resume of the source would.
             EffectStatus::Retriable if !moved_on => Ok(None),

@@ -77,7 +77,7 @@ fn rollout_why(
 
 /// Writes `value` as one JSON document, or `lines` as text.
 fn emit<T: serde::Serialize>(value: &T, lines: Vec<String>, json: bool) -> Result<ExitCode> {
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if json {
         serde_json::to_writer_pretty(&mut out, value)?;
         writeln!(out)?;
@@ -386,7 +386,7 @@ pub fn runs(
         .filter(|r| cycle.is_none_or(|c| r.cycle == c))
         .filter(|r| task.is_none_or(|t| r.task == t))
         .collect();
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if json {
         serde_json::to_writer_pretty(&mut out, &rows)?;
         writeln!(out)?;
@@ -442,7 +442,7 @@ pub fn is_run(l: &Ledger, name: &str) -> Result<bool> {
 /// `mass diff RUN_A RUN_B`.
 pub fn diff_runs(l: &Ledger, a: &str, b: &str, json: bool) -> Result<ExitCode> {
     let d = audit::diff::diff(l, a, b).map_err(super::engine_error)?;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if json {
         serde_json::to_writer_pretty(&mut out, &d)?;
         writeln!(out)?;
@@ -745,7 +745,7 @@ pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<
             .with_context(|| format!("cannot write the HTML report to {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if json {
         serde_json::to_writer_pretty(&mut out, &r)?;
         writeln!(out)?;

@@ -103,16 +103,16 @@ pub fn run(dir: &Path, workspace: Option<&Path>) -> Result<ExitCode> {
         })?
         .with_parents(vec![call2]),
     )?;
-    println!("demo run {run}: head {}", end.short(12));
-    println!("  orchestrator stream {orch}: head {}", call2.short(12));
-    println!("  subagent stream {sub}: head {}", sub_call.short(12));
-    println!("  workspace {} -> {}", initial.short(12), fin.short(12));
-    println!(
+    crate::output::outln!("demo run {run}: head {}", end.short(12))?;
+    crate::output::outln!("  orchestrator stream {orch}: head {}", call2.short(12))?;
+    crate::output::outln!("  subagent stream {sub}: head {}", sub_call.short(12))?;
+    crate::output::outln!("  workspace {} -> {}", initial.short(12), fin.short(12))?;
+    crate::output::outln!(
         "try: mass log {run}; mass show {}; mass diff {} {}; mass verify",
         call2.short(12),
         initial.short(12),
         fin.short(12)
-    );
+    )?;
     if workspace.is_none() {
         let _ = std::fs::remove_dir_all(&ws);
     }

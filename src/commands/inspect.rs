@@ -42,7 +42,7 @@ pub fn log(
             }
         }
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if json {
         let v: Vec<_> = events.iter().map(|e| event_json_with_meta(l, e)).collect();
         serde_json::to_writer_pretty(&mut out, &v)?;
@@ -83,7 +83,7 @@ fn links(out: &mut impl Write, label: &str, items: &[String], id: &ledger::Id) -
 pub fn show(l: &Ledger, s: &str, json: bool) -> Result<ExitCode> {
     let id = resolve(l, s)?;
     let loc = l.require(&id)?;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     match loc.kind {
         ObjectKind::Event => {
             let ev = l.get_event(&id)?;
@@ -216,7 +216,7 @@ pub fn show(l: &Ledger, s: &str, json: bool) -> Result<ExitCode> {
 pub fn cat(l: &Ledger, s: &str) -> Result<ExitCode> {
     let id = resolve(l, s)?;
     let data = l.get_blob(&id)?;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     out.write_all(&data)?;
     out.flush()?;
     Ok(ExitCode::SUCCESS)
@@ -224,7 +224,7 @@ pub fn cat(l: &Ledger, s: &str) -> Result<ExitCode> {
 
 pub fn refs(l: &Ledger, json: bool) -> Result<ExitCode> {
     let refs = l.refs()?;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if json {
         let v: Vec<_> = refs
             .iter()

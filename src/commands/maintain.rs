@@ -32,7 +32,8 @@ pub fn verify(
             what: format!("the log is shorter than the index: {why}"),
         });
     }
-    let mut out = std::io::stdout().lock();
+    let code = crate::output::decide(if r.is_clean() { 0 } else { 3 });
+    let mut out = crate::output::stdout();
     if json {
         let v = json!({
             "clean": r.is_clean(),
@@ -81,16 +82,12 @@ pub fn verify(
             writeln!(out, "{} problem(s) found", r.problems.len())?;
         }
     }
-    Ok(if r.is_clean() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(3)
-    })
+    Ok(code)
 }
 
 pub fn stats(l: &Ledger, json: bool) -> Result<ExitCode> {
     let s = l.stats()?;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if json {
         let mut v = serde_json::to_value(&s)?;
         v["dedup_ratio"] = json!(s.dedup_ratio());
@@ -137,12 +134,12 @@ pub fn reindex(dir: &Path) -> Result<ExitCode> {
     let (_l, r) =
         Ledger::reindex(dir).with_context(|| format!("cannot reindex {}", dir.display()))?;
     for line in super::recovery_lines(&r) {
-        println!("{line}");
+        crate::output::outln!("{line}")?;
     }
-    println!(
+    crate::output::outln!(
         "reindexed {} records from the segment files",
         r.reindexed_records
-    );
+    )?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -163,25 +160,25 @@ pub fn migrate(from: &Path, dir: &Path) -> Result<ExitCode> {
     })?;
     let m = ledger::migrate_v1(from, &l)
         .with_context(|| format!("cannot migrate {} into {}", from.display(), dir.display()))?;
-    println!(
+    crate::output::outln!(
         "copied {} batches ({} objects, {} ref updates) from {} into {}",
         m.batches,
         m.objects,
         m.ref_updates,
         from.display(),
         dir.display()
-    );
+    )?;
     if m.listed_damage > 0 {
-        println!(
+        crate::output::outln!(
             "stepped over {} range(s) the old ledger listed as damaged",
             m.listed_damage
-        );
+        )?;
     }
     if m.tail_bytes > 0 {
-        println!(
+        crate::output::outln!(
             "left out {} bytes after the old log's last commit marker (an interrupted write, never acknowledged)",
             m.tail_bytes
-        );
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -189,7 +186,7 @@ pub fn migrate(from: &Path, dir: &Path) -> Result<ExitCode> {
 pub fn repair(dir: &Path, json: bool) -> Result<ExitCode> {
     let (_l, r) =
         Ledger::repair(dir).with_context(|| format!("cannot repair {}", dir.display()))?;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if json {
         serde_json::to_writer_pretty(&mut out, &recovery_json(&r))?;
         writeln!(out)?;

@@ -10,6 +10,7 @@ mod objects;
 mod proxy;
 mod rank;
 mod remote;
+mod run_file;
 mod runs;
 mod sandbox;
 mod work;
@@ -48,7 +49,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Init => {
             Ledger::init(&dir)
                 .with_context(|| format!("cannot create a ledger in {}", dir.display()))?;
-            println!("initialised empty ledger in {}", dir.display());
+            crate::output::outln!("initialised empty ledger in {}", dir.display())?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Log {
@@ -104,9 +105,19 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Run {
             experiment,
             name,
+            set,
             quiet,
             workers,
-        } => runs::run(&dir, &experiment, name.as_deref(), quiet, &workers),
+        } => runs::run(
+            &dir,
+            &runs::RunOptions {
+                experiment: &experiment,
+                name: name.as_deref(),
+                set: &set,
+                quiet,
+                workers: &workers,
+            },
+        ),
         Command::Resume {
             run,
             quiet,
@@ -169,6 +180,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     out,
                 },
         } => runs::export_dataset(&open_read(&dir)?, &run, cycle, format, &out),
+        Command::Export {
+            what: ExportWhat::Tables { runs, out, format },
+        } => export::tables(&open_read(&dir)?, &runs, &out, format),
         Command::Snapshot { dir: d } => objects::snapshot(&open(&dir)?, &d),
         Command::Checkout { tree, dir: d } => objects::checkout(&open_read(&dir)?, &tree, &d),
         Command::Diff { a, b, json } => {

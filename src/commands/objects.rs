@@ -13,7 +13,7 @@ use super::resolve;
 pub fn snapshot(l: &Ledger, dir: &Path) -> Result<ExitCode> {
     // The ledger's error already names the path ("cannot snapshot X: ...").
     let id = l.snapshot_dir(dir)?;
-    println!("{id}");
+    crate::output::outln!("{id}")?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -29,7 +29,7 @@ pub fn diff(l: &Ledger, a: &str, b: &str, json: bool) -> Result<ExitCode> {
     let ta = l.get_tree(&resolve(l, a)?)?;
     let tb = l.get_tree(&resolve(l, b)?)?;
     let changes = ledger::tree::diff(&ta, &tb);
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if json {
         let v: Vec<_> = changes
             .iter()

@@ -8,7 +8,7 @@
 //! (each named). Nothing printed holds a credential: URLs are shown without
 //! userinfo and with key-like query parameters redacted.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -133,16 +133,7 @@ pub fn run(dir: &std::path::Path, o: &ProxyOptions) -> Result<ExitCode> {
         &o.stream,
         mode,
         &opts,
-        move |url| {
-            println!("{url}");
-            if let Some(f) = &url_file {
-                // Written whole, then renamed: a reader never sees half.
-                let tmp = f.with_extension("tmp");
-                if let Err(e) = std::fs::write(&tmp, url).and_then(|()| std::fs::rename(&tmp, f)) {
-                    eprintln!("warning: cannot write {}: {e}", f.display());
-                }
-            }
-        },
+        move |url| announce(url, url_file.as_deref()),
     )
     .map_err(engine::error::EngineError::from)?;
     if let Some(h) = summary.head {
@@ -177,6 +168,7 @@ pub fn harness_replay(dir: &std::path::Path, rollout: &str, json: bool) -> Resul
     let id = super::resolve(&ledger, rollout)?;
     let r = engine::harness::external::reexecute(ledger, id)?;
     let identical = r.identical();
+    let code = crate::output::decide(if identical { 0 } else { 1 });
     if json {
         let v = serde_json::json!({
             "rollout": id.to_hex(),
@@ -188,50 +180,73 @@ pub fn harness_replay(dir: &std::path::Path, rollout: &str, json: bool) -> Resul
             "exit_code": r.exit_code,
             "recorded_exit_code": r.recorded_exit_code,
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        crate::output::outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
-        println!(
+        crate::output::outln!(
             "rollout {}: its harness re-executed against the recording alone",
             id.short(12)
-        );
-        println!(
+        )?;
+        crate::output::outln!(
             "  requests:  {} of {} recorded exchanges served, {} miss(es)",
             r.served,
             r.recorded,
             r.misses.len()
-        );
+        )?;
         if r.workspace_diff.is_empty() {
-            println!("  workspace: identical to the recorded final workspace");
+            crate::output::outln!("  workspace: identical to the recorded final workspace")?;
         } else {
-            println!("  workspace: {} path(s) differ", r.workspace_diff.len());
+            crate::output::outln!("  workspace: {} path(s) differ", r.workspace_diff.len())?;
             for d in &r.workspace_diff {
-                println!("    {d}");
+                crate::output::outln!("    {d}")?;
             }
         }
         let code = |c: Option<i32>| c.map_or("a signal".to_string(), |c| c.to_string());
-        println!(
+        crate::output::outln!(
             "  exit:      {} (recorded {})",
             code(r.exit_code),
             code(r.recorded_exit_code)
-        );
+        )?;
         for m in &r.misses {
-            println!("{m}");
+            crate::output::outln!("{m}")?;
         }
         if !identical && !r.stderr.trim().is_empty() {
-            println!("harness stderr:\n{}", r.stderr.trim_end());
+            crate::output::outln!("harness stderr:\n{}", r.stderr.trim_end())?;
         }
-        println!(
+        crate::output::outln!(
             "{}",
             if identical {
                 "identical"
             } else {
                 "NOT identical"
             }
-        );
+        )?;
     }
-    Ok(if identical {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    Ok(code)
+}
+
+/// Tells where the proxy listens: a line on standard output and, with
+/// `--url-file`, that file.
+fn announce(url: &str, url_file: Option<&Path>) {
+    // A proxy whose printed URL nobody reads (stdout closed) keeps
+    // serving: the URL is also in --url-file, and stopping a server
+    // because its first line went unread would surprise whoever
+    // started it. Other write errors are said, as for the file.
+    // Written past `output::stdout`: a reader gone here must not
+    // mark the command's output closed, which would make a broken
+    // pipe elsewhere later (an upstream socket) exit quietly.
+    use std::io::Write as _;
+    let mut raw = std::io::stdout().lock();
+    match writeln!(raw, "{url}").and_then(|()| raw.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            eprintln!("warning: cannot write the URL to standard output: {e}");
+        }
+        _ => {}
+    }
+    if let Some(f) = url_file {
+        // Written whole, then renamed: a reader never sees half.
+        let tmp = f.with_extension("tmp");
+        if let Err(e) = std::fs::write(&tmp, url).and_then(|()| std::fs::rename(&tmp, f)) {
+            eprintln!("warning: cannot write {}: {e}", f.display());
+        }
+    }
 }

@@ -26,7 +26,7 @@ pub fn run(file: &Path, prior: f64, json: bool) -> Result<ExitCode> {
     };
     let fit = fit_named(&parsed.items, &parsed.comparisons, &opts)
         .context("cannot fit Bradley-Terry scores")?;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if json {
         let v: Vec<_> = fit
             .by_rank()

@@ -45,7 +45,7 @@ impl Progress for Lines {
 }
 
 pub fn manage(dir: &Path, what: RemoteWhat) -> Result<ExitCode> {
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     match what {
         RemoteWhat::List { json } => {
             let r = Remotes::load(dir)?;
@@ -118,7 +118,7 @@ pub fn push(dir: &Path, first: Option<&str>, runs: &[String], quiet: bool) -> Re
 }
 
 fn print_push(url: &str, rep: &PushReport) -> Result<()> {
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     writeln!(
         out,
         "pushed to {url}: {} object(s) in {} pack(s), {} bytes uploaded",
@@ -192,7 +192,7 @@ fn mark_partial(l: &ledger::Ledger, dir: &Path, url: &str) -> Result<()> {
 }
 
 fn print_pull(url: &str, rep: &PullReport) -> Result<()> {
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     writeln!(
         out,
         "pulled from {url}: {} object(s), {} bytes downloaded{}",
@@ -257,7 +257,7 @@ pub fn clone(url: &str, dir: &Path, lazy: bool, quiet: bool) -> Result<ExitCode>
     }
     let rep = res?;
     print_pull(url, &rep)?;
-    println!("cloned into {} (remote origin -> {url})", dir.display());
+    crate::output::outln!("cloned into {} (remote origin -> {url})", dir.display())?;
     Ok(ExitCode::SUCCESS)
 }
 

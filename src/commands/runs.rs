@@ -113,24 +113,27 @@ fn open_arc(dir: &Path) -> Result<Arc<Ledger>> {
     Ok(Arc::new(open(dir)?))
 }
 
-pub fn run(
-    dir: &Path,
-    experiment: &Path,
-    name: Option<&str>,
-    quiet: bool,
-    workers: &crate::cli::WorkersArgs,
-) -> Result<ExitCode> {
-    let text = std::fs::read_to_string(experiment)
-        .with_context(|| format!("cannot read {}", experiment.display()))?;
-    let origin = experiment.to_string_lossy().into_owned();
-    let exp = engine::config::Experiment::parse(&text, &origin)?;
-    let run = name.map(str::to_string).unwrap_or(exp.name.clone());
+/// What `mass run` was asked.
+pub struct RunOptions<'a> {
+    pub experiment: &'a Path,
+    pub name: Option<&'a str>,
+    /// `--set KEY=VALUE` overrides of the experiment.
+    pub set: &'a [String],
+    pub quiet: bool,
+    pub workers: &'a crate::cli::WorkersArgs,
+}
+
+pub fn run(dir: &Path, o: &RunOptions<'_>) -> Result<ExitCode> {
+    // Read, overridden and checked before the ledger is opened (or made):
+    // a bad --set writes nothing.
+    let given = super::run_file::given(o.experiment, o.set)?;
+    let run = o.name.map(str::to_string).unwrap_or(given.exp.name.clone());
     let ledger = open_arc(dir)?;
     if let Some(head) = ledger.head(&run)? {
-        let first = ledger.chain(head).last().transpose()?.map(|e| e.kind);
-        if first.as_deref() != Some("run.started") {
+        let first = ledger.chain(head).last().transpose()?;
+        let Some(first) = first.filter(|e| e.kind == "run.started") else {
             bail!("ref {run} exists and is not a run; choose another name with --ref");
-        }
+        };
         if let Some(old) = engine::driver::start_failed(&ledger, &run)? {
             // Nothing but the recorded definition: the start failed (or was
             // cut short) before any work. Replace it with this file.
@@ -139,26 +142,30 @@ pub fn run(
                 .with_context(|| format!("cannot replace run {run}"))?;
             eprintln!(
                 "run {run} never started (its only event is run.started {old}, nothing after it): replaced it with {}; the old start stays readable by id, and the replacement is recorded as {} in `mass log {}`",
-                experiment.display(),
+                o.experiment.display(),
                 r.event.short(12),
                 replay::REMOVALS
             );
         } else {
-            eprintln!(
-                "run {run} exists: resuming it (the recorded experiment definition and tasks are used)"
-            );
+            super::run_file::check_resume(
+                &ledger,
+                &run,
+                &first,
+                &given.exp,
+                (o.experiment, o.set),
+            )?;
         }
     }
     go_with(
         dir,
-        workers,
+        o.workers,
         ledger,
         RunRequest {
             run,
-            experiment: Some((text, origin)),
+            experiment: Some((given.text, given.origin)),
             mode: Mode::Live,
             source: None,
-            progress: progress(quiet).as_ref(),
+            progress: progress(o.quiet).as_ref(),
         },
     )
 }
@@ -226,7 +233,7 @@ pub fn replay_check(dir: &Path, run: &str, check: bool) -> Result<ExitCode> {
         );
     }
     let streams = replay::run_refs(&ledger, run)?.len();
-    println!("replay check passed: every event id of {run}'s {streams} streams reproduced ({served} effects served from the ledger, none run) in {:.1}s", start.elapsed().as_secs_f64());
+    crate::output::outln!("replay check passed: every event id of {run}'s {streams} streams reproduced ({served} effects served from the ledger, none run) in {:.1}s", start.elapsed().as_secs_f64())?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -405,7 +412,7 @@ pub fn rejudge(
         },
     )?;
     let from = opts.cycle.unwrap_or(1);
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     for line in what_moved(&ledger, source, name, from)? {
         writeln!(out, "{line}")?;
     }
@@ -530,16 +537,12 @@ fn what_moved(l: &Ledger, source: &str, rejudged: &str, from: u32) -> Result<Vec
 /// Parses `--set KEY=VALUE` items for a fork of a run, refusing keys a fork
 /// cannot honour before the fork is created (the driver checks again).
 fn parse_sets(set: &[String]) -> Result<Vec<(String, String)>> {
-    set.iter()
-        .map(|s| match s.split_once('=') {
-            Some((k, v)) if !k.trim().is_empty() => {
-                engine::context::check_fork_override(k)
-                    .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
-                Ok((k.trim().to_string(), v.trim().to_string()))
-            }
-            _ => Err(CliError::Usage(format!("--set takes KEY=VALUE, got {s:?}")).into()),
-        })
-        .collect()
+    let sets = super::run_file::split_sets(set)?;
+    for (k, _) in &sets {
+        engine::context::check_fork_override(k)
+            .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
+    }
+    Ok(sets)
 }
 
 /// Forks run `run` right before stage `stage` of cycle `cycle`
@@ -667,7 +670,7 @@ pub fn fork(
         engine::driver::check_overrides(l, &run, &first, &overrides)
             .map_err(|e| CliError::Usage(format!("{e}; nothing was written")))?;
         let f = replay::fork_run(l, &run, id, name, &overrides).map_err(ledger_cause)?;
-        println!("forked run {run} at {} as {name} (fork event {}); continue it with `mass resume {name}`", id.short(12), f.short(12));
+        crate::output::outln!("forked run {run} at {} as {name} (fork event {}); continue it with `mass resume {name}`", id.short(12), f.short(12))?;
         return Ok(ExitCode::SUCCESS);
     }
     if !set.is_empty() {
@@ -675,7 +678,7 @@ pub fn fork(
     }
     l.fork(name, id)
         .with_context(|| format!("cannot create ref {name:?} at {}", id.short(12)))?;
-    println!("{name} -> {id}");
+    crate::output::outln!("{name} -> {id}")?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -749,7 +752,7 @@ pub fn remove(l: &Ledger, run: &str) -> Result<ExitCode> {
         .map_err(ledger_cause)
         .with_context(|| format!("cannot remove run {run}"))?;
     writeln!(
-        std::io::stdout().lock(),
+        crate::output::stdout(),
         "removed run {run}: {} ref(s) deleted (main head {}); no object was deleted, every id stays readable; recorded as {} in `mass log {}` (`mass show {}` lists each ref's old head)",
         r.refs.len(),
         r.main_head.map(|h| h.to_hex()).unwrap_or_default(),
@@ -793,7 +796,7 @@ fn go(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<ExitCode> {
 }
 
 fn print_summary(s: &RunSummary, secs: f64) {
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     // A run served entirely from its recording did not run its cycles now.
     let live: u64 = s
         .counts
@@ -1041,15 +1044,11 @@ pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
         let never = engine::driver::start_failed(l, &name)?.is_some();
         rows.push((name, head, st, pending, never));
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     for u in &unreadable {
         eprintln!("error: {u}");
     }
-    let code = if unreadable.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(3)
-    };
+    let code = crate::output::decide(if unreadable.is_empty() { 0 } else { 3 });
     if json {
         let v: Vec<_> = rows
             .iter()
@@ -1128,42 +1127,7 @@ pub fn export_dataset(
     let head = l.head(run)?.ok_or_else(|| {
         CliError::NotFound(format!("no run named {run:?} (`mass status` lists runs)"))
     })?;
-    let mut found = None;
-    for ev in l.chain(head) {
-        let ev = ev?;
-        if ev.kind == "mass.dataset" {
-            // Version 1 datasets carry no provenance.
-            let d = if ev.version == 1 {
-                let d: schemas::DatasetV1 = schemas::decode_event(&ev)?;
-                Exported {
-                    cycle: d.cycle,
-                    train: d.train,
-                    validation: d.validation,
-                    train_examples: d.train_examples,
-                    validation_examples: d.validation_examples,
-                    train_supervised_tokens: d.train_supervised_tokens,
-                    validation_supervised_tokens: d.validation_supervised_tokens,
-                    provenance: None,
-                }
-            } else {
-                let d: schemas::Dataset = schemas::decode_event(&ev)?;
-                Exported {
-                    cycle: d.cycle,
-                    train: d.train,
-                    validation: d.validation,
-                    train_examples: d.train_examples,
-                    validation_examples: d.validation_examples,
-                    train_supervised_tokens: d.train_supervised_tokens,
-                    validation_supervised_tokens: d.validation_supervised_tokens,
-                    provenance: Some(d.provenance),
-                }
-            };
-            if d.cycle == cycle {
-                found = Some(d);
-                break;
-            }
-        }
-    }
+    let found = recorded_dataset(l, head, cycle)?;
     let d = found.with_context(|| {
         format!(
             "run {run} has no dataset for cycle {cycle} (`mass status {run}` shows how far it got)"
@@ -1185,8 +1149,6 @@ pub fn export_dataset(
             ))
             .into());
         }
-    } else {
-        println!("(no line provenance: the workflow check could not run on this dataset)");
     }
     let (train, val) = match format {
         DatasetFormat::Openai => (train, val),
@@ -1199,7 +1161,19 @@ pub fn export_dataset(
     std::fs::write(out, &train).with_context(|| format!("cannot write {}", out.display()))?;
     std::fs::write(&val_path, &val)
         .with_context(|| format!("cannot write {}", val_path.display()))?;
-    println!(
+    // Every file is written before anything is printed: a reader of the
+    // summary that stops early must not leave the export without its
+    // provenance sidecar.
+    let prov_path = match d.provenance {
+        Some(p) => {
+            let prov_path = sidecar_path(out, "provenance");
+            std::fs::write(&prov_path, l.get_blob(&Id(p.0))?)
+                .with_context(|| format!("cannot write {}", prov_path.display()))?;
+            Some(prov_path)
+        }
+        None => None,
+    };
+    crate::output::outln!(
         "{}: {} train examples ({} supervised tokens); {}: {} validation examples ({} supervised tokens)",
         out.display(),
         d.train_examples,
@@ -1207,19 +1181,59 @@ pub fn export_dataset(
         val_path.display(),
         d.validation_examples,
         d.validation_supervised_tokens
-    );
-    if let Some(p) = d.provenance {
-        let prov_path = sidecar_path(out, "provenance");
-        std::fs::write(&prov_path, l.get_blob(&Id(p.0))?)
-            .with_context(|| format!("cannot write {}", prov_path.display()))?;
-        println!(
+    )?;
+    match prov_path {
+        Some(p) => crate::output::outln!(
             "{}: where each line of both files came from (rollout, conversation, selection, ranking)",
-            prov_path.display()
-        );
-    } else {
-        println!("(this dataset was recorded by an older mass, without line provenance)");
+            p.display()
+        )?,
+        None => crate::output::outln!(
+            "(no line provenance: the workflow check could not run on this dataset)\n\
+             (this dataset was recorded by an older mass, without line provenance)"
+        )?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `mass.dataset` of `cycle` on the main stream ending at `head` (the
+/// last one recorded for it), of either version (version 1 datasets carry
+/// no provenance).
+fn recorded_dataset(l: &Ledger, head: Id, cycle: u32) -> Result<Option<Exported>> {
+    for ev in l.chain(head) {
+        let ev = ev?;
+        if ev.kind != "mass.dataset" {
+            continue;
+        }
+        let d = if ev.version == 1 {
+            let d: schemas::DatasetV1 = schemas::decode_event(&ev)?;
+            Exported {
+                cycle: d.cycle,
+                train: d.train,
+                validation: d.validation,
+                train_examples: d.train_examples,
+                validation_examples: d.validation_examples,
+                train_supervised_tokens: d.train_supervised_tokens,
+                validation_supervised_tokens: d.validation_supervised_tokens,
+                provenance: None,
+            }
+        } else {
+            let d: schemas::Dataset = schemas::decode_event(&ev)?;
+            Exported {
+                cycle: d.cycle,
+                train: d.train,
+                validation: d.validation,
+                train_examples: d.train_examples,
+                validation_examples: d.validation_examples,
+                train_supervised_tokens: d.train_supervised_tokens,
+                validation_supervised_tokens: d.validation_supervised_tokens,
+                provenance: Some(d.provenance),
+            }
+        };
+        if d.cycle == cycle {
+            return Ok(Some(d));
+        }
+    }
+    Ok(None)
 }
 
 fn validation_path(out: &Path) -> std::path::PathBuf {

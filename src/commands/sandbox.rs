@@ -26,7 +26,7 @@ pub struct SandboxOptions<'a> {
 }
 
 pub fn run(opts: &SandboxOptions<'_>) -> Result<ExitCode> {
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if opts.probe {
         print_probe(&mut out)?;
         return Ok(ExitCode::SUCCESS);
@@ -61,37 +61,78 @@ pub fn run(opts: &SandboxOptions<'_>) -> Result<ExitCode> {
         },
         ..Default::default()
     };
-    // Arguments are joined as the model's command string is: one bash line.
-    let line = opts.command.join(" ");
+    let line = command_line(opts.command);
     let r = w.bash(&line, &bash).map_err(|e| match e {
         engine::tools::ToolError::Sandbox(s) => {
             anyhow::Error::new(engine::error::EngineError::Sandbox(s))
         }
         other => anyhow::Error::new(other),
     })?;
+    let level = cfg.level.as_str();
+    let (code, how) = match (r.exit_code, r.signal) {
+        (Some(c), _) => (
+            c,
+            Some(format!(
+                "exit {c}{}",
+                if r.timed_out { ", timed out" } else { "" }
+            )),
+        ),
+        (None, Some(s)) => (
+            128 + s,
+            Some(format!(
+                "killed by signal {s}{}",
+                if r.timed_out { " (timed out)" } else { "" }
+            )),
+        ),
+        (None, None) => (1, None),
+    };
+    // Decided before the output is written: a reader that stops early
+    // (`| head`) leaves the command's own exit code in place.
+    let code = crate::output::decide(u8::try_from(code.clamp(0, 255)).unwrap_or(1));
     out.write_all(r.stdout.as_bytes())?;
     std::io::stderr().write_all(r.stderr.as_bytes())?;
-    let level = cfg.level.as_str();
-    let code = match (r.exit_code, r.signal) {
-        (Some(c), _) => {
-            eprintln!(
-                "[sandbox level {level}: exit {c}{}]",
-                if r.timed_out { ", timed out" } else { "" }
-            );
-            c
-        }
-        (None, Some(s)) => {
-            eprintln!(
-                "[sandbox level {level}: killed by signal {s}{}]",
-                if r.timed_out { " (timed out)" } else { "" }
-            );
-            128 + s
-        }
-        (None, None) => 1,
-    };
-    Ok(ExitCode::from(
-        u8::try_from(code.clamp(0, 255)).unwrap_or(1),
-    ))
+    if let Some(how) = how {
+        eprintln!("[sandbox level {level}: {how}]");
+    }
+    Ok(code)
+}
+
+/// The bash line `mass sandbox -- ARGS` runs. One argument is a shell
+/// line, as a rollout's `bash` tool gets it from the model (`-- 'ls | wc
+/// -l'`). Several are a program and its arguments, as the calling shell
+/// split them: each is quoted as POSIX sh would (single quotes, `'` as
+/// `'\''`; only safe characters stay bare), so `-- python3 -c "print('x')"`
+/// runs python3 with exactly those two arguments. (Joined unquoted, the
+/// program saw `python3 -c print('x')`, a syntax error.)
+fn command_line(args: &[String]) -> String {
+    match args {
+        [line] => line.clone(),
+        words => words
+            .iter()
+            .enumerate()
+            .map(|(i, w)| quote_word(w, i == 0))
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
+/// Bash's reserved words: bare in command position they are syntax, not a
+/// program's name.
+const RESERVED: [&str; 17] = [
+    "case", "coproc", "do", "done", "elif", "else", "esac", "fi", "for", "function", "if", "in",
+    "select", "then", "time", "until", "while",
+];
+
+/// One argument, quoted for bash (`engine::config::shell_quote`, as the
+/// trainer and harness commands are). The program's own name is quoted
+/// also when bare it would be a reserved word or, holding `=`, a variable
+/// assignment rather than the program.
+fn quote_word(w: &str, program: bool) -> String {
+    if program && (w.contains('=') || RESERVED.contains(&w)) {
+        format!("'{}'", w.replace('\'', "'\\''"))
+    } else {
+        engine::config::shell_quote(w)
+    }
 }
 
 /// A `[sandbox]` table from an experiment file, or a file holding just its
@@ -149,4 +190,49 @@ fn print_probe(out: &mut impl Write) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(args: &[&str]) -> String {
+        command_line(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn one_argument_is_a_shell_line_as_given() {
+        assert_eq!(line(&["ls | wc -l > n.txt"]), "ls | wc -l > n.txt");
+        assert_eq!(line(&["echo $HOME"]), "echo $HOME");
+    }
+
+    #[test]
+    fn several_arguments_are_quoted_as_sh_would() {
+        assert_eq!(
+            line(&["python3", "-c", "print('x')"]),
+            r#"python3 -c 'print('\''x'\'')'"#
+        );
+        assert_eq!(line(&["echo", "a b", ""]), "echo 'a b' ''");
+        assert_eq!(
+            line(&["printf", r"%s\n", "$HOME"]),
+            r"printf '%s\n' '$HOME'"
+        );
+        assert_eq!(
+            line(&["echo", "say \"hi\"", "a\nb", "back\\slash"]),
+            "echo 'say \"hi\"' 'a\nb' 'back\\slash'"
+        );
+        // Safe characters stay bare.
+        assert_eq!(
+            line(&["ls", "-la", "./dir/a=b,c:d@e%f+g"]),
+            "ls -la ./dir/a=b,c:d@e%f+g"
+        );
+    }
+
+    #[test]
+    fn the_program_is_never_syntax_or_an_assignment() {
+        assert_eq!(line(&["if", "x"]), "'if' x");
+        assert_eq!(line(&["A=1", "env"]), "'A=1' env");
+        assert_eq!(line(&["env", "A=1"]), "env A=1");
+        assert_eq!(line(&["it's", "x"]), r"'it'\''s' x");
+    }
 }

@@ -66,10 +66,13 @@ pub fn worker(
         Box::new(move |line| eprintln!("worker {log_name}: {line}")),
     )?;
     let s = w.run()?;
-    println!(
+    crate::output::outln!(
         "worker {name}: {} done, {} failed, {} discarded, {} duplicate(s)",
-        s.done, s.failed, s.discarded, s.duplicates
-    );
+        s.done,
+        s.failed,
+        s.discarded,
+        s.duplicates
+    )?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -85,7 +88,7 @@ pub fn status(url: &str) -> Result<ExitCode> {
     let r = remote::Remote::open(url, None)?;
     let s = workers::status::read(r.store())?;
     let now = workers::wire::now_ms();
-    println!(
+    crate::output::outln!(
         "\nwork on {}: {} item(s), {} done, {} failed, {} claimed, {} failed attempt(s)",
         r.location(),
         s.items,
@@ -93,9 +96,9 @@ pub fn status(url: &str) -> Result<ExitCode> {
         s.failed,
         s.claimed.len(),
         s.attempts
-    );
+    )?;
     for w in &s.workers {
-        println!(
+        crate::output::outln!(
             "  worker {}: {} slot(s), running {}, {} done, {} failed, {} duplicate(s), last seen {:.0}s ago",
             w.worker,
             w.slots,
@@ -104,7 +107,7 @@ pub fn status(url: &str) -> Result<ExitCode> {
             w.failed,
             w.duplicates,
             now.saturating_sub(w.at_ms) as f64 / 1000.0
-        );
+        )?;
     }
     for (job, holder, attempt, released) in &s.claimed {
         let state = if *released { "released" } else { "claimed" };
@@ -121,13 +124,13 @@ pub fn status(url: &str) -> Result<ExitCode> {
                 )
             })
             .unwrap_or_default();
-        println!(
+        crate::output::outln!(
             "  item {} {state} by {holder}, attempt {attempt}{seen}",
             &job[..12]
-        );
+        )?;
     }
     for key in &s.unreadable {
-        println!("  unreadable: {key}");
+        crate::output::outln!("  unreadable: {key}")?;
     }
     Ok(ExitCode::SUCCESS)
 }
