@@ -400,6 +400,11 @@ pub enum Command {
         #[arg(long)]
         quiet: bool,
     },
+    /// Import a run recorded elsewhere.
+    Import {
+        #[command(subcommand)]
+        what: ImportWhat,
+    },
     /// Export ledger contents.
     Export {
         #[command(subcommand)]
@@ -448,6 +453,21 @@ pub enum RunsWhat {
     /// `run.removed` event in the stream `mass/runs`. No object is deleted:
     /// the run's events stay readable by id (`mass show`, `mass log ID`).
     Rm { run: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImportWhat {
+    /// A run folder of the reference implementation (SakanaAI/mass,
+    /// `run_dir` of its config): episodes, judgments, rankings, selection,
+    /// training metrics. All or nothing; importing the same folder again
+    /// writes nothing. What the reference does not record (workspace
+    /// snapshots, checks, tournament seeds) stays absent.
+    Sakana {
+        run_dir: PathBuf,
+        /// The run's name (default: the folder's name).
+        #[arg(long)]
+        name: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

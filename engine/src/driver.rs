@@ -229,6 +229,15 @@ pub fn check_run_start(run: &str, first: &Event) -> Result<()> {
         )));
     }
     let rs: RunStarted = schemas::decode_event(first)?;
+    if rs.driver.starts_with("sakana-import/") {
+        return Err(EngineError::Invalid(format!(
+            "run {run} was imported from a run folder of the reference implementation ({}): \
+             it can be read (why, report, diff, export) but not re-judged, resumed, replayed or forked: \
+             the reference records no workspace snapshots (a re-judge shows the judge each run's final \
+             workspace), no task suite and no experiment definition this engine can drive",
+            rs.driver
+        )));
+    }
     if !DRIVES.contains(&rs.driver.as_str()) {
         return Err(EngineError::Invalid(format!(
             "run {run} was recorded by driver {}; this build is {DRIVER} (and drives {})",

@@ -3,6 +3,7 @@
 mod audit;
 mod demo;
 mod export;
+mod import;
 mod inspect;
 mod leak;
 mod maintain;
@@ -20,7 +21,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use ledger::{Id, Ledger, LedgerError};
 
-use crate::cli::{Cli, Command, ExportWhat, RunsWhat};
+use crate::cli::{Cli, Command, ExportWhat, ImportWhat, RunsWhat};
 
 /// CLI-level failures that carry their own exit code.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +32,9 @@ pub enum CliError {
     Usage(String),
     #[error("{0}")]
     Conflict(String),
+    /// Input refused: damaged, invalid or not what the command reads.
+    #[error("{0}")]
+    BadInput(String),
 }
 
 impl CliError {
@@ -39,6 +43,7 @@ impl CliError {
             CliError::NotFound(_) => 4,
             CliError::Usage(_) => 2,
             CliError::Conflict(_) => 5,
+            CliError::BadInput(_) => 3,
         }
     }
 }
@@ -233,6 +238,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             quiet,
         } => remote::clone(&url, &d, lazy, quiet),
         Command::Rank { file, prior, json } => rank::run(&file, prior, json),
+        Command::Import {
+            what: ImportWhat::Sakana { run_dir, name },
+        } => import::sakana(&dir, &run_dir, name.as_deref()),
         Command::Demo { workspace } => demo::run(&dir, workspace.as_deref()),
         Command::HarnessReplay { rollout, json } => proxy::harness_replay(&dir, &rollout, json),
         Command::Proxy {

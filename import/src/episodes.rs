@@ -1,0 +1,490 @@
+//! One episode of the reference as a rollout: its stream
+//! (`c{C}/{task}/{purpose}/{NN}/orch`) holds a `harness` effect journaling
+//! the episode (prompt, `run_status.json`, `qwen_stream.jsonl`), then one
+//! `effect` per exchange of its proxy log in the shape `mass proxy`
+//! records (SCHEMAS.md, "Proxy (`wire`) records"), then its `mass.rollout`.
+//! What the reference does not record stays absent: no workspace snapshot
+//! (`tree` is the zero hash), no checks (`validation` zero, 0 of 0 checks),
+//! no usage when a response carried none (`"usage": null`, and the call
+//! adds nothing to the rollout's token totals).
+
+use std::collections::{BTreeMap, HashMap};
+
+use ledger::{Id, ObjectKind};
+use schemas::{Effect, EffectStatus, Hash32, Rollout};
+use serde_json::{json, Map, Value};
+
+use proxy::log::chain_step;
+
+use crate::error::Result;
+use crate::objects::{id32, iso_ms, secs_ms, Objects, ABSENT};
+use crate::plan::Episode;
+use crate::secrets::Scrubber;
+
+/// What the rest of the run needs of an imported episode.
+#[derive(Debug, Clone)]
+pub struct Imported {
+    pub rollout: Id,
+    pub status: &'static str,
+    pub delegations: u32,
+    /// When it ended (`finished_at`), ms since the Unix epoch.
+    pub finished_ms: u64,
+    /// Each conversation (a leaf of the request tree): its last request's
+    /// full message list plus the reply, and that exchange's event.
+    pub conversations: Vec<(Vec<Value>, Id)>,
+}
+
+/// A chat exchange's request, as far as the conversation goes.
+struct Chat {
+    messages: Vec<Value>,
+    event: Id,
+    reply: Option<Value>,
+}
+
+/// Writes episode `ep` as the rollout's stream; the rollout event.
+pub fn import(
+    o: &mut Objects,
+    s: &Scrubber,
+    ep: &Episode,
+    cycle: u32,
+    model: &str,
+) -> Result<Imported> {
+    let rel = format!("c{cycle}/{}/{}/{:02}/orch", ep.task, ep.purpose, ep.index);
+    let status = ep.files.status.as_ref().map(|f| s.json(&f.value));
+    let started = status
+        .as_ref()
+        .and_then(|v| v.get("started_at")?.as_str().and_then(iso_ms))
+        .unwrap_or(ep.files.mtime_ms);
+    let finished = status
+        .as_ref()
+        .and_then(|v| v.get("finished_at")?.as_str().and_then(iso_ms))
+        .unwrap_or(ep.files.mtime_ms);
+    journal(o, s, ep, &rel, status.as_ref(), started)?;
+    let mut chats: Vec<Chat> = Vec::new();
+    let mut requests: HashMap<[u8; 32], Id> = HashMap::new();
+    let (mut prompt_tokens, mut completion_tokens) = (0u64, 0u64);
+    for row in &ep.files.exchanges {
+        let rec = s.json(&row.value);
+        let at = secs_ms(rec.get("ts_start")).unwrap_or(started);
+        let (id, chat, usage) = exchange(o, &rel, &rec, &mut requests, at)?;
+        if let Some(u) = usage {
+            prompt_tokens += u.0;
+            completion_tokens += u.1;
+        }
+        if let Some(mut c) = chat {
+            c.event = id;
+            chats.push(c);
+        }
+    }
+    let (st, detail) = outcome(status.as_ref());
+    let conversations = leaves(&chats);
+    let orchestrator = conversations.first().map(|c| c.1);
+    let subagents: Vec<Id> = conversations.iter().skip(1).map(|c| c.1).collect();
+    let turns = chats
+        .iter()
+        .filter(|c| c.reply.is_some() && c.messages.first() == chats[0].messages.first())
+        .count() as u32;
+    let workflow = o.json(&json!({"reference_prompt": s.text(ep.files.prompt.as_deref().unwrap_or_default()), "episode": ep.name}));
+    let record = Rollout {
+        task: ep.task.clone(),
+        purpose: ep.purpose.into(),
+        cycle,
+        index: ep.index,
+        workflow: id32(workflow),
+        orchestrator_model: model.into(),
+        subagent_model: model.into(),
+        status: st.into(),
+        detail: s.text(&detail),
+        tree: ABSENT,
+        validation: ABSENT,
+        score_passed: 0,
+        score_total: 0,
+        orchestrator: orchestrator.map(id32).unwrap_or(ABSENT),
+        subagents: subagents.iter().copied().map(id32).collect(),
+        delegations: subagents.len() as u32,
+        turns,
+        prompt_tokens,
+        completion_tokens,
+        report: s.text(&final_result(ep.files.stream.as_deref())),
+    };
+    let rollout = o.record(&rel, &record, subagents, finished)?;
+    Ok(Imported {
+        rollout,
+        status: st,
+        delegations: record.delegations,
+        finished_ms: finished,
+        conversations,
+    })
+}
+
+/// The episode's journal: a `harness` effect whose request names the
+/// prompt and whose output holds the run status and the qwen-code trace.
+fn journal(
+    o: &mut Objects,
+    s: &Scrubber,
+    ep: &Episode,
+    rel: &str,
+    status: Option<&Value>,
+    at: u64,
+) -> Result<()> {
+    let prompt = ep
+        .files
+        .prompt
+        .as_deref()
+        .map(|p| o.blob(s.text(p).as_bytes()));
+    let request = json!({
+        "harness": "sakana-import",
+        "episode": ep.files.dir,
+        "prompt": prompt.map(|p| p.to_hex()),
+    });
+    let trace = ep.files.stream.as_deref().map(|t| o.blob(&s.bytes(t)));
+    let run_status = status.map(|v| o.json(v));
+    let output = json!({
+        "exit_code": status.and_then(|v| v.get("exit_code")).cloned(),
+        "run_status": run_status.map(|p| p.to_hex()),
+        "stream": trace.map(|p| p.to_hex()),
+        "tree": null,
+    });
+    let req = o.json(&request);
+    let out = o.json(&output);
+    let links: Vec<Hash32> = [prompt, trace, run_status]
+        .into_iter()
+        .flatten()
+        .map(id32)
+        .collect();
+    let e = Effect {
+        effect: "harness".into(),
+        request: id32(req),
+        status: EffectStatus::Ok,
+        output: Some(id32(out)),
+        error: String::new(),
+        links,
+    };
+    o.record(rel, &e, Vec::new(), at)?;
+    Ok(())
+}
+
+/// `finished` (exit 0 and a success result), `failed` (the runner marked
+/// an infrastructure failure) or `halted` (any other end), and why.
+fn outcome(status: Option<&Value>) -> (&'static str, String) {
+    let Some(v) = status else {
+        return (
+            "failed",
+            "no run_status.json: the episode did not finish".into(),
+        );
+    };
+    let ok = v.get("exit_code").and_then(Value::as_i64) == Some(0)
+        && v.get("trace_has_success_result").and_then(Value::as_bool) == Some(true);
+    if ok {
+        return ("finished", String::new());
+    }
+    let f = v.get("failure").cloned().unwrap_or(Value::Null);
+    let sub = f.get("subtype").and_then(Value::as_str).unwrap_or("");
+    let msg = f.get("message").and_then(Value::as_str).unwrap_or("");
+    let exit = v.get("exit_code").map(Value::to_string).unwrap_or_default();
+    let detail = format!("{sub}: {msg} (exit code {exit})");
+    if sub == "api_error_infra" {
+        ("failed", detail)
+    } else {
+        ("halted", detail)
+    }
+}
+
+/// The text of the trace's last `result` event (qwen-code's final answer).
+fn final_result(stream: Option<&[u8]>) -> String {
+    let Some(b) = stream else {
+        return String::new();
+    };
+    let mut last = String::new();
+    for line in b.split(|c| *c == b'\n') {
+        if let Ok(v) = serde_json::from_slice::<Value>(line) {
+            if v.get("type").and_then(Value::as_str) == Some("result") {
+                last = v
+                    .get("result")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+            }
+        }
+    }
+    last
+}
+
+/// Conversations: chat exchanges whose messages no later exchange extends,
+/// each with its reply appended, in the order their first request came
+/// (the first is the orchestrator's: qwen-code's first request is its main
+/// thread; the others are its subagents').
+fn leaves(chats: &[Chat]) -> Vec<(Vec<Value>, Id)> {
+    let extends = |long: &[Value], short: &[Value]| {
+        long.len() >= short.len() && long[..short.len()] == short[..]
+    };
+    let mut out = Vec::new();
+    for (i, c) in chats.iter().enumerate() {
+        let Some(reply) = &c.reply else { continue };
+        let extended = chats[i + 1..]
+            .iter()
+            .any(|d| d.messages.len() > c.messages.len() && extends(&d.messages, &c.messages));
+        if extended {
+            continue;
+        }
+        let began = chats
+            .iter()
+            .position(|d| !d.messages.is_empty() && extends(&c.messages, &d.messages))
+            .unwrap_or(i);
+        let mut m = c.messages.clone();
+        m.push(reply.clone());
+        out.push((began, m, c.event));
+    }
+    out.sort_by_key(|x| x.0);
+    out.into_iter().map(|(_, m, e)| (m, e)).collect()
+}
+
+type Usage = Option<(u64, u64)>;
+
+/// One proxied exchange as a wire `effect`; for a chat exchange, its
+/// conversation so far and its reply, and the usage it reported.
+fn exchange(
+    o: &mut Objects,
+    rel: &str,
+    rec: &Value,
+    requests: &mut HashMap<[u8; 32], Id>,
+    at: u64,
+) -> Result<(Id, Option<Chat>, Usage)> {
+    let method = rec.get("method").and_then(Value::as_str).unwrap_or("POST");
+    let path = rec.get("path").and_then(Value::as_str).unwrap_or("");
+    let body = rec.get("request").filter(|v| v.is_object());
+    let messages = body.and_then(|b| b.get("messages")?.as_array().cloned());
+    let mut links: Vec<Id> = Vec::new();
+    let (request, chain) = match (&messages, body) {
+        (Some(msgs), Some(b))
+            if path
+                .split('?')
+                .next()
+                .unwrap_or("")
+                .ends_with("/chat/completions") =>
+        {
+            chat_request(o, method, path, b, msgs, requests, &mut links)
+        }
+        _ => {
+            let raw = match (body, rec.get("request_raw").and_then(Value::as_str)) {
+                (Some(b), _) => replay::canonical_json(b),
+                (None, Some(t)) => t.as_bytes().to_vec(),
+                (None, None) => Vec::new(),
+            };
+            let b = o.blob(&raw);
+            links.push(b);
+            (
+                json!({"wire": 1, "method": method, "path": path, "body": b.to_hex()}),
+                None,
+            )
+        }
+    };
+    let (status, output, error, reply, usage) = response(o, rec, messages.is_some(), &mut links);
+    let req = o.json(&request);
+    let e = Effect {
+        effect: if messages.is_some() { "model" } else { "http" }.into(),
+        request: id32(req),
+        status,
+        output: output.map(id32),
+        error,
+        links: links.iter().copied().map(id32).collect(),
+    };
+    let ev = schemas::to_event(&e).map_err(|x| ledger::LedgerError::Index {
+        detail: format!("cannot encode effect: {x}"),
+    })?;
+    let mut meta = BTreeMap::new();
+    if let Some(d) = rec
+        .get("duration_s")
+        .and_then(Value::as_f64)
+        .filter(|d| d.is_finite() && *d >= 0.0)
+    {
+        meta.insert("wire.total_us".to_string(), ((d * 1e6) as u64).to_string());
+    }
+    let id = o.event(rel, ev, at, meta)?;
+    if let Some(h) = chain {
+        requests.insert(h, id);
+    }
+    let chat = messages.map(|m| Chat {
+        messages: m,
+        event: id,
+        reply,
+    });
+    Ok((id, chat, usage))
+}
+
+/// A chat request record: the messages after the longest earlier request
+/// of the stream it extends (`prefix`), each a blob.
+fn chat_request(
+    o: &mut Objects,
+    method: &str,
+    path: &str,
+    body: &Value,
+    msgs: &[Value],
+    requests: &HashMap<[u8; 32], Id>,
+    links: &mut Vec<Id>,
+) -> (Value, Option<[u8; 32]>) {
+    let blobs: Vec<Vec<u8>> = msgs.iter().map(replay::canonical_json).collect();
+    let ids: Vec<Id> = blobs.iter().map(|b| Id::of(ObjectKind::Blob, b)).collect();
+    let mut hashes = vec![[0u8; 32]];
+    for id in &ids {
+        let h = chain_step(*hashes.last().unwrap_or(&[0; 32]), id);
+        hashes.push(h);
+    }
+    let (covered, prefix) = (0..hashes.len())
+        .rev()
+        .find_map(|i| requests.get(&hashes[i]).map(|e| (i, Some(*e))))
+        .unwrap_or((0, None));
+    let mut new = Vec::new();
+    for b in &blobs[covered..] {
+        let id = o.blob(b);
+        links.push(id);
+        new.push(Value::String(id.to_hex()));
+    }
+    let tools = body.get("tools").filter(|t| !t.is_null()).map(|t| {
+        let id = o.json(t);
+        links.push(id);
+        id.to_hex()
+    });
+    if let Some(p) = prefix {
+        links.push(p);
+    }
+    let mut params = Map::new();
+    if let Some(m) = body.as_object() {
+        for (k, v) in m {
+            if !matches!(k.as_str(), "messages" | "tools" | "model") {
+                params.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    let request = json!({
+        "wire": 1, "method": method, "path": path,
+        "model": body.get("model").cloned().unwrap_or(Value::Null),
+        "params": params, "tools": tools,
+        "prefix": prefix.map(|p| p.to_hex()), "messages": new,
+    });
+    (request, hashes.last().copied())
+}
+
+type Response = (EffectStatus, Option<Id>, String, Option<Value>, Usage);
+
+/// The status, output or error of an exchange, the reassembled reply and
+/// its usage (`None` when the response reported none).
+fn response(o: &mut Objects, rec: &Value, chat: bool, links: &mut Vec<Id>) -> Response {
+    let text = |v: Value| String::from_utf8_lossy(&replay::canonical_json(&v)).into_owned();
+    if let Some(e) = rec.get("proxy_error").and_then(Value::as_str) {
+        let err = text(json!({"unreachable": e, "failure": "unreachable"}));
+        return (EffectStatus::Retriable, None, err, None, None);
+    }
+    let code = rec.get("status").and_then(Value::as_u64).unwrap_or(0);
+    let headers: Vec<Value> = rec
+        .get("response_headers")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| json!([k.to_ascii_lowercase(), v]))
+                .collect()
+        })
+        .unwrap_or_default();
+    let http = json!({"status": code, "headers": headers});
+    let resp = rec.get("response").cloned().unwrap_or(Value::Null);
+    let raw = match (
+        rec.get("sse_raw").and_then(Value::as_str),
+        rec.get("response_raw").and_then(Value::as_str),
+    ) {
+        (Some(t), _) | (None, Some(t)) => t.as_bytes().to_vec(),
+        _ => replay::canonical_json(&resp),
+    };
+    let raw = o.blob(&raw);
+    links.push(raw);
+    let fail =
+        |class: &str| text(json!({"http": http, "raw_body": raw.to_hex(), "failure": class}));
+    if !(200..300).contains(&code) {
+        let st = if code == 429 || code >= 500 {
+            EffectStatus::Retriable
+        } else {
+            EffectStatus::Failed
+        };
+        return (st, None, fail("http_status"), None, None);
+    }
+    if !chat {
+        let out = o.json(&json!({"raw_body": raw.to_hex(), "http": http}));
+        return (EffectStatus::Ok, Some(out), String::new(), None, None);
+    }
+    if resp.get("error").is_some_and(|e| !e.is_null()) {
+        return (
+            EffectStatus::Retriable,
+            None,
+            fail("in_band_error"),
+            None,
+            None,
+        );
+    }
+    let choice = resp
+        .get("choices")
+        .and_then(Value::as_array)
+        .and_then(|c| c.first());
+    let Some(choice) = choice else {
+        return (EffectStatus::Failed, None, fail("unparsable"), None, None);
+    };
+    let Some(finish) = choice.get("finish_reason").and_then(Value::as_str) else {
+        return (
+            EffectStatus::Retriable,
+            None,
+            fail("no_finish_reason"),
+            None,
+            None,
+        );
+    };
+    let message = clean(choice.get("message").cloned().unwrap_or(Value::Null));
+    let u = resp.get("usage").filter(|u| u.is_object());
+    let pair = u.and_then(|u| {
+        Some((
+            u.get("prompt_tokens")?.as_u64()?,
+            u.get("completion_tokens")?.as_u64()?,
+        ))
+    });
+    let usage = match pair {
+        Some((p, c)) => json!({"prompt_tokens": p, "completion_tokens": c}),
+        None => Value::Null,
+    };
+    let out = json!({"message": message, "usage": usage, "finish_reason": finish, "raw_body": raw.to_hex(), "http": http});
+    let out = o.json(&out);
+    (
+        EffectStatus::Ok,
+        Some(out),
+        String::new(),
+        Some(message),
+        pair,
+    )
+}
+
+/// The reassembled message without the proxy's empty fields (`null`
+/// content parts, the chunk index of tool calls).
+fn clean(v: Value) -> Value {
+    let Value::Object(m) = v else {
+        return v;
+    };
+    let mut out = Map::new();
+    for (k, x) in m {
+        match (k.as_str(), x) {
+            (_, Value::Null) | ("reasoning_details", _) => {}
+            ("tool_calls", Value::Array(calls)) => {
+                let calls = calls
+                    .into_iter()
+                    .map(|c| match c {
+                        Value::Object(mut c) => {
+                            c.remove("index");
+                            Value::Object(c)
+                        }
+                        other => other,
+                    })
+                    .collect();
+                out.insert(k, Value::Array(calls));
+            }
+            (_, x) => {
+                out.insert(k, x);
+            }
+        }
+    }
+    Value::Object(out)
+}

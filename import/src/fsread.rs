@@ -1,0 +1,323 @@
+//! Reading a run folder without following links and within caps. Every
+//! file is reached from a directory descriptor of the run folder, one path
+//! component at a time with `openat(O_NOFOLLOW)`, so a symbolic link
+//! anywhere beneath it (a file linked to `/proc/self/environ`, a folder
+//! linked outside the run) is refused by name instead of read: a run folder
+//! is someone else's output, and an import must read only what lies in it.
+//! Only regular files are read (a FIFO would block, a device is not a log),
+//! opened non-blocking so a FIFO does not hang the open itself.
+//!
+//! The caps bound what hostile input can cost: a plain file is read up to
+//! [`Caps::file`] bytes, a gzip stream is decompressed up to [`Caps::log`]
+//! bytes in all and [`Caps::line`] per line, checked while decompressing
+//! (a gzip bomb stops at the cap, not after filling memory).
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+use crate::error::{ImportError, Result};
+
+/// Resource caps of one import.
+#[derive(Debug, Clone, Copy)]
+pub struct Caps {
+    /// A plain file (JSON, JSON lines, text), in bytes.
+    pub file: u64,
+    /// A decompressed log (`api_requests.jsonl.gz`), in bytes.
+    pub log: u64,
+    /// One line of a decompressed log, in bytes.
+    pub line: u64,
+}
+
+impl Default for Caps {
+    fn default() -> Caps {
+        Caps {
+            file: 256 << 20,
+            log: 1 << 30,
+            line: 64 << 20,
+        }
+    }
+}
+
+/// A file's bytes and when the reference last wrote it.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub bytes: Vec<u8>,
+    /// Modification time, ms since the Unix epoch (the reference's clock
+    /// for files that carry no time of their own).
+    pub mtime_ms: u64,
+}
+
+/// What a directory entry is, as the directory says (never followed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// The run folder, held open as a directory descriptor.
+#[derive(Debug)]
+pub struct Root {
+    fd: OwnedFd,
+    pub caps: Caps,
+}
+
+fn cstr(file: &str, s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| ImportError::io(file, "path holds a NUL byte"))
+}
+
+/// `openat(dir, name, flags | O_NOFOLLOW | O_CLOEXEC)`, a link refused.
+fn open_at(dir: i32, name: &str, flags: i32, shown: &str) -> Result<Option<OwnedFd>> {
+    let c = cstr(shown, name)?;
+    // SAFETY: `c` is a valid NUL-terminated string and `dir` an open
+    // directory descriptor (or AT_FDCWD); the result is checked.
+    let fd = unsafe {
+        libc::openat(
+            dir,
+            c.as_ptr(),
+            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK,
+        )
+    };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOENT) => Ok(None),
+            // O_NOFOLLOW on the last component gives ELOOP; O_DIRECTORY on
+            // a link to a directory gives ENOTDIR (the link is not one).
+            Some(libc::ELOOP) => Err(ImportError::Symlink {
+                file: shown.to_string(),
+            }),
+            Some(libc::ENOTDIR) if is_link(dir, name) => Err(ImportError::Symlink {
+                file: shown.to_string(),
+            }),
+            _ => Err(ImportError::io(shown, e)),
+        };
+    }
+    // SAFETY: `fd` was just returned by openat and is owned by nobody else.
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+fn is_link(dir: i32, name: &str) -> bool {
+    let Ok(c) = CString::new(name) else {
+        return false;
+    };
+    // SAFETY: valid string and descriptor; `st` is written by the call.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::fstatat(dir, c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    rc == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFLNK
+}
+
+fn fstat(fd: &OwnedFd, shown: &str) -> Result<libc::stat> {
+    // SAFETY: `fd` is open; `st` is written by the call.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(ImportError::io(shown, std::io::Error::last_os_error()));
+    }
+    Ok(st)
+}
+
+fn mtime_ms(st: &libc::stat) -> u64 {
+    let s = u64::try_from(st.st_mtime).unwrap_or(0);
+    let ns = u64::try_from(st.st_mtime_nsec).unwrap_or(0);
+    s.saturating_mul(1000).saturating_add(ns / 1_000_000)
+}
+
+impl Root {
+    /// Opens the run folder itself (a link there is refused as well).
+    pub fn open(dir: &Path, caps: Caps) -> Result<Root> {
+        let shown = dir.display().to_string();
+        let s = dir
+            .to_str()
+            .ok_or_else(|| ImportError::io(&shown, "path is not UTF-8"))?;
+        let s = s.trim_end_matches('/');
+        let s = if s.is_empty() { "/" } else { s };
+        match open_at(
+            libc::AT_FDCWD,
+            s,
+            libc::O_RDONLY | libc::O_DIRECTORY,
+            &shown,
+        )? {
+            Some(fd) => Ok(Root { fd, caps }),
+            None => Err(ImportError::NoFolder {
+                dir: dir.to_path_buf(),
+            }),
+        }
+    }
+
+    /// The directory `rel` (`/`-separated, relative), each component
+    /// opened without following links; `None` when it does not exist.
+    fn dir(&self, rel: &str) -> Result<Option<OwnedFd>> {
+        let mut cur: Option<OwnedFd> = None;
+        let mut walked = String::new();
+        for part in rel.split('/').filter(|p| !p.is_empty()) {
+            if part == ".." || part == "." {
+                return Err(ImportError::io(rel, "path leaves the run folder"));
+            }
+            if !walked.is_empty() {
+                walked.push('/');
+            }
+            walked.push_str(part);
+            let base = cur.as_ref().map_or(self.fd.as_raw_fd(), |f| f.as_raw_fd());
+            match open_at(base, part, libc::O_RDONLY | libc::O_DIRECTORY, &walked)? {
+                Some(fd) => cur = Some(fd),
+                None => return Ok(None),
+            }
+        }
+        match cur {
+            Some(fd) => Ok(Some(fd)),
+            // SAFETY: dup of our own open descriptor; checked below.
+            None => {
+                let fd = unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+                if fd < 0 {
+                    return Err(ImportError::io(".", std::io::Error::last_os_error()));
+                }
+                // SAFETY: a fresh descriptor owned by nobody else.
+                Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
+            }
+        }
+    }
+
+    /// Opens regular file `rel`; `None` when it does not exist.
+    fn open_file(&self, rel: &str) -> Result<Option<(File, libc::stat)>> {
+        let (parent, name) = match rel.rsplit_once('/') {
+            Some((p, n)) => (p, n),
+            None => ("", rel),
+        };
+        let Some(dir) = self.dir(parent)? else {
+            return Ok(None);
+        };
+        let Some(fd) = open_at(dir.as_raw_fd(), name, libc::O_RDONLY, rel)? else {
+            return Ok(None);
+        };
+        let st = fstat(&fd, rel)?;
+        if (st.st_mode & libc::S_IFMT) != libc::S_IFREG {
+            return Err(ImportError::io(rel, "not a regular file"));
+        }
+        Ok(Some((File::from(fd), st)))
+    }
+
+    /// The bytes of plain file `rel`, up to the file cap.
+    pub fn read(&self, rel: &str) -> Result<Option<Loaded>> {
+        let Some((f, st)) = self.open_file(rel)? else {
+            return Ok(None);
+        };
+        let cap = self.caps.file;
+        let mut bytes = Vec::new();
+        f.take(cap + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| ImportError::io(rel, e))?;
+        if bytes.len() as u64 > cap {
+            return Err(ImportError::TooLarge {
+                file: rel.to_string(),
+                what: "the file".into(),
+                cap,
+            });
+        }
+        Ok(Some(Loaded {
+            bytes,
+            mtime_ms: mtime_ms(&st),
+        }))
+    }
+
+    /// The decompressed lines of gzip file `rel` (empty lines dropped),
+    /// within the log and line caps.
+    pub fn read_gz_lines(&self, rel: &str) -> Result<Option<(Vec<Vec<u8>>, u64)>> {
+        let Some((f, st)) = self.open_file(rel)? else {
+            return Ok(None);
+        };
+        let mut z = flate2::read::MultiGzDecoder::new(std::io::BufReader::new(f));
+        let mut lines = Vec::new();
+        let mut cur: Vec<u8> = Vec::new();
+        let mut total: u64 = 0;
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let n = z.read(&mut buf).map_err(|e| ImportError::Gzip {
+                file: rel.to_string(),
+                reason: e.to_string(),
+            })?;
+            if n == 0 {
+                break;
+            }
+            total += n as u64;
+            if total > self.caps.log {
+                return Err(self.too_large(rel, "the decompressed log", self.caps.log));
+            }
+            for piece in buf[..n].split_inclusive(|b| *b == b'\n') {
+                cur.extend_from_slice(piece);
+                if cur.len() as u64 > self.caps.line + 1 {
+                    let what = format!("line {}", lines.len() + 1);
+                    return Err(self.too_large(rel, &what, self.caps.line));
+                }
+                if cur.last() == Some(&b'\n') {
+                    lines.push(std::mem::take(&mut cur));
+                }
+            }
+        }
+        if !cur.is_empty() {
+            lines.push(cur);
+        }
+        Ok(Some((lines, mtime_ms(&st))))
+    }
+
+    fn too_large(&self, rel: &str, what: &str, cap: u64) -> ImportError {
+        ImportError::TooLarge {
+            file: rel.to_string(),
+            what: what.to_string(),
+            cap,
+        }
+    }
+
+    /// The entries of directory `rel`, sorted by name; `None` when it does
+    /// not exist. Links are listed as links, never followed.
+    pub fn list(&self, rel: &str) -> Result<Option<Vec<(String, Kind)>>> {
+        let Some(dir) = self.dir(rel)? else {
+            return Ok(None);
+        };
+        // Our own descriptor's entry in /proc: the directory we opened
+        // without following links, whatever its path now names.
+        let proc = format!("/proc/self/fd/{}", dir.as_raw_fd());
+        let shown = if rel.is_empty() { "." } else { rel };
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(&proc).map_err(|e| ImportError::io(shown, e))? {
+            let e = e.map_err(|e| ImportError::io(shown, e))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let t = e.file_type().map_err(|e| ImportError::io(shown, e))?;
+            let kind = if t.is_symlink() {
+                Kind::Symlink
+            } else if t.is_dir() {
+                Kind::Dir
+            } else if t.is_file() {
+                Kind::File
+            } else {
+                Kind::Other
+            };
+            out.push((name, kind));
+        }
+        out.sort();
+        Ok(Some(out))
+    }
+}
+
+/// Splits plain bytes into lines (empty ones kept, so line numbers are the
+/// file's), each within `cap`.
+pub fn lines<'a>(file: &str, bytes: &'a [u8], cap: u64) -> Result<Vec<&'a [u8]>> {
+    let mut out = Vec::new();
+    for (i, l) in bytes.split(|b| *b == b'\n').enumerate() {
+        if l.len() as u64 > cap {
+            return Err(ImportError::TooLarge {
+                file: file.to_string(),
+                what: format!("line {}", i + 1),
+                cap,
+            });
+        }
+        out.push(l);
+    }
+    if out.last().is_some_and(|l| l.is_empty()) {
+        out.pop();
+    }
+    Ok(out)
+}

@@ -1,0 +1,209 @@
+//! `import`: run folders of the reference implementation of MASS
+//! (SakanaAI/mass, Python) become runs in the ledger, in the event shapes
+//! the engine records, so `mass why`, `report`, `diff` and `export tables`
+//! read them unchanged.
+//!
+//! An import has three steps, and only the last writes:
+//!
+//! 1. **plan** (`plan.rs`, `reference.rs`, `fsread.rs`): the whole folder is
+//!    read beneath a directory descriptor without following links, within
+//!    caps, parsed and cross-checked; every secret it holds is learnt
+//!    (`secrets.rs`). Any problem is an [`ImportError`] naming the file
+//!    and line.
+//! 2. **build** (`stages.rs`, `episodes.rs`, `objects.rs`): every blob and
+//!    event is made in memory with its id, scrubbed, its time taken from
+//!    the reference's files (never the import's clock), so the same folder
+//!    always gives the same objects and the same head.
+//! 3. **write**: one batch with every object and every ref, committed
+//!    once. A run already holding exactly this head is left alone (the
+//!    second import of a folder writes nothing); a run of that name with
+//!    another head is refused.
+
+mod episodes;
+mod error;
+pub mod fixture;
+mod fsread;
+mod objects;
+mod plan;
+mod reference;
+mod secrets;
+mod stages;
+
+use std::path::Path;
+
+use ledger::{Id, Ledger};
+
+pub use error::{ImportError, Result};
+pub use fsread::Caps;
+pub use secrets::Scrubber;
+pub use stages::DRIVER;
+
+/// How to import.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub caps: Caps,
+    /// Test-only: records secrets as found (to see the secret tests fail).
+    #[doc(hidden)]
+    pub unscrubbed_for_tests: bool,
+}
+
+/// What an import did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The run was written: its head, and what it holds.
+    Imported {
+        head: Id,
+        episodes: usize,
+        objects: usize,
+    },
+    /// The run already held exactly this import: nothing written.
+    AlreadyImported { head: Id },
+}
+
+/// The default run name for folder `dir`: its last component, with
+/// characters a run name cannot hold replaced by `-`.
+pub fn default_name(dir: &Path) -> String {
+    let base = dir
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name: String = base
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let name = name.trim_start_matches('.').to_string();
+    if name.is_empty() {
+        "sakana-run".into()
+    } else {
+        name
+    }
+}
+
+/// A run folder read, checked and turned into objects, not yet written.
+#[derive(Debug)]
+pub struct Prepared {
+    objects: objects::Objects,
+    head: Id,
+    episodes: usize,
+}
+
+/// Steps 1 and 2: reads and checks run folder `dir` and builds every
+/// object of its import. Touches no ledger.
+pub fn prepare(dir: &Path, opts: &Options) -> Result<Prepared> {
+    let mut p = plan::plan(dir, opts.caps)?;
+    if opts.unscrubbed_for_tests {
+        p.scrub.disable_for_tests();
+    }
+    let objects = stages::build(&p)?;
+    let head = objects
+        .head(objects::MAIN)
+        .ok_or_else(|| ImportError::invalid("config.json", 1, "nothing to import"))?;
+    Ok(Prepared {
+        objects,
+        head,
+        episodes: p.episodes.len(),
+    })
+}
+
+/// Imports run folder `dir` as run `run` of `ledger`, all or nothing.
+pub fn import(ledger: &Ledger, dir: &Path, run: &str, opts: &Options) -> Result<Outcome> {
+    prepare(dir, opts)?.write(ledger, run)
+}
+
+impl Prepared {
+    /// The head the run will have.
+    pub fn head(&self) -> Id {
+        self.head
+    }
+
+    /// Step 3: every object and ref in one commit, as run `run`; nothing
+    /// when the run already holds this head; refused when the name is
+    /// taken by anything else.
+    pub fn write(&self, ledger: &Ledger, run: &str) -> Result<Outcome> {
+        let head = self.head;
+        match ledger.head(run)? {
+            Some(h) if h == head => return Ok(Outcome::AlreadyImported { head }),
+            Some(h) => {
+                return Err(ImportError::NameTaken {
+                    run: run.to_string(),
+                    head: h.to_hex(),
+                })
+            }
+            None => {}
+        }
+        let prefix = format!("{run}/");
+        if let Some((name, h)) = ledger
+            .refs()?
+            .into_iter()
+            .find(|(n, _)| n.starts_with(&prefix))
+        {
+            return Err(ImportError::NameTaken {
+                run: name,
+                head: h.to_hex(),
+            });
+        }
+        let o = &self.objects;
+        let mut b = ledger.batch();
+        for obj in &o.objs {
+            b.put_raw(obj.kind, obj.raw.clone(), obj.meta.clone())?;
+        }
+        // Sub-streams first, the run's own ref last (one commit: the order
+        // only shows in the ref log).
+        for (rel, &(h, _)) in o.heads.iter().filter(|(r, _)| r.as_str() != objects::MAIN) {
+            b.set_ref(&format!("{run}/{rel}"), None, h)?;
+        }
+        b.set_ref(run, None, head)?;
+        b.commit()?;
+        Ok(Outcome::Imported {
+            head,
+            episodes: self.episodes,
+            objects: o.objs.len(),
+        })
+    }
+}
+
+/// A text with every secret the folder holds replaced: for messages that
+/// may quote it (the CLI passes its error text through this). Reading the
+/// folder again is cheap next to an import, and keeps the scrubber out of
+/// error values.
+pub fn scrub_message(dir: &Path, text: &str) -> String {
+    let mut s = Scrubber::new();
+    if let Ok(root) = fsread::Root::open(dir, Caps::default()) {
+        learn_all(&root, "", &mut s, 0);
+    }
+    s.text(text)
+}
+
+fn learn_all(root: &fsread::Root, rel: &str, s: &mut Scrubber, depth: u32) {
+    if depth > 16 {
+        return;
+    }
+    let Ok(Some(entries)) = root.list(rel) else {
+        return;
+    };
+    for (name, kind) in entries {
+        let path = if rel.is_empty() {
+            name
+        } else {
+            format!("{rel}/{name}")
+        };
+        match kind {
+            fsread::Kind::Dir => learn_all(root, &path, s, depth + 1),
+            // Compressed logs are left out: an error message never
+            // quotes them, and a hostile one would cost its cap again.
+            fsread::Kind::File if path.ends_with(".gz") => {}
+            fsread::Kind::File => {
+                if let Ok(Some(l)) = root.read(&path) {
+                    s.learn_text(&l.bytes);
+                }
+            }
+            _ => {}
+        }
+    }
+}

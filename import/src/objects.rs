@@ -1,0 +1,152 @@
+//! The objects of an import, built in memory before anything is written:
+//! blobs and events with their ids, the metadata each event carries (its
+//! time from the reference's files, never the import's clock) and the head
+//! of every stream. `write.rs` then puts them all and sets every ref in one
+//! commit. Ids are computed here exactly as the ledger computes them, so
+//! the planned head can be compared with an existing run before writing.
+
+use std::collections::{BTreeMap, HashSet};
+
+use ledger::{EventEnvelope, Id, Meta, NewEvent, ObjectKind};
+use schemas::{Hash32, Record};
+use serde_json::Value;
+
+use crate::error::Result;
+
+/// The main stream's name inside events (`replay::MAIN`).
+pub const MAIN: &str = "main";
+
+/// An object to write: kind, canonical bytes, metadata (events only).
+#[derive(Debug, Clone)]
+pub struct Obj {
+    pub kind: ObjectKind,
+    pub raw: Vec<u8>,
+    pub meta: Vec<u8>,
+}
+
+/// Everything one import writes.
+#[derive(Debug, Default)]
+pub struct Objects {
+    pub objs: Vec<Obj>,
+    seen: HashSet<Id>,
+    /// Stream (relative name, `main` for the main stream) -> (head, seq).
+    pub heads: BTreeMap<String, (Id, u64)>,
+}
+
+/// The zero hash: a field the reference did not record (no workspace
+/// snapshot, no checks output, no judge conversation).
+pub const ABSENT: Hash32 = Hash32([0; 32]);
+
+pub fn id32(id: Id) -> Hash32 {
+    Hash32(id.0)
+}
+
+impl Objects {
+    /// Adds a blob; its id.
+    pub fn blob(&mut self, bytes: &[u8]) -> Id {
+        let id = Id::of(ObjectKind::Blob, bytes);
+        if self.seen.insert(id) {
+            self.objs.push(Obj {
+                kind: ObjectKind::Blob,
+                raw: bytes.to_vec(),
+                meta: Vec::new(),
+            });
+        }
+        id
+    }
+
+    /// Adds the canonical JSON of `v` as a blob.
+    pub fn json(&mut self, v: &Value) -> Id {
+        self.blob(&replay::canonical_json(v))
+    }
+
+    /// Appends `ev` to stream `rel` at wall time `wall_ms` with metadata
+    /// `extra`; links of the zero hash (absent fields) are left out of the
+    /// event's refs, as they name nothing.
+    pub fn event(
+        &mut self,
+        rel: &str,
+        mut ev: NewEvent,
+        wall_ms: u64,
+        extra: BTreeMap<String, String>,
+    ) -> Result<Id> {
+        ev.refs.retain(|r| r.0 != ABSENT.0);
+        ev.refs.dedup();
+        let (prev, seq) = match self.heads.get(rel) {
+            Some(&(h, s)) => (Some(h), s + 1),
+            None => (None, 0),
+        };
+        let env = EventEnvelope::build(rel, seq, prev, &ev);
+        let raw = env.to_bytes()?;
+        let id = Id::of(ObjectKind::Event, &raw);
+        let meta = Meta {
+            wall_ms,
+            host: String::new(),
+            pid: 0,
+            extra,
+        };
+        let meta = serde_json::to_vec(&meta).map_err(|e| ledger::LedgerError::Index {
+            detail: format!("cannot encode metadata: {e}"),
+        })?;
+        if self.seen.insert(id) {
+            self.objs.push(Obj {
+                kind: ObjectKind::Event,
+                raw,
+                meta,
+            });
+        }
+        self.heads.insert(rel.to_string(), (id, seq));
+        Ok(id)
+    }
+
+    /// Appends a record of the schemas crate.
+    pub fn record<T>(&mut self, rel: &str, r: &T, parents: Vec<Id>, wall_ms: u64) -> Result<Id>
+    where
+        T: Record,
+        T::Archived: for<'a> rkyv::bytecheck::CheckBytes<
+                rkyv::api::high::HighValidator<'a, rkyv::rancor::Error>,
+            > + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rkyv::rancor::Error>>,
+    {
+        let ev = schemas::to_event(r)
+            .map_err(|e| ledger::LedgerError::Index {
+                detail: format!("cannot encode {}: {e}", T::KIND),
+            })?
+            .with_parents(parents);
+        self.event(rel, ev, wall_ms, BTreeMap::new())
+    }
+
+    /// The head of stream `rel`.
+    pub fn head(&self, rel: &str) -> Option<Id> {
+        self.heads.get(rel).map(|&(h, _)| h)
+    }
+}
+
+/// Parses `YYYY-MM-DDTHH:MM:SSZ` (what `date -u` writes in
+/// `run_status.json`) to ms since the Unix epoch.
+pub fn iso_ms(s: &str) -> Option<u64> {
+    let s = s.strip_suffix('Z')?;
+    let (d, t) = s.split_once('T')?;
+    let mut d = d.split('-').map(|x| x.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let mut t = t.split(':').map(|x| x.parse::<f64>().ok());
+    let (hh, mm, ss) = (t.next()??, t.next()??, t.next()??);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&day) {
+        return None;
+    }
+    // Days from civil (Howard Hinnant's algorithm).
+    let y2 = if m <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146097 + doe - 719468;
+    let secs = days as f64 * 86400.0 + hh * 3600.0 + mm * 60.0 + ss;
+    (secs >= 0.0).then_some((secs * 1000.0) as u64)
+}
+
+/// Seconds as a float (the proxy's `ts_start`) to ms.
+pub fn secs_ms(v: Option<&Value>) -> Option<u64> {
+    let s = v?.as_f64()?;
+    (s.is_finite() && s >= 0.0).then_some((s * 1000.0) as u64)
+}

@@ -1,0 +1,442 @@
+//! The whole run folder read and checked before anything is written: which
+//! episodes exist and what each stage file says about them. Every cross
+//! reference is resolved here (a match, ranking or manifest row naming an
+//! episode the folder does not hold is refused with its file and line), and
+//! duplicates are refused rather than counted twice, so the writer
+//! (`build.rs`) never meets an error about the input.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{ImportError, Result};
+use crate::fsread::{Caps, Root};
+use crate::reference::{list_rows, str_field, EpisodeFiles, JsonFile, Reader, Row};
+use crate::secrets::Scrubber;
+
+/// One episode and the role it played.
+#[derive(Debug, Clone)]
+pub struct Episode {
+    /// The name manifests use (`pool.json`'s `episode`), or the folder's.
+    pub name: String,
+    /// `reference`, `inner`, `collect` or `eval`.
+    pub purpose: &'static str,
+    /// The task id, `query{Q}`.
+    pub task: String,
+    pub index: u32,
+    pub files: EpisodeFiles,
+}
+
+/// One self-judged comparison (`task{Q}_matches.jsonl`).
+#[derive(Debug, Clone)]
+pub struct Match {
+    pub row: Row,
+    pub a: String,
+    pub b: String,
+    /// `a`, `b` or `tie`.
+    pub winner: &'static str,
+}
+
+/// One ranked episode (`task{Q}_ranked.json`).
+#[derive(Debug, Clone)]
+pub struct Ranked {
+    pub episode: String,
+    pub score: f64,
+    pub rank: u32,
+}
+
+/// What the stage files say about one training task.
+#[derive(Debug, Clone, Default)]
+pub struct TaskStage {
+    pub task: String,
+    pub matches: Vec<Match>,
+    pub matches_mtime: u64,
+    pub ranked: Vec<Ranked>,
+    pub ranked_mtime: u64,
+}
+
+/// A run folder, read whole and checked.
+#[derive(Debug)]
+pub struct Plan {
+    pub config: JsonFile,
+    /// The cycle this run is (the config's `generation` plus one).
+    pub cycle: u32,
+    pub episodes: Vec<Episode>,
+    pub stages: Vec<TaskStage>,
+    pub train: Vec<String>,
+    pub validation: Vec<String>,
+    pub selection_mtime: u64,
+    pub train_log: Option<(Vec<Row>, u64)>,
+    pub selected: Option<JsonFile>,
+    /// Tasks whose retained workflow beat the reference
+    /// (`search/query{Q}_ourTeam/retained_workflow.json`).
+    pub inner_wins: u32,
+    pub scrub: Scrubber,
+}
+
+impl Plan {
+    pub fn episode(&self, name: &str) -> Option<&Episode> {
+        self.episodes
+            .iter()
+            .find(|e| e.purpose == "collect" && e.name == name)
+    }
+}
+
+/// Reads and checks the run folder `dir`.
+pub fn plan(dir: &Path, caps: Caps) -> Result<Plan> {
+    let root = Root::open(dir, caps)?;
+    let mut scrub = Scrubber::new();
+    let mut r = Reader {
+        root: &root,
+        scrub: &mut scrub,
+    };
+    let not_run = |reason: &str| ImportError::NotARun {
+        dir: dir.to_path_buf(),
+        reason: reason.to_string(),
+    };
+    let config = r.json("config.json")?.ok_or_else(|| {
+        not_run("no config.json (the file every stage of the reference freezes first)")
+    })?;
+    if !config.value.get("tasks").is_some_and(Value::is_object) {
+        return Err(not_run("config.json has no \"tasks\" object"));
+    }
+    let cycle = config
+        .value
+        .get("generation")
+        .and_then(Value::as_u64)
+        .and_then(|g| u32::try_from(g + 1).ok())
+        .unwrap_or(1);
+    let mut episodes = search_episodes(&mut r)?;
+    episodes.extend(collect_episodes(&mut r)?);
+    episodes.extend(eval_episodes(&mut r)?);
+    if episodes.is_empty() {
+        return Err(not_run(
+            "no episode folders (logs/, pool/ or evaluation/logs/)",
+        ));
+    }
+    let collected: BTreeSet<String> = episodes
+        .iter()
+        .filter(|e| e.purpose == "collect")
+        .map(|e| e.name.clone())
+        .collect();
+    let stages = task_stages(&mut r, &collected)?;
+    let (train, validation, selection_mtime) = manifests(&mut r, &collected)?;
+    let train_log = r.jsonl("training/train_log.jsonl")?;
+    let selected = r.json("selected_checkpoint.json")?;
+    if let Some(f) = &selected {
+        if !f
+            .value
+            .get("val_loss")
+            .and_then(Value::as_f64)
+            .is_some_and(f64::is_finite)
+        {
+            return Err(ImportError::invalid(&f.file, 1, "no finite \"val_loss\""));
+        }
+        if train_log.is_none() {
+            return Err(ImportError::invalid(
+                &f.file,
+                1,
+                "a checkpoint was selected but training/train_log.jsonl is missing",
+            ));
+        }
+    }
+    let mut inner_wins = 0;
+    for name in r.subdirs("search")? {
+        if let Some(f) = r.json(&format!("search/{name}/retained_workflow.json"))? {
+            if f.value.get("beats_reference").and_then(Value::as_bool) == Some(true) {
+                inner_wins += 1;
+            }
+        }
+    }
+    Ok(Plan {
+        inner_wins,
+        config,
+        cycle,
+        episodes,
+        stages,
+        train,
+        validation,
+        selection_mtime,
+        train_log,
+        selected,
+        scrub,
+    })
+}
+
+fn numbered(name: &str, prefix: &str, suffix: &str) -> Option<(String, u32)> {
+    let rest = name.strip_prefix(prefix)?;
+    let (q, n) = match suffix {
+        "" => (rest, "0"),
+        s => rest.split_once(s)?,
+    };
+    if q.is_empty() || !q.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((q.to_string(), n.parse().ok()?))
+}
+
+/// Reference runs (`logs/reference/query{Q}`) and inner-loop runs
+/// (`logs/search/v{K}/query{Q}_ourTeam`, index K).
+fn search_episodes(r: &mut Reader) -> Result<Vec<Episode>> {
+    let mut out = Vec::new();
+    for name in r.subdirs("logs/reference")? {
+        let Some((q, _)) = numbered(&name, "query", "") else {
+            continue;
+        };
+        if let Some(files) = r.episode(&format!("logs/reference/{name}"))? {
+            out.push(Episode {
+                name: name.clone(),
+                purpose: "reference",
+                task: format!("query{q}"),
+                index: 0,
+                files,
+            });
+        }
+    }
+    let mut versions: Vec<(u32, String)> = r
+        .subdirs("logs/search")?
+        .into_iter()
+        .filter_map(|v| Some((v.strip_prefix('v')?.parse().ok()?, v)))
+        .collect();
+    versions.sort();
+    for (k, v) in versions {
+        for name in r.subdirs(&format!("logs/search/{v}"))? {
+            let Some(q) = name
+                .strip_prefix("query")
+                .and_then(|s| s.strip_suffix("_ourTeam"))
+            else {
+                continue;
+            };
+            if let Some(files) = r.episode(&format!("logs/search/{v}/{name}"))? {
+                out.push(Episode {
+                    name: format!("{v}/{name}"),
+                    purpose: "inner",
+                    task: format!("query{q}"),
+                    index: k,
+                    files,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Collection runs: every row of `pool.json`, whose folder must exist
+/// (`pool/runlogs/{episode}`); index by seed order within the task.
+fn collect_episodes(r: &mut Reader) -> Result<Vec<Episode>> {
+    let Some(pool) = r.json("pool.json")? else {
+        return Ok(Vec::new());
+    };
+    let mut seen = BTreeSet::new();
+    let mut rows: Vec<(String, i64, String, usize)> = Vec::new();
+    for row in list_rows(&pool)? {
+        let name = str_field(&row, "episode")?.to_string();
+        if name.contains('/') || name.starts_with('.') {
+            return Err(ImportError::invalid(
+                &row.file,
+                row.line,
+                "episode name is not a folder name",
+            ));
+        }
+        let task = match row.value.get("task") {
+            Some(Value::Number(n)) => n.to_string(),
+            Some(Value::String(s)) => s.clone(),
+            _ => return Err(ImportError::invalid(&row.file, row.line, "no task")),
+        };
+        if !seen.insert(name.clone()) {
+            return Err(ImportError::invalid(
+                &row.file,
+                row.line,
+                format!("episode {name:?} is listed twice"),
+            ));
+        }
+        let seed = row.value.get("seed").and_then(Value::as_i64).unwrap_or(0);
+        rows.push((task, seed, name, row.line));
+    }
+    rows.sort();
+    let mut out: Vec<Episode> = Vec::new();
+    for (task, _, name, line) in rows {
+        let dir = format!("pool/runlogs/{name}");
+        let files = r.episode(&dir)?.ok_or_else(|| {
+            ImportError::invalid(
+                "pool.json",
+                line,
+                format!("names episode {name:?}, but {dir} does not exist"),
+            )
+        })?;
+        let task = format!("query{task}");
+        let index = out.iter().filter(|e| e.task == task).count() as u32;
+        out.push(Episode {
+            name,
+            purpose: "collect",
+            task,
+            index,
+            files,
+        });
+    }
+    Ok(out)
+}
+
+/// Evaluation runs (`evaluation/logs/query{Q}_r{I}`).
+fn eval_episodes(r: &mut Reader) -> Result<Vec<Episode>> {
+    let mut out = Vec::new();
+    for name in r.subdirs("evaluation/logs")? {
+        let Some((q, i)) = numbered(&name, "query", "_r") else {
+            continue;
+        };
+        if let Some(files) = r.episode(&format!("evaluation/logs/{name}"))? {
+            out.push(Episode {
+                name,
+                purpose: "eval",
+                task: format!("query{q}"),
+                index: i,
+                files,
+            });
+        }
+    }
+    out.sort_by(|a, b| (&a.task, a.index).cmp(&(&b.task, b.index)));
+    Ok(out)
+}
+
+/// Each training task's matches and ranking, checked against the
+/// collected episodes.
+fn task_stages(r: &mut Reader, collected: &BTreeSet<String>) -> Result<Vec<TaskStage>> {
+    let mut stages: BTreeMap<String, TaskStage> = BTreeMap::new();
+    for (name, _) in r.root.list("selection")?.unwrap_or_default() {
+        let Some(q) = name.strip_prefix("task").and_then(|s| {
+            s.strip_suffix("_matches.jsonl")
+                .or_else(|| s.strip_suffix("_ranked.json"))
+        }) else {
+            continue;
+        };
+        let st = stages.entry(q.to_string()).or_default();
+        st.task = format!("query{q}");
+        let rel = format!("selection/{name}");
+        if name.ends_with("_matches.jsonl") {
+            let Some((rows, mtime)) = r.jsonl(&rel)? else {
+                continue;
+            };
+            st.matches = matches(rows, collected)?;
+            st.matches_mtime = mtime;
+        } else if let Some(f) = r.json(&rel)? {
+            st.ranked = ranked(&f, collected)?;
+            st.ranked_mtime = f.mtime_ms;
+        }
+    }
+    Ok(stages.into_values().collect())
+}
+
+fn known(row: &Row, collected: &BTreeSet<String>, name: &str) -> Result<()> {
+    if collected.contains(name) {
+        return Ok(());
+    }
+    Err(ImportError::invalid(
+        &row.file,
+        row.line,
+        format!("names episode {name:?}, which pool.json does not list (a missing episode)"),
+    ))
+}
+
+fn matches(rows: Vec<Row>, collected: &BTreeSet<String>) -> Result<Vec<Match>> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for row in rows {
+        let a = str_field(&row, "a")?.to_string();
+        let b = str_field(&row, "b")?.to_string();
+        known(&row, collected, &a)?;
+        known(&row, collected, &b)?;
+        let pair = if a <= b {
+            (a.clone(), b.clone())
+        } else {
+            (b.clone(), a.clone())
+        };
+        if !seen.insert(pair) {
+            return Err(ImportError::invalid(
+                &row.file,
+                row.line,
+                format!("pair {a:?} / {b:?} is judged twice (refused: it would count twice)"),
+            ));
+        }
+        let winner = match row.value.get("winner").and_then(Value::as_str) {
+            Some(w) if w.eq_ignore_ascii_case("a") => "a",
+            Some(w) if w.eq_ignore_ascii_case("b") => "b",
+            Some(w) if w.eq_ignore_ascii_case("tie") => "tie",
+            _ => {
+                return Err(ImportError::invalid(
+                    &row.file,
+                    row.line,
+                    "winner is not \"A\", \"B\" or \"tie\"",
+                ))
+            }
+        };
+        out.push(Match { row, a, b, winner });
+    }
+    Ok(out)
+}
+
+fn ranked(f: &JsonFile, collected: &BTreeSet<String>) -> Result<Vec<Ranked>> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for row in list_rows(f)? {
+        let episode = str_field(&row, "episode")?.to_string();
+        known(&row, collected, &episode)?;
+        if !seen.insert(episode.clone()) {
+            return Err(ImportError::invalid(
+                &row.file,
+                row.line,
+                format!("episode {episode:?} is ranked twice"),
+            ));
+        }
+        let score = row.value.get("score").and_then(Value::as_f64);
+        let rank = row
+            .value
+            .get("rank")
+            .and_then(Value::as_u64)
+            .and_then(|r| u32::try_from(r).ok());
+        let (Some(score), Some(rank)) = (score, rank) else {
+            return Err(ImportError::invalid(
+                &row.file,
+                row.line,
+                "no numeric score and rank",
+            ));
+        };
+        out.push(Ranked {
+            episode,
+            score,
+            rank,
+        });
+    }
+    out.sort_by_key(|r| r.rank);
+    Ok(out)
+}
+
+/// `selection/train.json` and `selection/val.json`: episodes, each once,
+/// in neither twice, every one collected.
+fn manifests(
+    r: &mut Reader,
+    collected: &BTreeSet<String>,
+) -> Result<(Vec<String>, Vec<String>, u64)> {
+    let mut seen = BTreeSet::new();
+    let mut out = [Vec::new(), Vec::new()];
+    let mut mtime = 0;
+    for (i, rel) in ["selection/train.json", "selection/val.json"]
+        .iter()
+        .enumerate()
+    {
+        let Some(f) = r.json(rel)? else {
+            continue;
+        };
+        mtime = mtime.max(f.mtime_ms);
+        for row in list_rows(&f)? {
+            let name = str_field(&row, "episode")?.to_string();
+            known(&row, collected, &name)?;
+            if !seen.insert(name.clone()) {
+                return Err(ImportError::invalid(&row.file, row.line, format!("episode {name:?} is selected twice (refused: it would be trained on twice)")));
+            }
+            out[i].push(name);
+        }
+    }
+    let [train, validation] = out;
+    Ok((train, validation, mtime))
+}

@@ -1,0 +1,228 @@
+//! The reference implementation's run folder, parsed. Formats derived from
+//! SakanaAI/mass at commit 4106e7a6ce008b5ffadc7263971e8a3a20976f87
+//! (`runtime/api_proxy.py`, `runtime/run_episode.sh`, `mass/pipeline.py`,
+//! `mass/judging.py`) and bc75a25f0279b418f6dab817f4b8a8636edf23e9
+//! (`mass/io.py`, `mass/ranking.py`, `training/prepare_sft_data.py`,
+//! `docs/running.md`); none of its code is copied here.
+//!
+//! A run folder (`run_dir` of its config) holds `config.json` (frozen at the
+//! first stage), episode folders (`logs/reference/query{Q}`,
+//! `logs/search/v{K}/query{Q}_ourTeam`, `pool/runlogs/{EPISODE}` listed by
+//! `pool.json`, `evaluation/logs/query{Q}_r{I}`), each with `prompt.txt`,
+//! `run_status.json`, `qwen_stream.jsonl` and `api_requests.jsonl.gz` (one
+//! JSON object per proxied HTTP exchange); and the stage files
+//! `selection/task{Q}_matches.jsonl`, `selection/task{Q}_ranked.json`,
+//! `selection/train.json`, `selection/val.json`, `training/train_log.jsonl`
+//! and `selected_checkpoint.json`. This module reads them through
+//! [`Root`] (no links, caps) and teaches the [`Scrubber`] every secret it
+//! sees; it checks shapes, not meaning (`plan.rs` does that).
+
+use serde_json::Value;
+
+use crate::error::{ImportError, Result};
+use crate::fsread::{lines, Kind, Root};
+use crate::secrets::Scrubber;
+
+/// A JSON value and where it came from.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub file: String,
+    pub line: usize,
+    pub value: Value,
+}
+
+/// A file read whole as JSON.
+#[derive(Debug, Clone)]
+pub struct JsonFile {
+    pub file: String,
+    pub value: Value,
+    pub mtime_ms: u64,
+}
+
+/// One episode folder.
+#[derive(Debug, Clone)]
+pub struct EpisodeFiles {
+    /// The folder, relative to the run folder.
+    pub dir: String,
+    pub status: Option<JsonFile>,
+    pub prompt: Option<String>,
+    /// `qwen_stream.jsonl` as written (scrubbed when recorded).
+    pub stream: Option<Vec<u8>>,
+    /// The proxy's log, one row per exchange (`.jsonl.gz`, or `.jsonl`
+    /// when the episode stopped before it was compressed).
+    pub exchanges: Vec<Row>,
+    /// The newest time a file of the folder was written (for records
+    /// whose own lines carry no time).
+    pub mtime_ms: u64,
+}
+
+/// Reads files of a run folder, learning secrets as it goes.
+pub struct Reader<'a> {
+    pub root: &'a Root,
+    pub scrub: &'a mut Scrubber,
+}
+
+fn parse(file: &str, line: usize, bytes: &[u8]) -> Result<Value> {
+    serde_json::from_slice(bytes).map_err(|e| ImportError::json(file, line, &e))
+}
+
+impl Reader<'_> {
+    /// A JSON file; `None` when absent.
+    pub fn json(&mut self, rel: &str) -> Result<Option<JsonFile>> {
+        let Some(l) = self.root.read(rel)? else {
+            return Ok(None);
+        };
+        self.scrub.learn_text(&l.bytes);
+        let value = parse(rel, 1, &l.bytes)?;
+        self.scrub.learn_json(&value);
+        Ok(Some(JsonFile {
+            file: rel.to_string(),
+            value,
+            mtime_ms: l.mtime_ms,
+        }))
+    }
+
+    /// A JSON-lines file (blank lines skipped, numbers kept); `None` when
+    /// absent.
+    pub fn jsonl(&mut self, rel: &str) -> Result<Option<(Vec<Row>, u64)>> {
+        let Some(l) = self.root.read(rel)? else {
+            return Ok(None);
+        };
+        self.scrub.learn_text(&l.bytes);
+        let mut rows = Vec::new();
+        for (i, b) in lines(rel, &l.bytes, self.root.caps.line)?
+            .into_iter()
+            .enumerate()
+        {
+            if b.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let value = parse(rel, i + 1, b)?;
+            self.scrub.learn_json(&value);
+            rows.push(Row {
+                file: rel.to_string(),
+                line: i + 1,
+                value,
+            });
+        }
+        Ok(Some((rows, l.mtime_ms)))
+    }
+
+    /// The proxy log of episode folder `dir`: `api_requests.jsonl.gz`, or
+    /// the plain file a stopped episode leaves.
+    fn exchanges(&mut self, dir: &str) -> Result<(Vec<Row>, u64)> {
+        let gz = format!("{dir}/api_requests.jsonl.gz");
+        if let Some((ls, mtime)) = self.root.read_gz_lines(&gz)? {
+            let mut rows = Vec::new();
+            for (i, b) in ls.iter().enumerate() {
+                self.scrub.learn_text(b);
+                if b.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let value = parse(&gz, i + 1, b)?;
+                self.scrub.learn_json(&value);
+                rows.push(Row {
+                    file: gz.clone(),
+                    line: i + 1,
+                    value,
+                });
+            }
+            return Ok((rows, mtime));
+        }
+        let plain = format!("{dir}/api_requests.jsonl");
+        Ok(self.jsonl(&plain)?.unwrap_or_default())
+    }
+
+    /// Episode folder `dir`; `None` when it does not exist.
+    pub fn episode(&mut self, dir: &str) -> Result<Option<EpisodeFiles>> {
+        let Some(entries) = self.root.list(dir)? else {
+            return Ok(None);
+        };
+        // A link among the files the import reads is refused by name
+        // when opened; one elsewhere in the folder is refused here too,
+        // so nothing beneath a run is ever reached through a link.
+        if let Some((name, _)) = entries.iter().find(|(_, k)| *k == Kind::Symlink) {
+            return Err(ImportError::Symlink {
+                file: format!("{dir}/{name}"),
+            });
+        }
+        let status = self.json(&format!("{dir}/run_status.json"))?;
+        let prompt = match self.root.read(&format!("{dir}/prompt.txt"))? {
+            Some(l) => {
+                self.scrub.learn_text(&l.bytes);
+                Some(String::from_utf8_lossy(&l.bytes).into_owned())
+            }
+            None => None,
+        };
+        let stream_rel = format!("{dir}/qwen_stream.jsonl");
+        let stream = match self.root.read(&stream_rel)? {
+            Some(l) => {
+                self.scrub.learn_text(&l.bytes);
+                // Checked line by line: a damaged trace is named, not kept.
+                for (i, b) in lines(&stream_rel, &l.bytes, self.root.caps.line)?
+                    .into_iter()
+                    .enumerate()
+                {
+                    if !b.iter().all(u8::is_ascii_whitespace) {
+                        parse(&stream_rel, i + 1, b)?;
+                    }
+                }
+                Some(l.bytes)
+            }
+            None => None,
+        };
+        let (exchanges, log_mtime) = self.exchanges(dir)?;
+        let mtime_ms = status.as_ref().map_or(0, |s| s.mtime_ms).max(log_mtime);
+        Ok(Some(EpisodeFiles {
+            dir: dir.to_string(),
+            status,
+            prompt,
+            stream,
+            exchanges,
+            mtime_ms,
+        }))
+    }
+
+    /// The names of the subfolders of `rel` (none when it is absent); a
+    /// link there is refused.
+    pub fn subdirs(&mut self, rel: &str) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for (name, kind) in self.root.list(rel)?.unwrap_or_default() {
+            match kind {
+                Kind::Dir => out.push(name),
+                Kind::Symlink => {
+                    return Err(ImportError::Symlink {
+                        file: format!("{rel}/{name}"),
+                    })
+                }
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `value[key]` as a string, or an error naming the file and line.
+pub fn str_field<'v>(row: &'v Row, key: &str) -> Result<&'v str> {
+    row.value.get(key).and_then(Value::as_str).ok_or_else(|| {
+        ImportError::invalid(&row.file, row.line, format!("no string field {key:?}"))
+    })
+}
+
+/// The rows of a JSON file that must be a list of objects.
+pub fn list_rows(f: &JsonFile) -> Result<Vec<Row>> {
+    let Some(items) = f.value.as_array() else {
+        return Err(ImportError::invalid(&f.file, 1, "expected a JSON list"));
+    };
+    // A JSON file's rows are numbered by position in the list (1-based),
+    // which is what its error messages call the "line".
+    Ok(items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| Row {
+            file: f.file.clone(),
+            line: i + 1,
+            value: v.clone(),
+        })
+        .collect())
+}

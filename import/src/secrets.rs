@@ -1,0 +1,154 @@
+//! Credentials out of everything an import records or prints. The
+//! reference's logging proxy writes requests as they came, so a run folder
+//! may hold API keys: in a request body (`api_key`), in a URL (`?key=`,
+//! `https://user:pass@host`), in text that quotes a header
+//! (`Authorization: Bearer ...`, `x-api-key: ...`) or an environment
+//! (`OPENAI_API_KEY=...`), or bare in a message. The import learns every
+//! such value from the whole folder first ([`Scrubber::learn_text`] on
+//! each file's bytes, [`Scrubber::learn_json`] on each parsed record), so a
+//! key seen once in a marked place is also taken out where it appears bare;
+//! provider-shaped keys (`sk-...`, `hf_...`, ...) are taken wherever they
+//! are. Then every blob, field and message is passed through
+//! [`Scrubber::json`] / [`Scrubber::bytes`]: key-like fields become
+//! `REDACTED` (the proxy's rules, `proxy::scrub::is_secret_name`, at any
+//! depth), and every learnt value is replaced by `REDACTED`.
+
+use proxy::scrub::{is_secret_name, Needles, REDACTED};
+use regex::Regex;
+use serde_json::Value;
+use std::sync::OnceLock;
+
+/// What the import knows to be secret, and the rules to take it out.
+#[derive(Debug, Default, Clone)]
+pub struct Scrubber {
+    needles: Needles,
+    /// Test-only switch: scrubbing off, to see the protection tests fail.
+    disabled: bool,
+}
+
+struct Patterns {
+    bearer: Regex,
+    pair: Regex,
+    userinfo: Regex,
+    query: Regex,
+    shaped: Regex,
+}
+
+fn patterns() -> &'static Patterns {
+    static P: OnceLock<Patterns> = OnceLock::new();
+    P.get_or_init(|| {
+        let tok = r#"[A-Za-z0-9._~+/=\-]{8,}"#;
+        let re = |s: &str| Regex::new(s).unwrap_or_else(|e| panic!("pattern {s}: {e}"));
+        Patterns {
+            bearer: re(&format!(r"(?i)\b(?:bearer|basic|token)\s+({tok})")),
+            pair: re(&format!(
+                r#"([A-Za-z][A-Za-z0-9_.\-]*)[\\"']*\s*[:=]\s*[\\"']*(?:(?i:bearer)\s+)?({tok})"#
+            )),
+            userinfo: re(r"[A-Za-z][A-Za-z0-9+.\-]*://([^/\s:@]+):([^/\s@]+)@"),
+            query: re(r#"[?&;]([A-Za-z0-9_.\-]+)=([^&#\s"'\\]{8,})"#),
+            shaped: re(
+                r"\b(sk-[A-Za-z0-9_\-]{16,}|hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|AIza[0-9A-Za-z_\-]{20,}|xox[abpr]-[A-Za-z0-9\-]{10,}|AKIA[0-9A-Z]{16})",
+            ),
+        }
+    })
+}
+
+impl Scrubber {
+    pub fn new() -> Scrubber {
+        Scrubber::default()
+    }
+
+    /// Turns scrubbing off: for the protection tests only, which must see
+    /// the planted key reach the ledger without it.
+    #[doc(hidden)]
+    pub fn disable_for_tests(&mut self) {
+        self.disabled = true;
+    }
+
+    /// Learns every secret-looking value in a file's text.
+    pub fn learn_text(&mut self, bytes: &[u8]) {
+        let text = String::from_utf8_lossy(bytes);
+        let p = patterns();
+        for c in p.bearer.captures_iter(&text) {
+            self.needles.add(c[1].as_bytes());
+        }
+        for c in p.pair.captures_iter(&text) {
+            if is_secret_name(&c[1]) {
+                self.needles.add(c[2].as_bytes());
+            }
+        }
+        for c in p.userinfo.captures_iter(&text) {
+            self.needles.add(c[2].as_bytes());
+        }
+        for c in p.query.captures_iter(&text) {
+            if is_secret_name(&c[1]) {
+                self.needles.add(c[2].as_bytes());
+            }
+        }
+        for c in p.shaped.captures_iter(&text) {
+            self.needles.add(c[1].as_bytes());
+        }
+    }
+
+    /// Learns the values of key-like fields (at any depth) and what the
+    /// strings of `v` hold.
+    pub fn learn_json(&mut self, v: &Value) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    match x {
+                        Value::String(s) if is_secret_name(k) => self.needles.add(s.as_bytes()),
+                        Value::Number(n) if is_secret_name(k) => {
+                            self.needles.add(n.to_string().as_bytes())
+                        }
+                        _ => self.learn_json(x),
+                    }
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|x| self.learn_json(x)),
+            Value::String(s) => self.learn_text(s.as_bytes()),
+            _ => {}
+        }
+    }
+
+    /// `v` with key-like fields redacted and every known secret replaced.
+    pub fn json(&self, v: &Value) -> Value {
+        if self.disabled {
+            return v.clone();
+        }
+        match v {
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .map(|(k, x)| {
+                        let x = match x {
+                            Value::String(_) | Value::Number(_) if is_secret_name(k) => {
+                                Value::String(REDACTED.into())
+                            }
+                            _ => self.json(x),
+                        };
+                        (self.text(k), x)
+                    })
+                    .collect(),
+            ),
+            Value::Array(a) => Value::Array(a.iter().map(|x| self.json(x)).collect()),
+            Value::String(s) => Value::String(self.text(s)),
+            other => other.clone(),
+        }
+    }
+
+    /// A text with every known secret replaced.
+    pub fn text(&self, s: &str) -> String {
+        if self.disabled {
+            return s.to_string();
+        }
+        self.needles.text(s)
+    }
+
+    /// Bytes with every known secret replaced.
+    pub fn bytes(&self, b: &[u8]) -> Vec<u8> {
+        if self.disabled {
+            return b.to_vec();
+        }
+        self.needles.replace(b).into_owned()
+    }
+}

@@ -1,0 +1,351 @@
+//! Library tests of `import`: a fixture run folder (`import::fixture`,
+//! written from the reference's documented formats) imported into a fresh
+//! ledger, and every protection with the input that defeats it. Tests that
+//! have a test-only switch run their attack once more with the protection
+//! off and check that it then lands, so the test is known to catch it.
+
+use std::path::Path;
+
+use import::fixture::{self, Spec};
+use import::{Caps, ImportError, Options, Outcome};
+use ledger::{Id, Ledger, ObjectKind};
+use schemas::{Effect, Judgment, Rollout, RunStarted};
+
+const KEY: &str = "sk-planted-SECRET-0123456789abcdefXYZ";
+
+fn fixture_dir(spec: &Spec) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    fixture::write_run(d.path(), spec).unwrap();
+    d
+}
+
+fn ledger() -> (tempfile::TempDir, Ledger) {
+    let d = tempfile::tempdir().unwrap();
+    let l = Ledger::init(d.path()).unwrap();
+    (d, l)
+}
+
+fn import(dir: &Path) -> (tempfile::TempDir, Ledger, Result<Outcome, ImportError>) {
+    let (d, l) = ledger();
+    let r = import::import(&l, dir, "ref", &Options::default());
+    (d, l, r)
+}
+
+fn head_of(r: &Result<Outcome, ImportError>) -> Id {
+    match r {
+        Ok(Outcome::Imported { head, .. }) => *head,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Writes the fixture to $MASS_FIXTURE_OUT, for looking at by hand.
+#[test]
+#[ignore]
+fn write_fixture_for_inspection() {
+    if let Ok(out) = std::env::var("MASS_FIXTURE_OUT") {
+        let key = std::env::var("MASS_FIXTURE_KEY").ok();
+        fixture::write_run(Path::new(&out), &Spec { key, variant: 0 }).unwrap();
+    }
+}
+
+#[test]
+fn imports_a_run_and_a_second_import_is_a_no_op() {
+    let dir = fixture_dir(&Spec::default());
+    let (_d, l, first) = import(dir.path());
+    let head = head_of(&first);
+    let Ok(Outcome::Imported { episodes, .. }) = first else {
+        unreachable!()
+    };
+    assert_eq!(episodes, 8);
+    assert_eq!(l.head("ref").unwrap(), Some(head));
+    let refs_before = l.refs().unwrap();
+    let again = import::import(&l, dir.path(), "ref", &Options::default()).unwrap();
+    assert_eq!(again, Outcome::AlreadyImported { head });
+    assert_eq!(l.refs().unwrap(), refs_before);
+}
+
+#[test]
+fn same_folder_same_ids_wherever_and_whenever_it_is_imported() {
+    let a = fixture_dir(&Spec::default());
+    // Written again later: other file times, the same contents.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let b = fixture_dir(&Spec::default());
+    let (_d1, _l1, r1) = import(a.path());
+    let (_d2, _l2, r2) = import(b.path());
+    assert_eq!(head_of(&r1), head_of(&r2));
+}
+
+#[test]
+fn another_folder_under_a_taken_name_is_refused_and_writes_nothing() {
+    let a = fixture_dir(&Spec::default());
+    let b = fixture_dir(&Spec {
+        key: None,
+        variant: 1,
+    });
+    let (_d, l, r) = import(a.path());
+    let head = head_of(&r);
+    let refs = l.refs().unwrap();
+    let objects = l.object_count().unwrap();
+    let e = import::import(&l, b.path(), "ref", &Options::default()).unwrap_err();
+    assert!(matches!(e, ImportError::NameTaken { .. }), "{e}");
+    assert_eq!(l.refs().unwrap(), refs);
+    assert_eq!(l.object_count().unwrap(), objects);
+    assert_eq!(l.head("ref").unwrap(), Some(head));
+}
+
+#[test]
+fn the_head_covers_every_episode() {
+    let a = fixture_dir(&Spec::default());
+    let (_d, _l, r) = import(a.path());
+    let base = head_of(&r);
+    // One reply changed in one collected episode's proxy log, and one
+    // held-out evaluation run's prompt: each changes the run's head.
+    for (rel, from, to) in [
+        (
+            "pool/runlogs/t51_L0_s10103/api_requests.jsonl.gz",
+            "Finished.",
+            "Finished!",
+        ),
+        ("evaluation/logs/query60_r0/prompt.txt", "Solve", "solve"),
+    ] {
+        let b = fixture_dir(&Spec::default());
+        let p = b.path().join(rel);
+        if rel.ends_with(".gz") {
+            let text = gunzip(&std::fs::read(&p).unwrap());
+            std::fs::write(&p, fixture::gzip(text.replace(from, to).as_bytes())).unwrap();
+        } else {
+            let text = std::fs::read_to_string(&p).unwrap();
+            std::fs::write(&p, text.replace(from, to)).unwrap();
+        }
+        let (_d, _l, r) = import(b.path());
+        assert_ne!(head_of(&r), base, "{rel} changed, the head did not");
+    }
+}
+
+fn gunzip(b: &[u8]) -> String {
+    use std::io::Read;
+    let mut s = String::new();
+    flate2::read::MultiGzDecoder::new(b)
+        .read_to_string(&mut s)
+        .unwrap();
+    s
+}
+
+/// Every object's canonical bytes and every event's metadata.
+fn everything(l: &Ledger) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for (id, _) in l.locations().unwrap() {
+        let (kind, raw) = l.raw_object(&id).unwrap();
+        out.push(raw);
+        if kind == ObjectKind::Event {
+            out.push(serde_json::to_vec(&l.get_meta(&id).unwrap()).unwrap());
+        }
+    }
+    out.push(format!("{:?}", l.refs().unwrap()).into_bytes());
+    out
+}
+
+fn holds(all: &[Vec<u8>], needle: &str) -> usize {
+    all.iter()
+        .filter(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        .count()
+}
+
+#[test]
+fn a_planted_key_reaches_no_object_and_lands_with_scrubbing_off() {
+    let dir = fixture_dir(&Spec {
+        key: Some(KEY.into()),
+        variant: 0,
+    });
+    let (_d, l, r) = import(dir.path());
+    head_of(&r);
+    let all = everything(&l);
+    assert_eq!(holds(&all, KEY), 0, "the planted key is in the ledger");
+    assert!(holds(&all, "REDACTED") > 0, "nothing was redacted");
+    // The same import with the protection off: the key is in objects.
+    let (_d2, l2) = ledger();
+    let off = Options {
+        unscrubbed_for_tests: true,
+        ..Options::default()
+    };
+    import::import(&l2, dir.path(), "ref", &off).unwrap();
+    assert!(holds(&everything(&l2), KEY) > 5);
+}
+
+fn link(target: &Path, at: &Path) {
+    let _ = std::fs::remove_file(at);
+    let _ = std::fs::remove_dir_all(at);
+    std::os::unix::fs::symlink(target, at).unwrap();
+}
+
+#[test]
+fn symlinks_are_refused_by_name_never_followed() {
+    let outside = tempfile::tempdir().unwrap();
+    let copy = outside.path().join("train.json");
+    let src = fixture_dir(&Spec::default());
+    std::fs::copy(src.path().join("selection/train.json"), &copy).unwrap();
+    let cases: [(&str, &Path); 4] = [
+        (
+            "pool/runlogs/t51_L0_s10101/run_status.json",
+            Path::new("/proc/self/environ"),
+        ),
+        ("selection/train.json", &copy),
+        ("pool/runlogs/t51_L0_s10102", outside.path()),
+        ("training", outside.path()),
+    ];
+    for (rel, target) in cases {
+        let dir = fixture_dir(&Spec::default());
+        link(target, &dir.path().join(rel));
+        let (_d, l, r) = import(dir.path());
+        match r {
+            Err(ImportError::Symlink { file }) => assert_eq!(file, rel),
+            other => panic!("{rel}: {other:?}"),
+        }
+        assert!(l.refs().unwrap().is_empty());
+    }
+}
+
+fn expect_err(dir: &Path, caps: Caps) -> (String, Ledger, tempfile::TempDir) {
+    let (d, l) = ledger();
+    let opts = Options {
+        caps,
+        ..Options::default()
+    };
+    let e = import::import(&l, dir, "ref", &opts).unwrap_err();
+    assert!(l.refs().unwrap().is_empty(), "{e}");
+    assert_eq!(l.object_count().unwrap(), 0, "{e}");
+    (e.to_string(), l, d)
+}
+
+/// What a case does to the fixture folder.
+type Spoil = Box<dyn Fn(&Path)>;
+
+#[test]
+fn bad_input_is_named_by_file_and_line_and_nothing_is_written() {
+    let cases: Vec<(&str, Spoil, &str)> = vec![
+        ("not a run", Box::new(|p: &Path| std::fs::remove_file(p.join("config.json")).unwrap()), "not a run folder of the reference"),
+        ("truncated gz", Box::new(|p: &Path| {
+            let f = p.join("pool/runlogs/t51_L0_s10102/api_requests.jsonl.gz");
+            let b = std::fs::read(&f).unwrap();
+            std::fs::write(&f, &b[..b.len() / 2]).unwrap();
+        }), "pool/runlogs/t51_L0_s10102/api_requests.jsonl.gz: damaged or truncated gzip"),
+        ("invalid json line 2", Box::new(|p: &Path| {
+            let f = p.join("selection/task51_matches.jsonl");
+            let t = std::fs::read_to_string(&f).unwrap();
+            let mut lines: Vec<&str> = t.lines().collect();
+            lines[1] = "{\"a\": oops";
+            std::fs::write(&f, lines.join("\n")).unwrap();
+        }), "selection/task51_matches.jsonl:2: invalid JSON"),
+        ("missing episode", Box::new(|p: &Path| std::fs::remove_dir_all(p.join("pool/runlogs/t51_L0_s10103")).unwrap()), "pool.json:4: names episode \"t51_L0_s10103\", but pool/runlogs/t51_L0_s10103 does not exist"),
+        ("duplicate manifest row", Box::new(|p: &Path| {
+            let f = p.join("selection/val.json");
+            let v: serde_json::Value = serde_json::from_slice(&std::fs::read(p.join("selection/train.json")).unwrap()).unwrap();
+            std::fs::write(&f, serde_json::to_vec(&serde_json::json!([v[0]])).unwrap()).unwrap();
+        }), "selection/val.json:1: episode \"t51_L0_s10100\" is selected twice"),
+        ("duplicate match", Box::new(|p: &Path| {
+            let f = p.join("selection/task51_matches.jsonl");
+            let t = std::fs::read_to_string(&f).unwrap();
+            let first = t.lines().next().unwrap().to_string();
+            std::fs::write(&f, format!("{t}{first}\n")).unwrap();
+        }), "selection/task51_matches.jsonl:5: pair"),
+        // The last file the import reads: nothing before it is written.
+        ("bad file late", Box::new(|p: &Path| {
+            std::fs::write(p.join("selected_checkpoint.json"), b"{\"step\": 20}").unwrap();
+        }), "selected_checkpoint.json:1: no finite \"val_loss\""),
+    ];
+    for (what, spoil, says) in cases {
+        let dir = fixture_dir(&Spec::default());
+        spoil(dir.path());
+        let (e, _l, _d) = expect_err(dir.path(), Caps::default());
+        assert!(e.contains(says), "{what}: {e}");
+    }
+}
+
+#[test]
+fn caps_stop_a_gzip_bomb_a_huge_line_and_a_huge_file() {
+    let small = Caps {
+        file: 64 << 10,
+        log: 1 << 20,
+        line: 16 << 10,
+    };
+    // A gzip bomb: 2 MiB of empty lines, a few KiB compressed.
+    let dir = fixture_dir(&Spec::default());
+    let rel = "pool/runlogs/t51_L0_s10101/api_requests.jsonl.gz";
+    std::fs::write(dir.path().join(rel), fixture::gzip(&vec![b'\n'; 2 << 20])).unwrap();
+    let (e, _l, _d) = expect_err(dir.path(), small);
+    assert!(
+        e.contains(rel) && e.contains("decompressed log is larger than the cap"),
+        "{e}"
+    );
+    // A line past the line cap (within the log cap).
+    let dir = fixture_dir(&Spec::default());
+    let long = format!("{{\"pad\": \"{}\"}}\n", "x".repeat(64 << 10));
+    std::fs::write(dir.path().join(rel), fixture::gzip(long.as_bytes())).unwrap();
+    let (e, _l, _d) = expect_err(dir.path(), small);
+    assert!(
+        e.contains(rel) && e.contains("line 1 is larger than the cap"),
+        "{e}"
+    );
+    // A plain file past the file cap.
+    let dir = fixture_dir(&Spec::default());
+    std::fs::write(dir.path().join("pool.json"), vec![b' '; 128 << 10]).unwrap();
+    let (e, _l, _d) = expect_err(dir.path(), small);
+    assert!(
+        e.contains("pool.json: the file is larger than the cap"),
+        "{e}"
+    );
+    // The same bomb under the default caps is read (and refused for what
+    // it is, not for its size): the small caps are what stopped it.
+    let dir = fixture_dir(&Spec::default());
+    std::fs::write(dir.path().join(rel), fixture::gzip(&vec![b'\n'; 2 << 20])).unwrap();
+    let (d, l) = ledger();
+    let r = import::import(&l, dir.path(), "ref", &Options::default());
+    assert!(r.is_ok(), "{r:?}");
+    drop(d);
+}
+
+#[test]
+fn absent_stays_absent_and_times_are_the_references() {
+    let dir = fixture_dir(&Spec::default());
+    let (_d, l, r) = import(dir.path());
+    let head = head_of(&r);
+    let main: Vec<_> = l.chain(head).map(|e| e.unwrap()).collect();
+    let first = main.last().unwrap();
+    let rs: RunStarted = schemas::decode_event(first).unwrap();
+    assert_eq!(rs.driver, import::DRIVER);
+    assert_eq!(rs.tasks.0, [0; 32], "no task suite: absent");
+    let orch = l.head("ref/c1/query51/collect/00/orch").unwrap().unwrap();
+    let ev = l.get_event(&orch).unwrap();
+    let ro: Rollout = schemas::decode_event(&ev).unwrap();
+    assert_eq!((ro.tree.0, ro.validation.0), ([0; 32], [0; 32]));
+    // 120 + 160 prompt tokens: the subagent's reply reported none and adds none.
+    assert_eq!((ro.prompt_tokens, ro.completion_tokens), (280, 38));
+    let mut nulls = 0;
+    let mut times = Vec::new();
+    for e in l.chain(orch) {
+        let e = e.unwrap();
+        if e.kind != "effect" {
+            continue;
+        }
+        let fx: Effect = schemas::decode_event(&e).unwrap();
+        times.push(l.get_meta(&e.id).unwrap().wall_ms);
+        if fx.effect == "model" {
+            let out: serde_json::Value =
+                serde_json::from_slice(&l.get_blob(&Id(fx.output.unwrap().0)).unwrap()).unwrap();
+            nulls += usize::from(out["usage"].is_null());
+        }
+    }
+    assert_eq!(nulls, 1, "the reply without usage records usage null");
+    // Episode 10 of the fixture starts at 2026-01-01T10:00:00Z.
+    let t0 = (1_767_225_600 + 10 * 3600) * 1000;
+    assert!(
+        times.iter().all(|t| (t0..t0 + 600_000).contains(t)),
+        "{times:?}"
+    );
+    let judge = l.head("ref/c1/query51/pair").unwrap().unwrap();
+    let j: Judgment = schemas::decode_event(&l.get_event(&judge).unwrap()).unwrap();
+    assert_eq!(
+        j.conversation.0, [0; 32],
+        "no judge conversation recorded: absent"
+    );
+}
