@@ -341,6 +341,22 @@ fn proxy_serves_when_nobody_reads_its_url() {
 
 /// `mass rank` reads a comparisons file.
 #[test]
+fn import_ends_quietly_and_imports() {
+    let run = tempfile::tempdir().expect("tempdir");
+    import::fixture::write_run(run.path(), &Default::default()).expect("fixture");
+    let d = tempfile::tempdir().expect("tempdir");
+    let (a, b) = (d.path().join("a"), d.path().join("b"));
+    let dir = run.path().to_str().expect("UTF-8 path");
+    let args = ["import", "sakana", dir, "--name", "ref"];
+    prints(&a, &args);
+    // The second import's "nothing written", then a first import's summary.
+    assert_quiet(&closed(&a, &args), &args, 0);
+    assert_quiet(&closed(&b, &args), &args, 0);
+    let o = mass(&b).args(["runs", "ref"]).output().expect("mass runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
 fn rank_ends_quietly() {
     let t = tempfile::tempdir().expect("tempdir");
     let file = t.path().join("cmp.jsonl");

@@ -4,7 +4,7 @@
 //! have a test-only switch run their attack once more with the protection
 //! off and check that it then lands, so the test is known to catch it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use import::fixture::{self, Spec};
 use import::{Caps, ImportError, Options, Outcome};
@@ -347,5 +347,49 @@ fn absent_stays_absent_and_times_are_the_references() {
     assert_eq!(
         j.conversation.0, [0; 32],
         "no judge conversation recorded: absent"
+    );
+}
+
+/// Every file under `dir` and its bytes.
+fn files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(files(&p));
+        } else {
+            out.push((p.clone(), std::fs::read(&p).unwrap()));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_late_bad_file_leaves_the_ledger_byte_identical() {
+    let (d, l) = ledger();
+    let good = fixture_dir(&Spec::default());
+    import::import(&l, good.path(), "ref", &Options::default()).unwrap();
+    let before = files(d.path());
+    // Every episode and stage file is good; the last file read is not.
+    let bad = fixture_dir(&Spec {
+        key: None,
+        variant: 1,
+    });
+    std::fs::write(
+        bad.path().join("selected_checkpoint.json"),
+        b"{\"step\": 20}",
+    )
+    .unwrap();
+    let e = import::import(&l, bad.path(), "other", &Options::default()).unwrap_err();
+    assert!(e.to_string().contains("selected_checkpoint.json"), "{e}");
+    assert_eq!(files(d.path()), before, "the ledger changed");
+    assert_eq!(
+        l.refs()
+            .unwrap()
+            .iter()
+            .filter(|(n, _)| n.starts_with("other"))
+            .count(),
+        0
     );
 }

@@ -64,3 +64,18 @@ pub fn sakana(ledger_dir: &Path, run_dir: &Path, name: Option<&str>) -> Result<E
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// Whether the run whose main head is `head` was imported (its
+/// `run.started` names the import's driver).
+pub fn is_imported(l: &Ledger, head: ledger::Id) -> Result<bool> {
+    for ev in l.chain(head) {
+        let ev = ev?;
+        if ev.kind == "run.started" {
+            return Ok(ev.version == 2
+                && schemas::decode_event::<schemas::RunStarted>(&ev)?
+                    .driver
+                    .starts_with("sakana-import/"));
+        }
+    }
+    Ok(false)
+}

@@ -1140,7 +1140,17 @@ pub fn export_dataset(
     // The export check (`leak.rs`): refuse a line that still holds its
     // run's workflow. A dataset without provenance cannot name its lines'
     // runs and is exported as recorded, with a note.
-    if let Some(p) = d.provenance {
+    // An imported run has no engine workflow to check against: its lines
+    // are the conversations as the reference recorded them.
+    let imported = super::import::is_imported(l, head)?;
+    if imported {
+        eprintln!(
+            "note: run {run} was imported from a reference run folder: the export check is not applied \
+             (its lines are the conversations as recorded, the teacher prompt included; the reference \
+             substitutes the bare task prompt when it renders its own data)"
+        );
+    }
+    if let Some(p) = d.provenance.filter(|_| !imported) {
         let prov = String::from_utf8(l.get_blob(&Id(p.0))?).context("provenance is not UTF-8")?;
         if let Some(leak) = super::leak::check(l, run, head, &train, &val, &prov)? {
             return Err(CliError::Conflict(format!(

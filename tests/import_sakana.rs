@@ -1,0 +1,288 @@
+//! `mass import sakana` through the binary: a run folder in the reference
+//! implementation's formats (`import::fixture`) becomes a run that `mass
+//! why` (a rollout, a dataset line), `report` (text, `--json`), `diff`
+//! (against a second imported run) and `export tables` read unchanged;
+//! `rejudge --cycle` refuses it and says why; exit codes for bad input; a
+//! planted key is in no output and no object.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use import::fixture::{self, Spec};
+
+const KEY: &str = "sk-planted-CLI-SECRET-abcdef0123456789";
+
+fn mass(ledger: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mass"))
+        .arg("--ledger")
+        .arg(ledger)
+        .args(args)
+        .env_remove("MASS_LEDGER")
+        .stdin(Stdio::null())
+        .output()
+        .expect("mass runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn ok(o: Output) -> String {
+    assert!(o.status.success(), "{}", text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+struct Setup {
+    _tmp: tempfile::TempDir,
+    ledger: PathBuf,
+    runs: Vec<PathBuf>,
+}
+
+/// Two run folders (the second judged differently) imported as `ref` and
+/// `ref2`; the key planted in both when `key`.
+fn setup(key: bool) -> (Setup, Vec<String>) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let ledger = tmp.path().join("ledger");
+    let mut runs = Vec::new();
+    let mut outputs = Vec::new();
+    for (i, name) in ["ref", "ref2"].iter().enumerate() {
+        let dir = tmp.path().join(format!("run{i}"));
+        let spec = Spec {
+            key: key.then(|| KEY.to_string()),
+            variant: i as u32,
+        };
+        fixture::write_run(&dir, &spec).expect("fixture");
+        let o = mass(
+            &ledger,
+            &["import", "sakana", dir.to_str().unwrap(), "--name", name],
+        );
+        outputs.push(text(&o));
+        ok(o);
+        runs.push(dir);
+    }
+    (
+        Setup {
+            _tmp: tmp,
+            ledger,
+            runs,
+        },
+        outputs,
+    )
+}
+
+#[test]
+fn an_imported_run_answers_why_report_diff_and_tables() {
+    let (s, _) = setup(false);
+    let l = &s.ledger;
+    let again = ok(mass(
+        l,
+        &[
+            "import",
+            "sakana",
+            s.runs[0].to_str().unwrap(),
+            "--name",
+            "ref",
+        ],
+    ));
+    assert!(again.contains("already holds this import"), "{again}");
+    let rows: serde_json::Value =
+        serde_json::from_str(&ok(mass(l, &["runs", "ref", "--json"]))).expect("JSON");
+    let rollout = rows
+        .as_array()
+        .and_then(|r| r.iter().find(|x| x["kind"] == "collection"))
+        .and_then(|r| r["event"].as_str())
+        .expect("a collected rollout")
+        .to_string();
+    let why = ok(mass(l, &["why", &rollout]));
+    for want in [
+        "collect run",
+        "judge: 2 judgment(s)",
+        "rank: rank",
+        "select: train",
+        "dataset: cycle 1",
+        "train: Qwen",
+    ] {
+        assert!(why.contains(want), "why lacks {want:?}:\n{why}");
+    }
+    let out = s._tmp.path().join("ds.jsonl");
+    ok(mass(
+        l,
+        &[
+            "export",
+            "dataset",
+            "ref",
+            "--cycle",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    ));
+    let line = ok(mass(l, &["why", &format!("{}:1", out.display())]));
+    assert!(
+        line.contains("the line is the recorded one") && line.contains("(orchestrator)"),
+        "{line}"
+    );
+    let report = ok(mass(l, &["report", "ref"]));
+    assert!(
+        report.contains("cycle 1 (Qwen/Qwen3.6-27B-FP8 -> L1-fp8)"),
+        "{report}"
+    );
+    assert!(
+        report.contains("validation loss 1.5000 -> 1.1250"),
+        "{report}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(mass(l, &["report", "ref", "--json"]))).expect("JSON");
+    assert_eq!(json["cycles"][0]["figures"]["collected_runs"], 4);
+    assert_eq!(json["cycles"][0]["figures"]["selected_runs"], 3);
+    let diff = ok(mass(l, &["diff", "ref", "ref2"]));
+    assert!(
+        diff.contains("c1/query51/pair") && diff.contains("rankings:"),
+        "{diff}"
+    );
+    let tables = s._tmp.path().join("tables");
+    ok(mass(
+        l,
+        &[
+            "export",
+            "tables",
+            "ref",
+            "ref2",
+            "--out",
+            tables.to_str().unwrap(),
+            "--format",
+            "csv",
+        ],
+    ));
+    let calls = std::fs::read_to_string(tables.join("model_calls.csv")).expect("model_calls.csv");
+    // 8 episodes x 3 chat calls per run; one per episode reported no usage.
+    assert_eq!(calls.lines().count(), 1 + 2 * 24, "{calls}");
+    assert_eq!(
+        calls
+            .lines()
+            .filter(|l| l.contains(",ok,1,,,stop,"))
+            .count(),
+        16,
+        "{calls}"
+    );
+    let judgments = std::fs::read_to_string(tables.join("judgments.csv")).expect("judgments.csv");
+    assert_eq!(judgments.lines().count(), 1 + 8);
+}
+
+#[test]
+fn rejudge_refuses_an_imported_run_and_says_why() {
+    let (s, _) = setup(false);
+    let o = mass(
+        &s.ledger,
+        &["rejudge", "ref", "--cycle", "1", "--name", "rj"],
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("imported from a run folder of the reference")
+            && err.contains("no workspace snapshots"),
+        "{err}"
+    );
+    assert!(ok(mass(&s.ledger, &["refs"]))
+        .lines()
+        .all(|l| !l.contains("rj")));
+}
+
+#[test]
+fn bad_input_exit_codes() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let l = tmp.path().join("ledger");
+    let run = tmp.path().join("run");
+    fixture::write_run(&run, &Spec::default()).expect("fixture");
+    let r = run.to_str().unwrap();
+    let missing = tmp.path().join("nope");
+    let code = |args: &[&str]| mass(&l, args).status.code();
+    assert_eq!(
+        code(&["import", "sakana", missing.to_str().unwrap()]),
+        Some(4)
+    );
+    assert_eq!(code(&["import", "sakana", r, "--name", "a/b"]), Some(2));
+    assert!(!l.exists(), "a refused import left a ledger behind");
+    std::fs::remove_file(run.join("config.json")).unwrap();
+    let o = mass(&l, &["import", "sakana", r]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    assert!(!l.exists(), "a refused import left a ledger behind");
+    fixture::write_run(&run, &Spec::default()).expect("fixture");
+    ok(mass(&l, &["import", "sakana", r, "--name", "x"]));
+    let other = tmp.path().join("other");
+    fixture::write_run(
+        &other,
+        &Spec {
+            key: None,
+            variant: 1,
+        },
+    )
+    .expect("fixture");
+    let o = mass(
+        &l,
+        &["import", "sakana", other.to_str().unwrap(), "--name", "x"],
+    );
+    assert_eq!(o.status.code(), Some(5), "{}", text(&o));
+}
+
+#[test]
+fn a_planted_key_is_in_no_output_and_no_object() {
+    let (s, outputs) = setup(true);
+    let l = &s.ledger;
+    let mut seen = outputs.join("\n");
+    for args in [
+        &["log", "--json"][..],
+        &["report", "ref", "--json"],
+        &["export", "events", "ref", "--out", "/dev/stdout"],
+    ] {
+        seen.push_str(&text(&mass(l, args)));
+    }
+    // An error about a file of the folder.
+    let bad = s._tmp.path().join("bad");
+    fixture::write_run(
+        &bad,
+        &Spec {
+            key: Some(KEY.into()),
+            variant: 0,
+        },
+    )
+    .expect("fixture");
+    std::fs::write(
+        bad.join("selection/train.json"),
+        format!("[{{\"episode\": \"{KEY}\"}}]"),
+    )
+    .unwrap();
+    let o = mass(
+        l,
+        &["import", "sakana", bad.to_str().unwrap(), "--name", "bad"],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    seen.push_str(&text(&o));
+    assert!(!seen.contains(KEY), "the key is in the output:\n{seen}");
+    // The library test reads every object back decompressed; here every
+    // blob an event of the log names, through the binary.
+    let log: serde_json::Value =
+        serde_json::from_str(&ok(mass(l, &["log", "--json", "--limit", "100000"]))).expect("JSON");
+    let events = log.as_array().expect("a list of events");
+    assert!(events.len() > 50, "{}", events.len());
+    let mut blobs = 0;
+    for ev in events {
+        for r in ev["refs"].as_array().into_iter().flatten() {
+            let id = r.as_str().unwrap_or_default();
+            let o = mass(l, &["cat", id]);
+            if o.status.success() {
+                blobs += 1;
+                assert!(
+                    !String::from_utf8_lossy(&o.stdout).contains(KEY),
+                    "blob {id} holds the key"
+                );
+            }
+        }
+    }
+    assert!(blobs > 50, "{blobs}");
+}
