@@ -84,7 +84,7 @@ pub fn import(
         .iter()
         .filter(|c| c.reply.is_some() && c.messages.first() == chats[0].messages.first())
         .count() as u32;
-    let workflow = o.json(&json!({"reference_prompt": s.text(ep.files.prompt.as_deref().unwrap_or_default()), "episode": ep.name}));
+    let workflow = o.json(&json!({"reference_prompt": s.text(ep.files.prompt.as_deref().unwrap_or_default()), "episode": s.text(&ep.name)}));
     let record = Rollout {
         task: ep.task.clone(),
         purpose: ep.purpose.into(),
@@ -134,7 +134,7 @@ fn journal(
         .map(|p| o.blob(s.text(p).as_bytes()));
     let request = json!({
         "harness": "sakana-import",
-        "episode": ep.files.dir,
+        "episode": s.text(&ep.files.dir),
         "prompt": prompt.map(|p| p.to_hex()),
     });
     let trace = ep.files.stream.as_deref().map(|t| o.blob(&s.bytes(t)));

@@ -29,6 +29,9 @@ pub struct Caps {
     pub log: u64,
     /// One line of a decompressed log, in bytes.
     pub line: u64,
+    /// Everything read from the folder, decompressed, in bytes (an import
+    /// holds the folder in memory until its one commit).
+    pub total: u64,
 }
 
 impl Default for Caps {
@@ -37,6 +40,7 @@ impl Default for Caps {
             file: 256 << 20,
             log: 1 << 30,
             line: 64 << 20,
+            total: 8 << 30,
         }
     }
 }
@@ -64,6 +68,8 @@ pub enum Kind {
 pub struct Root {
     fd: OwnedFd,
     pub caps: Caps,
+    /// Bytes read so far (checked against `caps.total`).
+    read: std::cell::Cell<u64>,
 }
 
 fn cstr(file: &str, s: &str) -> Result<CString> {
@@ -141,7 +147,11 @@ impl Root {
             libc::O_RDONLY | libc::O_DIRECTORY,
             &shown,
         )? {
-            Some(fd) => Ok(Root { fd, caps }),
+            Some(fd) => Ok(Root {
+                fd,
+                caps,
+                read: std::cell::Cell::new(0),
+            }),
             None => Err(ImportError::NoFolder {
                 dir: dir.to_path_buf(),
             }),
@@ -217,6 +227,7 @@ impl Root {
                 cap,
             });
         }
+        self.count(rel, bytes.len() as u64)?;
         Ok(Some(Loaded {
             bytes,
             mtime_ms: mtime_ms(&st),
@@ -243,6 +254,7 @@ impl Root {
                 break;
             }
             total += n as u64;
+            self.count(rel, n as u64)?;
             if total > self.caps.log {
                 return Err(self.too_large(rel, "the decompressed log", self.caps.log));
             }
@@ -261,6 +273,20 @@ impl Root {
             lines.push(cur);
         }
         Ok(Some((lines, mtime_ms(&st))))
+    }
+
+    /// Counts `n` more bytes read, within the folder's total cap.
+    fn count(&self, rel: &str, n: u64) -> Result<()> {
+        let t = self.read.get() + n;
+        self.read.set(t);
+        if t > self.caps.total {
+            return Err(self.too_large(
+                rel,
+                "the run folder in all (reading this file)",
+                self.caps.total,
+            ));
+        }
+        Ok(())
     }
 
     fn too_large(&self, rel: &str, what: &str, cap: u64) -> ImportError {

@@ -115,13 +115,19 @@ pub fn plan(dir: &Path, caps: Caps) -> Result<Plan> {
             "no episode folders (logs/, pool/ or evaluation/logs/)",
         ));
     }
-    let collected: BTreeSet<String> = episodes
+    let collected: Names = episodes
         .iter()
         .filter(|e| e.purpose == "collect")
-        .map(|e| e.name.clone())
+        .map(|e| (e.name.clone(), e.task.clone()))
         .collect();
     let stages = task_stages(&mut r, &collected)?;
-    let (train, validation, selection_mtime) = manifests(&mut r, &collected)?;
+    // The reference selects from its rankings: a manifest row must name a
+    // ranked episode, or its line would belong to no selection.
+    let ranked: Names = stages
+        .iter()
+        .flat_map(|s| s.ranked.iter().map(|x| (x.episode.clone(), s.task.clone())))
+        .collect();
+    let (train, validation, selection_mtime) = manifests(&mut r, &ranked)?;
     let train_log = r.jsonl("training/train_log.jsonl")?;
     let selected = r.json("selected_checkpoint.json")?;
     if let Some(f) = &selected {
@@ -301,7 +307,10 @@ fn eval_episodes(r: &mut Reader) -> Result<Vec<Episode>> {
 
 /// Each training task's matches and ranking, checked against the
 /// collected episodes.
-fn task_stages(r: &mut Reader, collected: &BTreeSet<String>) -> Result<Vec<TaskStage>> {
+/// Episode names and their tasks.
+type Names = BTreeMap<String, String>;
+
+fn task_stages(r: &mut Reader, collected: &Names) -> Result<Vec<TaskStage>> {
     let mut stages: BTreeMap<String, TaskStage> = BTreeMap::new();
     for (name, _) in r.root.list("selection")?.unwrap_or_default() {
         let Some(q) = name.strip_prefix("task").and_then(|s| {
@@ -317,35 +326,46 @@ fn task_stages(r: &mut Reader, collected: &BTreeSet<String>) -> Result<Vec<TaskS
             let Some((rows, mtime)) = r.jsonl(&rel)? else {
                 continue;
             };
-            st.matches = matches(rows, collected)?;
+            st.matches = matches(rows, collected, &format!("query{q}"))?;
             st.matches_mtime = mtime;
         } else if let Some(f) = r.json(&rel)? {
-            st.ranked = ranked(&f, collected)?;
+            st.ranked = ranked(&f, collected, &format!("query{q}"))?;
             st.ranked_mtime = f.mtime_ms;
         }
     }
     Ok(stages.into_values().collect())
 }
 
-fn known(row: &Row, collected: &BTreeSet<String>, name: &str) -> Result<()> {
-    if collected.contains(name) {
-        return Ok(());
+/// `name` must be in `names`, and of `task` when one is given.
+fn known(row: &Row, names: &Names, name: &str, task: Option<&str>) -> Result<()> {
+    match (names.get(name), task) {
+        (Some(t), Some(want)) if t != want => Err(ImportError::invalid(
+            &row.file,
+            row.line,
+            format!("names episode {name:?} of task {t}, in a file of task {want}"),
+        )),
+        (Some(_), _) => Ok(()),
+        (None, Some(_)) => Err(ImportError::invalid(
+            &row.file,
+            row.line,
+            format!("names episode {name:?}, which pool.json does not list (a missing episode)"),
+        )),
+        (None, None) => Err(ImportError::invalid(
+            &row.file,
+            row.line,
+            format!("names episode {name:?}, which no selection/task*_ranked.json ranks"),
+        )),
     }
-    Err(ImportError::invalid(
-        &row.file,
-        row.line,
-        format!("names episode {name:?}, which pool.json does not list (a missing episode)"),
-    ))
 }
 
-fn matches(rows: Vec<Row>, collected: &BTreeSet<String>) -> Result<Vec<Match>> {
+fn matches(rows: Vec<Row>, collected: &Names, task: &str) -> Result<Vec<Match>> {
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
     for row in rows {
         let a = str_field(&row, "a")?.to_string();
         let b = str_field(&row, "b")?.to_string();
-        known(&row, collected, &a)?;
-        known(&row, collected, &b)?;
+        known(&row, collected, &a, Some(task))?;
+        known(&row, collected, &b, Some(task))?;
         let pair = if a <= b {
             (a.clone(), b.clone())
         } else {
@@ -375,12 +395,12 @@ fn matches(rows: Vec<Row>, collected: &BTreeSet<String>) -> Result<Vec<Match>> {
     Ok(out)
 }
 
-fn ranked(f: &JsonFile, collected: &BTreeSet<String>) -> Result<Vec<Ranked>> {
+fn ranked(f: &JsonFile, collected: &Names, task: &str) -> Result<Vec<Ranked>> {
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
     for row in list_rows(f)? {
         let episode = str_field(&row, "episode")?.to_string();
-        known(&row, collected, &episode)?;
+        known(&row, collected, &episode, Some(task))?;
         if !seen.insert(episode.clone()) {
             return Err(ImportError::invalid(
                 &row.file,
@@ -413,10 +433,7 @@ fn ranked(f: &JsonFile, collected: &BTreeSet<String>) -> Result<Vec<Ranked>> {
 
 /// `selection/train.json` and `selection/val.json`: episodes, each once,
 /// in neither twice, every one collected.
-fn manifests(
-    r: &mut Reader,
-    collected: &BTreeSet<String>,
-) -> Result<(Vec<String>, Vec<String>, u64)> {
+fn manifests(r: &mut Reader, ranked: &Names) -> Result<(Vec<String>, Vec<String>, u64)> {
     let mut seen = BTreeSet::new();
     let mut out = [Vec::new(), Vec::new()];
     let mut mtime = 0;
@@ -430,7 +447,7 @@ fn manifests(
         mtime = mtime.max(f.mtime_ms);
         for row in list_rows(&f)? {
             let name = str_field(&row, "episode")?.to_string();
-            known(&row, collected, &name)?;
+            known(&row, ranked, &name, None)?;
             if !seen.insert(name.clone()) {
                 return Err(ImportError::invalid(&row.file, row.line, format!("episode {name:?} is selected twice (refused: it would be trained on twice)")));
             }

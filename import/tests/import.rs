@@ -248,6 +248,17 @@ fn bad_input_is_named_by_file_and_line_and_nothing_is_written() {
             let first = t.lines().next().unwrap().to_string();
             std::fs::write(&f, format!("{t}{first}\n")).unwrap();
         }), "selection/task51_matches.jsonl:5: pair"),
+        (
+            "manifest names an unranked episode",
+            Box::new(|p: &Path| {
+                let f = p.join("selection/task51_ranked.json");
+                let mut v: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(&f).unwrap()).unwrap();
+                v.as_array_mut().unwrap().remove(2);
+                std::fs::write(&f, serde_json::to_vec(&v).unwrap()).unwrap();
+            }),
+            "selection/val.json:1: names episode \"t51_L0_s10102\", which no selection/task*_ranked.json ranks",
+        ),
         // The last file the import reads: nothing before it is written.
         ("bad file late", Box::new(|p: &Path| {
             std::fs::write(p.join("selected_checkpoint.json"), b"{\"step\": 20}").unwrap();
@@ -267,6 +278,7 @@ fn caps_stop_a_gzip_bomb_a_huge_line_and_a_huge_file() {
         file: 64 << 10,
         log: 1 << 20,
         line: 16 << 10,
+        total: 64 << 20,
     };
     // A gzip bomb: 2 MiB of empty lines, a few KiB compressed.
     let dir = fixture_dir(&Spec::default());
@@ -294,6 +306,14 @@ fn caps_stop_a_gzip_bomb_a_huge_line_and_a_huge_file() {
         e.contains("pool.json: the file is larger than the cap"),
         "{e}"
     );
+    // Many files each within its cap, past the folder's total.
+    let dir = fixture_dir(&Spec::default());
+    let tiny_total = Caps {
+        total: 16 << 10,
+        ..small
+    };
+    let (e, _l, _d) = expect_err(dir.path(), tiny_total);
+    assert!(e.contains("the run folder in all"), "{e}");
     // The same bomb under the default caps is read (and refused for what
     // it is, not for its size): the small caps are what stopped it.
     let dir = fixture_dir(&Spec::default());
