@@ -100,6 +100,7 @@ fn an_imported_run_answers_why_report_diff_and_tables() {
         .to_string();
     let why = ok(mass(l, &["why", &rollout]));
     for want in [
+        "final workspace and checks output not recorded",
         "collect run",
         "judge: 2 judgment(s)",
         "rank: rank",
@@ -170,6 +171,16 @@ fn an_imported_run_answers_why_report_diff_and_tables() {
         16,
         "{calls}"
     );
+    // Absent is absent: no workspace, no checks output (null, not an id).
+    let rollouts = std::fs::read_to_string(tables.join("rollouts.csv")).expect("rollouts.csv");
+    let header: Vec<&str> = rollouts.lines().next().unwrap().split(',').collect();
+    let tree = header
+        .iter()
+        .position(|c| *c == "tree")
+        .expect("tree column");
+    for row in rollouts.lines().skip(1) {
+        assert_eq!(row.split(',').nth(tree), Some(""), "{row}");
+    }
     let judgments = std::fs::read_to_string(tables.join("judgments.csv")).expect("judgments.csv");
     assert_eq!(judgments.lines().count(), 1 + 8);
 }

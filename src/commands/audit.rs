@@ -233,12 +233,18 @@ fn rollout_lines(r: &audit::RolloutFacts) -> Vec<String> {
             r.orchestrator_model,
             r.subagent_model
         ),
-        format!(
-            "  final workspace tree {} (`mass checkout {} DIR`), checks output {}",
-            short(&r.tree),
-            short(&r.tree),
-            short(&r.validation)
-        ),
+        // The zero id: not recorded (a run imported from a reference
+        // run folder has no workspace snapshots and no checks).
+        if r.tree.bytes().all(|b| b == b'0') {
+            "  final workspace and checks output not recorded (imported run)".to_string()
+        } else {
+            format!(
+                "  final workspace tree {} (`mass checkout {} DIR`), checks output {}",
+                short(&r.tree),
+                short(&r.tree),
+                short(&r.validation)
+            )
+        },
     ]
 }
 

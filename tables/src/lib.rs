@@ -242,3 +242,9 @@ fn write_all(
 pub(crate) fn hex(h: &schemas::Hash32) -> String {
     ledger::Id(h.0).to_hex()
 }
+
+/// An id that may be absent: the zero id (a field an imported run's
+/// source did not record, `mass import sakana`) is null, not an id.
+pub(crate) fn hex_or_null(h: &schemas::Hash32) -> Option<String> {
+    (h.0 != [0; 32]).then(|| hex(h))
+}

@@ -17,7 +17,7 @@ use crate::schema::{
     CYCLES, DATASET_LINES, EVALUATIONS, RANKINGS, RUNS, SELECTIONS, STAGES, TRAININGS,
 };
 use crate::sink::Cell;
-use crate::{hex, Result, TablesError, Writers};
+use crate::{hex, hex_or_null, Result, TablesError, Writers};
 
 /// What the other streams' rows need from the main stream.
 pub(crate) struct RunContext {
@@ -218,7 +218,7 @@ fn training(run: &str, ev: &Event, w: &mut Writers) -> Result<()> {
             t.validation_loss.into(),
             t.base_validation_loss.into(),
             t.steps.into(),
-            hex(&t.adapter).into(),
+            hex_or_null(&t.adapter).into(),
             t.trainer_version.into(),
         ],
     )

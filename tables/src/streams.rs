@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::main_stream::{Counts, RunContext};
 use crate::schema::{JUDGMENTS, MODEL_CALLS, ROLLOUTS, TOOL_CALLS, TRAINING_STEPS};
 use crate::sink::Cell;
-use crate::{hex, Result, TablesError, Writers};
+use crate::{hex, hex_or_null, Result, TablesError, Writers};
 
 /// One stream being read.
 struct StreamCtx<'a> {
@@ -283,8 +283,8 @@ fn rollout_row(l: &Ledger, ev: &Event, ctx: &RunContext, s: &StreamCtx) -> Resul
         r.turns.into(),
         r.prompt_tokens.into(),
         r.completion_tokens.into(),
-        hex(&r.tree).into(),
-        hex(&r.validation).into(),
+        hex_or_null(&r.tree).into(),
+        hex_or_null(&r.validation).into(),
         hex(&r.orchestrator).into(),
         (r.subagents.len() as u64).into(),
     ])
@@ -314,7 +314,7 @@ fn judgment_row(ev: &Event, ctx: &RunContext, s: &StreamCtx) -> Result<Vec<Cell>
         winner.into(),
         j.invalid_attempts.into(),
         j.rationale.into(),
-        hex(&j.conversation).into(),
+        hex_or_null(&j.conversation).into(),
         ctx.judgment_evaluation
             .get(&ev.id)
             .map(|e| e.to_hex())
