@@ -38,6 +38,8 @@ fn patterns() -> &'static Patterns {
     static P: OnceLock<Patterns> = OnceLock::new();
     P.get_or_init(|| {
         let tok = r#"[A-Za-z0-9._~+/=\-]{8,}"#;
+        // Constant patterns, not input: one that does not compile is a bug
+        // every test of the crate hits.
         let re = |s: &str| Regex::new(s).unwrap_or_else(|e| panic!("pattern {s}: {e}"));
         Patterns {
             bearer: re(&format!(r"(?i)\b(?:bearer|basic|token)\s+({tok})")),
