@@ -29,6 +29,13 @@ pub enum ImportError {
         what: String,
         cap: u64,
     },
+    /// More of something than the import's cap allows.
+    #[error("{file}: more {what} than the cap of {cap}")]
+    TooMany {
+        file: String,
+        what: String,
+        cap: u64,
+    },
     /// A compressed file is damaged or ends early.
     #[error("{file}: damaged or truncated gzip stream ({reason})")]
     Gzip { file: String, reason: String },

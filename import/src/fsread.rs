@@ -10,7 +10,9 @@
 //! The caps bound what hostile input can cost: a plain file is read up to
 //! [`Caps::file`] bytes, a gzip stream is decompressed up to [`Caps::log`]
 //! bytes in all and [`Caps::line`] per line, checked while decompressing
-//! (a gzip bomb stops at the cap, not after filling memory).
+//! (a gzip bomb stops at the cap, not after filling memory). A log is
+//! parsed line by line as it decompresses, never held as raw lines, blank
+//! lines skipped; records in the whole folder are capped at [`Caps::rows`].
 
 use std::ffi::CString;
 use std::fs::File;
@@ -32,6 +34,8 @@ pub struct Caps {
     /// Everything read from the folder, decompressed, in bytes (an import
     /// holds the folder in memory until its one commit).
     pub total: u64,
+    /// Records (non-blank JSON-lines rows, JSON list items) in the folder.
+    pub rows: u64,
 }
 
 impl Default for Caps {
@@ -41,6 +45,7 @@ impl Default for Caps {
             log: 1 << 30,
             line: 64 << 20,
             total: 8 << 30,
+            rows: 4_000_000,
         }
     }
 }
@@ -70,6 +75,8 @@ pub struct Root {
     pub caps: Caps,
     /// Bytes read so far (checked against `caps.total`).
     read: std::cell::Cell<u64>,
+    /// Rows counted so far (checked against `caps.rows`).
+    rows: std::cell::Cell<u64>,
 }
 
 fn cstr(file: &str, s: &str) -> Result<CString> {
@@ -151,6 +158,7 @@ impl Root {
                 fd,
                 caps,
                 read: std::cell::Cell::new(0),
+                rows: std::cell::Cell::new(0),
             }),
             None => Err(ImportError::NoFolder {
                 dir: dir.to_path_buf(),
@@ -234,16 +242,22 @@ impl Root {
         }))
     }
 
-    /// The decompressed lines of gzip file `rel` (empty lines dropped),
-    /// within the log and line caps.
-    pub fn read_gz_lines(&self, rel: &str) -> Result<Option<(Vec<Vec<u8>>, u64)>> {
+    /// Calls `each(line number, line)` for every non-blank line of gzip
+    /// file `rel` as it completes, within the log and line caps; the file's
+    /// mtime, or `None` when it does not exist. Lines are never kept here:
+    /// a log of blank lines costs one line buffer, not one allocation per
+    /// line, and each kept line counts against the folder's row cap.
+    pub fn gz_lines(
+        &self,
+        rel: &str,
+        mut each: impl FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<Option<u64>> {
         let Some((f, st)) = self.open_file(rel)? else {
             return Ok(None);
         };
         let mut z = flate2::read::MultiGzDecoder::new(std::io::BufReader::new(f));
-        let mut lines = Vec::new();
         let mut cur: Vec<u8> = Vec::new();
-        let mut total: u64 = 0;
+        let (mut total, mut line) = (0u64, 0usize);
         let mut buf = vec![0u8; 64 << 10];
         loop {
             let n = z.read(&mut buf).map_err(|e| ImportError::Gzip {
@@ -261,18 +275,52 @@ impl Root {
             for piece in buf[..n].split_inclusive(|b| *b == b'\n') {
                 cur.extend_from_slice(piece);
                 if cur.len() as u64 > self.caps.line + 1 {
-                    let what = format!("line {}", lines.len() + 1);
+                    let what = format!("line {}", line + 1);
                     return Err(self.too_large(rel, &what, self.caps.line));
                 }
                 if cur.last() == Some(&b'\n') {
-                    lines.push(std::mem::take(&mut cur));
+                    line += 1;
+                    self.line(rel, line, &cur, &mut each)?;
+                    cur.clear();
                 }
             }
         }
         if !cur.is_empty() {
-            lines.push(cur);
+            self.line(rel, line + 1, &cur, &mut each)?;
         }
-        Ok(Some((lines, mtime_ms(&st))))
+        Ok(Some(mtime_ms(&st)))
+    }
+
+    /// One line of a log: skipped when blank, else counted as a row and
+    /// handed on.
+    fn line(
+        &self,
+        rel: &str,
+        n: usize,
+        b: &[u8],
+        each: &mut impl FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        if b.iter().all(u8::is_ascii_whitespace) {
+            return Ok(());
+        }
+        self.row(rel, n)?;
+        each(n, b)
+    }
+
+    /// Counts one more record (a JSON-lines row or a JSON list item),
+    /// within the folder's row cap: a row costs memory well past its bytes
+    /// once parsed, so their number is bounded as well as their size.
+    pub fn row(&self, rel: &str, line: usize) -> Result<()> {
+        let t = self.rows.get() + 1;
+        self.rows.set(t);
+        if t > self.caps.rows {
+            return Err(ImportError::TooMany {
+                file: format!("{rel}:{line}"),
+                what: "rows (JSON-lines records and list items) in the run folder".into(),
+                cap: self.caps.rows,
+            });
+        }
+        Ok(())
     }
 
     /// Counts `n` more bytes read, within the folder's total cap.

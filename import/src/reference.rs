@@ -97,6 +97,7 @@ impl Reader<'_> {
             if b.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
+            self.root.row(rel, i + 1)?;
             let value = parse(rel, i + 1, b)?;
             self.scrub.learn_json(&value);
             rows.push(Row {
@@ -112,21 +113,20 @@ impl Reader<'_> {
     /// the plain file a stopped episode leaves.
     fn exchanges(&mut self, dir: &str) -> Result<(Vec<Row>, u64)> {
         let gz = format!("{dir}/api_requests.jsonl.gz");
-        if let Some((ls, mtime)) = self.root.read_gz_lines(&gz)? {
-            let mut rows = Vec::new();
-            for (i, b) in ls.iter().enumerate() {
-                self.scrub.learn_text(b);
-                if b.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                let value = parse(&gz, i + 1, b)?;
-                self.scrub.learn_json(&value);
-                rows.push(Row {
-                    file: gz.clone(),
-                    line: i + 1,
-                    value,
-                });
-            }
+        let mut rows = Vec::new();
+        let scrub = &mut *self.scrub;
+        let found = self.root.gz_lines(&gz, |line, b| {
+            scrub.learn_text(b);
+            let value = parse(&gz, line, b)?;
+            scrub.learn_json(&value);
+            rows.push(Row {
+                file: gz.clone(),
+                line,
+                value,
+            });
+            Ok(())
+        })?;
+        if let Some(mtime) = found {
             return Ok((rows, mtime));
         }
         let plain = format!("{dir}/api_requests.jsonl");

@@ -279,6 +279,7 @@ fn caps_stop_a_gzip_bomb_a_huge_line_and_a_huge_file() {
         log: 1 << 20,
         line: 16 << 10,
         total: 64 << 20,
+        rows: 1000,
     };
     // A gzip bomb: 2 MiB of empty lines, a few KiB compressed.
     let dir = fixture_dir(&Spec::default());
@@ -322,6 +323,39 @@ fn caps_stop_a_gzip_bomb_a_huge_line_and_a_huge_file() {
     let r = import::import(&l, dir.path(), "ref", &Options::default());
     assert!(r.is_ok(), "{r:?}");
     drop(d);
+}
+
+/// A log of blank lines costs nothing (never a row, never kept), and a log
+/// of many tiny records stops at the row cap, named with its file and line.
+#[test]
+fn blank_lines_cost_nothing_and_rows_stop_at_their_cap() {
+    let caps = Caps {
+        rows: 200,
+        ..Caps::default()
+    };
+    let rel = "pool/runlogs/t51_L0_s10101/api_requests.jsonl.gz";
+    let dir = fixture_dir(&Spec::default());
+    std::fs::write(dir.path().join(rel), fixture::gzip(&vec![b'\n'; 2 << 20])).unwrap();
+    let (d, l) = ledger();
+    let opts = Options {
+        caps,
+        ..Options::default()
+    };
+    let r = import::import(&l, dir.path(), "ref", &opts);
+    assert!(r.is_ok(), "{r:?}");
+    drop(d);
+    // 300 records of `{}` (3 bytes each), blank lines between them.
+    let dir = fixture_dir(&Spec::default());
+    std::fs::write(
+        dir.path().join(rel),
+        fixture::gzip("{}\n\n".repeat(300).as_bytes()),
+    )
+    .unwrap();
+    let (e, _l, _d) = expect_err(dir.path(), caps);
+    assert!(
+        e.contains(&format!("{rel}:")) && e.contains("rows") && e.contains("cap of 200"),
+        "{e}"
+    );
 }
 
 #[test]
