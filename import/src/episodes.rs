@@ -387,11 +387,12 @@ fn response(o: &mut Objects, rec: &Value, chat: bool, links: &mut Vec<Id>) -> Re
         .unwrap_or_default();
     let http = json!({"status": code, "headers": headers});
     let resp = rec.get("response").cloned().unwrap_or(Value::Null);
-    let raw = match (
-        rec.get("sse_raw").and_then(Value::as_str),
-        rec.get("response_raw").and_then(Value::as_str),
-    ) {
-        (Some(t), _) | (None, Some(t)) => t.as_bytes().to_vec(),
+    // A streamed body is recorded as the proxy's reassembly, never its raw
+    // SSE text: a key the model echoed token by token lies there in pieces
+    // no learnt secret matches, while the reassembly holds it whole, so
+    // scrubbed. A plain body the proxy could not parse is one text, kept.
+    let raw = match rec.get("response_raw").and_then(Value::as_str) {
+        Some(t) if rec.get("sse_raw").is_none() => t.as_bytes().to_vec(),
         _ => replay::canonical_json(&resp),
     };
     let raw = o.blob(&raw);

@@ -46,7 +46,8 @@ pub struct EpisodeFiles {
     pub dir: String,
     pub status: Option<JsonFile>,
     pub prompt: Option<String>,
-    /// `qwen_stream.jsonl` as written (scrubbed when recorded).
+    /// `qwen_stream.jsonl` without its partial-message lines (scrubbed
+    /// when recorded).
     pub stream: Option<Vec<u8>>,
     /// The proxy's log, one row per exchange (`.jsonl.gz`, or `.jsonl`
     /// when the episode stopped before it was compressed).
@@ -158,16 +159,7 @@ impl Reader<'_> {
         let stream = match self.root.read(&stream_rel)? {
             Some(l) => {
                 self.scrub.learn_text(&l.bytes);
-                // Checked line by line: a damaged trace is named, not kept.
-                for (i, b) in lines(&stream_rel, &l.bytes, self.root.caps.line)?
-                    .into_iter()
-                    .enumerate()
-                {
-                    if !b.iter().all(u8::is_ascii_whitespace) {
-                        parse(&stream_rel, i + 1, b)?;
-                    }
-                }
-                Some(l.bytes)
+                Some(trace(&stream_rel, &l.bytes, self.root.caps.line)?)
             }
             None => None,
         };
@@ -200,6 +192,27 @@ impl Reader<'_> {
         }
         Ok(out)
     }
+}
+
+/// The trace as recorded: each line checked (a damaged trace is named, not
+/// kept), the partial-message lines (`"type": "stream_event"`, one token
+/// each) left out. A key the model echoed token by token lies in those in
+/// pieces no learnt secret matches; the whole message that follows them
+/// holds it whole, so scrubbed.
+fn trace(rel: &str, bytes: &[u8], cap: u64) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(bytes.len());
+    for (i, b) in lines(rel, bytes, cap)?.into_iter().enumerate() {
+        if b.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let v = parse(rel, i + 1, b)?;
+        if v.get("type").and_then(Value::as_str) == Some("stream_event") {
+            continue;
+        }
+        out.extend_from_slice(b);
+        out.push(b'\n');
+    }
+    Ok(out)
 }
 
 /// `value[key]` as a string, or an error naming the file and line.

@@ -447,3 +447,55 @@ fn a_late_bad_file_leaves_the_ledger_byte_identical() {
         0
     );
 }
+
+/// A key the model echoed token by token: in the proxy's raw SSE text and
+/// in qwen-code's partial-message lines it lies in pieces, whole only in
+/// the reassembled message. No piece, no 8-byte window of it, reaches any
+/// object.
+#[test]
+fn a_key_split_across_stream_chunks_reaches_no_object() {
+    let key = "sk-or-v1-Zq7XwPmN3kLrT9bVy2HcJd5GsQf8UeAo1WiKn4RxEt6";
+    let pieces = [&key[..14], &key[14..33], &key[33..]];
+    let dir = fixture_dir(&Spec::default());
+    let ep = dir.path().join("pool/runlogs/t51_L0_s10101");
+    let gz = ep.join("api_requests.jsonl.gz");
+    let mut rows: Vec<serde_json::Value> = gunzip(&std::fs::read(&gz).unwrap())
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let said = format!("Your key is {key}");
+    let last = rows.last_mut().unwrap();
+    last["response"]["choices"][0]["message"]["content"] = said.clone().into();
+    let sse: String = ["Your key is ", pieces[0], pieces[1], pieces[2]]
+        .iter()
+        .map(|p| {
+            format!(
+                "data: {}\n\n",
+                serde_json::json!({"choices": [{"delta": {"content": p}}]})
+            )
+        })
+        .collect();
+    last["sse_raw"] = format!("{sse}data: [DONE]\n").into();
+    let lines: String = rows.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(&gz, fixture::gzip(lines.as_bytes())).unwrap();
+    let mut trace = std::fs::read_to_string(ep.join("qwen_stream.jsonl")).unwrap();
+    for p in ["Your key is ", pieces[0], pieces[1], pieces[2]] {
+        let ev = serde_json::json!({"type": "stream_event", "event": {"type": "content_block_delta",
+            "delta": {"type": "text_delta", "text": p}}});
+        trace.push_str(&format!("{ev}\n"));
+    }
+    let whole = serde_json::json!({"type": "assistant", "message": {"content": [{"type": "text", "text": said}]}});
+    trace.push_str(&format!("{whole}\n"));
+    std::fs::write(ep.join("qwen_stream.jsonl"), trace).unwrap();
+    let (_d, l, r) = import(dir.path());
+    head_of(&r);
+    let all = everything(&l);
+    assert_eq!(holds(&all, key), 0, "the whole key is in the ledger");
+    for p in pieces {
+        assert_eq!(holds(&all, p), 0, "piece {p:?} is in the ledger");
+    }
+    for w in 0..=key.len() - 8 {
+        let frag = &key[w..w + 8];
+        assert_eq!(holds(&all, frag), 0, "fragment {frag:?} is in the ledger");
+    }
+}
