@@ -8,7 +8,7 @@
 //! no usage when a response carried none (`"usage": null`, and the call
 //! adds nothing to the rollout's token totals).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use ledger::{Id, ObjectKind};
 use schemas::{Effect, EffectStatus, Hash32, Rollout};
@@ -37,6 +37,10 @@ pub struct Imported {
 /// A chat exchange's request, as far as the conversation goes.
 struct Chat {
     messages: Vec<Value>,
+    /// `prefix[k]`: the proxy's chain hash of the first k messages, so a
+    /// conversation extends another when one's hash is in the other's
+    /// prefixes (a lookup, where comparing message lists was quadratic).
+    prefix: Vec<[u8; 32]>,
     event: Id,
     reply: Option<Value>,
 }
@@ -213,30 +217,55 @@ fn final_result(stream: Option<&[u8]>) -> String {
 /// Conversations: chat exchanges whose messages no later exchange extends,
 /// each with its reply appended, in the order their first request came
 /// (the first is the orchestrator's: qwen-code's first request is its main
-/// thread; the others are its subagents').
+/// thread; the others are its subagents'). Linear in the messages: each
+/// prefix is a hash looked up, never a list compared.
 fn leaves(chats: &[Chat]) -> Vec<(Vec<Value>, Id)> {
-    let extends = |long: &[Value], short: &[Value]| {
-        long.len() >= short.len() && long[..short.len()] == short[..]
-    };
-    let mut out = Vec::new();
+    // The first exchange whose whole message list is each hash.
+    let mut first: HashMap<[u8; 32], usize> = HashMap::new();
     for (i, c) in chats.iter().enumerate() {
+        if let (false, Some(h)) = (c.messages.is_empty(), c.prefix.last()) {
+            first.entry(*h).or_insert(i);
+        }
+    }
+    // Strict prefixes of the exchanges after the one being looked at.
+    let mut later: HashSet<[u8; 32]> = HashSet::new();
+    let mut out = Vec::new();
+    for (i, c) in chats.iter().enumerate().rev() {
+        let n = c.messages.len();
+        let extended = c.prefix.get(n).is_some_and(|h| later.contains(h));
+        later.extend(c.prefix.iter().take(n).copied());
         let Some(reply) = &c.reply else { continue };
-        let extended = chats[i + 1..]
-            .iter()
-            .any(|d| d.messages.len() > c.messages.len() && extends(&d.messages, &c.messages));
         if extended {
             continue;
         }
-        let began = chats
+        let began = c
+            .prefix
             .iter()
-            .position(|d| !d.messages.is_empty() && extends(&c.messages, &d.messages))
+            .skip(1)
+            .filter_map(|h| first.get(h).copied())
+            .min()
             .unwrap_or(i);
         let mut m = c.messages.clone();
         m.push(reply.clone());
-        out.push((began, m, c.event));
+        out.push((began, i, m, c.event));
     }
-    out.sort_by_key(|x| x.0);
-    out.into_iter().map(|(_, m, e)| (m, e)).collect()
+    out.sort_by_key(|x| (x.0, x.1));
+    out.into_iter().map(|(_, _, m, e)| (m, e)).collect()
+}
+
+/// The chain hashes of every prefix of `msgs` (the empty one first), as
+/// the proxy chains a request's messages.
+fn prefixes(msgs: &[Value]) -> (Vec<Vec<u8>>, Vec<[u8; 32]>) {
+    let blobs: Vec<Vec<u8>> = msgs.iter().map(replay::canonical_json).collect();
+    let mut hashes = vec![[0u8; 32]];
+    for b in &blobs {
+        let h = chain_step(
+            *hashes.last().unwrap_or(&[0; 32]),
+            &Id::of(ObjectKind::Blob, b),
+        );
+        hashes.push(h);
+    }
+    (blobs, hashes)
 }
 
 type Usage = Option<(u64, u64)>;
@@ -254,16 +283,18 @@ fn exchange(
     let path = rec.get("path").and_then(Value::as_str).unwrap_or("");
     let body = rec.get("request").filter(|v| v.is_object());
     let messages = body.and_then(|b| b.get("messages")?.as_array().cloned());
+    let (blobs, prefix) = messages.as_deref().map(prefixes).unwrap_or_default();
     let mut links: Vec<Id> = Vec::new();
     let (request, chain) = match (&messages, body) {
-        (Some(msgs), Some(b))
+        (Some(_), Some(b))
             if path
                 .split('?')
                 .next()
                 .unwrap_or("")
                 .ends_with("/chat/completions") =>
         {
-            chat_request(o, method, path, b, msgs, requests, &mut links)
+            let c = (method, path, b);
+            chat_request(o, c, &blobs, &prefix, requests, &mut links)
         }
         _ => {
             let raw = match (body, rec.get("request_raw").and_then(Value::as_str)) {
@@ -306,6 +337,7 @@ fn exchange(
     }
     let chat = messages.map(|m| Chat {
         messages: m,
+        prefix,
         event: id,
         reply,
     });
@@ -316,20 +348,12 @@ fn exchange(
 /// of the stream it extends (`prefix`), each a blob.
 fn chat_request(
     o: &mut Objects,
-    method: &str,
-    path: &str,
-    body: &Value,
-    msgs: &[Value],
+    (method, path, body): (&str, &str, &Value),
+    blobs: &[Vec<u8>],
+    hashes: &[[u8; 32]],
     requests: &HashMap<[u8; 32], Id>,
     links: &mut Vec<Id>,
 ) -> (Value, Option<[u8; 32]>) {
-    let blobs: Vec<Vec<u8>> = msgs.iter().map(replay::canonical_json).collect();
-    let ids: Vec<Id> = blobs.iter().map(|b| Id::of(ObjectKind::Blob, b)).collect();
-    let mut hashes = vec![[0u8; 32]];
-    for id in &ids {
-        let h = chain_step(*hashes.last().unwrap_or(&[0; 32]), id);
-        hashes.push(h);
-    }
     let (covered, prefix) = (0..hashes.len())
         .rev()
         .find_map(|i| requests.get(&hashes[i]).map(|e| (i, Some(*e))))

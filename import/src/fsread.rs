@@ -36,6 +36,11 @@ pub struct Caps {
     pub total: u64,
     /// Records (non-blank JSON-lines rows, JSON list items) in the folder.
     pub rows: u64,
+    /// Episode folders (each costs its records and objects even when
+    /// empty of files).
+    pub episodes: u64,
+    /// Objects an import builds in memory before its one commit.
+    pub objects: u64,
 }
 
 impl Default for Caps {
@@ -46,6 +51,8 @@ impl Default for Caps {
             line: 64 << 20,
             total: 8 << 30,
             rows: 4_000_000,
+            episodes: 100_000,
+            objects: 20_000_000,
         }
     }
 }
@@ -323,8 +330,9 @@ impl Root {
         Ok(())
     }
 
-    /// Counts `n` more bytes read, within the folder's total cap.
-    fn count(&self, rel: &str, n: u64) -> Result<()> {
+    /// Counts `n` more bytes read (or held once parsed), within the
+    /// folder's total cap.
+    pub fn count(&self, rel: &str, n: u64) -> Result<()> {
         let t = self.read.get() + n;
         self.read.set(t);
         if t > self.caps.total {
@@ -376,22 +384,26 @@ impl Root {
     }
 }
 
-/// Splits plain bytes into lines (empty ones kept, so line numbers are the
-/// file's), each within `cap`.
-pub fn lines<'a>(file: &str, bytes: &'a [u8], cap: u64) -> Result<Vec<&'a [u8]>> {
-    let mut out = Vec::new();
-    for (i, l) in bytes.split(|b| *b == b'\n').enumerate() {
-        if l.len() as u64 > cap {
-            return Err(ImportError::TooLarge {
-                file: file.to_string(),
-                what: format!("line {}", i + 1),
-                cap,
-            });
-        }
-        out.push(l);
-    }
-    if out.last().is_some_and(|l| l.is_empty()) {
-        out.pop();
-    }
-    Ok(out)
+/// The non-blank lines of plain bytes with their 1-based line numbers
+/// (blank ones counted, so numbers are the file's), each within `cap`;
+/// yielded one by one, so a file of many short lines costs no index.
+pub fn lines<'a>(
+    file: &'a str,
+    bytes: &'a [u8],
+    cap: u64,
+) -> impl Iterator<Item = Result<(usize, &'a [u8])>> + 'a {
+    bytes
+        .split(|b| *b == b'\n')
+        .enumerate()
+        .filter(|(_, l)| !l.iter().all(u8::is_ascii_whitespace))
+        .map(move |(i, l)| {
+            if l.len() as u64 > cap {
+                return Err(ImportError::TooLarge {
+                    file: file.to_string(),
+                    what: format!("line {}", i + 1),
+                    cap,
+                });
+            }
+            Ok((i + 1, l))
+        })
 }

@@ -125,7 +125,7 @@ impl Prepared {
     /// Step 3: every object and ref in one commit, as run `run`; nothing
     /// when the run already holds this head; refused when the name is
     /// taken by anything else.
-    pub fn write(&self, ledger: &Ledger, run: &str) -> Result<Outcome> {
+    pub fn write(self, ledger: &Ledger, run: &str) -> Result<Outcome> {
         let head = self.head;
         match ledger.head(run)? {
             Some(h) if h == head => return Ok(Outcome::AlreadyImported { head }),
@@ -148,10 +148,13 @@ impl Prepared {
                 head: h.to_hex(),
             });
         }
-        let o = &self.objects;
+        let mut o = self.objects;
+        let count = o.objs.len();
         let mut b = ledger.batch();
-        for obj in &o.objs {
-            b.put_raw(obj.kind, obj.raw.clone(), obj.meta.clone())?;
+        // Moved into the batch, not copied: an import's objects are most
+        // of its memory, and two copies would double it.
+        for obj in std::mem::take(&mut o.objs) {
+            b.put_raw(obj.kind, obj.raw, obj.meta)?;
         }
         // Sub-streams first, the run's own ref last (one commit: the order
         // only shows in the ref log).
@@ -163,7 +166,7 @@ impl Prepared {
         Ok(Outcome::Imported {
             head,
             episodes: self.episodes,
-            objects: o.objs.len(),
+            objects: count,
         })
     }
 }

@@ -11,7 +11,7 @@ use ledger::{EventEnvelope, Id, Meta, NewEvent, ObjectKind};
 use schemas::{Hash32, Record};
 use serde_json::Value;
 
-use crate::error::Result;
+use crate::error::{ImportError, Result};
 
 /// The main stream's name inside events (`replay::MAIN`).
 pub const MAIN: &str = "main";
@@ -31,6 +31,8 @@ pub struct Objects {
     seen: HashSet<Id>,
     /// Stream (relative name, `main` for the main stream) -> (head, seq).
     pub heads: BTreeMap<String, (Id, u64)>,
+    /// The most objects this import may hold (`Caps::objects`).
+    limit: u64,
 }
 
 /// The zero hash: a field the reference did not record (no workspace
@@ -42,6 +44,14 @@ pub fn id32(id: Id) -> Hash32 {
 }
 
 impl Objects {
+    /// No objects yet, at most `limit` of them.
+    pub fn new(limit: u64) -> Objects {
+        Objects {
+            limit,
+            ..Objects::default()
+        }
+    }
+
     /// Adds a blob; its id.
     pub fn blob(&mut self, bytes: &[u8]) -> Id {
         let id = Id::of(ObjectKind::Blob, bytes);
@@ -70,6 +80,15 @@ impl Objects {
         wall_ms: u64,
         extra: BTreeMap<String, String>,
     ) -> Result<Id> {
+        // Every blob is linked from an event made soon after it, so a
+        // check here bounds them all (within one event's links).
+        if self.objs.len() as u64 >= self.limit {
+            return Err(ImportError::TooMany {
+                file: format!("stream {rel}"),
+                what: "objects in the import".into(),
+                cap: self.limit,
+            });
+        }
         ev.refs.retain(|r| r.0 != ABSENT.0);
         ev.refs.dedup();
         let (prev, seq) = match self.heads.get(rel) {

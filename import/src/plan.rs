@@ -5,7 +5,7 @@
 //! duplicates are refused rather than counted twice, so the writer
 //! (`build.rs`) never meets an error about the input.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
 use serde_json::Value;
@@ -73,14 +73,19 @@ pub struct Plan {
     /// (`search/query{Q}_ourTeam/retained_workflow.json`).
     pub inner_wins: u32,
     pub scrub: Scrubber,
+    pub caps: Caps,
+    /// Each task's collected episodes (positions in `episodes`) and
+    /// manifest rows, in file order: what a task's selection reads, found
+    /// without scanning the whole run once per task.
+    pub by_task: HashMap<String, TaskEpisodes>,
 }
 
-impl Plan {
-    pub fn episode(&self, name: &str) -> Option<&Episode> {
-        self.episodes
-            .iter()
-            .find(|e| e.purpose == "collect" && e.name == name)
-    }
+/// A task's collected episodes and its manifest rows.
+#[derive(Debug, Default)]
+pub struct TaskEpisodes {
+    pub collected: Vec<usize>,
+    pub train: Vec<String>,
+    pub validation: Vec<String>,
 }
 
 /// Reads and checks the run folder `dir`.
@@ -90,6 +95,7 @@ pub fn plan(dir: &Path, caps: Caps) -> Result<Plan> {
     let mut r = Reader {
         root: &root,
         scrub: &mut scrub,
+        episodes: 0,
     };
     let not_run = |reason: &str| ImportError::NotARun {
         dir: dir.to_path_buf(),
@@ -155,7 +161,32 @@ pub fn plan(dir: &Path, caps: Caps) -> Result<Plan> {
             }
         }
     }
+    let mut collected_at = HashMap::new();
+    let mut by_task: HashMap<String, TaskEpisodes> = HashMap::new();
+    for (i, e) in episodes.iter().enumerate() {
+        if e.purpose == "collect" {
+            collected_at.insert(e.name.clone(), i);
+            by_task.entry(e.task.clone()).or_default().collected.push(i);
+        }
+    }
+    for (names, train) in [(&train, true), (&validation, false)] {
+        for n in names {
+            // plan checked every manifest row names a collected episode.
+            let Some(&i) = collected_at.get(n) else {
+                continue;
+            };
+            let t = by_task.entry(episodes[i].task.clone()).or_default();
+            if train {
+                &mut t.train
+            } else {
+                &mut t.validation
+            }
+            .push(n.clone());
+        }
+    }
     Ok(Plan {
+        caps,
+        by_task,
         inner_wins,
         config,
         cycle,
@@ -231,12 +262,12 @@ fn search_episodes(r: &mut Reader) -> Result<Vec<Episode>> {
 /// Collection runs: every row of `pool.json`, whose folder must exist
 /// (`pool/runlogs/{episode}`); index by seed order within the task.
 fn collect_episodes(r: &mut Reader) -> Result<Vec<Episode>> {
-    let Some(pool) = r.json("pool.json")? else {
+    let Some(mut pool) = r.json("pool.json")? else {
         return Ok(Vec::new());
     };
     let mut seen = BTreeSet::new();
     let mut rows: Vec<(String, i64, String, usize)> = Vec::new();
-    for row in list_rows(&pool)? {
+    for row in list_rows(r.root, &mut pool)? {
         let name = str_field(&row, "episode")?.to_string();
         if name.contains('/') || name.starts_with('.') {
             return Err(ImportError::invalid(
@@ -262,6 +293,9 @@ fn collect_episodes(r: &mut Reader) -> Result<Vec<Episode>> {
     }
     rows.sort();
     let mut out: Vec<Episode> = Vec::new();
+    // Each task's next index, kept as it goes (counting earlier episodes
+    // of the task at each row would be quadratic in the pool).
+    let mut next: BTreeMap<String, u32> = BTreeMap::new();
     for (task, _, name, line) in rows {
         let dir = format!("pool/runlogs/{name}");
         let files = r.episode(&dir)?.ok_or_else(|| {
@@ -272,7 +306,9 @@ fn collect_episodes(r: &mut Reader) -> Result<Vec<Episode>> {
             )
         })?;
         let task = format!("query{task}");
-        let index = out.iter().filter(|e| e.task == task).count() as u32;
+        let slot = next.entry(task.clone()).or_insert(0);
+        let index = *slot;
+        *slot += 1;
         out.push(Episode {
             name,
             purpose: "collect",
@@ -328,9 +364,9 @@ fn task_stages(r: &mut Reader, collected: &Names) -> Result<Vec<TaskStage>> {
             };
             st.matches = matches(rows, collected, &format!("query{q}"))?;
             st.matches_mtime = mtime;
-        } else if let Some(f) = r.json(&rel)? {
-            st.ranked = ranked(&f, collected, &format!("query{q}"))?;
+        } else if let Some(mut f) = r.json(&rel)? {
             st.ranked_mtime = f.mtime_ms;
+            st.ranked = ranked(r.root, &mut f, collected, &format!("query{q}"))?;
         }
     }
     Ok(stages.into_values().collect())
@@ -366,6 +402,13 @@ fn matches(rows: Vec<Row>, collected: &Names, task: &str) -> Result<Vec<Match>> 
         let b = str_field(&row, "b")?.to_string();
         known(&row, collected, &a, Some(task))?;
         known(&row, collected, &b, Some(task))?;
+        if a == b {
+            return Err(ImportError::invalid(
+                &row.file,
+                row.line,
+                format!("episode {a:?} is judged against itself"),
+            ));
+        }
         let pair = if a <= b {
             (a.clone(), b.clone())
         } else {
@@ -395,10 +438,10 @@ fn matches(rows: Vec<Row>, collected: &Names, task: &str) -> Result<Vec<Match>> 
     Ok(out)
 }
 
-fn ranked(f: &JsonFile, collected: &Names, task: &str) -> Result<Vec<Ranked>> {
+fn ranked(root: &Root, f: &mut JsonFile, collected: &Names, task: &str) -> Result<Vec<Ranked>> {
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
-    for row in list_rows(f)? {
+    for row in list_rows(root, f)? {
         let episode = str_field(&row, "episode")?.to_string();
         known(&row, collected, &episode, Some(task))?;
         if !seen.insert(episode.clone()) {
@@ -441,11 +484,11 @@ fn manifests(r: &mut Reader, ranked: &Names) -> Result<(Vec<String>, Vec<String>
         .iter()
         .enumerate()
     {
-        let Some(f) = r.json(rel)? else {
+        let Some(mut f) = r.json(rel)? else {
             continue;
         };
         mtime = mtime.max(f.mtime_ms);
-        for row in list_rows(&f)? {
+        for row in list_rows(r.root, &mut f)? {
             let name = str_field(&row, "episode")?.to_string();
             known(&row, ranked, &name, None)?;
             if !seen.insert(name.clone()) {

@@ -61,6 +61,8 @@ pub struct EpisodeFiles {
 pub struct Reader<'a> {
     pub root: &'a Root,
     pub scrub: &'a mut Scrubber,
+    /// Episode folders read so far (checked against `caps.episodes`).
+    pub episodes: u64,
 }
 
 fn parse(file: &str, line: usize, bytes: &[u8]) -> Result<Value> {
@@ -75,6 +77,7 @@ impl Reader<'_> {
         };
         self.scrub.learn_text(&l.bytes);
         let value = parse(rel, 1, &l.bytes)?;
+        self.root.count(rel, cost(&value))?;
         self.scrub.learn_json(&value);
         Ok(Some(JsonFile {
             file: rel.to_string(),
@@ -91,19 +94,15 @@ impl Reader<'_> {
         };
         self.scrub.learn_text(&l.bytes);
         let mut rows = Vec::new();
-        for (i, b) in lines(rel, &l.bytes, self.root.caps.line)?
-            .into_iter()
-            .enumerate()
-        {
-            if b.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            self.root.row(rel, i + 1)?;
-            let value = parse(rel, i + 1, b)?;
+        for item in lines(rel, &l.bytes, self.root.caps.line) {
+            let (line, b) = item?;
+            self.root.row(rel, line)?;
+            let value = parse(rel, line, b)?;
+            self.root.count(rel, cost(&value))?;
             self.scrub.learn_json(&value);
             rows.push(Row {
                 file: rel.to_string(),
-                line: i + 1,
+                line,
                 value,
             });
         }
@@ -116,9 +115,11 @@ impl Reader<'_> {
         let gz = format!("{dir}/api_requests.jsonl.gz");
         let mut rows = Vec::new();
         let scrub = &mut *self.scrub;
-        let found = self.root.gz_lines(&gz, |line, b| {
+        let root = self.root;
+        let found = root.gz_lines(&gz, |line, b| {
             scrub.learn_text(b);
             let value = parse(&gz, line, b)?;
+            root.count(&gz, cost(&value))?;
             scrub.learn_json(&value);
             rows.push(Row {
                 file: gz.clone(),
@@ -139,6 +140,16 @@ impl Reader<'_> {
         let Some(entries) = self.root.list(dir)? else {
             return Ok(None);
         };
+        // An empty folder costs nothing against the byte caps but still
+        // an episode's records and objects: their number is capped.
+        self.episodes += 1;
+        if self.episodes > self.root.caps.episodes {
+            return Err(ImportError::TooMany {
+                file: dir.to_string(),
+                what: "episode folders in the run folder".into(),
+                cap: self.root.caps.episodes,
+            });
+        }
         // A link among the files the import reads is refused by name
         // when opened; one elsewhere in the folder is refused here too,
         // so nothing beneath a run is ever reached through a link.
@@ -201,11 +212,9 @@ impl Reader<'_> {
 /// holds it whole, so scrubbed.
 fn trace(rel: &str, bytes: &[u8], cap: u64) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(bytes.len());
-    for (i, b) in lines(rel, bytes, cap)?.into_iter().enumerate() {
-        if b.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let v = parse(rel, i + 1, b)?;
+    for item in lines(rel, bytes, cap) {
+        let (line, b) = item?;
+        let v = parse(rel, line, b)?;
         if v.get("type").and_then(Value::as_str) == Some("stream_event") {
             continue;
         }
@@ -222,20 +231,34 @@ pub fn str_field<'v>(row: &'v Row, key: &str) -> Result<&'v str> {
     })
 }
 
-/// The rows of a JSON file that must be a list of objects.
-pub fn list_rows(f: &JsonFile) -> Result<Vec<Row>> {
-    let Some(items) = f.value.as_array() else {
+/// The rows of a JSON file that must be a list of objects, moved out of
+/// it (never copied), each counted against the folder's row cap.
+pub fn list_rows(root: &Root, f: &mut JsonFile) -> Result<Vec<Row>> {
+    let Value::Array(items) = std::mem::take(&mut f.value) else {
         return Err(ImportError::invalid(&f.file, 1, "expected a JSON list"));
     };
     // A JSON file's rows are numbered by position in the list (1-based),
     // which is what its error messages call the "line".
-    Ok(items
-        .iter()
-        .enumerate()
-        .map(|(i, v)| Row {
+    let mut out = Vec::with_capacity(items.len());
+    for (i, value) in items.into_iter().enumerate() {
+        root.row(&f.file, i + 1)?;
+        out.push(Row {
             file: f.file.clone(),
             line: i + 1,
-            value: v.clone(),
-        })
-        .collect())
+            value,
+        });
+    }
+    Ok(out)
+}
+
+/// About what a parsed value holds in memory (a `Value` is 32 bytes, a
+/// map entry more), counted against the folder's total cap: parsed JSON
+/// costs many times its text, which the byte caps alone do not see.
+fn cost(v: &Value) -> u64 {
+    32 + match v {
+        Value::String(s) => s.len() as u64,
+        Value::Array(a) => a.iter().map(cost).sum(),
+        Value::Object(m) => m.iter().map(|(k, x)| 48 + k.len() as u64 + cost(x)).sum(),
+        _ => 0,
+    }
 }

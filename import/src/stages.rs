@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use crate::episodes::{self, Imported};
 use crate::error::Result;
 use crate::objects::{id32, Objects, ABSENT, MAIN};
-use crate::plan::{Plan, TaskStage};
+use crate::plan::{Plan, TaskEpisodes, TaskStage};
 
 /// The driver named in an imported run's `run.started`: no engine drives
 /// it (resume, replay, fork and re-judge refuse it by this name).
@@ -40,7 +40,7 @@ fn cfg_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
 pub fn build(plan: &Plan) -> Result<Objects> {
     let s = &plan.scrub;
     let c = plan.cycle;
-    let mut o = Objects::default();
+    let mut o = Objects::new(plan.caps.objects);
     let cfg = s.json(&plan.config.value);
     let model = cfg_str(&cfg, "model_id").unwrap_or("").to_string();
     let config = o.json(&cfg);
@@ -82,8 +82,8 @@ pub fn build(plan: &Plan) -> Result<Objects> {
         let js = judged.get(&st.task).cloned().unwrap_or_default();
         let (ranking, sel) = rank_and_select(&mut o, plan, st, &collected, &js)?;
         selections.push(sel);
-        for e in plan.train.iter().chain(&plan.validation) {
-            if plan.episode(e).is_some_and(|x| x.task == st.task) {
+        if let Some(t) = plan.by_task.get(&st.task) {
+            for e in t.train.iter().chain(&t.validation) {
                 chosen.insert(e.clone(), (sel, ranking));
             }
         }
@@ -189,24 +189,26 @@ fn rank_and_select(
     judgments: &[Id],
 ) -> Result<(Id, Id)> {
     let c = plan.cycle;
+    // Wins, losses and ties of each episode, in one pass over the matches
+    // (not one per ranked episode).
+    let mut tally: HashMap<&str, (u32, u32, u32)> = HashMap::new();
+    for m in &st.matches {
+        let (a, b) = match m.winner {
+            "tie" => ((0, 0, 1), (0, 0, 1)),
+            "a" => ((1, 0, 0), (0, 1, 0)),
+            _ => ((0, 1, 0), (1, 0, 0)),
+        };
+        for (name, d) in [(m.a.as_str(), a), (m.b.as_str(), b)] {
+            let x = tally.entry(name).or_default();
+            *x = (x.0 + d.0, x.1 + d.1, x.2 + d.2);
+        }
+    }
     let mut runs = Vec::new();
     for r in &st.ranked {
         let Some(imp) = collected.get(&r.episode) else {
             continue;
         };
-        let (mut w, mut l, mut t) = (0, 0, 0);
-        for m in st
-            .matches
-            .iter()
-            .filter(|m| m.a == r.episode || m.b == r.episode)
-        {
-            match m.winner {
-                "tie" => t += 1,
-                "a" if m.a == r.episode => w += 1,
-                "b" if m.b == r.episode => w += 1,
-                _ => l += 1,
-            }
-        }
+        let (w, l, t) = tally.get(r.episode.as_str()).copied().unwrap_or_default();
         runs.push(RankedRun {
             rollout: id32(imp.rollout),
             score: r.score,
@@ -242,22 +244,19 @@ fn selection(
     rid: Id,
 ) -> Result<Id> {
     let c = plan.cycle;
+    let none = TaskEpisodes::default();
+    let mine = plan.by_task.get(&st.task).unwrap_or(&none);
     let pick = |names: &[String]| -> Vec<schemas::Hash32> {
         names
             .iter()
-            .filter(|n| plan.episode(n).is_some_and(|e| e.task == st.task))
             .filter_map(|n| collected.get(n))
             .map(|i| id32(i.rollout))
             .collect()
     };
-    let train = pick(&plan.train);
-    let validation = pick(&plan.validation);
+    let train = pick(&mine.train);
+    let validation = pick(&mine.validation);
     let mut exclusions = Vec::new();
-    for e in plan
-        .episodes
-        .iter()
-        .filter(|e| e.purpose == "collect" && e.task == st.task)
-    {
+    for e in mine.collected.iter().map(|&i| &plan.episodes[i]) {
         if let Some(imp) = collected.get(&e.name).filter(|i| i.status != "finished") {
             exclusions.push(Exclusion {
                 rollout: id32(imp.rollout),

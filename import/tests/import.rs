@@ -280,6 +280,7 @@ fn caps_stop_a_gzip_bomb_a_huge_line_and_a_huge_file() {
         line: 16 << 10,
         total: 64 << 20,
         rows: 1000,
+        ..Caps::default()
     };
     // A gzip bomb: 2 MiB of empty lines, a few KiB compressed.
     let dir = fixture_dir(&Spec::default());
@@ -498,4 +499,56 @@ fn a_key_split_across_stream_chunks_reaches_no_object() {
         let frag = &key[w..w + 8];
         assert_eq!(holds(&all, frag), 0, "fragment {frag:?} is in the ledger");
     }
+}
+
+/// Memory the byte caps do not see: many empty episode folders, many
+/// objects, and JSON whose parsed form is many times its text.
+#[test]
+fn counts_and_parsed_size_are_capped() {
+    // 30 empty evaluation folders: no bytes, but each an episode.
+    let dir = fixture_dir(&Spec::default());
+    for i in 0..30 {
+        std::fs::create_dir_all(dir.path().join(format!("evaluation/logs/query7_r{i}"))).unwrap();
+    }
+    let caps = Caps {
+        episodes: 20,
+        ..Caps::default()
+    };
+    let (e, _l, _d) = expect_err(dir.path(), caps);
+    assert!(
+        e.contains("evaluation/logs/query7_r")
+            && e.contains("episode folders")
+            && e.contains("cap of 20"),
+        "{e}"
+    );
+    // Objects past their cap.
+    let dir = fixture_dir(&Spec::default());
+    let caps = Caps {
+        objects: 50,
+        ..Caps::default()
+    };
+    let (e, _l, _d) = expect_err(dir.path(), caps);
+    assert!(
+        e.contains("objects in the import") && e.contains("cap of 50"),
+        "{e}"
+    );
+    // 300 KB of `[0,0,...]`: within a 1 MiB total as text, some 5 MB once
+    // parsed.
+    let dir = fixture_dir(&Spec::default());
+    let list = format!("[{}0]", "0,".repeat(150_000));
+    std::fs::write(
+        dir.path()
+            .join("search/query51_ourTeam/retained_workflow.json"),
+        list,
+    )
+    .unwrap();
+    let caps = Caps {
+        total: 1 << 20,
+        ..Caps::default()
+    };
+    let (e, _l, _d) = expect_err(dir.path(), caps);
+    assert!(
+        e.contains("search/query51_ourTeam/retained_workflow.json: the run folder in all"),
+        "{e}"
+    );
 }
