@@ -41,6 +41,9 @@ pub struct Caps {
     pub episodes: u64,
     /// Objects an import builds in memory before its one commit.
     pub objects: u64,
+    /// Secrets learnt from the folder (each searched for in everything
+    /// recorded).
+    pub secrets: u64,
 }
 
 impl Default for Caps {
@@ -53,6 +56,7 @@ impl Default for Caps {
             rows: 4_000_000,
             episodes: 100_000,
             objects: 20_000_000,
+            secrets: crate::secrets::MAX_SECRETS,
         }
     }
 }

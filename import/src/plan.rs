@@ -91,7 +91,7 @@ pub struct TaskEpisodes {
 /// Reads and checks the run folder `dir`.
 pub fn plan(dir: &Path, caps: Caps) -> Result<Plan> {
     let root = Root::open(dir, caps)?;
-    let mut scrub = Scrubber::new();
+    let mut scrub = Scrubber::with_cap(caps.secrets);
     let mut r = Reader {
         root: &root,
         scrub: &mut scrub,

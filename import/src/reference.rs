@@ -79,6 +79,7 @@ impl Reader<'_> {
         let value = parse(rel, 1, &l.bytes)?;
         self.root.count(rel, cost(&value))?;
         self.scrub.learn_json(&value);
+        self.scrub.check(rel)?;
         Ok(Some(JsonFile {
             file: rel.to_string(),
             value,
@@ -106,6 +107,7 @@ impl Reader<'_> {
                 value,
             });
         }
+        self.scrub.check(rel)?;
         Ok(Some((rows, l.mtime_ms)))
     }
 
@@ -121,6 +123,7 @@ impl Reader<'_> {
             let value = parse(&gz, line, b)?;
             root.count(&gz, cost(&value))?;
             scrub.learn_json(&value);
+            scrub.check(&gz)?;
             rows.push(Row {
                 file: gz.clone(),
                 line,
@@ -162,6 +165,7 @@ impl Reader<'_> {
         let prompt = match self.root.read(&format!("{dir}/prompt.txt"))? {
             Some(l) => {
                 self.scrub.learn_text(&l.bytes);
+                self.scrub.check(&format!("{dir}/prompt.txt"))?;
                 Some(String::from_utf8_lossy(&l.bytes).into_owned())
             }
             None => None,
@@ -170,6 +174,7 @@ impl Reader<'_> {
         let stream = match self.root.read(&stream_rel)? {
             Some(l) => {
                 self.scrub.learn_text(&l.bytes);
+                self.scrub.check(&stream_rel)?;
                 Some(trace(&stream_rel, &l.bytes, self.root.caps.line)?)
             }
             None => None,

@@ -11,12 +11,19 @@
 //! are. Then every blob, field and message is passed through
 //! [`Scrubber::json`] / [`Scrubber::bytes`]: key-like fields become
 //! `REDACTED` (the proxy's rules, `proxy::scrub::is_secret_name`, at any
-//! depth), and every learnt value is replaced by `REDACTED`.
+//! depth), and every learnt value is replaced by `REDACTED`, all of them in
+//! one Aho-Corasick pass, the longest where two start at the same byte. At
+//! most [`Caps::secrets`](crate::Caps) are learnt; a folder holding more is
+//! refused, naming the file that passed the cap.
 
-use proxy::scrub::{is_secret_name, Needles, REDACTED};
+use aho_corasick::{AhoCorasick, MatchKind};
+use proxy::scrub::{is_secret_name, MIN_NEEDLE, REDACTED};
 use regex::Regex;
 use serde_json::Value;
+use std::collections::HashSet;
 use std::sync::OnceLock;
+
+use crate::error::{ImportError, Result};
 
 /// What the import knows to be secret, and the rules to take it out.
 #[derive(Debug, Default, Clone)]
@@ -24,6 +31,108 @@ pub struct Scrubber {
     needles: Needles,
     /// Test-only switch: scrubbing off, to see the protection tests fail.
     disabled: bool,
+}
+
+/// The most secrets one import learns by default: a real run holds a
+/// handful; a folder of millions of `x_key=...` lines is an attack on the
+/// scrubber's time, refused rather than searched for.
+pub const MAX_SECRETS: u64 = 100_000;
+
+/// Learnt secrets, each with its JSON-escaped form when that differs (a
+/// secret echoed inside a JSON string). A set, so adding one is constant
+/// time, and one Aho-Corasick automaton (built when first needed after a
+/// change), so replacing them all is one pass over the text, not one per
+/// secret.
+#[derive(Clone)]
+struct Needles {
+    set: HashSet<Vec<u8>>,
+    cap: u64,
+    /// The first secret past the cap was met (reported by `check`).
+    over: bool,
+    ac: OnceLock<Option<AhoCorasick>>,
+}
+
+impl Default for Needles {
+    fn default() -> Needles {
+        Needles {
+            set: HashSet::new(),
+            cap: MAX_SECRETS,
+            over: false,
+            ac: OnceLock::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Needles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Needles({} secret(s))", self.set.len())
+    }
+}
+
+impl Needles {
+    /// Adds a secret (ignored when shorter than the proxy's minimum).
+    fn add(&mut self, secret: &[u8]) {
+        if secret.len() < MIN_NEEDLE {
+            return;
+        }
+        let mut forms = vec![secret.to_vec()];
+        let escaped = std::str::from_utf8(secret).map(serde_json::to_string);
+        if let Ok(Ok(j)) = escaped {
+            forms.push(j.as_bytes()[1..j.len() - 1].to_vec());
+        }
+        for f in forms {
+            if self.set.contains(&f) {
+                continue;
+            }
+            if self.set.len() as u64 >= self.cap {
+                self.over = true;
+                return;
+            }
+            self.set.insert(f);
+            self.ac = OnceLock::new();
+        }
+    }
+
+    /// Every occurrence replaced by [`REDACTED`], the longest secret first
+    /// where two start at the same byte (so a secret and its prefix leave
+    /// no tail).
+    fn replace<'a>(&self, bytes: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
+        let ac = self.ac.get_or_init(|| {
+            // Sorted, so the automaton is the same for the same secrets.
+            let mut pats: Vec<&Vec<u8>> = self.set.iter().collect();
+            pats.sort();
+            (!pats.is_empty())
+                .then(|| {
+                    AhoCorasick::builder()
+                        .match_kind(MatchKind::LeftmostLongest)
+                        .build(pats)
+                        .ok()
+                })
+                .flatten()
+        });
+        let Some(ac) = ac else {
+            return std::borrow::Cow::Borrowed(bytes);
+        };
+        let mut out = Vec::new();
+        let mut at = 0;
+        for m in ac.find_iter(bytes) {
+            out.extend_from_slice(&bytes[at..m.start()]);
+            out.extend_from_slice(REDACTED.as_bytes());
+            at = m.end();
+        }
+        if at == 0 {
+            return std::borrow::Cow::Borrowed(bytes);
+        }
+        out.extend_from_slice(&bytes[at..]);
+        std::borrow::Cow::Owned(out)
+    }
+
+    fn text(&self, s: &str) -> String {
+        match self.replace(s.as_bytes()) {
+            std::borrow::Cow::Borrowed(_) => s.to_string(),
+            std::borrow::Cow::Owned(b) => String::from_utf8_lossy(&b).into_owned(),
+        }
+    }
 }
 
 struct Patterns {
@@ -58,6 +167,26 @@ fn patterns() -> &'static Patterns {
 impl Scrubber {
     pub fn new() -> Scrubber {
         Scrubber::default()
+    }
+
+    /// A scrubber that learns at most `cap` secrets.
+    pub fn with_cap(cap: u64) -> Scrubber {
+        let mut s = Scrubber::default();
+        s.needles.cap = cap;
+        s
+    }
+
+    /// Refuses the folder once more secrets were learnt than the cap, the
+    /// error naming `file`, the one being read when the cap was passed.
+    pub fn check(&self, file: &str) -> Result<()> {
+        if self.needles.over {
+            return Err(ImportError::TooMany {
+                file: file.to_string(),
+                what: "credential-looking values (secrets to scrub) in the run folder".into(),
+                cap: self.needles.cap,
+            });
+        }
+        Ok(())
     }
 
     /// Turns scrubbing off: for the protection tests only, which must see

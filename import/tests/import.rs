@@ -552,3 +552,47 @@ fn counts_and_parsed_size_are_capped() {
         "{e}"
     );
 }
+
+fn with_caps(dir: &Path, caps: Caps) -> (tempfile::TempDir, Ledger, Result<Outcome, ImportError>) {
+    let (d, l) = ledger();
+    let opts = Options {
+        caps,
+        ..Options::default()
+    };
+    let r = import::import(&l, dir, "ref", &opts);
+    (d, l, r)
+}
+
+/// A folder of endless `x_key=...` lines is refused at the secrets cap
+/// (each learnt secret is searched for in everything recorded), and a
+/// secret whose start is another secret is replaced whole.
+#[test]
+fn learnt_secrets_are_capped_and_replaced_longest_first() {
+    let rel = "pool/runlogs/t51_L0_s10101/prompt.txt";
+    let dir = fixture_dir(&Spec::default());
+    let lines: String = (0..2000)
+        .map(|n| format!("a_key=AAAAAAAA{n:08}Qz\n"))
+        .collect();
+    std::fs::write(dir.path().join(rel), lines).unwrap();
+    let caps = Caps {
+        secrets: 1000,
+        ..Caps::default()
+    };
+    let (e, _l, _d) = expect_err(dir.path(), caps);
+    assert!(e.contains(rel) && e.contains("cap of 1000"), "{e}");
+    // The shorter secret learnt first: replacing it first would leave the
+    // longer one's tail in the text.
+    let dir = fixture_dir(&Spec::default());
+    let (short, long) = ("Tk9xQ2mLp7Rz4Vb8", "Tk9xQ2mLp7Rz4Vb8Wn3Ys6Hd");
+    let text = format!("y_token={short}\nx_token={long}\nbare: {long}\n");
+    std::fs::write(dir.path().join(rel), text).unwrap();
+    let (_d, l, r) = with_caps(dir.path(), Caps::default());
+    head_of(&r);
+    let all = everything(&l);
+    assert_eq!(
+        holds(&all, "Wn3Ys6Hd"),
+        0,
+        "the longer secret's tail is in the ledger"
+    );
+    assert_eq!(holds(&all, short), 0);
+}
