@@ -219,6 +219,24 @@ fn bad_input_exit_codes() {
     );
     assert_eq!(code(&["import", "sakana", r, "--name", "a/b"]), Some(2));
     assert!(!l.exists(), "a refused import left a ledger behind");
+    // A name the ledger takes whose streams (`NAME/c1/query51/...`) it
+    // would not: refused as a bad name before any ledger is made.
+    let long = "n".repeat(240);
+    let o = mass(&l, &["import", "sakana", r, "--name", &long]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(!l.exists(), "a refused import left a ledger behind");
+    // A task id that is no number: refused with its file and line (exit 3),
+    // no ledger made.
+    let pool = std::fs::read_to_string(run.join("pool.json")).unwrap();
+    std::fs::write(
+        run.join("pool.json"),
+        pool.replacen("\"task\": 51", "\"task\": \"1 2\"", 1),
+    )
+    .unwrap();
+    let o = mass(&l, &["import", "sakana", r]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    assert!(text(&o).contains("pool.json:1: no task id"), "{}", text(&o));
+    assert!(!l.exists(), "a refused import left a ledger behind");
     std::fs::remove_file(run.join("config.json")).unwrap();
     let o = mass(&l, &["import", "sakana", r]);
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));

@@ -104,6 +104,19 @@ pub fn prepare(dir: &Path, opts: &Options) -> Result<Prepared> {
     let head = objects
         .head(objects::MAIN)
         .ok_or_else(|| ImportError::invalid("config.json", 1, "nothing to import"))?;
+    // The ledger refuses a body this long only inside the commit; checked
+    // here, before any ledger is opened or made.
+    if let Some(big) = objects
+        .objs
+        .iter()
+        .find(|o| o.raw.len() as u64 >= ledger::MAX_BODY_LEN)
+    {
+        return Err(ImportError::TooLarge {
+            file: dir.display().to_string(),
+            what: format!("an object of the import ({} bytes)", big.raw.len()),
+            cap: ledger::MAX_BODY_LEN - 1,
+        });
+    }
     Ok(Prepared {
         objects,
         head,
@@ -122,10 +135,24 @@ impl Prepared {
         self.head
     }
 
+    /// Whether `run` names this import's run and every stream beneath it
+    /// (`run/c1/query51/collect/00/orch`, ...) as the ledger allows: for
+    /// callers to check before they open or make a ledger.
+    pub fn check_name(&self, run: &str) -> std::result::Result<(), ledger::LedgerError> {
+        ledger::check_ref_name(run)?;
+        for rel in self.objects.heads.keys() {
+            if rel != objects::MAIN {
+                ledger::check_ref_name(&format!("{run}/{rel}"))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Step 3: every object and ref in one commit, as run `run`; nothing
     /// when the run already holds this head; refused when the name is
     /// taken by anything else.
     pub fn write(self, ledger: &Ledger, run: &str) -> Result<Outcome> {
+        self.check_name(run)?;
         let head = self.head;
         match ledger.head(run)? {
             Some(h) if h == head => return Ok(Outcome::AlreadyImported { head }),

@@ -1,8 +1,8 @@
 //! The objects of an import, built in memory before anything is written:
 //! blobs and events with their ids, the metadata each event carries (its
 //! time from the reference's files, never the import's clock) and the head
-//! of every stream. `write.rs` then puts them all and sets every ref in one
-//! commit. Ids are computed here exactly as the ledger computes them, so
+//! of every stream. `Prepared::write` (`lib.rs`) then puts them all and
+//! sets every ref in one commit. Ids are computed here exactly as the ledger computes them, so
 //! the planned head can be compared with an existing run before writing.
 
 use std::collections::{BTreeMap, HashSet};

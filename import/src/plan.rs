@@ -2,8 +2,11 @@
 //! episodes exist and what each stage file says about them. Every cross
 //! reference is resolved here (a match, ranking or manifest row naming an
 //! episode the folder does not hold is refused with its file and line), and
-//! duplicates are refused rather than counted twice, so the writer
-//! (`build.rs`) never meets an error about the input.
+//! duplicates are refused rather than counted twice. Every name a stream
+//! is made from (task ids, indices) is checked here to be what the
+//! reference writes (ASCII digits), so building (`stages.rs`,
+//! `episodes.rs`) makes only valid stream names; the run name and object
+//! sizes are checked by `Prepared` before any ledger is opened.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -116,6 +119,7 @@ pub fn plan(dir: &Path, caps: Caps) -> Result<Plan> {
     let mut episodes = search_episodes(&mut r)?;
     episodes.extend(collect_episodes(&mut r)?);
     episodes.extend(eval_episodes(&mut r)?);
+    distinct(&episodes)?;
     if episodes.is_empty() {
         return Err(not_run(
             "no episode folders (logs/, pool/ or evaluation/logs/)",
@@ -161,29 +165,7 @@ pub fn plan(dir: &Path, caps: Caps) -> Result<Plan> {
             }
         }
     }
-    let mut collected_at = HashMap::new();
-    let mut by_task: HashMap<String, TaskEpisodes> = HashMap::new();
-    for (i, e) in episodes.iter().enumerate() {
-        if e.purpose == "collect" {
-            collected_at.insert(e.name.clone(), i);
-            by_task.entry(e.task.clone()).or_default().collected.push(i);
-        }
-    }
-    for (names, train) in [(&train, true), (&validation, false)] {
-        for n in names {
-            // plan checked every manifest row names a collected episode.
-            let Some(&i) = collected_at.get(n) else {
-                continue;
-            };
-            let t = by_task.entry(episodes[i].task.clone()).or_default();
-            if train {
-                &mut t.train
-            } else {
-                &mut t.validation
-            }
-            .push(n.clone());
-        }
-    }
+    let by_task = by_task(&episodes, &train, &validation);
     Ok(Plan {
         caps,
         by_task,
@@ -201,13 +183,70 @@ pub fn plan(dir: &Path, caps: Caps) -> Result<Plan> {
     })
 }
 
+/// Two folders of one (task, purpose, index) would be one stream
+/// (`query1_r1` and `query1_r01`): refused, not merged.
+fn distinct(episodes: &[Episode]) -> Result<()> {
+    let mut slots = BTreeMap::new();
+    for e in episodes {
+        if let Some(other) = slots.insert((&e.task, e.purpose, e.index), &e.files.dir) {
+            return Err(ImportError::io(
+                &e.files.dir,
+                format!(
+                    "is the same {} episode of {} as {other} (index {}): refused, not merged",
+                    e.purpose, e.task, e.index
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Each task's collected episodes and manifest rows.
+fn by_task(
+    episodes: &[Episode],
+    train: &[String],
+    validation: &[String],
+) -> HashMap<String, TaskEpisodes> {
+    let mut collected_at = HashMap::new();
+    let mut by_task: HashMap<String, TaskEpisodes> = HashMap::new();
+    for (i, e) in episodes.iter().enumerate() {
+        if e.purpose == "collect" {
+            collected_at.insert(e.name.clone(), i);
+            by_task.entry(e.task.clone()).or_default().collected.push(i);
+        }
+    }
+    for (names, train) in [(train, true), (validation, false)] {
+        for n in names {
+            // plan checked every manifest row names a collected episode.
+            let Some(&i) = collected_at.get(n) else {
+                continue;
+            };
+            let t = by_task.entry(episodes[i].task.clone()).or_default();
+            if train {
+                &mut t.train
+            } else {
+                &mut t.validation
+            }
+            .push(n.clone());
+        }
+    }
+    by_task
+}
+
+/// A task id or index as the reference writes it: 1 to 18 ASCII digits
+/// (no sign, no space: `str::parse` alone takes `+1`, and a task id
+/// becomes part of a stream name).
+fn is_number(s: &str) -> bool {
+    (1..=18).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit())
+}
+
 fn numbered(name: &str, prefix: &str, suffix: &str) -> Option<(String, u32)> {
     let rest = name.strip_prefix(prefix)?;
     let (q, n) = match suffix {
         "" => (rest, "0"),
         s => rest.split_once(s)?,
     };
-    if q.is_empty() || !q.bytes().all(|b| b.is_ascii_digit()) {
+    if !is_number(q) || !is_number(n) {
         return None;
     }
     Some((q.to_string(), n.parse().ok()?))
@@ -234,7 +273,10 @@ fn search_episodes(r: &mut Reader) -> Result<Vec<Episode>> {
     let mut versions: Vec<(u32, String)> = r
         .subdirs("logs/search")?
         .into_iter()
-        .filter_map(|v| Some((v.strip_prefix('v')?.parse().ok()?, v)))
+        .filter_map(|v| {
+            let k = v.strip_prefix('v').filter(|k| is_number(k))?;
+            Some((k.parse().ok()?, v))
+        })
         .collect();
     versions.sort();
     for (k, v) in versions {
@@ -242,6 +284,7 @@ fn search_episodes(r: &mut Reader) -> Result<Vec<Episode>> {
             let Some(q) = name
                 .strip_prefix("query")
                 .and_then(|s| s.strip_suffix("_ourTeam"))
+                .filter(|q| is_number(q))
             else {
                 continue;
             };
@@ -269,18 +312,28 @@ fn collect_episodes(r: &mut Reader) -> Result<Vec<Episode>> {
     let mut rows: Vec<(String, i64, String, usize)> = Vec::new();
     for row in list_rows(r.root, &mut pool)? {
         let name = str_field(&row, "episode")?.to_string();
-        if name.contains('/') || name.starts_with('.') {
+        if name.is_empty() || name.contains('/') || name.starts_with('.') {
             return Err(ImportError::invalid(
                 &row.file,
                 row.line,
                 "episode name is not a folder name",
             ));
         }
+        // The task id becomes part of stream names (`c{C}/query{Q}/...`):
+        // digits only, as the reference writes it.
         let task = match row.value.get("task") {
-            Some(Value::Number(n)) => n.to_string(),
-            Some(Value::String(s)) => s.clone(),
-            _ => return Err(ImportError::invalid(&row.file, row.line, "no task")),
-        };
+            Some(Value::Number(n)) => n.as_u64().map(|n| n.to_string()),
+            Some(Value::String(s)) => Some(s.clone()),
+            _ => None,
+        }
+        .filter(|t| is_number(t))
+        .ok_or_else(|| {
+            ImportError::invalid(
+                &row.file,
+                row.line,
+                "no task id (a number, or a string of 1 to 18 digits)",
+            )
+        })?;
         if !seen.insert(name.clone()) {
             return Err(ImportError::invalid(
                 &row.file,
@@ -349,10 +402,14 @@ type Names = BTreeMap<String, String>;
 fn task_stages(r: &mut Reader, collected: &Names) -> Result<Vec<TaskStage>> {
     let mut stages: BTreeMap<String, TaskStage> = BTreeMap::new();
     for (name, _) in r.root.list("selection")?.unwrap_or_default() {
-        let Some(q) = name.strip_prefix("task").and_then(|s| {
-            s.strip_suffix("_matches.jsonl")
-                .or_else(|| s.strip_suffix("_ranked.json"))
-        }) else {
+        let Some(q) = name
+            .strip_prefix("task")
+            .and_then(|s| {
+                s.strip_suffix("_matches.jsonl")
+                    .or_else(|| s.strip_suffix("_ranked.json"))
+            })
+            .filter(|q| is_number(q))
+        else {
             continue;
         };
         let st = stages.entry(q.to_string()).or_default();

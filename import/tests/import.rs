@@ -596,3 +596,51 @@ fn learnt_secrets_are_capped_and_replaced_longest_first() {
     );
     assert_eq!(holds(&all, short), 0);
 }
+
+/// Names that become stream names are what the reference writes (digits),
+/// checked before anything is written; two folders of one stream are
+/// refused, never merged.
+#[test]
+fn bad_task_names_and_colliding_indices_are_refused_with_their_file() {
+    let set_task = |task: serde_json::Value| {
+        move |p: &Path| {
+            let f = p.join("pool.json");
+            let mut v: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&f).unwrap()).unwrap();
+            v[1]["task"] = task.clone();
+            std::fs::write(&f, serde_json::to_vec(&v).unwrap()).unwrap();
+        }
+    };
+    let cases: Vec<(&str, Spoil, &str)> = vec![
+        ("space", Box::new(set_task("1 2".into())), "pool.json:2: no task id"),
+        ("dots", Box::new(set_task("..".into())), "pool.json:2: no task id"),
+        ("long", Box::new(set_task("9".repeat(240).into())), "pool.json:2: no task id"),
+        ("negative", Box::new(set_task((-1).into())), "pool.json:2: no task id"),
+        ("empty episode", Box::new(|p: &Path| {
+            let f = p.join("pool.json");
+            let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&f).unwrap()).unwrap();
+            v[0]["episode"] = "".into();
+            std::fs::write(&f, serde_json::to_vec(&v).unwrap()).unwrap();
+        }), "pool.json:1: episode name is not a folder name"),
+        ("r0 and r00", Box::new(|p: &Path| {
+            let logs = p.join("evaluation/logs");
+            std::fs::create_dir_all(logs.join("query60_r00")).unwrap();
+            std::fs::copy(logs.join("query60_r0/prompt.txt"), logs.join("query60_r00/prompt.txt")).unwrap();
+        }), "evaluation/logs/query60_r00: is the same eval episode of query60 as evaluation/logs/query60_r0"),
+    ];
+    for (what, spoil, says) in cases {
+        let dir = fixture_dir(&Spec::default());
+        spoil(dir.path());
+        let (e, _l, _d) = expect_err(dir.path(), Caps::default());
+        assert!(e.contains(says), "{what}: {e}");
+    }
+    // `query60_r+1` is no index the reference writes: not an episode.
+    let dir = fixture_dir(&Spec::default());
+    let logs = dir.path().join("evaluation/logs");
+    std::fs::create_dir_all(logs.join("query60_r+1")).unwrap();
+    let (_d, _l, r) = import(dir.path());
+    assert!(
+        matches!(r, Ok(Outcome::Imported { episodes: 8, .. })),
+        "{r:?}"
+    );
+}

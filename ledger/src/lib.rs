@@ -34,6 +34,9 @@ mod object;
 mod open;
 mod recovery;
 mod segment;
+/// The largest object body a ledger stores (for writers that check their
+/// objects before opening one).
+pub use segment::MAX_BODY_LEN;
 mod startup;
 mod store;
 pub mod tree;

@@ -42,6 +42,11 @@ pub fn sakana(ledger_dir: &Path, run_dir: &Path, name: Option<&str>) -> Result<E
     }
     ledger::check_ref_name(&run).map_err(|e| CliError::Usage(e.to_string()))?;
     let prepared = import::prepare(run_dir, &Options::default()).map_err(|e| report(run_dir, e))?;
+    // A run name whose streams would pass the ledger's length limit is the
+    // caller's to change: refused (exit 2) before any ledger is made.
+    prepared
+        .check_name(&run)
+        .map_err(|e| CliError::Usage(format!("run name {run:?}: {e}")))?;
     let l = if ledger_dir.join("FORMAT").exists() {
         super::open(ledger_dir)?
     } else {
