@@ -141,7 +141,8 @@ impl Objects {
 }
 
 /// Parses `YYYY-MM-DDTHH:MM:SSZ` (what `date -u` writes in
-/// `run_status.json`) to ms since the Unix epoch.
+/// `run_status.json`) to ms since the Unix epoch; `None` for anything
+/// else, a year outside 1970-9999 included.
 pub fn iso_ms(s: &str) -> Option<u64> {
     let s = s.strip_suffix('Z')?;
     let (d, t) = s.split_once('T')?;
@@ -149,7 +150,15 @@ pub fn iso_ms(s: &str) -> Option<u64> {
     let (y, m, day) = (d.next()??, d.next()??, d.next()??);
     let mut t = t.split(':').map(|x| x.parse::<f64>().ok());
     let (hh, mm, ss) = (t.next()??, t.next()??, t.next()??);
-    if !(1..=12).contains(&m) || !(1..=31).contains(&day) {
+    // Ranges first: a hostile year (99999999999999999) would overflow the
+    // day count below.
+    if !(1970..=9999).contains(&y)
+        || !(1..=12).contains(&m)
+        || !(1..=31).contains(&day)
+        || !(0.0..24.0).contains(&hh)
+        || !(0.0..60.0).contains(&mm)
+        || !(0.0..61.0).contains(&ss)
+    {
         return None;
     }
     // Days from civil (Howard Hinnant's algorithm).

@@ -110,12 +110,21 @@ pub fn plan(dir: &Path, caps: Caps) -> Result<Plan> {
     if !config.value.get("tasks").is_some_and(Value::is_object) {
         return Err(not_run("config.json has no \"tasks\" object"));
     }
-    let cycle = config
-        .value
-        .get("generation")
-        .and_then(Value::as_u64)
-        .and_then(|g| u32::try_from(g + 1).ok())
-        .unwrap_or(1);
+    // Checked: `generation + 1` of a hostile config would overflow.
+    let cycle = match config.value.get("generation") {
+        None | Some(Value::Null) => 1,
+        Some(g) => g
+            .as_u64()
+            .and_then(|g| g.checked_add(1))
+            .and_then(|c| u32::try_from(c).ok())
+            .ok_or_else(|| {
+                ImportError::invalid(
+                    "config.json",
+                    1,
+                    "\"generation\" is not a whole number below 4294967295",
+                )
+            })?,
+    };
     let mut episodes = search_episodes(&mut r)?;
     episodes.extend(collect_episodes(&mut r)?);
     episodes.extend(eval_episodes(&mut r)?);

@@ -162,6 +162,20 @@ impl Reader<'_> {
             });
         }
         let status = self.json(&format!("{dir}/run_status.json"))?;
+        if let Some(f) = &status {
+            // A time the reference writes with `date -u`; anything else
+            // (a year past 9999, a word) is named, not silently replaced
+            // by the file's time.
+            for k in ["started_at", "finished_at"] {
+                if let Some(v) = f.value.get(k).filter(|v| !v.is_null()) {
+                    if v.as_str().and_then(crate::objects::iso_ms).is_none() {
+                        let why =
+                            format!("{k:?} is not a time YYYY-MM-DDTHH:MM:SSZ (years 1970-9999)");
+                        return Err(ImportError::invalid(&f.file, 1, why));
+                    }
+                }
+            }
+        }
         let prompt = match self.root.read(&format!("{dir}/prompt.txt"))? {
             Some(l) => {
                 self.scrub.learn_text(&l.bytes);

@@ -644,3 +644,45 @@ fn bad_task_names_and_colliding_indices_are_refused_with_their_file() {
         "{r:?}"
     );
 }
+
+/// Numbers at the edge of their type: an overflow would panic (or wrap to
+/// a wrong cycle); each is refused with its file and line.
+#[test]
+fn overflowing_numbers_are_refused_with_their_file() {
+    let cases: Vec<(&str, Spoil, &str)> = vec![
+        (
+            "generation",
+            Box::new(|p: &Path| {
+                let f = p.join("config.json");
+                let t = std::fs::read_to_string(&f).unwrap();
+                std::fs::write(
+                    &f,
+                    t.replacen(
+                        "\"generation\": 0",
+                        "\"generation\": 18446744073709551615",
+                        1,
+                    ),
+                )
+                .unwrap();
+            }),
+            "config.json:1: \"generation\" is not a whole number",
+        ),
+        (
+            "year",
+            Box::new(|p: &Path| {
+                let f = p.join("pool/runlogs/t51_L0_s10101/run_status.json");
+                let mut v: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(&f).unwrap()).unwrap();
+                v["started_at"] = "99999999999999999-01-01T00:00:00Z".into();
+                std::fs::write(&f, serde_json::to_vec(&v).unwrap()).unwrap();
+            }),
+            "pool/runlogs/t51_L0_s10101/run_status.json:1: \"started_at\" is not a time",
+        ),
+    ];
+    for (what, spoil, says) in cases {
+        let dir = fixture_dir(&Spec::default());
+        spoil(dir.path());
+        let (e, _l, _d) = expect_err(dir.path(), Caps::default());
+        assert!(e.contains(says), "{what}: {e}");
+    }
+}
