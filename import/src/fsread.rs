@@ -4,8 +4,10 @@
 //! anywhere beneath it (a file linked to `/proc/self/environ`, a folder
 //! linked outside the run) is refused by name instead of read: a run folder
 //! is someone else's output, and an import must read only what lies in it.
-//! Only regular files are read (a FIFO would block, a device is not a log),
-//! opened non-blocking so a FIFO does not hang the open itself.
+//! Only regular files with one name are read (a FIFO would block, a device
+//! is not a log, a hard link may be a file from anywhere on the file
+//! system): each is looked at through an `O_PATH` descriptor, which opens
+//! nothing, before it is opened.
 //!
 //! The caps bound what hostile input can cost: a plain file is read up to
 //! [`Caps::file`] bytes, a gzip stream is decompressed up to [`Caps::log`]
@@ -219,12 +221,38 @@ impl Root {
         let Some(dir) = self.dir(parent)? else {
             return Ok(None);
         };
+        // Looked at through an O_PATH descriptor first, which opens
+        // nothing: a device or FIFO is refused without ever being opened
+        // (an open has effects on some devices).
+        let Some(path) = open_at(dir.as_raw_fd(), name, libc::O_PATH, rel)? else {
+            return Ok(None);
+        };
+        let seen = fstat(&path, rel)?;
+        match seen.st_mode & libc::S_IFMT {
+            // O_PATH | O_NOFOLLOW gives the link itself, not ELOOP.
+            libc::S_IFLNK => {
+                return Err(ImportError::Symlink {
+                    file: rel.to_string(),
+                })
+            }
+            libc::S_IFREG => {}
+            _ => return Err(ImportError::io(rel, "not a regular file")),
+        }
+        // A hard link is a second name of a file that may live anywhere on
+        // the same file system (`prompt.txt` linked to `~/.netrc`): a run
+        // folder's own files have one name.
+        if seen.st_nlink > 1 {
+            return Err(ImportError::io(
+                rel,
+                "has other hard links (it may be a file outside the run folder); replace it by a copy",
+            ));
+        }
         let Some(fd) = open_at(dir.as_raw_fd(), name, libc::O_RDONLY, rel)? else {
             return Ok(None);
         };
         let st = fstat(&fd, rel)?;
-        if (st.st_mode & libc::S_IFMT) != libc::S_IFREG {
-            return Err(ImportError::io(rel, "not a regular file"));
+        if (st.st_dev, st.st_ino) != (seen.st_dev, seen.st_ino) {
+            return Err(ImportError::io(rel, "was replaced while being opened"));
         }
         Ok(Some((File::from(fd), st)))
     }

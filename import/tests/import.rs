@@ -686,3 +686,26 @@ fn overflowing_numbers_are_refused_with_their_file() {
         assert!(e.contains(says), "{what}: {e}");
     }
 }
+
+/// A hard link is a file from outside the folder under a name inside it;
+/// a FIFO or a device is never opened (an open may block or act).
+#[test]
+fn hard_links_and_fifos_are_refused_never_read() {
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("netrc");
+    std::fs::write(&secret, "machine api login me password Hl7secretVALUE99\n").unwrap();
+    let rel = "pool/runlogs/t51_L0_s10101/prompt.txt";
+    let dir = fixture_dir(&Spec::default());
+    std::fs::remove_file(dir.path().join(rel)).unwrap();
+    std::fs::hard_link(&secret, dir.path().join(rel)).unwrap();
+    let (e, _l, _d) = expect_err(dir.path(), Caps::default());
+    assert!(e.contains(rel) && e.contains("hard links"), "{e}");
+    let dir = fixture_dir(&Spec::default());
+    let at = dir.path().join(rel);
+    std::fs::remove_file(&at).unwrap();
+    let c = std::ffi::CString::new(at.to_str().unwrap()).unwrap();
+    // SAFETY: a valid path string; the result is checked.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let (e, _l, _d) = expect_err(dir.path(), Caps::default());
+    assert!(e.contains(rel) && e.contains("not a regular file"), "{e}");
+}
