@@ -8,7 +8,9 @@
 //! each file's bytes, [`Scrubber::learn_json`] on each parsed record), so a
 //! key seen once in a marked place is also taken out where it appears bare;
 //! provider-shaped keys (`sk-...`, `hf_...`, ...) are taken wherever they
-//! are. Then every blob, field and message is passed through
+//! are. A value after a key-like name (`token = `, `"key": `, `Bearer `) is
+//! learnt only when it looks like a credential ([`credential_like`]), not
+//! code or a word; JSON keys are never rewritten. Then every blob, field and message is passed through
 //! [`Scrubber::json`] / [`Scrubber::bytes`]: key-like fields become
 //! `REDACTED` (the proxy's rules, `proxy::scrub::is_secret_name`, at any
 //! depth), and every learnt value is replaced by `REDACTED`, all of them in
@@ -164,6 +166,28 @@ fn patterns() -> &'static Patterns {
     })
 }
 
+/// Whether a value found after a key-like name (`token = ...`,
+/// `"key": ...`, `Bearer ...`) looks like a credential rather than code or a
+/// word: 16 bytes or more with no dot, parenthesis or bracket (not
+/// `tokenizer.encode(x)`), or 8 or more mixing lower case, upper case and
+/// digits (a JWT's dots allowed). `token = tokenizer.encode(x)` and
+/// `"key": "description"` are code and schema, and learning them would
+/// redact every occurrence in every conversation.
+fn credential_like(v: &str) -> bool {
+    let code = |c: char| matches!(c, '(' | ')' | '[' | ']' | '{' | '}');
+    if v.chars().any(code) {
+        return false;
+    }
+    let long = v.len() >= 16 && !v.contains('.');
+    let classes = [
+        v.bytes().any(|b| b.is_ascii_lowercase()),
+        v.bytes().any(|b| b.is_ascii_uppercase()),
+        v.bytes().any(|b| b.is_ascii_digit()),
+    ];
+    let mixed = v.len() >= 8 && classes.iter().all(|&x| x);
+    long || mixed
+}
+
 impl Scrubber {
     pub fn new() -> Scrubber {
         Scrubber::default()
@@ -201,10 +225,12 @@ impl Scrubber {
         let text = String::from_utf8_lossy(bytes);
         let p = patterns();
         for c in p.bearer.captures_iter(&text) {
-            self.needles.add(c[1].as_bytes());
+            if credential_like(&c[1]) {
+                self.needles.add(c[1].as_bytes());
+            }
         }
         for c in p.pair.captures_iter(&text) {
-            if is_secret_name(&c[1]) {
+            if is_secret_name(&c[1]) && credential_like(&c[2]) {
                 self.needles.add(c[2].as_bytes());
             }
         }
@@ -228,7 +254,9 @@ impl Scrubber {
             Value::Object(m) => {
                 for (k, x) in m {
                     match x {
-                        Value::String(s) if is_secret_name(k) => self.needles.add(s.as_bytes()),
+                        Value::String(s) if is_secret_name(k) && credential_like(s) => {
+                            self.needles.add(s.as_bytes())
+                        }
                         Value::Number(n) if is_secret_name(k) => {
                             self.needles.add(n.to_string().as_bytes())
                         }
@@ -257,7 +285,11 @@ impl Scrubber {
                             }
                             _ => self.json(x),
                         };
-                        (self.text(k), x)
+                        // Keys are never rewritten: a learnt value that
+                        // is also a word would rename a tool schema's
+                        // fields; a key-like field's value is redacted
+                        // above whatever it is.
+                        (k.clone(), x)
                     })
                     .collect(),
             ),

@@ -709,3 +709,44 @@ fn hard_links_and_fifos_are_refused_never_read() {
     let (e, _l, _d) = expect_err(dir.path(), Caps::default());
     assert!(e.contains(rel) && e.contains("not a regular file"), "{e}");
 }
+
+/// Code and schema after a key-like name are not credentials: they stay,
+/// every occurrence, while a real key (not provider-shaped, learnt only
+/// from `MY_TOKEN=`) goes wherever it appears.
+#[test]
+fn code_and_schema_survive_while_real_keys_go() {
+    let real = "Zx81QwErTy55UiOp";
+    let rel = "pool/runlogs/t51_L0_s10101/prompt.txt";
+    let dir = fixture_dir(&Spec::default());
+    let text = format!(
+        "token = tokenizer.encode(x)\n{{\"key\": \"description\", \"type\": \"string\"}}\n\
+         export MY_TOKEN={real}\nlater, bare: {real}\n"
+    );
+    std::fs::write(dir.path().join(rel), text).unwrap();
+    let (_d, l, r) = import(dir.path());
+    head_of(&r);
+    let all = everything(&l);
+    assert_eq!(holds(&all, real), 0, "the real key is in the ledger");
+    assert!(
+        holds(&all, "token = tokenizer.encode(x)") > 0,
+        "code was redacted"
+    );
+    assert!(
+        holds(&all, r#"{"key": "description""#) > 0,
+        "the schema was redacted"
+    );
+    // The fixture's tool schemas and replies are whole: "description"
+    // and "tokenizer" were never learnt, so only the real key was replaced.
+    for b in all
+        .iter()
+        .filter(|b| b.windows(8).any(|w| w == b"REDACTED"))
+    {
+        let n = b.windows(8).filter(|w| *w == b"REDACTED").count();
+        assert_eq!(
+            n,
+            2,
+            "more than the real key: {}",
+            String::from_utf8_lossy(b)
+        );
+    }
+}
