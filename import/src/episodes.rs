@@ -280,7 +280,11 @@ fn exchange(
     at: u64,
 ) -> Result<(Id, Option<Chat>, Usage)> {
     let method = rec.get("method").and_then(Value::as_str).unwrap_or("POST");
+    // The proxy's rule on a recorded path: a key-like query parameter's
+    // value goes whatever its length (`?key=abc1234` is shorter than any
+    // learnt secret) and however its name is encoded.
     let path = rec.get("path").and_then(Value::as_str).unwrap_or("");
+    let path = &*proxy::scrub::query(path, &mut proxy::scrub::Needles::new());
     let body = rec.get("request").filter(|v| v.is_object());
     let messages = body.and_then(|b| b.get("messages")?.as_array().cloned());
     let (blobs, prefix) = messages.as_deref().map(prefixes).unwrap_or_default();

@@ -10,7 +10,8 @@
 //! provider-shaped keys (`sk-...`, `hf_...`, ...) are taken wherever they
 //! are. A value after a key-like name (`token = `, `"key": `, `Bearer `) is
 //! learnt only when it looks like a credential ([`credential_like`]), not
-//! code or a word; JSON keys are never rewritten. Then every blob, field and message is passed through
+//! code or a word; JSON keys are never rewritten. Each secret is searched
+//! for as written, percent-encoded and percent-decoded. Then every blob, field and message is passed through
 //! [`Scrubber::json`] / [`Scrubber::bytes`]: key-like fields become
 //! `REDACTED` (the proxy's rules, `proxy::scrub::is_secret_name`, at any
 //! depth), and every learnt value is replaced by `REDACTED`, all of them in
@@ -77,11 +78,18 @@ impl Needles {
         if secret.len() < MIN_NEEDLE {
             return;
         }
-        let mut forms = vec![secret.to_vec()];
+        // As written, decoded and encoded: a key learnt from a URL's query
+        // (`%2B`) also appears decoded in a body, and the other way round.
+        let mut forms = vec![secret.to_vec(), percent_encode(secret)];
+        if let Ok(s) = std::str::from_utf8(secret) {
+            forms.push(proxy::scrub::percent_decode(s));
+        }
+        forms.retain(|f| f.len() >= MIN_NEEDLE);
         let escaped = std::str::from_utf8(secret).map(serde_json::to_string);
         if let Ok(Ok(j)) = escaped {
             forms.push(j.as_bytes()[1..j.len() - 1].to_vec());
         }
+        forms.dedup();
         for f in forms {
             if self.set.contains(&f) {
                 continue;
@@ -157,13 +165,26 @@ fn patterns() -> &'static Patterns {
             pair: re(&format!(
                 r#"([A-Za-z][A-Za-z0-9_.\-]*)[\\"']*\s*[:=]\s*[\\"']*(?:(?i:bearer)\s+)?({tok})"#
             )),
-            userinfo: re(r"[A-Za-z][A-Za-z0-9+.\-]*://([^/\s:@]+):([^/\s@]+)@"),
-            query: re(r#"[?&;]([A-Za-z0-9_.\-]+)=([^&#\s"'\\]{8,})"#),
+            userinfo: re(r"[A-Za-z][A-Za-z0-9+.\-]*://([^/\s:@]+)(?::([^/\s@]+))?@"),
+            query: re(r#"[?&;]([A-Za-z0-9_.%\-]+)=([^&#\s"'\\]{8,})"#),
             shaped: re(
                 r"\b(sk-[A-Za-z0-9_\-]{16,}|hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|AIza[0-9A-Za-z_\-]{20,}|xox[abpr]-[A-Za-z0-9\-]{10,}|AKIA[0-9A-Z]{16})",
             ),
         }
     })
+}
+
+/// `b` percent-encoded (every byte but the URL's unreserved ones).
+fn percent_encode(b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(b.len());
+    for &c in b {
+        if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~') {
+            out.push(c);
+        } else {
+            out.extend_from_slice(format!("%{c:02X}").as_bytes());
+        }
+    }
+    out
 }
 
 /// Whether a value found after a key-like name (`token = ...`,
@@ -235,10 +256,18 @@ impl Scrubber {
             }
         }
         for c in p.userinfo.captures_iter(&text) {
-            self.needles.add(c[2].as_bytes());
+            match c.get(2) {
+                Some(pass) => self.needles.add(pass.as_str().as_bytes()),
+                // `https://TOKEN@host/`: a user alone is a token when it
+                // looks like one (not `git@`).
+                None if credential_like(&c[1]) => self.needles.add(c[1].as_bytes()),
+                None => {}
+            }
         }
         for c in p.query.captures_iter(&text) {
-            if is_secret_name(&c[1]) {
+            // The name as a server reads it: `api%5Fkey` is `api_key`.
+            let name = proxy::scrub::percent_decode(&c[1]);
+            if is_secret_name(&String::from_utf8_lossy(&name)) {
                 self.needles.add(c[2].as_bytes());
             }
         }

@@ -750,3 +750,74 @@ fn code_and_schema_survive_while_real_keys_go() {
         );
     }
 }
+
+/// One key per learning rule, none provider-shaped (so only that rule can
+/// learn it), each written once where the rule looks and once bare in the
+/// trace: none may reach the ledger. A short key in a recorded path goes
+/// by the proxy's rule.
+#[test]
+fn each_learning_rule_takes_a_key_that_is_not_provider_shaped() {
+    let keys = [
+        (
+            "bearer",
+            "Qm7Lx2Vb9Nc4Zr8T",
+            "the header said Bearer Qm7Lx2Vb9Nc4Zr8T",
+        ),
+        (
+            "pair",
+            "Wd3Fg6Hj9Kl2Mn5P",
+            "export SERVICE_TOKEN=Wd3Fg6Hj9Kl2Mn5P",
+        ),
+        (
+            "query, encoded name",
+            "Pq3Rs8Tu1Vw6Xy0Z",
+            "GET https://h.example/v1?api%5Fkey=Pq3Rs8Tu1Vw6Xy0Z",
+        ),
+        (
+            "userinfo, password",
+            "Jk4Lm7Np0Qr3St6U",
+            "https://me:Jk4Lm7Np0Qr3St6U@db.example/x",
+        ),
+        (
+            "userinfo, token alone",
+            "Ab12Cd34Ef56Gh78",
+            "git clone https://Ab12Cd34Ef56Gh78@git.example/r",
+        ),
+        (
+            "query, percent-encoded value",
+            "Uv9/Wx2+Yz5=Ab8c",
+            "https://h.example/?token=Uv9%2FWx2%2BYz5%3DAb8c",
+        ),
+    ];
+    let ep = "pool/runlogs/t51_L0_s10101";
+    let dir = fixture_dir(&Spec::default());
+    let marked: String = keys.iter().map(|(_, _, m)| format!("{m}\n")).collect();
+    std::fs::write(dir.path().join(ep).join("prompt.txt"), marked).unwrap();
+    let mut trace = std::fs::read_to_string(dir.path().join(ep).join("qwen_stream.jsonl")).unwrap();
+    for (_, k, _) in &keys {
+        let said = serde_json::json!({"type": "assistant", "message": {"content": [{"type": "text", "text": format!("I used {k} there.")}]}});
+        trace.push_str(&format!("{said}\n"));
+    }
+    std::fs::write(dir.path().join(ep).join("qwen_stream.jsonl"), trace).unwrap();
+    // A short key in a path: no secret to learn (too short), the
+    // parameter's value taken where it stands.
+    let gz = dir.path().join(ep).join("api_requests.jsonl.gz");
+    let log = gunzip(&std::fs::read(&gz).unwrap()).replace("/v1/models", "/v1/models?key=abc1234");
+    std::fs::write(&gz, fixture::gzip(log.as_bytes())).unwrap();
+    let (_d, l, r) = import(dir.path());
+    head_of(&r);
+    let all = everything(&l);
+    for (rule, k, _) in keys {
+        assert_eq!(holds(&all, k), 0, "{rule}: {k} is in the ledger");
+    }
+    assert_eq!(
+        holds(&all, "Uv9%2FWx2%2BYz5%3DAb8c"),
+        0,
+        "the encoded form is in the ledger"
+    );
+    assert_eq!(
+        holds(&all, "abc1234"),
+        0,
+        "the short query key is in the ledger"
+    );
+}
