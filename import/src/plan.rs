@@ -147,25 +147,7 @@ pub fn plan(dir: &Path, caps: Caps) -> Result<Plan> {
         .flat_map(|s| s.ranked.iter().map(|x| (x.episode.clone(), s.task.clone())))
         .collect();
     let (train, validation, selection_mtime) = manifests(&mut r, &ranked)?;
-    let train_log = r.jsonl("training/train_log.jsonl")?;
-    let selected = r.json("selected_checkpoint.json")?;
-    if let Some(f) = &selected {
-        if !f
-            .value
-            .get("val_loss")
-            .and_then(Value::as_f64)
-            .is_some_and(f64::is_finite)
-        {
-            return Err(ImportError::invalid(&f.file, 1, "no finite \"val_loss\""));
-        }
-        if train_log.is_none() {
-            return Err(ImportError::invalid(
-                &f.file,
-                1,
-                "a checkpoint was selected but training/train_log.jsonl is missing",
-            ));
-        }
-    }
+    let (train_log, selected) = training_files(&mut r)?;
     let mut inner_wins = 0;
     for name in r.subdirs("search")? {
         if let Some(f) = r.json(&format!("search/{name}/retained_workflow.json"))? {
@@ -190,6 +172,56 @@ pub fn plan(dir: &Path, caps: Caps) -> Result<Plan> {
         selected,
         scrub,
     })
+}
+
+/// The training log's rows and when it was written.
+type TrainLog = (Vec<Row>, u64);
+
+/// `training/train_log.jsonl` (each step once) and
+/// `selected_checkpoint.json` (a finite `val_loss`, and a log to have
+/// selected it from).
+fn training_files(r: &mut Reader) -> Result<(Option<TrainLog>, Option<JsonFile>)> {
+    let train_log = r.jsonl("training/train_log.jsonl")?;
+    if let Some((rows, _)) = &train_log {
+        distinct_steps(rows)?;
+    }
+    let selected = r.json("selected_checkpoint.json")?;
+    if let Some(f) = &selected {
+        if !f
+            .value
+            .get("val_loss")
+            .and_then(Value::as_f64)
+            .is_some_and(f64::is_finite)
+        {
+            return Err(ImportError::invalid(&f.file, 1, "no finite \"val_loss\""));
+        }
+        if train_log.is_none() {
+            return Err(ImportError::invalid(
+                &f.file,
+                1,
+                "a checkpoint was selected but training/train_log.jsonl is missing",
+            ));
+        }
+    }
+    Ok((train_log, selected))
+}
+
+/// Each step of the training log once: a repeated step would be recorded
+/// as two training steps.
+fn distinct_steps(rows: &[Row]) -> Result<()> {
+    let mut seen = BTreeSet::new();
+    for row in rows {
+        if let Some(step) = row.value.get("step").and_then(Value::as_u64) {
+            if !seen.insert(step) {
+                return Err(ImportError::invalid(
+                    &row.file,
+                    row.line,
+                    format!("step {step} is logged twice (refused: it would count as two steps)"),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Two folders of one (task, purpose, index) would be one stream
@@ -506,6 +538,7 @@ fn matches(rows: Vec<Row>, collected: &Names, task: &str) -> Result<Vec<Match>> 
 
 fn ranked(root: &Root, f: &mut JsonFile, collected: &Names, task: &str) -> Result<Vec<Ranked>> {
     let mut seen = BTreeSet::new();
+    let mut ranks = BTreeSet::new();
     let mut out = Vec::new();
     for row in list_rows(root, f)? {
         let episode = str_field(&row, "episode")?.to_string();
@@ -530,6 +563,13 @@ fn ranked(root: &Root, f: &mut JsonFile, collected: &Names, task: &str) -> Resul
                 "no numeric score and rank",
             ));
         };
+        if !ranks.insert(rank) {
+            return Err(ImportError::invalid(
+                &row.file,
+                row.line,
+                format!("rank {rank} is given twice (refused: which run holds it is unclear)"),
+            ));
+        }
         out.push(Ranked {
             episode,
             score,

@@ -161,6 +161,15 @@ impl Reader<'_> {
                 file: format!("{dir}/{name}"),
             });
         }
+        // Both logs present: which one the proxy finished is unknown, and
+        // reading both would record every exchange twice.
+        let has = |n: &str| entries.iter().any(|(e, _)| e == n);
+        if has("api_requests.jsonl.gz") && has("api_requests.jsonl") {
+            return Err(ImportError::io(
+                &format!("{dir}/api_requests.jsonl"),
+                "is next to api_requests.jsonl.gz (refused: which is the log is unclear)",
+            ));
+        }
         let status = self.json(&format!("{dir}/run_status.json"))?;
         if let Some(f) = &status {
             // A time the reference writes with `date -u`; anything else

@@ -821,3 +821,46 @@ fn each_learning_rule_takes_a_key_that_is_not_provider_shaped() {
         "the short query key is in the ledger"
     );
 }
+
+/// What would count twice is refused with its file and line, not merged.
+#[test]
+fn duplicates_are_refused_not_merged() {
+    let cases: Vec<(&str, Spoil, &str)> = vec![
+        (
+            "rank twice",
+            Box::new(|p: &Path| {
+                let f = p.join("selection/task51_ranked.json");
+                let mut v: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(&f).unwrap()).unwrap();
+                v[1]["rank"] = 1.into();
+                std::fs::write(&f, serde_json::to_vec(&v).unwrap()).unwrap();
+            }),
+            "selection/task51_ranked.json:2: rank 1 is given twice",
+        ),
+        (
+            "step twice",
+            Box::new(|p: &Path| {
+                let f = p.join("training/train_log.jsonl");
+                let t = std::fs::read_to_string(&f).unwrap();
+                let second = t.lines().nth(1).unwrap().to_string();
+                std::fs::write(&f, format!("{t}{second}\n")).unwrap();
+            }),
+            "training/train_log.jsonl:4: step 10 is logged twice",
+        ),
+        (
+            "both logs",
+            Box::new(|p: &Path| {
+                let ep = p.join("pool/runlogs/t51_L0_s10102");
+                let log = gunzip(&std::fs::read(ep.join("api_requests.jsonl.gz")).unwrap());
+                std::fs::write(ep.join("api_requests.jsonl"), log).unwrap();
+            }),
+            "pool/runlogs/t51_L0_s10102/api_requests.jsonl: is next to api_requests.jsonl.gz",
+        ),
+    ];
+    for (what, spoil, says) in cases {
+        let dir = fixture_dir(&Spec::default());
+        spoil(dir.path());
+        let (e, _l, _d) = expect_err(dir.path(), Caps::default());
+        assert!(e.contains(says), "{what}: {e}");
+    }
+}
