@@ -25,6 +25,9 @@
 //!
 //!     cargo bench --bench orchestration             # 256 and 1024 rollouts, 3 repetitions
 //!     cargo bench --bench orchestration -- --quick  # 64 and 256 rollouts, 1 repetition
+//!
+//! Under `cargo test --all-targets` (no `--bench` argument) it is a smoke
+//! run: 16 rollouts, once, nothing written.
 //!     cargo bench --bench orchestration -- --sizes=256 --reps=1 --level=full  # checks confined
 //!     TMPDIR=/dev/shm cargo bench --bench orchestration -- --dir=/var/tmp/orch  # workspaces in memory, ledgers on disk
 //!
@@ -61,6 +64,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 mod report;
 
 struct Cfg {
+    /// Run by `cargo test --all-targets` (no `--bench` argument): a smoke
+    /// run at a small size that checks the bench works and writes nothing.
+    smoke: bool,
     sizes: Vec<usize>,
     /// How every command (the rollout's check) is confined.
     level: sandbox::Level,
@@ -72,12 +78,14 @@ struct Cfg {
 }
 
 fn parse_args() -> Cfg {
+    let smoke = !std::env::args().skip(1).any(|a| a == "--bench");
     let mut cfg = Cfg {
-        sizes: vec![256, 1024],
+        smoke,
+        sizes: if smoke { vec![16] } else { vec![256, 1024] },
         level: sandbox::Level::None,
         calls: 20,
         delay: Duration::from_millis(100),
-        reps: 3,
+        reps: if smoke { 1 } else { 3 },
         dir: None,
     };
     for a in std::env::args().skip(1) {
@@ -529,7 +537,11 @@ fn main() {
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "rows": rows,
     });
-    if let Some(p) = report::write("orchestration", &doc) {
+    if cfg.smoke {
+        println!(
+            "(smoke run under `cargo test`: run `cargo bench --bench orchestration` to measure)"
+        );
+    } else if let Some(p) = report::write("orchestration", &doc) {
         println!("figures: {}", p.display());
     }
 }
