@@ -25,7 +25,28 @@
 //!
 //!     cargo bench --bench orchestration             # 256 and 1024 rollouts, 3 repetitions
 //!     cargo bench --bench orchestration -- --quick  # 64 and 256 rollouts, 1 repetition
+//!
+//! Under `cargo test --all-targets` (no `--bench` argument) it is a smoke
+//! run: 16 rollouts, once, nothing written.
 //!     cargo bench --bench orchestration -- --sizes=256 --reps=1 --level=full  # checks confined
+//!     TMPDIR=/dev/shm cargo bench --bench orchestration -- --dir=/var/tmp/orch  # workspaces in memory, ledgers on disk
+//!
+//! `--dir=PATH` is where the ledgers go (a temporary directory by default);
+//! rollouts' workspaces and check copies go to the process's scratch root
+//! in the system temp dir (`TMPDIR`), so the two can be put apart: on an
+//! ext4 without a journal (as on the 2-core machines here) creating files
+//! costs far more CPU after many deletions (the inode allocator's
+//! `recently_deleted` scan), which a workspace in memory does not pay.
+//!
+//! The figures are also written to `target/bench/orchestration.json`:
+//! `{"calls_per_rollout", "delay_ms", "level", "reps", "ledger_dir", "scratch_dir",
+//! "cores", "rows": [{"rollouts",
+//! "ideal", "transport", "engine", "vs_ideal", "vs_transport", "cpu_ms_per_call",
+//! "transport_cpu_ms_per_call", "ledger_share", "peak_mib", "transport_peak_mib"}]}`:
+//! `ideal`, `transport` and `engine` in calls per second, `vs_*` their
+//! ratios, `cpu_ms_per_call` the engine run's process CPU per call (the
+//! transport's beside it), `ledger_share` the fraction of the engine run's
+//! CPU in ledger work, peaks in MiB; medians over the repetitions.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -39,22 +60,33 @@ use engine::task::Task;
 use engine::workflow::Workflow;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+#[path = "common/report.rs"]
+mod report;
+
 struct Cfg {
+    /// Run by `cargo test --all-targets` (no `--bench` argument): a smoke
+    /// run at a small size that checks the bench works and writes nothing.
+    smoke: bool,
     sizes: Vec<usize>,
     /// How every command (the rollout's check) is confined.
     level: sandbox::Level,
     calls: usize,
     delay: Duration,
     reps: usize,
+    /// Where the ledgers go (`None`: the bench's temporary directory).
+    dir: Option<PathBuf>,
 }
 
 fn parse_args() -> Cfg {
+    let smoke = !std::env::args().skip(1).any(|a| a == "--bench");
     let mut cfg = Cfg {
-        sizes: vec![256, 1024],
+        smoke,
+        sizes: if smoke { vec![16] } else { vec![256, 1024] },
         level: sandbox::Level::None,
         calls: 20,
         delay: Duration::from_millis(100),
-        reps: 3,
+        reps: if smoke { 1 } else { 3 },
+        dir: None,
     };
     for a in std::env::args().skip(1) {
         match a.as_str() {
@@ -66,6 +98,7 @@ fn parse_args() -> Cfg {
             other if other.starts_with("--reps=") => {
                 cfg.reps = other[7..].parse().unwrap_or(cfg.reps).max(1);
             }
+            other if other.starts_with("--dir=") => cfg.dir = Some(PathBuf::from(&other[6..])),
             "--level=full" => cfg.level = sandbox::Level::Full,
             "--level=landlock" => cfg.level = sandbox::Level::Landlock,
             "--level=none" => cfg.level = sandbox::Level::None,
@@ -332,7 +365,11 @@ timeout_secs = 10
 
 fn engine_run(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg, rep: usize) -> Sample {
     let calls = cfg.calls;
-    let dir = root.join(format!("ledger-{n}-{rep}"));
+    let dir = cfg
+        .dir
+        .as_deref()
+        .unwrap_or(root)
+        .join(format!("ledger-{n}-{rep}"));
     let l = Arc::new(ledger::Ledger::init(&dir).expect("ledger"));
     let session = replay::Session::new(l, "bench", replay::Mode::Live).expect("session");
     let b: Arc<dyn Backend> = Arc::new(backend(url, n));
@@ -424,6 +461,11 @@ fn main() {
             .unwrap_or(0)
     );
     println!(
+        "ledgers in {}, workspaces under {}",
+        cfg.dir.as_deref().unwrap_or(&root).display(),
+        std::env::temp_dir().display()
+    );
+    println!(
         "{:>9} {:>10} {:>12} {:>12} {:>8} {:>10} {:>11} {:>11} {:>9} {:>11} {:>11}",
         "rollouts",
         "ideal/s",
@@ -439,6 +481,7 @@ fn main() {
     );
     // Warm the runtime and the connection pool's code paths.
     let _ = transport_only(&url, 8, 2);
+    let mut rows = Vec::new();
     for &n in &cfg.sizes {
         let ideal = (n * cfg.calls) as f64 / (cfg.calls as f64 * cfg.delay.as_secs_f64());
         let (mut tr_rate, mut en_rate, mut tr_cpu, mut en_cpu, mut share, mut tr_mem, mut en_mem) =
@@ -455,6 +498,19 @@ fn main() {
             en_mem.push(e.peak_mib);
         }
         let (tr, en) = (median(tr_rate), median(en_rate));
+        rows.push(serde_json::json!({
+            "rollouts": n,
+            "ideal": ideal,
+            "transport": tr,
+            "engine": en,
+            "vs_ideal": en / ideal,
+            "vs_transport": en / tr,
+            "cpu_ms_per_call": median(en_cpu.clone()),
+            "transport_cpu_ms_per_call": median(tr_cpu.clone()),
+            "ledger_share": median(share.clone()) / 100.0,
+            "peak_mib": median(en_mem.clone()),
+            "transport_peak_mib": median(tr_mem.clone()),
+        }));
         println!(
             "{:>9} {:>10.0} {:>12.0} {:>12.0} {:>8.2} {:>10.2} {:>9.2}ms {:>9.2}ms {:>8.1}% {:>11.0} {:>11.0}",
             n,
@@ -471,4 +527,21 @@ fn main() {
         );
     }
     println!("goal: engine/ideal >= 0.90 at 256 rollouts");
+    let doc = serde_json::json!({
+        "calls_per_rollout": cfg.calls,
+        "delay_ms": cfg.delay.as_millis() as u64,
+        "level": cfg.level.as_str(),
+        "reps": cfg.reps,
+        "ledger_dir": cfg.dir.as_ref().map(|d| d.display().to_string()),
+        "scratch_dir": std::env::temp_dir().display().to_string(),
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "rows": rows,
+    });
+    if cfg.smoke {
+        println!(
+            "(smoke run under `cargo test`: run `cargo bench --bench orchestration` to measure)"
+        );
+    } else if let Some(p) = report::write("orchestration", &doc) {
+        println!("figures: {}", p.display());
+    }
 }

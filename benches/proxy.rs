@@ -53,6 +53,15 @@
 //!     cargo bench --bench proxy -- --quick       # 24 x 2, streamed 12 x 1
 //!     cargo bench --bench proxy -- --reps=10 --turns=64 --delay-ms=5 --workers=4
 //!
+//! The figures are also written to `target/bench/proxy.json` (not by the
+//! smoke run): `{"turns", "sse_turns", "reps", "sse_reps", "workers", "cores",
+//! "plain": {...}, "streamed": {...}, "bodies_equal"}`, each of `plain` (the
+//! time to the end of the body) and `streamed` (the time to the first body
+//! byte) holding `"requests"`, `"direct_p50_us"`, `"direct_p99_us"`,
+//! `"proxied_p50_us"`, `"proxied_p99_us"`, `"bare_p50_us"` and
+//! `"added_paired_p50_us"` / `"added_paired_p99_us"` (quantiles of the
+//! per-request differences B - A).
+//!
 //! Other options: `--sse-turns=N --sse-reps=N --ttft-ms=F --chunks=N
 //! --chunk-ms=F --dir=PATH` (where the ledgers go; a temporary directory by
 //! default). Diagnostic: `--bare-burn=US[:yield|:thread]` makes the bare
@@ -61,6 +70,9 @@
 //! runtime (`:yield`: that yields once first) or to an OS thread, to see
 //! what such work costs the client. Run without `--bench` (as `cargo test
 //! --all-targets` does) it runs a smoke test in miniature.
+
+#[path = "common/report.rs"]
+mod report;
 
 use std::convert::Infallible;
 use std::io::{Read, Write};
@@ -1666,6 +1678,7 @@ fn main() {
         root.display()
     );
     let mut all_ok = true;
+    let mut figures = serde_json::Map::new();
     for (kind, turns, reps) in [
         (Kind::Plain, cfg.turns, cfg.reps),
         (Kind::Sse, cfg.sse_turns, cfg.sse_reps),
@@ -1689,6 +1702,11 @@ fn main() {
             all_ok = false;
             eprintln!("MISMATCH: {m}");
         }
+        let (name, at): (&str, fn(Times) -> Duration) = match kind {
+            Kind::Plain => ("plain", total),
+            Kind::Sse => ("streamed", first),
+        };
+        figures.insert(name.into(), summary(&outs, at));
         match kind {
             Kind::Plain => report_plain(&cfg, &outs),
             Kind::Sse => report_sse(&cfg, &outs),
@@ -1701,7 +1719,41 @@ fn main() {
         if all_ok { "yes" } else { "NO" },
         started.elapsed().as_secs_f64()
     );
+    if !cfg.smoke {
+        let doc = serde_json::json!({
+            "turns": cfg.turns,
+            "sse_turns": cfg.sse_turns,
+            "reps": cfg.reps,
+            "sse_reps": cfg.sse_reps,
+            "workers": cfg.workers,
+            "cores": cores(),
+            "plain": figures.remove("plain"),
+            "streamed": figures.remove("streamed"),
+            "bodies_equal": all_ok,
+        });
+        if let Some(p) = report::write("proxy", &doc) {
+            println!("figures: {}", p.display());
+        }
+    }
     if !all_ok {
         std::process::exit(1);
     }
+}
+
+/// The figures of one kind of request for `target/bench/proxy.json`.
+fn summary(outs: &[RepOut], at: fn(Times) -> Duration) -> serde_json::Value {
+    let pairs: Vec<&Pair> = outs.iter().flat_map(|r| &r.pairs).collect();
+    let pick = |f: fn(&Pair) -> Times| -> Vec<f64> { pairs.iter().map(|p| us(at(f(p)))).collect() };
+    let (a, b, c) = (pick(|p| p.direct), pick(|p| p.proxied), pick(|p| p.bare));
+    let diffs: Vec<f64> = a.iter().zip(&b).map(|(x, y)| y - x).collect();
+    serde_json::json!({
+        "requests": pairs.len(),
+        "direct_p50_us": median(&a),
+        "direct_p99_us": quantile(&a, 0.99),
+        "proxied_p50_us": median(&b),
+        "proxied_p99_us": quantile(&b, 0.99),
+        "bare_p50_us": median(&c),
+        "added_paired_p50_us": median(&diffs),
+        "added_paired_p99_us": quantile(&diffs, 0.99),
+    })
 }

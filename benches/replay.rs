@@ -7,9 +7,17 @@
 //!     cargo bench --bench replay -- --full  # also 1M events
 //!     cargo bench --bench replay -- --quick # 10k only, 1 repetition
 //!
+//! The figures are also written to `target/bench/replay.json` (not by the
+//! smoke run under `cargo test`): `{"reps", "rows": [{"events",
+//! "replay_events_per_s", "verify_events_per_s", "replay_vs_verify",
+//! "replay_us_per_event"}], "linearity"}`, `linearity` being the throughput
+//! at the largest size over that at the smallest (1 = linear time).
 
 use std::sync::Arc;
 use std::time::Instant;
+
+#[path = "common/report.rs"]
+mod report;
 
 use ledger::{Ledger, NewEvent};
 use replay::{EffectRequest, Mode, Session};
@@ -142,10 +150,30 @@ fn main() {
         );
         rows.push((n, r, v));
     }
+    let mut linearity = None;
     if rows.len() > 1 {
         let (n0, r0, _) = rows[0];
         let (n1, r1, _) = rows[rows.len() - 1];
+        linearity = Some(r1 / r0);
         println!("linearity: {}x more events, throughput {:.2}x of the smallest size (1.00 = perfectly linear time)", n1 / n0, r1 / r0);
     }
     println!("goal: replay >= 0.5x verify throughput, and linear");
+    if !smoke {
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|&(n, r, v)| {
+                serde_json::json!({
+                    "events": n,
+                    "replay_events_per_s": r,
+                    "verify_events_per_s": v,
+                    "replay_vs_verify": r / v,
+                    "replay_us_per_event": 1e6 / r,
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({"reps": reps, "rows": rows, "linearity": linearity});
+        if let Some(p) = report::write("replay", &doc) {
+            println!("figures: {}", p.display());
+        }
+    }
 }
