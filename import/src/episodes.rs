@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 
 use proxy::log::chain_step;
 
-use crate::error::Result;
+use crate::error::{ImportError, Result};
 use crate::objects::{id32, iso_ms, secs_ms, Objects, ABSENT};
 use crate::plan::Episode;
 use crate::secrets::Scrubber;
@@ -72,8 +72,18 @@ pub fn import(
         let at = secs_ms(rec.get("ts_start")).unwrap_or(started);
         let (id, chat, usage) = exchange(o, &rel, &rec, &mut requests, at)?;
         if let Some(u) = usage {
-            prompt_tokens += u.0;
-            completion_tokens += u.1;
+            // Counts from the file: a sum past u64 is refused, never wrapped.
+            let sum = prompt_tokens
+                .checked_add(u.0)
+                .zip(completion_tokens.checked_add(u.1));
+            let Some((p, c)) = sum else {
+                return Err(ImportError::Invalid {
+                    file: row.file.clone(),
+                    line: row.line,
+                    reason: "the episode's token counts add up past 2^64".into(),
+                });
+            };
+            (prompt_tokens, completion_tokens) = (p, c);
         }
         if let Some(mut c) = chat {
             c.event = id;

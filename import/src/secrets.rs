@@ -9,8 +9,8 @@
 //! key seen once in a marked place is also taken out where it appears bare;
 //! provider-shaped keys (`sk-...`, `hf_...`, ...) are taken wherever they
 //! are. A value after a key-like name (`token = `, `"key": `, `Bearer `) is
-//! learnt only when it looks like a credential ([`credential_like`]), not
-//! code or a word; JSON keys are never rewritten. Each secret is searched
+//! learnt unless it is clearly code or a word ([`credential_like`]); JSON
+//! keys are never rewritten. Each secret is searched
 //! for as written, percent-encoded and percent-decoded. Then every blob, field and message is passed through
 //! [`Scrubber::json`] / [`Scrubber::bytes`]: key-like fields become
 //! `REDACTED` (the proxy's rules, `proxy::scrub::is_secret_name`, at any
@@ -188,25 +188,32 @@ fn percent_encode(b: &[u8]) -> Vec<u8> {
 }
 
 /// Whether a value found after a key-like name (`token = ...`,
-/// `"key": ...`, `Bearer ...`) looks like a credential rather than code or a
-/// word: 16 bytes or more with no dot, parenthesis or bracket (not
-/// `tokenizer.encode(x)`), or 8 or more mixing lower case, upper case and
-/// digits (a JWT's dots allowed). `token = tokenizer.encode(x)` and
-/// `"key": "description"` are code and schema, and learning them would
-/// redact every occurrence in every conversation.
+/// `"key": ...`, `Bearer ...`) is learnt as a secret: every value of 8
+/// bytes or more is, unless it is clearly code or a word, since a key
+/// missed leaks while a word learnt only over-redacts. Code and words are:
+/// a value holding a parenthesis, bracket or brace (`os.environ[...]`,
+/// `tokenizer.encode(x)`, `${KEY}`), a `$` reference (`$OPENAI_API_KEY`),
+/// letters (with `_` and `-`) alone (`description`, `string`,
+/// `os_environ`), or a dotted path of such words (`tokenizer.encode`,
+/// `config.api_key`). So `"key": "description"` and `token =
+/// tokenizer.encode` keep their text, while `abcd1234efgh`, `hunter22`,
+/// `ABCD1234EFGH` and a dotted token with digits are learnt. A secret of
+/// letters alone is still redacted where it stands in a key-named JSON
+/// field, but not learnt for other places.
 fn credential_like(v: &str) -> bool {
+    if v.len() < 8 || v.starts_with('$') {
+        return false;
+    }
     let code = |c: char| matches!(c, '(' | ')' | '[' | ']' | '{' | '}');
     if v.chars().any(code) {
         return false;
     }
-    let long = v.len() >= 16 && !v.contains('.');
-    let classes = [
-        v.bytes().any(|b| b.is_ascii_lowercase()),
-        v.bytes().any(|b| b.is_ascii_uppercase()),
-        v.bytes().any(|b| b.is_ascii_digit()),
-    ];
-    let mixed = v.len() >= 8 && classes.iter().all(|&x| x);
-    long || mixed
+    let word = |w: &str| {
+        !w.is_empty()
+            && w.bytes()
+                .all(|b| b.is_ascii_alphabetic() || b == b'_' || b == b'-')
+    };
+    !v.split('.').all(word)
 }
 
 impl Scrubber {

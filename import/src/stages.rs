@@ -102,7 +102,7 @@ pub fn build(plan: &Plan) -> Result<Objects> {
         inner_iterations: cfg
             .get("search")
             .and_then(|x| x.get("iterations")?.as_u64())
-            .unwrap_or(0) as u32,
+            .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
         selected_runs: selected as u32,
         supervised_tokens: 0,
         collected_runs: collected.len() as u32,
@@ -270,7 +270,8 @@ fn selection(
     let col = plan.config.value.get("collection");
     let wanted_train = col
         .and_then(|x| x.get("train_ranks")?.as_u64())
-        .unwrap_or(0) as u32;
+        // Past u32 asks for more than any manifest holds: still a shortfall.
+        .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
     let wanted_validation = u32::from(col.and_then(|x| x.get("validation_rank")).is_some());
     let shortfall =
         if (train.len() as u32) < wanted_train || (validation.len() as u32) < wanted_validation {

@@ -751,6 +751,41 @@ fn code_and_schema_survive_while_real_keys_go() {
     }
 }
 
+/// Regression (a review of the first credential rule): keys that are short,
+/// single-case or dotted, after a key-like name, must still be learnt and
+/// taken out where they stand bare, while code and words are not.
+#[test]
+fn short_single_case_and_dotted_keys_are_learnt_not_only_mixed_case_ones() {
+    let keys = [
+        ("export OPENAI_API_KEY=abcd1234efgh", "abcd1234efgh"),
+        (r#"{"api_key": "k3y9short7x"}"#, "k3y9short7x"),
+        (r#"{"password": "hunter22"}"#, "hunter22"),
+        ("token=ABCD1234EFGH", "ABCD1234EFGH"),
+        (
+            "Authorization: Bearer 4f9a1c2e.7b3d8e0a.55c1d2e3",
+            "4f9a1c2e.7b3d8e0a.55c1d2e3",
+        ),
+    ];
+    let rel = "pool/runlogs/t51_L0_s10101/prompt.txt";
+    let dir = fixture_dir(&Spec::default());
+    let mut text = String::from("token = tokenizer.encode(x)\nsecret = config.api_key\n");
+    for (marked, key) in &keys {
+        text.push_str(&format!("{marked}\nlater, bare: {key}\n"));
+    }
+    std::fs::write(dir.path().join(rel), text).unwrap();
+    let (_d, l, r) = import(dir.path());
+    head_of(&r);
+    let all = everything(&l);
+    for (_, key) in &keys {
+        assert_eq!(holds(&all, key), 0, "{key} is in the ledger");
+    }
+    assert!(holds(&all, "tokenizer.encode(x)") > 0, "code was redacted");
+    assert!(
+        holds(&all, "config.api_key") > 0,
+        "a dotted name was redacted"
+    );
+}
+
 /// One key per learning rule, none provider-shaped (so only that rule can
 /// learn it), each written once where the rule looks and once bare in the
 /// trace: none may reach the ledger. A short key in a recorded path goes
