@@ -15,7 +15,8 @@
 //! [`Scrubber::json`] / [`Scrubber::bytes`]: key-like fields become
 //! `REDACTED` (the proxy's rules, `proxy::scrub::is_secret_name`, at any
 //! depth), and every learnt value is replaced by `REDACTED`, all of them in
-//! one Aho-Corasick pass, the longest where two start at the same byte. At
+//! one Aho-Corasick pass that finds every occurrence, overlapping ones
+//! merged into one `REDACTED` so no secret's tail is left. At
 //! most [`Caps::secrets`](crate::Caps) are learnt; a folder holding more is
 //! refused, naming the file that passed the cap.
 
@@ -103,9 +104,11 @@ impl Needles {
         }
     }
 
-    /// Every occurrence replaced by [`REDACTED`], the longest secret first
-    /// where two start at the same byte (so a secret and its prefix leave
-    /// no tail).
+    /// Every byte covered by an occurrence of any secret replaced, one
+    /// [`REDACTED`] per run of covered bytes. Every occurrence is found,
+    /// overlapping ones too, and their ranges merged: replacing leftmost
+    /// matches only would leave the tail of a secret that starts inside
+    /// another (`abcdefgh1234` and `1234WXYZ9876` in `abcdefgh1234WXYZ9876`).
     fn replace<'a>(&self, bytes: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
         let ac = self.ac.get_or_init(|| {
             // Sorted, so the automaton is the same for the same secrets.
@@ -114,7 +117,7 @@ impl Needles {
             (!pats.is_empty())
                 .then(|| {
                     AhoCorasick::builder()
-                        .match_kind(MatchKind::LeftmostLongest)
+                        .match_kind(MatchKind::Standard)
                         .build(pats)
                         .ok()
                 })
@@ -123,15 +126,28 @@ impl Needles {
         let Some(ac) = ac else {
             return std::borrow::Cow::Borrowed(bytes);
         };
-        let mut out = Vec::new();
-        let mut at = 0;
-        for m in ac.find_iter(bytes) {
-            out.extend_from_slice(&bytes[at..m.start()]);
-            out.extend_from_slice(REDACTED.as_bytes());
-            at = m.end();
-        }
-        if at == 0 {
+        let mut spans: Vec<(usize, usize)> = ac
+            .find_overlapping_iter(bytes)
+            .map(|m| (m.start(), m.end()))
+            .collect();
+        if spans.is_empty() {
             return std::borrow::Cow::Borrowed(bytes);
+        }
+        spans.sort_unstable();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut at = 0;
+        let mut i = 0;
+        while i < spans.len() {
+            let (start, mut end) = spans[i];
+            i += 1;
+            // Merge every span that starts before this run ends.
+            while i < spans.len() && spans[i].0 < end {
+                end = end.max(spans[i].1);
+                i += 1;
+            }
+            out.extend_from_slice(&bytes[at..start]);
+            out.extend_from_slice(REDACTED.as_bytes());
+            at = end;
         }
         out.extend_from_slice(&bytes[at..]);
         std::borrow::Cow::Owned(out)

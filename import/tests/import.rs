@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use import::fixture::{self, Spec};
-use import::{Caps, ImportError, Options, Outcome};
+use import::{Caps, ImportError, Options, Outcome, Scrubber};
 use ledger::{Id, Ledger, ObjectKind};
 use schemas::{Effect, Judgment, Rollout, RunStarted};
 
@@ -595,6 +595,35 @@ fn learnt_secrets_are_capped_and_replaced_longest_first() {
         "the longer secret's tail is in the ledger"
     );
     assert_eq!(holds(&all, short), 0);
+}
+
+/// Regression (second review of #31): two learnt secrets where one starts
+/// inside the other (`…1234` and `1234…`) were replaced leftmost first, and
+/// the second one's tail stayed in every object that held them side by side.
+#[test]
+fn overlapping_secrets_leave_no_tail() {
+    let rel = "pool/runlogs/t51_L0_s10101/prompt.txt";
+    let dir = fixture_dir(&Spec::default());
+    let (a, b) = ("Qm7Rt2Lx9Vb4Kp1Z", "Kp1ZWn3Ys6Hd8Jc5");
+    // Both learnt on their own lines; then written overlapping, as a log
+    // that prints one key's end glued to another's start would.
+    let glued = "Qm7Rt2Lx9Vb4Kp1ZWn3Ys6Hd8Jc5";
+    let text = format!("a_token={a}\nb_token={b}\nboth: {glued}\n");
+    std::fs::write(dir.path().join(rel), text).unwrap();
+    let (_d, l, r) = with_caps(dir.path(), Caps::default());
+    head_of(&r);
+    let all = everything(&l);
+    for tail in ["Wn3Ys6Hd8Jc5", "Qm7Rt2Lx9Vb4"] {
+        assert_eq!(
+            holds(&all, tail),
+            0,
+            "{tail} (part of a secret) is in the ledger"
+        );
+    }
+    let mut s = Scrubber::new();
+    s.learn_text(format!("a_token={a}\nb_token={b}\n").as_bytes());
+    assert_eq!(s.text(&format!("<{glued}>")), "<REDACTED>");
+    assert_eq!(s.text(&format!("{a} {b}")), "REDACTED REDACTED");
 }
 
 /// Names that become stream names are what the reference writes (digits),
