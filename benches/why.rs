@@ -4,17 +4,24 @@
 //! the rollout) in the same run. The ledgers hold synthetic MASS cycles
 //! with the real record types and links: per task, 18 rollouts (a guard
 //! record, three stream events, the rollout), 54 judgments, a ranking, a
-//! selection, a dataset with its provenance blob and a training step.
+//! selection, a dataset with its provenance blob and a training step. The
+//! three stream events are model calls (`effect` records whose output blob
+//! holds the usage), and the run's head is a `mass.cycle` record, so the
+//! same ledgers also time `mass report` (`audit::report::report`), which
+//! walks every stream of the run and reads every model call's output: the
+//! issue's goal is 2 s for a 1M-event run.
 //!
 //!     cargo bench --bench why            # 10k and 1M events
 //!     cargo bench --bench why -- --quick # 10k and 100k events
+//!     cargo bench --bench why -- --sizes=10000,30000
 //!
 //! Under `cargo test --all-targets` (no `--bench` argument) it is a smoke
 //! run at 2k and 10k events.
 //!
 //! The figures are also written to `target/bench/why.json` (not by the
 //! smoke run): `{"queries", "rows": [{"events", "build_s", "why_median_ms",
-//! "why_p90_ms", "scan_median_ms", "why_vs_scan"}], "flatness"}`, where
+//! "why_p90_ms", "scan_median_ms", "why_vs_scan", "report_median_s"}],
+//! "flatness"}` (`report_median_s`: median of three `mass report`s), where
 //! `flatness` is the median at the largest size over the median at the
 //! smallest (1 = flat).
 
@@ -25,7 +32,8 @@ mod report;
 
 use ledger::{Id, Ledger};
 use schemas::{
-    Dataset, GuardCheck, Hash32, Judgment, Note, RankedRun, Ranking, Rollout, Selection, Training,
+    Cycle, Dataset, Effect, EffectStatus, GuardCheck, Hash32, Judgment, RankedRun, Ranking,
+    Rollout, Selection, Training,
 };
 
 const RUNS: usize = 18;
@@ -42,8 +50,17 @@ macro_rules! ev {
     };
 }
 
+/// An event of the run's main stream.
+macro_rules! main_ev {
+    ($r:expr) => {
+        ev!($r).in_stream("main")
+    };
+}
+
 /// One task's cycle; returns the rollout ids and the number of events.
-fn task_block(l: &Ledger, t: usize) -> (Vec<Id>, usize) {
+/// One task's cycle on top of the run's main stream at `main_head`;
+/// returns the rollout ids, the number of events and the new main head.
+fn task_block(l: &Ledger, t: usize, main_head: Option<Id>) -> (Vec<Id>, usize, Id) {
     let mut b = l.batch();
     let mut events = 0;
     let task = format!("task-{t}");
@@ -53,12 +70,13 @@ fn task_block(l: &Ledger, t: usize) -> (Vec<Id>, usize) {
     let tree = b.put_blob(format!("tree {t}").as_bytes()).expect("blob");
     let mut rollouts = Vec::new();
     for i in 0..RUNS {
-        let stream = format!("bench/c1/{task}/collect/{i:02}/orch");
+        // Named as the engine names them: the ref under the run, the
+        // event's stream relative to it (the report lists a run's streams so).
+        let rel = format!("c1/{task}/collect/{i:02}/orch");
+        let stream = format!("bench/{rel}");
         let mut prev = None;
         for k in 0..3 {
-            let n = ev!(Note {
-                text: format!("{task} run {i} step {k}"),
-            });
+            let n = model_call(&mut b, &task, i, k).in_stream(rel.clone());
             prev = Some(b.append(&stream, prev, n).expect("append"));
             events += 1;
         }
@@ -101,7 +119,8 @@ fn task_block(l: &Ledger, t: usize) -> (Vec<Id>, usize) {
             completion_tokens: 50,
             report: format!("run {i}"),
         })
-        .with_parents(vec![guard]);
+        .with_parents(vec![guard])
+        .in_stream(rel);
         rollouts.push(b.append(&stream, Some(head), rollout).expect("append"));
         events += 2;
     }
@@ -121,18 +140,21 @@ fn task_block(l: &Ledger, t: usize) -> (Vec<Id>, usize) {
                 conversation: h(tree),
             })
             .with_parents(vec![a, c]);
+            let rel = format!("c1/{task}/pair/{i:02}-{o}");
             judgments.push(
-                b.append(&format!("bench/c1/{task}/pair/{i:02}-{o}"), None, j)
+                b.append(&format!("bench/{rel}"), None, j.in_stream(rel))
                     .expect("append"),
             );
             events += 1;
         }
     }
-    let main = format!("bench/main/{task}");
+    // The decisions are on the run's main stream, every task's after the
+    // one before, as a run records them.
+    let main = "bench";
     let ranking = b
         .append(
-            &main,
-            None,
+            main,
+            main_head,
             ev!(Ranking {
                 task: task.clone(),
                 cycle: 1,
@@ -153,14 +175,15 @@ fn task_block(l: &Ledger, t: usize) -> (Vec<Id>, usize) {
                     .collect(),
                 judgments: judgments.iter().map(|j| h(*j)).collect(),
             })
-            .with_parents(judgments.clone()),
+            .with_parents(judgments.clone())
+            .in_stream("main"),
         )
         .expect("append");
     let selection = b
         .append(
-            &main,
+            main,
             Some(ranking),
-            ev!(Selection {
+            main_ev!(Selection {
                 task: task.clone(),
                 cycle: 1,
                 ranking: h(ranking),
@@ -190,9 +213,9 @@ fn task_block(l: &Ledger, t: usize) -> (Vec<Id>, usize) {
     let prov = b.put_blob(provenance.as_bytes()).expect("blob");
     let dataset = b
         .append(
-            &main,
+            main,
             Some(selection),
-            ev!(Dataset {
+            main_ev!(Dataset {
                 cycle: 1,
                 format: "openai".into(),
                 train: h(tree),
@@ -206,33 +229,110 @@ fn task_block(l: &Ledger, t: usize) -> (Vec<Id>, usize) {
             }),
         )
         .expect("append");
+    let training = b
+        .append(
+            main,
+            Some(dataset),
+            ev!(Training {
+                cycle: 1,
+                dataset: h(dataset),
+                base_model: "m".into(),
+                new_model: format!("m+{task}"),
+                command: "sim".into(),
+                exit_status: 0,
+                output: h(tree),
+                log: h(tree),
+                checkpoint: "checkpoint-3".into(),
+                validation_loss: 0.9,
+                base_validation_loss: Some(1.1),
+                effect: h(dataset),
+                hyperparameters: h(tree),
+                checkpoint_reason: "lowest".into(),
+                adapter: h(tree),
+                trainer_version: String::new(),
+                steps: 0,
+            })
+            .in_stream("main"),
+        )
+        .expect("append");
+    events += 4;
+    b.commit().expect("commit");
+    (rollouts, events, training)
+}
+
+/// A recorded model call: its request and its output (a message and the
+/// usage, as the engine records them) as blobs of their own.
+fn model_call(b: &mut ledger::Batch<'_>, task: &str, run: usize, step: usize) -> ledger::NewEvent {
+    // As the engine records it: the new messages as blobs, named by id.
+    let message = serde_json::json!({"role": "user", "content": format!("{task} {run} {step}")});
+    let message = b.put_blob(message.to_string().as_bytes()).expect("blob");
+    let request = serde_json::json!({
+        "model": "m",
+        "params": {"temperature": 0.7},
+        "tools": null,
+        "prefix": null,
+        "messages": [message.to_hex()],
+    });
+    let request = b.put_blob(request.to_string().as_bytes()).expect("blob");
+    let output = serde_json::json!({
+        "message": {"role": "assistant", "content": format!("{task} run {run} step {step}")},
+        "usage": {"prompt_tokens": 200 + step, "completion_tokens": 24},
+        "finish_reason": "stop",
+    });
+    let output = b.put_blob(output.to_string().as_bytes()).expect("blob");
+    ev!(Effect {
+        effect: "model".into(),
+        request: h(request),
+        status: EffectStatus::Ok,
+        output: Some(h(output)),
+        error: String::new(),
+        links: vec![h(message)],
+    })
+}
+
+/// The run's head: cycle 1's record, so the report has a cycle to fill.
+fn close_run(l: &Ledger, main_head: Option<Id>) {
+    let mut b = l.batch();
     b.append(
-        &main,
-        Some(dataset),
-        ev!(Training {
+        "bench",
+        main_head,
+        main_ev!(Cycle {
             cycle: 1,
-            dataset: h(dataset),
-            base_model: "m".into(),
-            new_model: format!("m+{task}"),
-            command: "sim".into(),
-            exit_status: 0,
-            output: h(tree),
-            log: h(tree),
-            checkpoint: "checkpoint-3".into(),
-            validation_loss: 0.9,
-            base_validation_loss: Some(1.1),
-            effect: h(dataset),
-            hyperparameters: h(tree),
-            checkpoint_reason: "lowest".into(),
-            adapter: h(tree),
-            trainer_version: String::new(),
-            steps: 0,
+            model: "m".into(),
+            next_model: "m+1".into(),
+            inner_wins: 0,
+            inner_iterations: 0,
+            selected_runs: 0,
+            supervised_tokens: 0,
+            collected_runs: 0,
+            delegating_runs: 0,
+            tampered_runs: 0,
+            tampered_in_training: 0,
+            bare_delegation: vec![],
+            agreement: vec![],
+            evaluations: vec![],
         }),
     )
     .expect("append");
-    events += 4;
     b.commit().expect("commit");
-    (rollouts, events)
+}
+
+/// Median seconds of three `mass report`s, each checked to have counted
+/// every recorded model call of the collect stage.
+fn time_report(l: &Ledger, calls: u32) -> f64 {
+    let mut s = Vec::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let r = audit::report::report(l, "bench").expect("report");
+        s.push(t.elapsed().as_secs_f64());
+        let collect = r.cycles[0]
+            .stages
+            .iter()
+            .find(|c| c.stage == "collect")
+            .expect("collect stage");
+        assert_eq!(collect.model_calls, calls, "every model call counted");
+    }
+    median(s)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -265,7 +365,14 @@ fn main() {
     // `cargo test --all-targets` runs this binary without `--bench`: a smoke run.
     let smoke = !args.iter().any(|a| a == "--bench");
     let quick = args.iter().any(|a| a == "--quick");
-    let sizes: &[usize] = if smoke {
+    let given: Vec<usize> = args
+        .iter()
+        .filter_map(|a| a.strip_prefix("--sizes="))
+        .flat_map(|v| v.split(',').filter_map(|n| n.parse().ok()))
+        .collect();
+    let sizes: &[usize] = if !given.is_empty() {
+        &given
+    } else if smoke {
         &[2_000, 10_000]
     } else if quick {
         &[10_000, 100_000]
@@ -273,11 +380,11 @@ fn main() {
         &[10_000, 1_000_000]
     };
     println!(
-        "mass why: the evidence chain of one rollout, {QUERIES} queries per ledger (medians, ms)"
+        "mass why: the evidence chain of one rollout, {QUERIES} queries per ledger (medians, ms); mass report of the run (median of 3, s)"
     );
     println!(
-        "{:>9}  {:>9}  {:>10}  {:>9}  {:>12}  {:>10}",
-        "events", "build s", "why median", "why p90", "scan median", "why/scan"
+        "{:>9}  {:>9}  {:>10}  {:>9}  {:>12}  {:>10}  {:>8}",
+        "events", "build s", "why median", "why p90", "scan median", "why/scan", "report s"
     );
     let mut first = None;
     let (mut rows, mut flatness) = (Vec::new(), None);
@@ -285,13 +392,15 @@ fn main() {
         let dir = tempfile::tempdir().expect("tempdir");
         let l = Ledger::init(&dir.path().join("l")).expect("init");
         let t0 = Instant::now();
-        let (mut all, mut events, mut t) = (Vec::new(), 0, 0);
+        let (mut all, mut events, mut t, mut head) = (Vec::new(), 0, 0, None);
         while events < size {
-            let (r, n) = task_block(&l, t);
+            let (r, n, h) = task_block(&l, t, head);
             all.extend(r);
             events += n;
             t += 1;
+            head = Some(h);
         }
+        close_run(&l, head);
         drop(l);
         let l = Ledger::open_read_only(&dir.path().join("l")).expect("open");
         let build = t0.elapsed().as_secs_f64();
@@ -311,8 +420,9 @@ fn main() {
         }
         let (m, p) = (median(why_ms.clone()), p90(why_ms));
         let s = median(scan_ms);
+        let rep = time_report(&l, (all.len() * 3) as u32);
         println!(
-            "{events:>9}  {build:>9.1}  {m:>10.3}  {p:>9.3}  {s:>12.1}  {:>10.5}",
+            "{events:>9}  {build:>9.1}  {m:>10.3}  {p:>9.3}  {s:>12.1}  {:>10.5}  {rep:>8.2}",
             m / s
         );
         rows.push(serde_json::json!({
@@ -322,6 +432,7 @@ fn main() {
             "why_p90_ms": p,
             "scan_median_ms": s,
             "why_vs_scan": m / s,
+            "report_median_s": rep,
         }));
         match first {
             None => first = Some((events, m)),
@@ -333,6 +444,13 @@ fn main() {
                 )
             }
         }
+    }
+    if let Some(last) = rows.last() {
+        println!(
+            "mass report of the {}-event run: {:.2} s median (goal: <= 2 s at 1M)",
+            last["events"],
+            last["report_median_s"].as_f64().unwrap_or(f64::NAN)
+        );
     }
     if !smoke {
         let doc = serde_json::json!({"queries": QUERIES, "rows": rows, "flatness": flatness});
