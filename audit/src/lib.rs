@@ -329,9 +329,15 @@ pub struct RolloutRow {
 /// orchestrator stream) and described through index lookups; sorted by
 /// cycle, task, kind and index.
 pub fn rollouts(l: &Ledger, run: &str) -> Result<Vec<RolloutRow>> {
+    rollouts_in(l, run, &run_streams(l, run)?)
+}
+
+/// [`rollouts`] given the run's streams (as [`run_streams`] lists them), for
+/// a caller that has them already: listing them reads every stream's head.
+pub fn rollouts_in(l: &Ledger, run: &str, streams: &[(String, Id)]) -> Result<Vec<RolloutRow>> {
     let mut out = Vec::new();
     let mut members = RunMembers::new(l, run);
-    for (_, head) in run_streams(l, run)? {
+    for &(_, head) in streams {
         let ev = l.get_event(&head)?;
         if ev.kind != <Rollout as Decodable>::KIND {
             continue;

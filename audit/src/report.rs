@@ -319,9 +319,10 @@ pub fn report(l: &Ledger, run: &str) -> Result<Report> {
         .collect();
     walltimes(l, &main, &mut cycles)?;
     trainings(&main, &mut cycles)?;
-    bt_scores(l, run, &mut cycles)?;
+    let streams = super::run_streams(l, run)?;
+    bt_scores(l, run, &streams, &mut cycles)?;
     exclusions(l, &main, &mut cycles)?;
-    for (rel, h) in super::run_streams(l, run)? {
+    for (rel, h) in streams {
         let rel = rel.as_str();
         let Some((cycle, stage)) = stage_of(rel) else {
             continue;
@@ -569,8 +570,13 @@ fn inner_task(l: &Ledger, task: String, promotions: Vec<Promotion>) -> Result<In
 
 /// The Bradley-Terry score of every ranked collected run, per cycle and
 /// task, sorted by rank.
-fn bt_scores(l: &Ledger, run: &str, cycles: &mut BTreeMap<u32, CycleReport>) -> Result<()> {
-    for r in super::rollouts(l, run)? {
+fn bt_scores(
+    l: &Ledger,
+    run: &str,
+    streams: &[(String, Id)],
+    cycles: &mut BTreeMap<u32, CycleReport>,
+) -> Result<()> {
+    for r in super::rollouts_in(l, run, streams)? {
         let (Some(score), Some(c)) = (r.score, cycles.get_mut(&r.cycle)) else {
             continue;
         };
