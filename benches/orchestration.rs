@@ -423,6 +423,11 @@ fn engine_run(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg, rep: usi
         ledger_cpu: engine::exec::ledger_cpu() - ledger0,
         peak_mib: peak_rss_mib(),
     };
+    // The ledger closed first: closing writes (its index), and a directory
+    // removed under an open ledger came back, so a second run with the same
+    // `--dir` found it and stopped.
+    drop(outcomes);
+    drop(session);
     let _ = std::fs::remove_dir_all(&dir);
     s
 }
