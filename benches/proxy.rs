@@ -49,18 +49,58 @@
 //! JSONL log of the full exchanges, at a quarter, half and all of the
 //! conversation: linear against quadratic.
 //!
-//!     cargo bench --bench proxy                  # 48 turns x 5 reps, streamed 24 turns x 2 reps (~15 s)
-//!     cargo bench --bench proxy -- --quick       # 24 x 2, streamed 12 x 1
+//! Then the concurrent mode, for issue #32's goal (the added TTFT p50 <=
+//! 0.3 ms and p99 <= 1 ms with 256 concurrent streaming clients):
+//! `--clients=N` clients at once (256; 64 with `--quick`, 4 in the smoke
+//! run; `--clients=0` skips it), each its own agent conversation (the same
+//! system prompt and tools, its own task, replies and tool results) of
+//! `--clients-turns=N` streamed turns (8; 4 with `--quick`, 2 in the smoke
+//! run). One proxy (on a runtime as above) serves a recording route per
+//! client (`/s/cNNN/v1`, as it serves one per rollout), each recording into
+//! its own stream `client-NNN` of one fresh ledger with its own writer, so
+//! prefix chains are per client, every exchange committed durably as
+//! above. A stub of their own (the same delays, told the conversation by
+//! header `x-bench-client`) answers; with a thread per connection it never
+//! queues a request behind another. The clients are tasks on one
+//! multi-threaded runtime (a worker per core, at least 2: one thread would
+//! queue every client's reads and timestamps behind the others'), each
+//! with its own reqwest client and so its own keep-alive connections to
+//! the stub and to the proxy, as an agent process has: nothing goes
+//! through a shared connection or pool. They list the models on both
+//! paths, wait for each other, and start spread over one stream's length
+//! (agents are not in step). Each turn's request goes directly (A) and
+//! through the client's route (B), the order alternating by turn and
+//! client so drift cancels; the figures are the per-request differences
+//! B - A of the time to the first body byte and to the end of the body.
+//! Printed: p50, p90, p99 and max of A, B and B - A, the wall time, how
+//! long the recordings took to be durable after the last client finished,
+//! and verdict lines against the goal. Then the ledger is closed and
+//! reopened: every client's stream must hold its models listing and every
+//! turn in order, each turn's prefix the turn before, each recorded body
+//! byte-equal to the direct one (as every proxied body must be), or the
+//! bench panics.
+//!
+//!     cargo bench --bench proxy                  # 48 turns x 5 reps, streamed 24 turns x 2 reps (~15 s), then 256 clients x 8 turns
+//!     cargo bench --bench proxy -- --quick       # 24 x 2, streamed 12 x 1, then 64 clients x 4 turns
 //!     cargo bench --bench proxy -- --reps=10 --turns=64 --delay-ms=5 --workers=4
+//!     cargo bench --bench proxy -- --clients=128 --clients-turns=16   # --clients=0: one client only
 //!
 //! The figures are also written to `target/bench/proxy.json` (not by the
 //! smoke run): `{"turns", "sse_turns", "reps", "sse_reps", "workers", "cores",
-//! "plain": {...}, "streamed": {...}, "bodies_equal"}`, each of `plain` (the
-//! time to the end of the body) and `streamed` (the time to the first body
-//! byte) holding `"requests"`, `"direct_p50_us"`, `"direct_p99_us"`,
-//! `"proxied_p50_us"`, `"proxied_p99_us"`, `"bare_p50_us"` and
-//! `"added_paired_p50_us"` / `"added_paired_p99_us"` (quantiles of the
-//! per-request differences B - A).
+//! "plain": {...}, "streamed": {...}, "bodies_equal", "concurrent": {...}}`,
+//! each of `plain` (the time to the end of the body) and `streamed` (the
+//! time to the first body byte) holding `"requests"`, `"direct_p50_us"`,
+//! `"direct_p99_us"`, `"proxied_p50_us"`, `"proxied_p99_us"`,
+//! `"bare_p50_us"` and `"added_paired_p50_us"` / `"added_paired_p99_us"`
+//! (quantiles of the per-request differences B - A). `concurrent` (`null`
+//! with `--clients=0`) holds `"clients"`, `"turns"` (per client),
+//! `"requests"` (per path), `"added_ttft_p50_us"`, `"added_ttft_p90_us"`,
+//! `"added_ttft_p99_us"` (quantiles of the paired B - A of the time to the
+//! first body byte), `"added_total_p50_us"`, `"added_total_p99_us"` (the
+//! same to the end of the body), `"direct_ttft_p50_us"`,
+//! `"direct_ttft_p99_us"`, `"proxied_ttft_p50_us"`,
+//! `"proxied_ttft_p99_us"` and `"wall_s"` (first turn sent to last turn
+//! done).
 //!
 //! Other options: `--sse-turns=N --sse-reps=N --ttft-ms=F --chunks=N
 //! --chunk-ms=F --dir=PATH` (where the ledgers go; a temporary directory by
@@ -92,9 +132,12 @@ const RUN: &str = "bench";
 const MODEL: &str = "bench-model";
 const USAGE: &str = "usage: cargo bench --bench proxy -- [--quick] [--turns=N] [--reps=N] \
      [--sse-turns=N] [--sse-reps=N] [--delay-ms=F] [--ttft-ms=F] [--chunks=N] [--chunk-ms=F] \
-     [--workers=N] [--dir=PATH] [--bare-burn=US[:yield|:thread]]";
+     [--workers=N] [--dir=PATH] [--bare-burn=US[:yield|:thread]] [--clients=N] [--clients-turns=N]";
 /// The issue's goal for the median added latency, and for TTFT.
 const GOAL_US: f64 = 1000.0;
+/// Issue #32's goals for the paired added TTFT with concurrent clients.
+const CLIENTS_GOAL_P50_US: f64 = 300.0;
+const CLIENTS_GOAL_P99_US: f64 = 1000.0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum BurnOn {
@@ -123,6 +166,10 @@ struct Cfg {
     /// yields once first with `:yield`) or to an OS thread (`:thread`).
     bare_burn: Duration,
     bare_burn_on: BurnOn,
+    /// The concurrent mode: this many clients at once (0: skipped), each
+    /// `clients_turns` streamed turns.
+    clients: usize,
+    clients_turns: usize,
 }
 
 fn cores() -> usize {
@@ -147,7 +194,10 @@ fn parse_args() -> Result<Cfg, String> {
         dir: None,
         bare_burn: Duration::ZERO,
         bare_burn_on: BurnOn::Task,
+        clients: 256,
+        clients_turns: 8,
     };
+    let (mut quick, mut clients, mut clients_turns) = (false, None, None);
     if smoke {
         // `cargo test --all-targets`: every code path, in miniature.
         cfg.turns = 4;
@@ -181,7 +231,13 @@ fn parse_args() -> Result<Cfg, String> {
                 cfg.reps = 2;
                 cfg.sse_turns = 12;
                 cfg.sse_reps = 1;
+                quick = true;
             }
+            "--clients" => match v.parse::<usize>() {
+                Ok(n) if n <= 2000 => clients = Some(n),
+                _ => return Err(format!("bad --clients {v:?} (0 to 2000)")),
+            },
+            "--clients-turns" => clients_turns = Some(num(v)?),
             "--turns" => cfg.turns = num(v)?.max(4),
             "--reps" => cfg.reps = num(v)?,
             "--sse-turns" => cfg.sse_turns = num(v)?.max(2),
@@ -212,6 +268,13 @@ fn parse_args() -> Result<Cfg, String> {
     // The first chunk, at least two pieces of the reply, the finish chunk
     // and the usage chunk.
     cfg.chunks = cfg.chunks.max(4);
+    let (n, t) = match (smoke, quick) {
+        (true, _) => (4, 2),
+        (false, true) => (64, 4),
+        (false, false) => (256, 8),
+    };
+    cfg.clients = clients.unwrap_or(n);
+    cfg.clients_turns = clients_turns.unwrap_or(t);
     Ok(cfg)
 }
 
@@ -543,6 +606,19 @@ fn make_reply(rng: &mut Rng, t: usize, chunks: usize) -> Reply {
     }
 }
 
+/// Each turn's reply and tool result.
+fn script_turns(rng: &mut Rng, turns: usize, chunks: usize) -> (Vec<Reply>, Vec<Value>) {
+    let mut replies = Vec::new();
+    let mut tool_results = Vec::new();
+    for t in 0..turns {
+        let r = make_reply(rng, t, chunks);
+        let id = r.message["tool_calls"][0]["id"].clone();
+        tool_results.push(json!({"role": "tool", "tool_call_id": id, "content": tool_output(rng)}));
+        replies.push(r);
+    }
+    (replies, tool_results)
+}
+
 impl Script {
     fn new(turns: usize, chunks: usize) -> Script {
         let mut rng = Rng(0x5EED_7001);
@@ -561,20 +637,27 @@ impl Script {
         }
         let tools = tools_json(&mut rng);
         let user = json!({"role": "user", "content": format!("Task: {}", prose(&mut rng, 1500))});
-        let mut replies = Vec::new();
-        let mut tool_results = Vec::new();
-        for t in 0..turns {
-            let r = make_reply(&mut rng, t, chunks);
-            let id = r.message["tool_calls"][0]["id"].clone();
-            tool_results.push(
-                json!({"role": "tool", "tool_call_id": id, "content": tool_output(&mut rng)}),
-            );
-            replies.push(r);
-        }
+        let (replies, tool_results) = script_turns(&mut rng, turns, chunks);
         Script {
             system: json!({"role": "system", "content": system}),
             user,
             tools,
+            replies,
+            tool_results,
+        }
+    }
+
+    /// Client `client`'s conversation in the concurrent mode: the same
+    /// harness (`base`'s system prompt and tools), its own task, replies
+    /// and tool results.
+    fn for_client(base: &Script, client: usize, turns: usize, chunks: usize) -> Script {
+        let mut rng = Rng(0xC11E_0000_0000 + client as u64);
+        let task = format!("Task {client}: {}", prose(&mut rng, 1500));
+        let (replies, tool_results) = script_turns(&mut rng, turns, chunks);
+        Script {
+            system: base.system.clone(),
+            user: json!({"role": "user", "content": task}),
+            tools: base.tools.clone(),
             replies,
             tool_results,
         }
@@ -614,6 +697,14 @@ struct Timing {
     interval: Duration,
 }
 
+fn timing(cfg: &Cfg) -> Timing {
+    Timing {
+        delay: cfg.delay,
+        ttft: cfg.ttft,
+        interval: cfg.interval,
+    }
+}
+
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
@@ -635,11 +726,13 @@ fn write_chunk(sock: &mut TcpStream, data: &[u8], last: bool) -> std::io::Result
     sock.write_all(&frame)
 }
 
-/// Serves one connection. The turn comes in header `x-bench-turn` and the
-/// mode in `x-bench-stream` (the client sets both; the proxy passes headers
-/// through), so the stub does not parse the 36-200 KiB bodies it reads;
-/// `x-bench-delay-us: 0` makes every delay zero (the replay baseline).
-fn serve_conn(mut sock: TcpStream, script: Arc<Script>, timing: Timing) {
+/// Serves one connection. The turn comes in header `x-bench-turn`, the
+/// mode in `x-bench-stream` and, in the concurrent mode, the conversation
+/// in `x-bench-client` (0 when absent; the client sets them; the proxy
+/// passes headers through), so the stub does not parse the 36-200 KiB
+/// bodies it reads; `x-bench-delay-us: 0` makes every delay zero (the
+/// replay baseline).
+fn serve_conn(mut sock: TcpStream, scripts: Arc<Vec<Arc<Script>>>, timing: Timing) {
     let mut buf: Vec<u8> = Vec::with_capacity(256 * 1024);
     let mut tmp = vec![0u8; 64 * 1024];
     loop {
@@ -697,8 +790,8 @@ fn serve_conn(mut sock: TcpStream, script: Arc<Script>, timing: Timing) {
             }
             continue;
         }
-        let turn = header("x-bench-turn").and_then(|v| v.parse::<usize>().ok());
-        let Some(reply) = turn.and_then(|i| script.replies.get(i)) else {
+        let Some(reply) = reply_for(&scripts, header("x-bench-client"), header("x-bench-turn"))
+        else {
             let body =
                 r#"{"error":{"message":"stub: no such turn","type":"invalid_request_error"}}"#;
             let resp = format!(
@@ -739,15 +832,28 @@ fn serve_conn(mut sock: TcpStream, script: Arc<Script>, timing: Timing) {
     }
 }
 
-/// Starts the stub; returns its base URL.
-fn start_stub(script: Arc<Script>, timing: Timing) -> String {
+/// The reply to turn `turn` of conversation `client` (0 when absent).
+fn reply_for<'a>(
+    scripts: &'a [Arc<Script>],
+    client: Option<String>,
+    turn: Option<String>,
+) -> Option<&'a Reply> {
+    let client = client.map_or(Some(0), |c| c.parse::<usize>().ok())?;
+    let turn = turn?.parse::<usize>().ok()?;
+    scripts.get(client)?.replies.get(turn)
+}
+
+/// Starts the stub answering `scripts` (by `x-bench-client`); returns its
+/// base URL.
+fn start_stub(scripts: Vec<Arc<Script>>, timing: Timing) -> String {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind the stub");
     let addr = l.local_addr().expect("stub address");
+    let scripts = Arc::new(scripts);
     std::thread::spawn(move || {
         for s in l.incoming().flatten() {
             s.set_nodelay(true).ok();
-            let script = script.clone();
-            std::thread::spawn(move || serve_conn(s, script, timing));
+            let scripts = scripts.clone();
+            std::thread::spawn(move || serve_conn(s, scripts, timing));
         }
     });
     format!("http://{addr}/v1")
@@ -1640,6 +1746,313 @@ fn storage(cfg: &Cfg, script: &Script, stub: &str, root: &Path) {
     println!("  (raw and gzip'd JSONL grow with the conversation per request: quadratic in total; the ledger stores each message once)");
 }
 
+// ---------------------------------------------------------------------------
+// Concurrent clients (`--clients=N`): N agent conversations at once, each
+// streamed request paired direct (A) and through the recording proxy (B).
+
+/// One client turn: the streamed request's times on each path.
+struct ClientTurn {
+    direct: Times,
+    proxied: Times,
+}
+
+/// What the concurrent mode measured.
+struct ClientsOut {
+    turns: Vec<ClientTurn>,
+    /// From the first client's first turn to the last one's last.
+    wall: Duration,
+    /// From the last client done to every route's recording durable.
+    finish_wait: Duration,
+    /// Exchanges found on the clients' streams in the reopened ledger.
+    recorded: usize,
+}
+
+/// Client `i`'s stream of the run, and its route (`/s/<route>/v1`).
+fn client_stream(i: usize) -> (String, String) {
+    (format!("client-{i:03}"), format!("c{i:03}"))
+}
+
+/// One recording route per client, as the proxy has one per rollout: each
+/// records into its own stream (its own prefix chain and writer thread).
+/// Returns the server, the routes and each client's base URL.
+async fn client_routes(
+    ledger: &Arc<ledger::Ledger>,
+    stub: &str,
+    n: usize,
+) -> (ProxyServer, Vec<Arc<Route>>, Vec<String>) {
+    let server = ProxyServer::bind("127.0.0.1:0".parse().expect("address"))
+        .await
+        .expect("bind the proxy");
+    let (mut routes, mut bases) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        let (stream, name) = client_stream(i);
+        let log = WireLog::open(ledger.clone(), RUN, &stream).expect("open the wire log");
+        let route = Arc::new(Route::record(log, Upstream::new(stub).expect("upstream")));
+        bases.push(server.add(&name, route.clone()));
+        routes.push(route);
+    }
+    (server, routes, bases)
+}
+
+/// One client of the concurrent mode: its own HTTP client (its own
+/// keep-alive connections, as an agent process has), the models listed on
+/// both paths, then, once every client is ready and after its `offset`,
+/// its turns, each request sent directly (`urls[0]`) and through its route
+/// (`urls[1]`) in an order alternating by turn and client. Panics on a
+/// status other than 200 or a body other than the stub's.
+async fn agent(
+    i: usize,
+    script: Arc<Script>,
+    urls: [String; 2],
+    turns: usize,
+    start: (Arc<tokio::sync::Barrier>, Duration),
+) -> (Instant, Instant, Vec<ClientTurn>) {
+    let client = new_client();
+    for u in &urls {
+        let c = call(&client, &format!("{u}/models"), None, &[]).await;
+        assert_eq!(c.status, 200, "client {i}: GET {u}/models");
+    }
+    start.0.wait().await;
+    tokio::time::sleep(start.1).await;
+    let began = Instant::now();
+    let mut out = Vec::with_capacity(turns);
+    for t in 0..turns {
+        let body = script.request(t, true);
+        let mut h = headers(t, Kind::Sse, false);
+        h.push(("x-bench-client", i.to_string()));
+        let proxied_first = (t + i) % 2 == 1;
+        let mut got: [Option<Call>; 2] = [None, None];
+        for p in [proxied_first, !proxied_first] {
+            let url = format!("{}/chat/completions", urls[p as usize]);
+            got[p as usize] = Some(call(&client, &url, Some(body.clone()), &h).await);
+        }
+        let [Some(d), Some(p)] = got else {
+            unreachable!("both paths were called")
+        };
+        let want = script.replies[t].sse.concat();
+        assert!(
+            d.status == 200 && d.body == want,
+            "client {i}, turn {t}: the direct answer (status {}) is not the stub's",
+            d.status
+        );
+        assert!(
+            p.status == 200 && p.body == d.body,
+            "client {i}, turn {t}: the proxied body (status {}) differs from the direct one: {}",
+            p.status,
+            String::from_utf8_lossy(&p.body[..p.body.len().min(300)])
+        );
+        out.push(ClientTurn {
+            direct: (d.first, d.total),
+            proxied: (p.first, p.total),
+        });
+    }
+    (began, Instant::now(), out)
+}
+
+/// Runs the clients on a multi-threaded runtime (one task each); returns
+/// each client's (first turn sent, last turn done, turns).
+fn drive_clients(
+    cfg: &Cfg,
+    scripts: &[Arc<Script>],
+    stub: &str,
+    bases: &[String],
+) -> Vec<(Instant, Instant, Vec<ClientTurn>)> {
+    let n = scripts.len();
+    let crt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores().max(2))
+        .enable_all()
+        .build()
+        .expect("client runtime");
+    // Spread the starts over one stream's length: agents are not in step.
+    let stream_time = cfg.ttft + cfg.interval * cfg.chunks as u32;
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    crt.block_on(async {
+        let tasks: Vec<_> = (0..n)
+            .map(|i| {
+                let urls = [stub.to_string(), bases[i].clone()];
+                let offset = stream_time * i as u32 / n as u32;
+                let start = (barrier.clone(), offset);
+                tokio::spawn(agent(i, scripts[i].clone(), urls, cfg.clients_turns, start))
+            })
+            .collect();
+        let mut out = Vec::with_capacity(n);
+        for (i, t) in tasks.into_iter().enumerate() {
+            match t.await {
+                Ok(r) => out.push(r),
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => panic!("client {i} did not finish: {e}"),
+            }
+        }
+        out
+    })
+}
+
+/// The concurrent mode: `cfg.clients` conversations of `cfg.clients_turns`
+/// streamed turns at once against a stub of their own, through one proxy
+/// recording every client into its own stream of a fresh ledger; then the
+/// ledger is closed, reopened and checked (`check_recording`).
+fn run_clients(cfg: &Cfg, base: &Script, root: &Path) -> ClientsOut {
+    let n = cfg.clients;
+    let scripts: Vec<Arc<Script>> = (0..n)
+        .map(|i| Arc::new(Script::for_client(base, i, cfg.clients_turns, cfg.chunks)))
+        .collect();
+    let stub = start_stub(scripts.clone(), timing(&cfg));
+    let dir = root.join("clients");
+    let ledger = Arc::new(ledger::Ledger::init(&dir).expect("init the ledger"));
+    let (prt, _) = runtimes(cfg);
+    let (server, routes, bases) = prt.block_on(client_routes(&ledger, &stub, n));
+    let runs = drive_clients(cfg, &scripts, &stub, &bases);
+    let tf = Instant::now();
+    prt.block_on(async {
+        for (i, r) in routes.iter().enumerate() {
+            let head = r.finish().await.expect("a client's recording finishes");
+            assert!(head.is_some(), "client {i}: nothing was recorded");
+            let lost = r.unrecorded();
+            assert!(lost.is_empty(), "client {i}: not recorded: {lost:?}");
+        }
+    });
+    let finish_wait = tf.elapsed();
+    drop(server);
+    drop(routes);
+    drop(prt);
+    match Arc::try_unwrap(ledger) {
+        Ok(l) => drop(l),
+        Err(_) => panic!("the ledger is still shared after the proxy stopped"),
+    }
+    let recorded = check_recording(&dir, &scripts, cfg.clients_turns);
+    let _ = std::fs::remove_dir_all(&dir);
+    let first = runs.iter().map(|r| r.0).min().expect("a client");
+    let last = runs.iter().map(|r| r.1).max().expect("a client");
+    ClientsOut {
+        turns: runs.into_iter().flat_map(|r| r.2).collect(),
+        wall: last - first,
+        finish_wait,
+        recorded,
+    }
+}
+
+/// Reopens the concurrent run's ledger and checks every client's stream:
+/// the models listing, then each turn in order, each turn's prefix the
+/// turn before (chains per client), each recorded body byte-equal to the
+/// stub's (the direct) one. Panics otherwise; returns the exchanges found.
+fn check_recording(dir: &Path, scripts: &[Arc<Script>], turns: usize) -> usize {
+    use proxy::log::RecordedOutcome;
+    let ledger = ledger::Ledger::open(dir).expect("reopen the ledger");
+    let mut found = 0;
+    for (i, script) in scripts.iter().enumerate() {
+        let (stream, _) = client_stream(i);
+        let recorded = proxy::log::load(&ledger, RUN, &stream)
+            .unwrap_or_else(|e| panic!("read stream {stream}: {e}"));
+        assert_eq!(
+            recorded.len(),
+            turns + 1,
+            "stream {stream}: exchanges recorded, against the models listing and {turns} turns made"
+        );
+        let chats: Vec<_> = recorded.iter().filter(|r| r.is_chat()).collect();
+        assert_eq!(chats.len(), turns, "stream {stream}: chat exchanges");
+        for (t, r) in chats.iter().enumerate() {
+            let prev = t.checked_sub(1).map(|p| chats[p].event);
+            assert_eq!(r.prefix(), prev, "stream {stream}, turn {t}: prefix");
+            let body = match &r.reply {
+                RecordedOutcome::Http {
+                    status: 200,
+                    body: Some(id),
+                    cut: None,
+                    ..
+                } => ledger
+                    .get_blob(id)
+                    .unwrap_or_else(|e| panic!("stream {stream}, turn {t}: body: {e}")),
+                other => panic!("stream {stream}, turn {t}: recorded {other:?}"),
+            };
+            assert!(
+                body == script.replies[t].sse.concat(),
+                "stream {stream}, turn {t}: the recorded body differs from the direct one"
+            );
+        }
+        found += recorded.len();
+    }
+    found
+}
+
+fn qrow(label: &str, v: &[f64]) {
+    println!(
+        "  {label:<34} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>7}",
+        median(v),
+        p90(v),
+        quantile(v, 0.99),
+        quantile(v, 1.0),
+        v.len()
+    );
+}
+
+/// Prints the concurrent mode's table and verdicts; returns its figures
+/// for `target/bench/proxy.json`.
+fn report_clients(cfg: &Cfg, out: &ClientsOut) -> Value {
+    let pick = |f: fn(&ClientTurn) -> Duration| -> Vec<f64> {
+        out.turns.iter().map(|c| us(f(c))).collect()
+    };
+    let (a1, b1) = (pick(|c| c.direct.0), pick(|c| c.proxied.0));
+    let (a2, b2) = (pick(|c| c.direct.1), pick(|c| c.proxied.1));
+    let diff = |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().zip(b).map(|(x, y)| y - x).collect() };
+    let (d1, d2) = (diff(&a1, &b1), diff(&a2, &b2));
+    println!(
+        "\n== concurrent: {} clients at once x {} streamed turns ({} requests per path), \
+         TTFT {:.1} ms then {} chunks every {:.1} ms; µs ==",
+        cfg.clients,
+        cfg.clients_turns,
+        out.turns.len(),
+        cfg.ttft.as_secs_f64() * 1e3,
+        cfg.chunks,
+        cfg.interval.as_secs_f64() * 1e3
+    );
+    for (title, a, b, d) in [
+        ("time to first body byte (TTFT)", &a1, &b1, &d1),
+        ("time to the end of the stream", &a2, &b2, &d2),
+    ] {
+        println!(
+            "  {title:<34} {:>9} {:>9} {:>9} {:>9} {:>7}",
+            "p50", "p90", "p99", "max", "n"
+        );
+        qrow("A direct to the stub", a);
+        qrow("B through the proxy, recording", b);
+        qrow("B - A paired: added by the proxy", d);
+    }
+    println!(
+        "  wall {:.2} s; every route's recording durable {:.0} ms after the last client finished; \
+         the reopened ledger holds {} exchanges on {} streams (models + turns each), every \
+         recorded and proxied body byte-equal to the direct one",
+        out.wall.as_secs_f64(),
+        out.finish_wait.as_secs_f64() * 1e3,
+        out.recorded,
+        cfg.clients
+    );
+    let (p50, p99) = (median(&d1), quantile(&d1, 0.99));
+    println!(
+        "verdict: added TTFT with {} concurrent streaming clients p50 {p50:.0} µs vs goal <= {:.0} µs: {}; \
+         p99 {p99:.0} µs vs goal <= {:.0} µs: {}",
+        cfg.clients,
+        CLIENTS_GOAL_P50_US,
+        verdict(cfg, p50 <= CLIENTS_GOAL_P50_US),
+        CLIENTS_GOAL_P99_US,
+        verdict(cfg, p99 <= CLIENTS_GOAL_P99_US)
+    );
+    json!({
+        "clients": cfg.clients,
+        "turns": cfg.clients_turns,
+        "requests": out.turns.len(),
+        "added_ttft_p50_us": p50,
+        "added_ttft_p90_us": p90(&d1),
+        "added_ttft_p99_us": p99,
+        "added_total_p50_us": median(&d2),
+        "added_total_p99_us": quantile(&d2, 0.99),
+        "direct_ttft_p50_us": median(&a1),
+        "direct_ttft_p99_us": quantile(&a1, 0.99),
+        "proxied_ttft_p50_us": median(&b1),
+        "proxied_ttft_p99_us": quantile(&b1, 0.99),
+        "wall_s": out.wall.as_secs_f64(),
+    })
+}
+
 fn main() {
     let cfg = match parse_args() {
         Ok(c) => c,
@@ -1658,14 +2071,7 @@ fn main() {
     };
     let root = tmp.path().to_path_buf();
     let script = Arc::new(Script::new(cfg.turns.max(cfg.sse_turns), cfg.chunks));
-    let stub = start_stub(
-        script.clone(),
-        Timing {
-            delay: cfg.delay,
-            ttft: cfg.ttft,
-            interval: cfg.interval,
-        },
-    );
+    let stub = start_stub(vec![script.clone()], timing(&cfg));
     let size = |t: usize| script.request(t, false).len() as f64 / 1024.0;
     println!(
         "proxy benchmark{}: requests {:.0} KiB .. {:.0} KiB over {} turns; proxy runtime {} workers on {} cores; ledgers under {}",
@@ -1714,6 +2120,8 @@ fn main() {
     }
     record_cost(&cfg, &script, &stub, &root);
     storage(&cfg, &script, &stub, &root);
+    let concurrent =
+        (cfg.clients > 0).then(|| report_clients(&cfg, &run_clients(&cfg, &script, &root)));
     println!(
         "\nevery proxied and replayed body byte-equal to the direct one: {} (total {:.1} s)",
         if all_ok { "yes" } else { "NO" },
@@ -1730,6 +2138,7 @@ fn main() {
             "plain": figures.remove("plain"),
             "streamed": figures.remove("streamed"),
             "bodies_equal": all_ok,
+            "concurrent": concurrent,
         });
         if let Some(p) = report::write("proxy", &doc) {
             println!("figures: {}", p.display());
