@@ -833,11 +833,11 @@ fn serve_conn(mut sock: TcpStream, scripts: Arc<Vec<Arc<Script>>>, timing: Timin
 }
 
 /// The reply to turn `turn` of conversation `client` (0 when absent).
-fn reply_for<'a>(
-    scripts: &'a [Arc<Script>],
+fn reply_for(
+    scripts: &[Arc<Script>],
     client: Option<String>,
     turn: Option<String>,
-) -> Option<&'a Reply> {
+) -> Option<&Reply> {
     let client = client.map_or(Some(0), |c| c.parse::<usize>().ok())?;
     let turn = turn?.parse::<usize>().ok()?;
     scripts.get(client)?.replies.get(turn)
@@ -1896,7 +1896,7 @@ fn run_clients(cfg: &Cfg, base: &Script, root: &Path) -> ClientsOut {
     let scripts: Vec<Arc<Script>> = (0..n)
         .map(|i| Arc::new(Script::for_client(base, i, cfg.clients_turns, cfg.chunks)))
         .collect();
-    let stub = start_stub(scripts.clone(), timing(&cfg));
+    let stub = start_stub(scripts.clone(), timing(cfg));
     let dir = root.join("clients");
     let ledger = Arc::new(ledger::Ledger::init(&dir).expect("init the ledger"));
     let (prt, _) = runtimes(cfg);
