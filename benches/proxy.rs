@@ -80,7 +80,7 @@
 //! byte-equal to the direct one (as every proxied body must be), or the
 //! bench panics.
 //!
-//!     cargo bench --bench proxy                  # 48 turns x 5 reps, streamed 24 turns x 2 reps (~15 s), then 256 clients x 8 turns
+//!     cargo bench --bench proxy                  # 48 turns x 5 reps, streamed 24 turns x 2 reps (~15 s), then 256 clients x 8 turns (~6 s)
 //!     cargo bench --bench proxy -- --quick       # 24 x 2, streamed 12 x 1, then 64 clients x 4 turns
 //!     cargo bench --bench proxy -- --reps=10 --turns=64 --delay-ms=5 --workers=4
 //!     cargo bench --bench proxy -- --clients=128 --clients-turns=16   # --clients=0: one client only
@@ -833,11 +833,11 @@ fn serve_conn(mut sock: TcpStream, scripts: Arc<Vec<Arc<Script>>>, timing: Timin
 }
 
 /// The reply to turn `turn` of conversation `client` (0 when absent).
-fn reply_for<'a>(
-    scripts: &'a [Arc<Script>],
+fn reply_for(
+    scripts: &[Arc<Script>],
     client: Option<String>,
     turn: Option<String>,
-) -> Option<&'a Reply> {
+) -> Option<&Reply> {
     let client = client.map_or(Some(0), |c| c.parse::<usize>().ok())?;
     let turn = turn?.parse::<usize>().ok()?;
     scripts.get(client)?.replies.get(turn)
@@ -1896,7 +1896,7 @@ fn run_clients(cfg: &Cfg, base: &Script, root: &Path) -> ClientsOut {
     let scripts: Vec<Arc<Script>> = (0..n)
         .map(|i| Arc::new(Script::for_client(base, i, cfg.clients_turns, cfg.chunks)))
         .collect();
-    let stub = start_stub(scripts.clone(), timing(&cfg));
+    let stub = start_stub(scripts.clone(), timing(cfg));
     let dir = root.join("clients");
     let ledger = Arc::new(ledger::Ledger::init(&dir).expect("init the ledger"));
     let (prt, _) = runtimes(cfg);
