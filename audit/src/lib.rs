@@ -443,13 +443,15 @@ fn stream_ref(run: &str, stream: &str) -> String {
 struct RunMembers<'a> {
     l: &'a Ledger,
     run: &'a str,
-    walks: HashMap<String, Walk<'a>>,
+    walks: HashMap<String, Walk>,
 }
 
 /// How far one stream has been walked back.
-struct Walk<'a> {
-    /// The rest of the stream (`None`: no such stream).
-    chain: Option<ledger::Chain<'a>>,
+struct Walk {
+    /// The next event to read (`None`: no such stream, or its start
+    /// reached). Advanced only past an event that was read, so a read that
+    /// failed fails again for the next question, as `in_run`'s would.
+    next: Option<Id>,
     seen: HashSet<Id>,
     /// The sequence number of the last event seen (`u64::MAX` before any).
     last_seq: u64,
@@ -470,9 +472,9 @@ impl<'a> RunMembers<'a> {
         let w = match self.walks.entry(name) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                let chain = self.l.head(v.key())?.map(|h| self.l.chain(h));
+                let next = self.l.head(v.key())?;
                 v.insert(Walk {
-                    chain,
+                    next,
                     seen: HashSet::new(),
                     last_seq: u64::MAX,
                 })
@@ -485,11 +487,9 @@ impl<'a> RunMembers<'a> {
             // Walked past where it would be: not on the stream.
             return Ok(false);
         }
-        let Some(chain) = w.chain.as_mut() else {
-            return Ok(false);
-        };
-        for e in chain.by_ref() {
-            let e = e?;
+        while let Some(id) = w.next {
+            let e = self.l.get_event(&id)?;
+            w.next = e.prev;
             w.seen.insert(e.id);
             w.last_seq = e.seq;
             if e.id == ev.id {
@@ -499,7 +499,6 @@ impl<'a> RunMembers<'a> {
                 return Ok(false);
             }
         }
-        w.chain = None;
         Ok(false)
     }
 }
