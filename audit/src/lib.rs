@@ -20,7 +20,7 @@
 //! rollout's task that ran the workflow before the rollout (in log order),
 //! the last one an accepted promotion names as its candidate.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use ledger::{Event, Id, Ledger};
 use schemas::{
@@ -452,9 +452,13 @@ struct Walk {
     /// reached). Advanced only past an event that was read, so a read that
     /// failed fails again for the next question, as `in_run`'s would.
     next: Option<Id>,
-    seen: HashSet<Id>,
-    /// The sequence number of the last event seen (`u64::MAX` before any).
-    last_seq: u64,
+    /// Each event seen, with `in_run`'s answer for it: whether every event
+    /// above it has a higher sequence number (`in_run` stops at the first
+    /// that does not, which a chain pulled or imported with a sequence
+    /// number rising somewhere can hold).
+    seen: HashMap<Id, bool>,
+    /// The lowest sequence number seen (`u64::MAX` before any).
+    min_seq: u64,
 }
 
 impl<'a> RunMembers<'a> {
@@ -475,23 +479,23 @@ impl<'a> RunMembers<'a> {
                 let next = self.l.head(v.key())?;
                 v.insert(Walk {
                     next,
-                    seen: HashSet::new(),
-                    last_seq: u64::MAX,
+                    seen: HashMap::new(),
+                    min_seq: u64::MAX,
                 })
             }
         };
-        if w.seen.contains(&ev.id) {
-            return Ok(true);
+        if let Some(&held) = w.seen.get(&ev.id) {
+            return Ok(held);
         }
-        if w.last_seq <= ev.seq {
-            // Walked past where it would be: not on the stream.
+        if w.min_seq <= ev.seq {
+            // `in_run` would have stopped at an event already seen.
             return Ok(false);
         }
         while let Some(id) = w.next {
             let e = self.l.get_event(&id)?;
             w.next = e.prev;
-            w.seen.insert(e.id);
-            w.last_seq = e.seq;
+            w.seen.insert(e.id, w.min_seq > e.seq);
+            w.min_seq = w.min_seq.min(e.seq);
             if e.id == ev.id {
                 return Ok(true);
             }
@@ -931,6 +935,41 @@ mod tests {
             fh = Some(id);
         }
         all.push(l.append("x", None, note("x".into())).expect("append"));
+        // A chain whose sequence numbers rise somewhere, as a pulled or
+        // imported ledger may hold one (only `append` numbers them):
+        // H(9) -> A(1) -> B(4) -> C(0) on ref `r/odd`. `in_run` stops at A
+        // for B; asked about C first, a walk passes B and must not say yes.
+        let mut prev: Option<Id> = None;
+        let mut odd = Vec::new();
+        for (i, seq) in [0u64, 4, 1, 9].into_iter().enumerate() {
+            let env = ledger::EventEnvelope {
+                kind: "note".into(),
+                version: 1,
+                stream: "odd".into(),
+                seq,
+                prev: prev.map(|p| p.0),
+                parents: vec![],
+                refs: vec![],
+                payload: schemas::to_event(&schemas::Note {
+                    text: format!("odd {i}"),
+                })
+                .expect("note")
+                .payload,
+            };
+            let mut b = l.batch();
+            let id = b
+                .put_raw(
+                    ledger::ObjectKind::Event,
+                    env.to_bytes().expect("bytes"),
+                    vec![],
+                )
+                .expect("put");
+            b.commit().expect("commit");
+            odd.push(id);
+            prev = Some(id);
+        }
+        l.set_ref("r/odd", None, prev.expect("head")).expect("ref");
+        all.extend(odd.iter().rev());
         let events: Vec<Event> = all
             .iter()
             .map(|id| l.get_event(id).expect("event"))
