@@ -141,8 +141,11 @@ fn greedy(lora: Option<&Path>) -> String {
 /// The `llama-server` processes a run started, as seen from outside.
 #[derive(Debug, Default)]
 struct Servers {
-    /// Every pid seen, with its command line.
-    started: std::collections::BTreeMap<u32, String>,
+    /// Every process seen (pid and command line), in the order first seen:
+    /// not by pid, which wraps on a machine that has started many processes
+    /// (regression: a CI-like cold run saw the first server at pid 27087 and
+    /// the next two at 6533 and 15823, and the pid order failed the test).
+    started: Vec<(u32, String)>,
     most_at_once: usize,
 }
 
@@ -170,7 +173,11 @@ fn run_watching_servers(cmd: &mut Command, dir: &Path) -> (Output, Servers) {
             })
             .collect::<Vec<_>>();
         servers.most_at_once = servers.most_at_once.max(now.len());
-        servers.started.extend(now);
+        for p in now {
+            if !servers.started.contains(&p) {
+                servers.started.push(p);
+            }
+        }
         std::thread::sleep(Duration::from_millis(100));
     };
     let read = |p: &Path| std::fs::read(p).unwrap_or_default();
@@ -449,8 +456,8 @@ fn two_real_cycles_train_serve_the_adapter_and_replay_offline() {
     assert_eq!(servers.most_at_once, 1, "{servers:?}");
     let loras: Vec<usize> = servers
         .started
-        .values()
-        .map(|line| line.matches(" --lora ").count())
+        .iter()
+        .map(|(_, line)| line.matches(" --lora ").count())
         .collect();
     assert_eq!(
         loras,
