@@ -148,6 +148,22 @@ fn task_block(l: &Ledger, t: usize, main_head: Option<Id>) -> (Vec<Id>, usize, I
             events += 1;
         }
     }
+    let training = decisions(&mut b, &task, tree, &rollouts, &judgments, main_head);
+    events += 4;
+    b.commit().expect("commit");
+    (rollouts, events, training)
+}
+
+/// A task's decisions on the run's main stream at `main_head`: ranking,
+/// selection, dataset and training; returns the training (the new head).
+fn decisions(
+    b: &mut ledger::Batch<'_>,
+    task: &str,
+    tree: Id,
+    rollouts: &[Id],
+    judgments: &[Id],
+    main_head: Option<Id>,
+) -> Id {
     // The decisions are on the run's main stream, every task's after the
     // one before, as a run records them.
     let main = "bench";
@@ -156,7 +172,7 @@ fn task_block(l: &Ledger, t: usize, main_head: Option<Id>) -> (Vec<Id>, usize, I
             main,
             main_head,
             ev!(Ranking {
-                task: task.clone(),
+                task: task.to_string(),
                 cycle: 1,
                 prior: 0.5,
                 iterations: 40,
@@ -175,7 +191,7 @@ fn task_block(l: &Ledger, t: usize, main_head: Option<Id>) -> (Vec<Id>, usize, I
                     .collect(),
                 judgments: judgments.iter().map(|j| h(*j)).collect(),
             })
-            .with_parents(judgments.clone())
+            .with_parents(judgments.to_vec())
             .in_stream("main"),
         )
         .expect("append");
@@ -184,7 +200,7 @@ fn task_block(l: &Ledger, t: usize, main_head: Option<Id>) -> (Vec<Id>, usize, I
             main,
             Some(ranking),
             main_ev!(Selection {
-                task: task.clone(),
+                task: task.to_string(),
                 cycle: 1,
                 ranking: h(ranking),
                 train: rollouts[..15].iter().map(|r| h(*r)).collect(),
@@ -255,9 +271,7 @@ fn task_block(l: &Ledger, t: usize, main_head: Option<Id>) -> (Vec<Id>, usize, I
             .in_stream("main"),
         )
         .expect("append");
-    events += 4;
-    b.commit().expect("commit");
-    (rollouts, events, training)
+    training
 }
 
 /// A recorded model call: its request and its output (a message and the
