@@ -935,8 +935,8 @@ mod tests {
             fh = Some(id);
         }
         all.push(l.append("x", None, note("x".into())).expect("append"));
-        // A chain whose sequence numbers rise somewhere, as a pulled or
-        // imported ledger may hold one (only `append` numbers them):
+        // A chain whose sequence numbers rise somewhere, as a migrated
+        // ledger may hold one (pull and import refuse such chains):
         // H(9) -> A(1) -> B(4) -> C(0) on ref `r/odd`. `in_run` stops at A
         // for B; asked about C first, a walk passes B and must not say yes.
         let mut prev: Option<Id> = None;
@@ -957,6 +957,7 @@ mod tests {
                 .payload,
             };
             let mut b = l.batch();
+            b.keep_chains_as_recorded();
             let id = b
                 .put_raw(
                     ledger::ObjectKind::Event,

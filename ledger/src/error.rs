@@ -101,6 +101,9 @@ pub enum LedgerError {
     #[error("{referrer} refers to {missing}, which is not in the ledger")]
     Dangling { referrer: String, missing: Id },
 
+    #[error("event {id} does not continue its stream: {detail}. An event carries its prev's stream and prev's seq + 1 (seq 0 without a prev; ledger/FORMAT.md); nothing of this batch was written")]
+    BrokenChain { id: Id, detail: String },
+
     #[error("invalid path {path:?} in tree: {reason}")]
     BadPath { path: String, reason: String },
 

@@ -250,6 +250,8 @@ fn has_commit_after(f: &File, from: u64, len: u64) -> bool {
 /// One old batch as one new batch.
 fn copy_batch(dst: &Ledger, batch: &[V1Record]) -> Result<()> {
     let mut b = dst.batch();
+    // A copy as recorded: `verify` names what the old ledger got wrong.
+    b.keep_chains_as_recorded();
     let mut raws: HashMap<Id, Vec<u8>> = HashMap::new();
     for r in batch.iter().filter(|r| (1..=3).contains(&r.rtype)) {
         let kind = ObjectKind::from_u8(r.rtype).unwrap_or(ObjectKind::Blob);

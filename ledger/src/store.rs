@@ -585,6 +585,8 @@ impl Ledger {
             ref_updates: Vec::new(),
             heads: HashMap::new(),
             absent_ok: false,
+            raw_events: Vec::new(),
+            chains_as_recorded: false,
         }
     }
 
@@ -1962,6 +1964,19 @@ pub struct Batch<'a> {
     ref_updates: Vec<PendingRef>,
     heads: HashMap<String, HeadInfo>,
     absent_ok: bool,
+    /// Where each event given whole (`put_raw`) says it sits in its
+    /// stream, checked against its prev when the batch is submitted.
+    raw_events: Vec<ChainPlace>,
+    /// Set by [`Batch::keep_chains_as_recorded`].
+    chains_as_recorded: bool,
+}
+
+/// An event's own claim of its place: stream, seq and prev.
+struct ChainPlace {
+    id: Id,
+    stream: String,
+    seq: u64,
+    prev: Option<Id>,
 }
 
 impl<'a> Batch<'a> {
@@ -2014,6 +2029,82 @@ impl<'a> Batch<'a> {
         self.absent_ok = true;
     }
 
+    /// Takes events given whole (`put_raw`) even when one does not continue
+    /// its prev's stream at prev's seq + 1: for `migrate`, which copies a
+    /// ledger as it was recorded (`verify` names such events afterwards).
+    /// Without it such a batch is refused ([`LedgerError::BrokenChain`]):
+    /// a pulled or imported chain that says it is somewhere it is not
+    /// would mislead every reader that trusts `seq` and `stream`.
+    pub fn keep_chains_as_recorded(&mut self) {
+        self.chains_as_recorded = true;
+    }
+
+    /// Checks every event given whole against its prev: in this batch,
+    /// else in the ledger. A prev found in neither is left to the link
+    /// check (a dangling link, or one a partial ledger may lack); a stored
+    /// prev that does not read back cannot vouch for anything, so it fails.
+    fn check_raw_chains(&self) -> Result<()> {
+        if self.chains_as_recorded || self.raw_events.is_empty() {
+            return Ok(());
+        }
+        let here: HashMap<Id, (&str, u64)> = self
+            .raw_events
+            .iter()
+            .map(|c| (c.id, (c.stream.as_str(), c.seq)))
+            .collect();
+        for c in &self.raw_events {
+            let broken = |detail: String| LedgerError::BrokenChain { id: c.id, detail };
+            let Some(p) = c.prev else {
+                if c.seq != 0 {
+                    return Err(broken(format!("seq {} without a prev event", c.seq)));
+                }
+                continue;
+            };
+            let owned;
+            let (stream, seq) = match here.get(&p) {
+                Some(&at) => at,
+                None => match self.event_in_batch_or_ledger(&p)? {
+                    Some(ev) => {
+                        owned = ev;
+                        (owned.stream.as_str(), owned.seq)
+                    }
+                    None => continue,
+                },
+            };
+            if stream != c.stream {
+                return Err(broken(format!(
+                    "its stream is {:?} but its prev {p} is on {stream:?}",
+                    c.stream
+                )));
+            }
+            if seq.checked_add(1) != Some(c.seq) {
+                return Err(broken(format!("seq {} after prev {p} at seq {seq}", c.seq)));
+            }
+        }
+        Ok(())
+    }
+
+    /// An event appended to this batch, or stored; `None` when neither holds it.
+    fn event_in_batch_or_ledger(&self, id: &Id) -> Result<Option<Event>> {
+        if self.in_batch.contains(id) {
+            return match self.objects.iter().find(|o| o.id == *id) {
+                Some(o) if o.kind == ObjectKind::Event => Ok(Some(Event::from_envelope(
+                    *id,
+                    EventEnvelope::from_bytes(id, &o.raw)?,
+                ))),
+                _ => Ok(None),
+            };
+        }
+        if !self.ledger.contains(id)? {
+            return Ok(None);
+        }
+        match self.ledger.get_event(id) {
+            Ok(ev) => Ok(Some(ev)),
+            Err(LedgerError::WrongKind { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Adds an object given as its kind, canonical bytes and (for an event)
     /// the metadata recorded beside it, as when copying objects from another
     /// ledger: trees and events are decoded and checked as when they were
@@ -2041,6 +2132,14 @@ impl<'a> Batch<'a> {
             }
             ObjectKind::Event => {
                 let ev = Event::from_envelope(id, EventEnvelope::from_bytes(&id, &raw)?);
+                if !self.in_batch.contains(&id) {
+                    self.raw_events.push(ChainPlace {
+                        id,
+                        stream: ev.stream.clone(),
+                        seq: ev.seq,
+                        prev: ev.prev,
+                    });
+                }
                 let links: Vec<Id> = ev
                     .prev
                     .iter()
@@ -2224,6 +2323,7 @@ impl<'a> Batch<'a> {
     /// whole, as any unacknowledged commit may). Concurrent commits share
     /// one write and one fsync; each returns only once its bytes are durable.
     pub fn commit(self) -> Result<()> {
+        self.check_raw_chains()?;
         let l = self.ledger;
         l.commit_batch(self)
     }
@@ -2235,6 +2335,7 @@ impl<'a> Batch<'a> {
     /// acknowledged: a crash before it is durable loses it (and every
     /// commit after it). A compare-and-swap conflict is returned here.
     pub fn submit(self) -> Result<Durability<'a>> {
+        self.check_raw_chains()?;
         let l = self.ledger;
         l.submit_batch(self)
     }

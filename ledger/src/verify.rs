@@ -286,9 +286,13 @@ impl Ledger {
                 let checks = Checks {
                     payload: check_payload,
                     absent: opts.absent_ok.then_some(&absent),
+                    place: std::cell::Cell::new(None),
                 };
                 if let Err(what) = self.check_object(kind, &id, &rec, seg, &st.seen, &checks) {
                     st.r.problems.push(Problem { id: Some(id), what });
+                }
+                if let Some(place) = checks.place.get() {
+                    st.seen.places.insert(key16(&id), place);
                 }
                 st.absent.extend(absent.into_inner());
                 match kind {
@@ -379,10 +383,24 @@ impl Ledger {
             ObjectKind::Event => {
                 let env = EventEnvelope::from_bytes(id, &raw).map_err(|e| e.to_string())?;
                 let ev = Event::from_envelope(*id, env);
+                let stream = stream_key(&ev.stream);
+                checks.place.set(Some((stream, ev.seq)));
                 if let Some(p) = &ev.prev {
                     need(p, "prev")?;
                     if seen.kind_seen(p) != Some(ObjectKind::Event) {
                         return Err(format!("prev {p} is not an event"));
+                    }
+                    // A prev that did not decode has no place to compare.
+                    if let Some(&(s, q)) = seen.places.get(&key16(p)) {
+                        if s != stream {
+                            return Err(format!(
+                                "its stream {:?} is not its prev {p}'s stream",
+                                ev.stream
+                            ));
+                        }
+                        if q.checked_add(1) != Some(ev.seq) {
+                            return Err(format!("seq {} after prev {p} at seq {q}", ev.seq));
+                        }
                     }
                 } else if ev.seq != 0 {
                     return Err(format!("seq {} without a prev event", ev.seq));
@@ -485,6 +503,8 @@ struct PendingRef {
 struct Checks<'a> {
     payload: PayloadCheck<'a>,
     absent: Option<&'a std::cell::RefCell<Vec<Id>>>,
+    /// Set for an event that decodes: its stream (hashed) and seq.
+    place: std::cell::Cell<Option<(u64, u64)>>,
 }
 
 struct Walk {
@@ -554,6 +574,9 @@ struct Slot {
 
 struct Seen {
     map: HashMap<[u8; 16], Slot>,
+    /// Every event passed that decoded: its stream (hashed) and seq, for
+    /// the events that name it as prev.
+    places: HashMap<[u8; 16], (u64, u64)>,
     /// Filled from the index (and so checked against it), or from the log.
     from_index: bool,
 }
@@ -562,6 +585,7 @@ impl Seen {
     fn with_capacity(n: usize) -> Seen {
         Seen {
             map: HashMap::with_capacity(n),
+            places: HashMap::new(),
             from_index: false,
         }
     }
@@ -595,6 +619,7 @@ impl Seen {
         })?;
         Ok(Seen {
             map: m,
+            places: HashMap::new(),
             from_index: true,
         })
     }
@@ -610,6 +635,15 @@ impl Seen {
     fn kind_seen(&self, id: &Id) -> Option<ObjectKind> {
         self.map.get(&key16(id)).filter(|s| s.seen).map(|s| s.kind)
     }
+}
+
+/// A stream name as 8 bytes of its hash: enough to tell two streams apart
+/// (one per event in memory, not the name).
+fn stream_key(stream: &str) -> u64 {
+    let h = blake3::hash(stream.as_bytes());
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h.as_bytes()[..8]);
+    u64::from_le_bytes(b)
 }
 
 fn key16(id: &Id) -> [u8; 16] {
