@@ -241,6 +241,9 @@ impl Workspace {
         // `dir` is a real path whose missing tail contains no symlink, so
         // creating it stays inside the root.
         fs::create_dir_all(&dir).map_err(io_err("create the parent directories of"))?;
+        if let Some(written) = write_in_place(&target, content).map_err(io_err("write"))? {
+            return Ok(written);
+        }
         // A new file renamed over the name, never a write into the existing
         // inode: a hard link to a file elsewhere keeps that file unchanged.
         let mut tmp = tempfile::Builder::new()
@@ -355,6 +358,57 @@ fn sorted_children(dir: &Path) -> io::Result<Vec<PathBuf>> {
         .collect();
     names.sort();
     Ok(names.into_iter().map(|n| dir.join(n)).collect())
+}
+
+/// Writes `content` into the file at `target` when that needs no new inode
+/// and reaches nothing but the name: a regular file with one link (opened
+/// without following a symlink, checked on the open descriptor, so a swap
+/// after the caller's checks changes nothing), or a name that is free (made
+/// with `O_EXCL`, mode 0644 exactly). `None` when neither holds (a hard
+/// link, a name taken meanwhile): the caller renames a new file over it.
+///
+/// Why not always a new file renamed over the name: every rename frees an
+/// inode and takes another, and on an ext4 without a journal allocating
+/// scans past every recently freed one; a rollout rewriting its files paid
+/// that on every `write_file`.
+fn write_in_place(target: &Path, content: &str) -> io::Result<Option<u64>> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let flags = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+    let mut file = match fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(flags)
+        .open(target)
+    {
+        Ok(f) => {
+            let meta = f.metadata()?;
+            if !meta.is_file() || meta.nlink() != 1 {
+                return Ok(None);
+            }
+            f.set_len(0)?;
+            f
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            match fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .custom_flags(flags)
+                .open(target)
+            {
+                Ok(f) => {
+                    f.set_permissions(fs::Permissions::from_mode(0o644))?;
+                    f
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        // A symlink swapped in after the caller's check (ELOOP), a FIFO
+        // without a reader (ENXIO), ...: the rename path decides.
+        Err(_) => return Ok(None),
+    };
+    file.write_all(content.as_bytes())?;
+    Ok(Some(content.len() as u64))
 }
 
 #[cfg(test)]
@@ -598,6 +652,34 @@ mod tests {
         assert_eq!(capped.len(), 4);
         assert_eq!(&capped[..3], ["A.txt", "a/", "a/c/"]);
         assert!(capped[3].starts_with("[... truncated: listing stopped at 3 entries"));
+    }
+
+    /// A rewrite keeps the file's inode when nothing else links to it (no
+    /// inode freed and another taken per write), and a new file gets mode
+    /// 0644 whatever the umask.
+    #[test]
+    fn write_file_rewrites_a_lone_file_in_place() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let (_dir, ws) = ws();
+        ws.write_file("a/notes.txt", "a longer first version")
+            .unwrap();
+        let path = ws.root().join("a/notes.txt");
+        let first = fs::metadata(&path).unwrap();
+        assert_eq!(first.permissions().mode() & 0o777, 0o644);
+        ws.write_file("a/notes.txt", "short").unwrap();
+        let second = fs::metadata(&path).unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), "short");
+        assert_eq!(first.ino(), second.ino());
+        // With a second link the name gets a new inode and the other name
+        // keeps the old bytes.
+        fs::hard_link(&path, ws.root().join("other.txt")).unwrap();
+        ws.write_file("a/notes.txt", "third").unwrap();
+        assert_ne!(fs::metadata(&path).unwrap().ino(), first.ino());
+        assert_eq!(
+            fs::read_to_string(ws.root().join("other.txt")).unwrap(),
+            "short"
+        );
+        assert_eq!(fs::read_to_string(&path).unwrap(), "third");
     }
 
     /// Before: `write_file` wrote into the existing inode, so a hard link in
