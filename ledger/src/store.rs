@@ -2039,10 +2039,13 @@ impl<'a> Batch<'a> {
         self.chains_as_recorded = true;
     }
 
-    /// Checks every event given whole against its prev: in this batch,
-    /// else in the ledger. A prev found in neither is left to the link
-    /// check (a dangling link, or one a partial ledger may lack); a stored
-    /// prev that does not read back cannot vouch for anything, so it fails.
+    /// Checks every event given whole against its prev, which must be an
+    /// event in this batch or stored: a prev that is missing (even where
+    /// absent links are allowed: those are blobs and trees a partial ledger
+    /// leaves on its remote, never events), not an event, or stored but
+    /// unreadable cannot vouch for the event's place, so the batch is
+    /// refused. A prev submitted by another batch that is not durable yet
+    /// counts as missing: give a chain whole, or commit its start first.
     fn check_raw_chains(&self) -> Result<()> {
         if self.chains_as_recorded || self.raw_events.is_empty() {
             return Ok(());
@@ -2052,6 +2055,7 @@ impl<'a> Batch<'a> {
             .iter()
             .map(|c| (c.id, (c.stream.as_str(), c.seq)))
             .collect();
+        let mut at: Option<HashMap<Id, usize>> = None;
         for c in &self.raw_events {
             let broken = |detail: String| LedgerError::BrokenChain { id: c.id, detail };
             let Some(p) = c.prev else {
@@ -2062,14 +2066,23 @@ impl<'a> Batch<'a> {
             };
             let owned;
             let (stream, seq) = match here.get(&p) {
-                Some(&at) => at,
-                None => match self.event_in_batch_or_ledger(&p)? {
-                    Some(ev) => {
-                        owned = ev;
-                        (owned.stream.as_str(), owned.seq)
+                Some(&place) => place,
+                None => {
+                    let at = at.get_or_insert_with(|| {
+                        self.objects
+                            .iter()
+                            .enumerate()
+                            .map(|(i, o)| (o.id, i))
+                            .collect()
+                    });
+                    match self.event_in_batch_or_ledger(&p, at)? {
+                        Ok(ev) => {
+                            owned = ev;
+                            (owned.stream.as_str(), owned.seq)
+                        }
+                        Err(why) => return Err(broken(format!("its prev {p} {why}"))),
                     }
-                    None => continue,
-                },
+                }
             };
             if stream != c.stream {
                 return Err(broken(format!(
@@ -2084,23 +2097,29 @@ impl<'a> Batch<'a> {
         Ok(())
     }
 
-    /// An event appended to this batch, or stored; `None` when neither holds it.
-    fn event_in_batch_or_ledger(&self, id: &Id) -> Result<Option<Event>> {
-        if self.in_batch.contains(id) {
-            return match self.objects.iter().find(|o| o.id == *id) {
-                Some(o) if o.kind == ObjectKind::Event => Ok(Some(Event::from_envelope(
-                    *id,
-                    EventEnvelope::from_bytes(id, &o.raw)?,
-                ))),
-                _ => Ok(None),
-            };
+    /// An event of this batch (`at`: batch position by id) or a stored
+    /// one; else why it cannot be a prev.
+    fn event_in_batch_or_ledger(
+        &self,
+        id: &Id,
+        at: &HashMap<Id, usize>,
+    ) -> Result<std::result::Result<Event, &'static str>> {
+        if let Some(&i) = at.get(id) {
+            let o = &self.objects[i];
+            if o.kind != ObjectKind::Event {
+                return Ok(Err("is not an event"));
+            }
+            return Ok(Ok(Event::from_envelope(
+                *id,
+                EventEnvelope::from_bytes(id, &o.raw)?,
+            )));
         }
         if !self.ledger.contains(id)? {
-            return Ok(None);
+            return Ok(Err("is neither in this batch nor stored"));
         }
         match self.ledger.get_event(id) {
-            Ok(ev) => Ok(Some(ev)),
-            Err(LedgerError::WrongKind { .. }) => Ok(None),
+            Ok(ev) => Ok(Ok(ev)),
+            Err(LedgerError::WrongKind { .. }) => Ok(Err("is not an event")),
             Err(e) => Err(e),
         }
     }

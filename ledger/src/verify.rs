@@ -286,13 +286,13 @@ impl Ledger {
                 let checks = Checks {
                     payload: check_payload,
                     absent: opts.absent_ok.then_some(&absent),
-                    place: std::cell::Cell::new(None),
+                    place: std::cell::RefCell::new(None),
                 };
                 if let Err(what) = self.check_object(kind, &id, &rec, seg, &st.seen, &checks) {
                     st.r.problems.push(Problem { id: Some(id), what });
                 }
-                if let Some(place) = checks.place.get() {
-                    st.seen.places.insert(key16(&id), place);
+                if let Some((stream, seq)) = checks.place.into_inner() {
+                    st.seen.note_place(&id, stream, seq);
                 }
                 st.absent.extend(absent.into_inner());
                 match kind {
@@ -383,8 +383,10 @@ impl Ledger {
             ObjectKind::Event => {
                 let env = EventEnvelope::from_bytes(id, &raw).map_err(|e| e.to_string())?;
                 let ev = Event::from_envelope(*id, env);
-                let stream = stream_key(&ev.stream);
-                checks.place.set(Some((stream, ev.seq)));
+                let stream = seen.streams.get(&ev.stream).copied();
+                // Noted even if a check below fails: its successors are
+                // still compared with the place it claims.
+                checks.place.replace(Some((ev.stream.clone(), ev.seq)));
                 if let Some(p) = &ev.prev {
                     need(p, "prev")?;
                     if seen.kind_seen(p) != Some(ObjectKind::Event) {
@@ -392,7 +394,7 @@ impl Ledger {
                     }
                     // A prev that did not decode has no place to compare.
                     if let Some(&(s, q)) = seen.places.get(&key16(p)) {
-                        if s != stream {
+                        if Some(s) != stream {
                             return Err(format!(
                                 "its stream {:?} is not its prev {p}'s stream",
                                 ev.stream
@@ -503,8 +505,8 @@ struct PendingRef {
 struct Checks<'a> {
     payload: PayloadCheck<'a>,
     absent: Option<&'a std::cell::RefCell<Vec<Id>>>,
-    /// Set for an event that decodes: its stream (hashed) and seq.
-    place: std::cell::Cell<Option<(u64, u64)>>,
+    /// Set for an event that decodes: its stream and seq.
+    place: std::cell::RefCell<Option<(String, u64)>>,
 }
 
 struct Walk {
@@ -574,9 +576,11 @@ struct Slot {
 
 struct Seen {
     map: HashMap<[u8; 16], Slot>,
-    /// Every event passed that decoded: its stream (hashed) and seq, for
-    /// the events that name it as prev.
-    places: HashMap<[u8; 16], (u64, u64)>,
+    /// Every event passed that decoded: its stream (an index into
+    /// `streams`) and seq, for the events that name it as prev.
+    places: HashMap<[u8; 16], (u32, u64)>,
+    /// Stream names seen, each numbered once.
+    streams: HashMap<String, u32>,
     /// Filled from the index (and so checked against it), or from the log.
     from_index: bool,
 }
@@ -586,6 +590,7 @@ impl Seen {
         Seen {
             map: HashMap::with_capacity(n),
             places: HashMap::new(),
+            streams: HashMap::new(),
             from_index: false,
         }
     }
@@ -620,11 +625,17 @@ impl Seen {
         Ok(Seen {
             map: m,
             places: HashMap::new(),
+            streams: HashMap::new(),
             from_index: true,
         })
     }
     fn slot(&self, id: &Id) -> Option<Slot> {
         self.map.get(&key16(id)).copied()
+    }
+    fn note_place(&mut self, id: &Id, stream: String, seq: u64) {
+        let next = self.streams.len() as u32;
+        let s = *self.streams.entry(stream).or_insert(next);
+        self.places.insert(key16(id), (s, seq));
     }
     fn mark(&mut self, id: &Id) {
         if let Some(s) = self.map.get_mut(&key16(id)) {
@@ -635,15 +646,6 @@ impl Seen {
     fn kind_seen(&self, id: &Id) -> Option<ObjectKind> {
         self.map.get(&key16(id)).filter(|s| s.seen).map(|s| s.kind)
     }
-}
-
-/// A stream name as 8 bytes of its hash: enough to tell two streams apart
-/// (one per event in memory, not the name).
-fn stream_key(stream: &str) -> u64 {
-    let h = blake3::hash(stream.as_bytes());
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&h.as_bytes()[..8]);
-    u64::from_le_bytes(b)
 }
 
 fn key16(id: &Id) -> [u8; 16] {

@@ -189,3 +189,58 @@ fn verify_names_events_that_do_not_continue_their_stream() {
     }
     assert_eq!(report.problems.len(), lies.len(), "{:?}", report.problems);
 }
+
+/// A prev that cannot vouch for the event's place is refused, whatever
+/// the event claims: a blob (in the batch or stored) named as prev, and a
+/// prev that is not there, even in a batch that may lack blobs and trees
+/// (a lazy pull's; events always travel). Found by an attacker review:
+/// these were stepped over, so any seq and stream got in.
+#[test]
+fn put_raw_refuses_an_event_whose_prev_is_not_a_stored_event() {
+    let blob = b"not an event".to_vec();
+    let blob_id = Id::of(ObjectKind::Blob, &blob);
+    let absent = Id::of(ObjectKind::Event, b"never stored");
+    for (what, stored_blob, in_batch_blob, lazy, prev) in [
+        ("a blob in the batch", false, true, false, blob_id),
+        ("a stored blob", true, false, false, blob_id),
+        ("a missing prev", false, false, false, absent),
+        (
+            "a missing prev, absent links allowed",
+            false,
+            false,
+            true,
+            absent,
+        ),
+    ] {
+        let d = scratch();
+        let l = Ledger::init(d.path()).expect("create");
+        if stored_blob {
+            l.put_blob(&blob).expect("blob");
+        }
+        let before = state(&l);
+        let lie = envelope("main", 1_000_000, Some(prev), "lie");
+        let mut b = l.batch();
+        if lazy {
+            b.allow_absent_links();
+        }
+        if in_batch_blob {
+            b.put_raw(ObjectKind::Blob, blob.clone(), vec![])
+                .expect("blob");
+        }
+        b.put_raw(ObjectKind::Event, lie.clone(), vec![])
+            .expect("put");
+        b.set_ref("r", None, Id::of(ObjectKind::Event, &lie))
+            .expect("ref");
+        match b.commit() {
+            Err(LedgerError::BrokenChain { detail, .. }) => {
+                assert!(detail.contains(&prev.to_hex()), "{what}: {detail}")
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+        assert_eq!(
+            state(&l),
+            before,
+            "{what}: a refused batch changed the ledger"
+        );
+    }
+}
