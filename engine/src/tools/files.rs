@@ -384,8 +384,7 @@ fn write_in_place(target: &Path, content: &str) -> io::Result<Option<u64>> {
             if !meta.is_file() || meta.nlink() != 1 {
                 return Ok(None);
             }
-            f.set_len(0)?;
-            f
+            return rewrite(&f, meta.mode(), content);
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             match fs::OpenOptions::new()
@@ -411,11 +410,39 @@ fn write_in_place(target: &Path, content: &str) -> io::Result<Option<u64>> {
     Ok(Some(content.len() as u64))
 }
 
+/// Overwrites a lone file with `content`. The space is reserved first
+/// (`fallocate`), so a full disk, a quota or a file size limit fails before
+/// any old byte changes; a file system that cannot reserve takes the rename
+/// path (`None`). Unlike a rename, a program reading the file meanwhile may
+/// see old and new bytes mixed. The mode keeps its permission bits only, as
+/// the rename path's new file does (no set-id bit survives a rewrite).
+fn rewrite(f: &fs::File, mode: u32, content: &str) -> io::Result<Option<u64>> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{FileExt, PermissionsExt};
+    let len = content.len() as libc::off_t;
+    if len > 0 {
+        // SAFETY: fallocate on an fd this function borrows, no pointers.
+        if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len) } != 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EOPNOTSUPP) => Ok(None),
+                _ => Err(e),
+            };
+        }
+    }
+    f.write_all_at(content.as_bytes(), 0)?;
+    f.set_len(content.len() as u64)?;
+    if mode & 0o7777 != mode & 0o777 {
+        f.set_permissions(fs::Permissions::from_mode(mode & 0o777))?;
+    }
+    Ok(Some(content.len() as u64))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::tools::tests::ws;
-    use std::os::unix::fs::symlink;
+    use std::os::unix::fs::{symlink, OpenOptionsExt};
 
     fn assert_escape(r: Result<impl std::fmt::Debug, ToolError>) {
         match r {
@@ -680,6 +707,81 @@ mod tests {
             "short"
         );
         assert_eq!(fs::read_to_string(&path).unwrap(), "third");
+    }
+
+    /// Found by an attacker review of the in-place rewrite: it truncated
+    /// first, so a write that failed (full disk, quota, size limit) left
+    /// the file cut. Run in a child process: the size limit is per process.
+    #[test]
+    fn regression_a_failed_rewrite_keeps_the_old_bytes() {
+        const CHILD: &str = "MASS_TEST_FSIZE_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            let (_dir, ws) = ws();
+            ws.write_file("f.txt", "old content").unwrap();
+            // SAFETY: plain libc calls on this (child) process.
+            unsafe {
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                let lim = libc::rlimit {
+                    rlim_cur: 4096,
+                    rlim_max: libc::RLIM_INFINITY,
+                };
+                assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &lim), 0);
+            }
+            let r = ws.write_file("f.txt", &"x".repeat(10_000));
+            assert!(r.is_err(), "{r:?}");
+            assert_eq!(fs::read(ws.root().join("f.txt")).unwrap(), b"old content");
+            return;
+        }
+        let name = "tools::files::tests::regression_a_failed_rewrite_keeps_the_old_bytes";
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--test-threads=1", "--nocapture"])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
+    }
+
+    /// A rewrite keeps permission bits only: a set-id bit does not survive
+    /// (as with the rename path's new file).
+    #[test]
+    fn a_rewrite_drops_set_id_bits() {
+        use std::os::unix::fs::PermissionsExt;
+        let (_dir, ws) = ws();
+        ws.write_file("run.sh", "#!/bin/sh").unwrap();
+        let path = ws.root().join("run.sh");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o4755)).unwrap();
+        ws.write_file("run.sh", "#!/bin/sh\necho hi").unwrap();
+        let mode = fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o755);
+    }
+
+    /// What only a race brings to the in-place path (the caller's checks
+    /// refuse it before): a symlink or a FIFO at the name. Neither is
+    /// written through or waited on; the rename path decides.
+    #[test]
+    fn write_in_place_leaves_symlinks_and_fifos_to_the_rename_path() {
+        let (dir, ws) = ws();
+        let outside = dir.path().join("outside.txt");
+        fs::write(&outside, "keep").unwrap();
+        let link = ws.root().join("link.txt");
+        symlink(&outside, &link).unwrap();
+        assert!(write_in_place(&link, "changed").unwrap().is_none());
+        assert_eq!(fs::read_to_string(&outside).unwrap(), "keep");
+        let fifo = ws.root().join("pipe");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        // No reader: the open fails at once instead of blocking.
+        assert!(write_in_place(&fifo, "x").unwrap().is_none());
+        // With a reader: opened, then refused as not a regular file.
+        let _reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        assert!(write_in_place(&fifo, "x").unwrap().is_none());
     }
 
     /// Before: `write_file` wrote into the existing inode, so a hard link in
