@@ -1231,52 +1231,15 @@ fn run_rep(cfg: &Cfg, script: &Script, stub: &str, job: Job<'_>) -> RepOut {
             assert_eq!(c.status, 200, "GET {b}/models");
         }
     });
-    let mut recorded_bodies = Vec::with_capacity(turns);
-    let mut prev = None;
-    for t in 0..turns {
-        let body = script.request(t, kind == Kind::Sse);
-        out.requests += 1;
-        out.raw_bytes += body.len() as u64;
-        let h = headers(t, kind, !timed);
-        let mut calls: [Option<Call>; 3] = [None, None, None];
-        let mut after_self = [false; 3];
-        for path in ORDERS[(t + rep) % ORDERS.len()] {
-            if !timed && path != PROXIED {
-                continue;
-            }
-            let url = &urls[path];
-            let c = crt.block_on(call(&client, url, Some(body.clone()), &h));
-            after_self[path] = prev == Some(path);
-            prev = Some(path);
-            if c.status != 200 {
-                out.mismatches.push(format!(
-                    "turn {t}: status {} from {url}: {}",
-                    c.status,
-                    String::from_utf8_lossy(&c.body)
-                ));
-            }
-            calls[path] = Some(c);
-        }
-        let [d, p, b] = calls;
-        let p = p.expect("the proxied call");
-        out.raw_bytes += p.body.len() as u64;
-        if let (Some(d), Some(b)) = (d, b) {
-            if d.body != p.body || d.body != b.body {
-                out.mismatches.push(format!(
-                    "turn {t}: the proxied or passed-through body differs from the direct one"
-                ));
-            }
-            out.pairs.push(Pair {
-                req_bytes: body.len(),
-                direct: (d.first, d.total),
-                proxied: (p.first, p.total),
-                bare: (b.first, b.total),
-                after_proxied: after_self[PROXIED],
-                after_bare: after_self[BARE],
-            });
-        }
-        recorded_bodies.push(p.body);
-    }
+    let wire = Wire {
+        crt: &crt,
+        client: &client,
+        urls: &urls,
+        kind,
+        rep,
+        timed,
+    };
+    let recorded_bodies = record_turns(&wire, script, turns, &mut out);
     let tf = Instant::now();
     let head = prt
         .block_on(route.finish())
@@ -1293,35 +1256,7 @@ fn run_rep(cfg: &Cfg, script: &Script, stub: &str, job: Job<'_>) -> RepOut {
     server.set_default(replay.clone());
     let c = crt.block_on(call(&client, &format!("{base}/models"), None, &[]));
     assert_eq!(c.status, 200, "replayed GET /v1/models");
-    let (direct_url, proxy_url) = (&urls[DIRECT], &urls[PROXIED]);
-    for (t, recorded) in recorded_bodies.iter().enumerate() {
-        let body = script.request(t, kind == Kind::Sse);
-        let replay_first = (t + rep) % 2 == 1;
-        let h = headers(t, kind, true);
-        let (mut b, mut r) = (None, None);
-        for replayed in [replay_first, !replay_first] {
-            if !timed && !replayed {
-                continue;
-            }
-            let url = if replayed { proxy_url } else { direct_url };
-            let c = crt.block_on(call(&client, url, Some(body.clone()), &h));
-            if replayed {
-                if c.status != 200 || &c.body != recorded {
-                    out.mismatches.push(format!(
-                        "turn {t}: the replayed answer (status {}) differs from the recorded one: {}",
-                        c.status,
-                        String::from_utf8_lossy(&c.body[..c.body.len().min(300)])
-                    ));
-                }
-                r = Some((c.first, c.total));
-            } else {
-                b = Some((c.first, c.total));
-            }
-        }
-        if let (Some(b), Some(r)) = (b, r) {
-            out.replay.push((b, r));
-        }
-    }
+    replay_turns(&wire, script, &recorded_bodies, &mut out);
     let progress = replay.progress();
     if progress != Some((turns + 1, turns + 1)) || !replay.misses().is_empty() {
         out.mismatches.push(format!(
@@ -2165,4 +2100,104 @@ fn summary(outs: &[RepOut], at: fn(Times) -> Duration) -> serde_json::Value {
         "added_paired_p50_us": median(&diffs),
         "added_paired_p99_us": quantile(&diffs, 0.99),
     })
+}
+
+/// What one repetition's turns go through: the client's runtime and
+/// client, the three URLs (direct, proxied, bare), and the job's shape.
+#[derive(Clone, Copy)]
+struct Wire<'a> {
+    crt: &'a tokio::runtime::Runtime,
+    client: &'a reqwest::Client,
+    urls: &'a [String; 3],
+    kind: Kind,
+    rep: usize,
+    timed: bool,
+}
+
+/// Every turn sent on each path in this repetition's order (only through
+/// the recording proxy when untimed); the proxied bodies, as recorded.
+fn record_turns(w: &Wire<'_>, script: &Script, turns: usize, out: &mut RepOut) -> Vec<Vec<u8>> {
+    let Wire { crt, client, urls, kind, rep, timed } = *w;
+    let mut recorded_bodies = Vec::with_capacity(turns);
+    let mut prev = None;
+    for t in 0..turns {
+        let body = script.request(t, kind == Kind::Sse);
+        out.requests += 1;
+        out.raw_bytes += body.len() as u64;
+        let h = headers(t, kind, !timed);
+        let mut calls: [Option<Call>; 3] = [None, None, None];
+        let mut after_self = [false; 3];
+        for path in ORDERS[(t + rep) % ORDERS.len()] {
+            if !timed && path != PROXIED {
+                continue;
+            }
+            let url = &urls[path];
+            let c = crt.block_on(call(client, url, Some(body.clone()), &h));
+            after_self[path] = prev == Some(path);
+            prev = Some(path);
+            if c.status != 200 {
+                out.mismatches.push(format!(
+                    "turn {t}: status {} from {url}: {}",
+                    c.status,
+                    String::from_utf8_lossy(&c.body)
+                ));
+            }
+            calls[path] = Some(c);
+        }
+        let [d, p, b] = calls;
+        let p = p.expect("the proxied call");
+        out.raw_bytes += p.body.len() as u64;
+        if let (Some(d), Some(b)) = (d, b) {
+            if d.body != p.body || d.body != b.body {
+                out.mismatches.push(format!(
+                    "turn {t}: the proxied or passed-through body differs from the direct one"
+                ));
+            }
+            out.pairs.push(Pair {
+                req_bytes: body.len(),
+                direct: (d.first, d.total),
+                proxied: (p.first, p.total),
+                bare: (b.first, b.total),
+                after_proxied: after_self[PROXIED],
+                after_bare: after_self[BARE],
+            });
+        }
+        recorded_bodies.push(p.body);
+    }
+    recorded_bodies
+}
+
+/// Every recorded turn asked again of the replaying proxy (beside the
+/// zero-delay stub when timed); a replayed answer must equal the recorded one.
+fn replay_turns(w: &Wire<'_>, script: &Script, recorded_bodies: &[Vec<u8>], out: &mut RepOut) {
+    let Wire { crt, client, urls, kind, rep, timed } = *w;
+    let (direct_url, proxy_url) = (&urls[DIRECT], &urls[PROXIED]);
+    for (t, recorded) in recorded_bodies.iter().enumerate() {
+        let body = script.request(t, kind == Kind::Sse);
+        let replay_first = (t + rep) % 2 == 1;
+        let h = headers(t, kind, true);
+        let (mut b, mut r) = (None, None);
+        for replayed in [replay_first, !replay_first] {
+            if !timed && !replayed {
+                continue;
+            }
+            let url = if replayed { proxy_url } else { direct_url };
+            let c = crt.block_on(call(client, url, Some(body.clone()), &h));
+            if replayed {
+                if c.status != 200 || &c.body != recorded {
+                    out.mismatches.push(format!(
+                        "turn {t}: the replayed answer (status {}) differs from the recorded one: {}",
+                        c.status,
+                        String::from_utf8_lossy(&c.body[..c.body.len().min(300)])
+                    ));
+                }
+                r = Some((c.first, c.total));
+            } else {
+                b = Some((c.first, c.total));
+            }
+        }
+        if let (Some(b), Some(r)) = (b, r) {
+            out.replay.push((b, r));
+        }
+    }
 }
