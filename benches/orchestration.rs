@@ -15,10 +15,12 @@
 //! - a transport-only baseline: the same number of concurrent loops calling
 //!   the stub through the same HTTP client with no engine and no ledger, so
 //!   the ratio engine/transport isolates what the engine adds;
-//! - process CPU per call (user + system, stub included) for both, the share
-//!   of the engine run's CPU spent in ledger work (`exec::ledger_cpu`:
-//!   thread CPU time of stream and blob operations, i.e. encoding, hashing,
-//!   compression, index updates and write/fsync system calls);
+//! - process CPU per call (user + system, stub included) for both, and with
+//!   `--ledger-share` the share of the engine run's CPU spent in ledger work
+//!   (`exec::ledger_cpu`: thread CPU time of stream and blob operations,
+//!   i.e. encoding, hashing, compression, index updates and write/fsync
+//!   system calls; measuring costs two system calls per ledger call, so it
+//!   is off by default and the column shows `-`);
 //! - peak resident memory of each phase (VmHWM, reset between phases).
 //!
 //! Medians over repetitions.
@@ -46,7 +48,7 @@
 //! `ideal`, `transport` and `engine` in calls per second, `vs_*` their
 //! ratios, `cpu_ms_per_call` the engine run's process CPU per call (the
 //! transport's beside it), `ledger_share` the fraction of the engine run's
-//! CPU in ledger work, peaks in MiB; medians over the repetitions.
+//! CPU in ledger work (`null` without `--ledger-share`), peaks in MiB; medians over the repetitions.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -75,6 +77,9 @@ struct Cfg {
     reps: usize,
     /// Where the ledgers go (`None`: the bench's temporary directory).
     dir: Option<PathBuf>,
+    /// Measure the ledger's share of the CPU (`--ledger-share`; costs two
+    /// system calls per ledger call, so off unless asked for).
+    ledger_share: bool,
 }
 
 fn parse_args() -> Cfg {
@@ -87,6 +92,7 @@ fn parse_args() -> Cfg {
         delay: Duration::from_millis(100),
         reps: if smoke { 1 } else { 3 },
         dir: None,
+        ledger_share: smoke,
     };
     for a in std::env::args().skip(1) {
         match a.as_str() {
@@ -95,6 +101,7 @@ fn parse_args() -> Cfg {
                 cfg.reps = 1;
             }
             "--bench" => {}
+            "--ledger-share" => cfg.ledger_share = true,
             other if other.starts_with("--reps=") => {
                 cfg.reps = other[7..].parse().unwrap_or(cfg.reps).max(1);
             }
@@ -313,6 +320,7 @@ fn transport_only(url: &str, n: usize, calls: usize) -> Sample {
                         stop: Vec::new(),
                         tool_choice: None,
                         response_format: None,
+                        tools_json: None,
                     };
                     let r = b.complete(&req).await?;
                     messages.push(r.message);
@@ -484,53 +492,14 @@ fn main() {
         "peak MiB tr",
         "peak MiB en"
     );
+    engine::exec::measure_ledger_cpu(cfg.ledger_share);
     // Warm the runtime and the connection pool's code paths.
     let _ = transport_only(&url, 8, 2);
-    let mut rows = Vec::new();
-    for &n in &cfg.sizes {
-        let ideal = (n * cfg.calls) as f64 / (cfg.calls as f64 * cfg.delay.as_secs_f64());
-        let (mut tr_rate, mut en_rate, mut tr_cpu, mut en_cpu, mut share, mut tr_mem, mut en_mem) =
-            (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
-        for rep in 0..cfg.reps {
-            let t = transport_only(&url, n, cfg.calls);
-            tr_rate.push(t.calls as f64 / t.wall.as_secs_f64());
-            tr_cpu.push(t.cpu.as_secs_f64() * 1e3 / t.calls as f64);
-            tr_mem.push(t.peak_mib);
-            let e = engine_run(&url, &root, &task, n, &cfg, rep);
-            en_rate.push(e.calls as f64 / e.wall.as_secs_f64());
-            en_cpu.push(e.cpu.as_secs_f64() * 1e3 / e.calls as f64);
-            share.push(100.0 * e.ledger_cpu.as_secs_f64() / e.cpu.as_secs_f64().max(1e-9));
-            en_mem.push(e.peak_mib);
-        }
-        let (tr, en) = (median(tr_rate), median(en_rate));
-        rows.push(serde_json::json!({
-            "rollouts": n,
-            "ideal": ideal,
-            "transport": tr,
-            "engine": en,
-            "vs_ideal": en / ideal,
-            "vs_transport": en / tr,
-            "cpu_ms_per_call": median(en_cpu.clone()),
-            "transport_cpu_ms_per_call": median(tr_cpu.clone()),
-            "ledger_share": median(share.clone()) / 100.0,
-            "peak_mib": median(en_mem.clone()),
-            "transport_peak_mib": median(tr_mem.clone()),
-        }));
-        println!(
-            "{:>9} {:>10.0} {:>12.0} {:>12.0} {:>8.2} {:>10.2} {:>9.2}ms {:>9.2}ms {:>8.1}% {:>11.0} {:>11.0}",
-            n,
-            ideal,
-            tr,
-            en,
-            en / ideal,
-            en / tr,
-            median(tr_cpu),
-            median(en_cpu),
-            median(share),
-            median(tr_mem),
-            median(en_mem)
-        );
-    }
+    let rows: Vec<serde_json::Value> = cfg
+        .sizes
+        .iter()
+        .map(|&n| measure_size(&url, &root, &task, n, &cfg))
+        .collect();
     println!("goal: engine/ideal >= 0.90 at 256 rollouts");
     let doc = serde_json::json!({
         "calls_per_rollout": cfg.calls,
@@ -549,4 +518,60 @@ fn main() {
     } else if let Some(p) = report::write("orchestration", &doc) {
         println!("figures: {}", p.display());
     }
+}
+
+/// Every repetition of one size, transport then engine: printed as a row
+/// and returned as the row of `orchestration.json` (medians).
+fn measure_size(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg) -> serde_json::Value {
+    let ideal = (n * cfg.calls) as f64 / (cfg.calls as f64 * cfg.delay.as_secs_f64());
+    let (mut tr_rate, mut en_rate, mut tr_cpu, mut en_cpu, mut share, mut tr_mem, mut en_mem) =
+        (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    for rep in 0..cfg.reps {
+        let t = transport_only(url, n, cfg.calls);
+        tr_rate.push(t.calls as f64 / t.wall.as_secs_f64());
+        tr_cpu.push(t.cpu.as_secs_f64() * 1e3 / t.calls as f64);
+        tr_mem.push(t.peak_mib);
+        let e = engine_run(url, root, task, n, cfg, rep);
+        en_rate.push(e.calls as f64 / e.wall.as_secs_f64());
+        en_cpu.push(e.cpu.as_secs_f64() * 1e3 / e.calls as f64);
+        if cfg.ledger_share {
+            share.push(100.0 * e.ledger_cpu.as_secs_f64() / e.cpu.as_secs_f64().max(1e-9));
+        }
+        en_mem.push(e.peak_mib);
+    }
+    let (tr, en) = (median(tr_rate), median(en_rate));
+    let share = (!share.is_empty()).then(|| median(share));
+    let (tr_cpu, en_cpu, tr_mem, en_mem) = (
+        median(tr_cpu),
+        median(en_cpu),
+        median(tr_mem),
+        median(en_mem),
+    );
+    println!(
+        "{:>9} {:>10.0} {:>12.0} {:>12.0} {:>8.2} {:>10.2} {:>9.2}ms {:>9.2}ms {:>9} {:>11.0} {:>11.0}",
+        n,
+        ideal,
+        tr,
+        en,
+        en / ideal,
+        en / tr,
+        tr_cpu,
+        en_cpu,
+        share.map_or("-".to_string(), |s| format!("{s:.1}%")),
+        tr_mem,
+        en_mem
+    );
+    serde_json::json!({
+        "rollouts": n,
+        "ideal": ideal,
+        "transport": tr,
+        "engine": en,
+        "vs_ideal": en / ideal,
+        "vs_transport": en / tr,
+        "cpu_ms_per_call": en_cpu,
+        "transport_cpu_ms_per_call": tr_cpu,
+        "ledger_share": share.map(|s| s / 100.0),
+        "peak_mib": en_mem,
+        "transport_peak_mib": tr_mem,
+    })
 }

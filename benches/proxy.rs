@@ -2117,7 +2117,14 @@ struct Wire<'a> {
 /// Every turn sent on each path in this repetition's order (only through
 /// the recording proxy when untimed); the proxied bodies, as recorded.
 fn record_turns(w: &Wire<'_>, script: &Script, turns: usize, out: &mut RepOut) -> Vec<Vec<u8>> {
-    let Wire { crt, client, urls, kind, rep, timed } = *w;
+    let Wire {
+        crt,
+        client,
+        urls,
+        kind,
+        rep,
+        timed,
+    } = *w;
     let mut recorded_bodies = Vec::with_capacity(turns);
     let mut prev = None;
     for t in 0..turns {
@@ -2170,7 +2177,14 @@ fn record_turns(w: &Wire<'_>, script: &Script, turns: usize, out: &mut RepOut) -
 /// Every recorded turn asked again of the replaying proxy (beside the
 /// zero-delay stub when timed); a replayed answer must equal the recorded one.
 fn replay_turns(w: &Wire<'_>, script: &Script, recorded_bodies: &[Vec<u8>], out: &mut RepOut) {
-    let Wire { crt, client, urls, kind, rep, timed } = *w;
+    let Wire {
+        crt,
+        client,
+        urls,
+        kind,
+        rep,
+        timed,
+    } = *w;
     let (direct_url, proxy_url) = (&urls[DIRECT], &urls[PROXIED]);
     for (t, recorded) in recorded_bodies.iter().enumerate() {
         let body = script.request(t, kind == Kind::Sse);

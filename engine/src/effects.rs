@@ -9,7 +9,7 @@ use ledger::{Id, ObjectKind};
 use replay::{Begin, EffectError, EffectOutput, EffectRequest, Stream};
 use serde_json::{json, Value};
 
-use crate::backend::{Backend, ChatRequest, ChatResponse};
+use crate::backend::{Backend, ChatRequest, ChatResponse, ToolsJson};
 use crate::chat::{Message, ToolDef};
 use crate::error::{EngineError, Result};
 use crate::exec;
@@ -23,15 +23,31 @@ pub struct Conversation {
     prefix: Option<Id>,
     /// Messages covered by `prefix` (its request and its response).
     covered: usize,
-    tools_blob: Option<Vec<u8>>,
+    tools_blob: Option<ToolsBlob>,
     /// The reply's required shape (`ChatRequest::response_format`).
     pub response_format: Option<Value>,
 }
 
+/// The conversation's tools as the blob its requests name (canonical JSON),
+/// made once: its id, and the same text for the wire.
+struct ToolsBlob {
+    bytes: Vec<u8>,
+    id: Id,
+    json: Option<ToolsJson>,
+}
+
+impl ToolsBlob {
+    fn of(tools: &[ToolDef]) -> ToolsBlob {
+        let bytes = replay::canonical_json(&serde_json::to_value(tools).unwrap_or(Value::Null));
+        let id = Id::of(ObjectKind::Blob, &bytes);
+        let json = ToolsJson::from_json(&bytes);
+        ToolsBlob { bytes, id, json }
+    }
+}
+
 impl Conversation {
     pub fn new(messages: Vec<Message>, tools: Vec<ToolDef>) -> Self {
-        let tools_blob = (!tools.is_empty())
-            .then(|| replay::canonical_json(&serde_json::to_value(&tools).unwrap_or(Value::Null)));
+        let tools_blob = (!tools.is_empty()).then(|| ToolsBlob::of(&tools));
         Conversation {
             messages,
             tools,
@@ -86,10 +102,7 @@ pub async fn call_model(
         .iter()
         .map(|b| Id::of(ObjectKind::Blob, b).to_hex())
         .collect();
-    let tools_id = conv
-        .tools_blob
-        .as_ref()
-        .map(|b| Id::of(ObjectKind::Blob, b).to_hex());
+    let tools_id = conv.tools_blob.as_ref().map(|b| b.id.to_hex());
     let mut body = json!({
         "model": model,
         "params": params(s),
@@ -105,8 +118,13 @@ pub async fn call_model(
     for b in new {
         req = req.with_blob(b);
     }
-    if let Some(t) = &conv.tools_blob {
-        req = req.with_blob(t.clone());
+    match (&conv.tools_blob, conv.prefix) {
+        // Stored with the conversation's first recorded call, which the
+        // prefix chain holds: named, not stored (and read back) again. The
+        // event's refs are the same either way.
+        (Some(t), Some(_)) => req = req.with_link(t.id),
+        (Some(t), None) => req = req.with_blob(t.bytes.clone()),
+        (None, _) => {}
     }
     if let Some(p) = conv.prefix {
         req = req.with_link(p);
@@ -125,6 +143,7 @@ pub async fn call_model(
         stop: s.stop.clone(),
         tool_choice: s.tool_choice.clone(),
         response_format: conv.response_format.clone(),
+        tools_json: conv.tools_blob.as_ref().and_then(|t| t.json.clone()),
     };
     let attempts = attempts(st, backend, req, &chat).await;
     conv.messages = chat.messages;

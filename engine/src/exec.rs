@@ -18,7 +18,7 @@
 //! wait on their worker, so the runtime keeps several workers per core.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -66,14 +66,26 @@ pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
     }
 }
 
-/// Thread CPU time spent in `ledger` calls since the process started.
+/// Thread CPU time spent in `ledger` calls since measuring was switched on.
 static LEDGER_CPU_NS: AtomicU64 = AtomicU64::new(0);
 
+/// Whether `ledger` measures ([`measure_ledger_cpu`]).
+static MEASURE_LEDGER_CPU: AtomicBool = AtomicBool::new(false);
+
+/// Switches on (or off) counting the thread CPU time of `ledger` calls, for
+/// the orchestration benchmark's ledger share. Off by default: reading a
+/// thread's CPU clock is a system call, two per ledger call, which cost
+/// about 3% of a recording's CPU when it was always on.
+pub fn measure_ledger_cpu(on: bool) {
+    MEASURE_LEDGER_CPU.store(on, Ordering::Relaxed);
+}
+
 /// Runs ledger work (stream cursors, commits, blob writes) from inside a
-/// unit, in place, and counts the thread CPU time it took (encoding,
-/// hashing, compression, index updates and the write and fsync system
-/// calls; not the time spent waiting for the disk), so the orchestration
-/// benchmark can report the ledger's share of the CPU.
+/// unit, in place, and, when [`measure_ledger_cpu`] is on, counts the
+/// thread CPU time it took (encoding, hashing, compression, index updates
+/// and the write and fsync system calls; not the time spent waiting for
+/// the disk), so the orchestration benchmark can report the ledger's share
+/// of the CPU.
 ///
 /// In place, not off the worker: a blocking commit waits for its group's
 /// fsync (a millisecond or so), and leaving the worker costs more than that
@@ -83,6 +95,9 @@ static LEDGER_CPU_NS: AtomicU64 = AtomicU64::new(0);
 /// running while some workers wait on the disk, and their commits share an
 /// fsync. The frequent commits avoid the wait altogether (`durable`).
 pub fn ledger<R>(f: impl FnOnce() -> R) -> R {
+    if !MEASURE_LEDGER_CPU.load(Ordering::Relaxed) {
+        return f();
+    }
     let t0 = thread_cpu_ns();
     let r = f();
     LEDGER_CPU_NS.fetch_add(thread_cpu_ns().saturating_sub(t0), Ordering::Relaxed);
@@ -98,7 +113,7 @@ pub async fn durable(d: ledger::Durability<'_>) -> std::result::Result<(), ledge
     std::future::poll_fn(move |cx| ledger(|| d.as_mut().poll(cx))).await
 }
 
-/// Total thread CPU time spent in `ledger` calls so far.
+/// Total thread CPU time spent in `ledger` calls so far (while measuring).
 pub fn ledger_cpu() -> Duration {
     Duration::from_nanos(LEDGER_CPU_NS.load(Ordering::Relaxed))
 }

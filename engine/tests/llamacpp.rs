@@ -68,6 +68,7 @@ fn request(text: &str, max_tokens: u64) -> ChatRequest {
         stop: Vec::new(),
         tool_choice: None,
         response_format: None,
+        tools_json: None,
     }
 }
 

@@ -231,7 +231,25 @@ fn request() -> ChatRequest {
         stop: Vec::new(),
         tool_choice: None,
         response_format: None,
+        tools_json: None,
     }
+}
+
+/// The tools sent as the conversation's JSON text (made once) are the
+/// same request as the definitions serialised on every turn.
+#[test]
+fn tools_sent_as_json_text_are_the_same_request_as_the_definitions() {
+    let b = OpenAiBackend::new("srv", &params("http://127.0.0.1:9")).expect("backend");
+    let plain = request();
+    let canonical = replay::canonical_json(&serde_json::to_value(&plain.tools).expect("tools"));
+    let mut cached = request();
+    cached.tools_json = engine::backend::ToolsJson::from_json(&canonical);
+    assert!(cached.tools_json.is_some());
+    assert_eq!(b.body(&cached), b.body(&plain));
+    assert_eq!(
+        b.body(&cached)["tools"].as_array().map(Vec::len),
+        Some(plain.tools.len())
+    );
 }
 
 #[test]
@@ -514,6 +532,7 @@ fn sim_reply(sim: &SimBackend, body: &Value, down: &AtomicBool) -> Reply {
         stop: Vec::new(),
         tool_choice: None,
         response_format: None,
+        tools_json: None,
     };
     match sim.reply(&req) {
         Ok(ChatResponse {

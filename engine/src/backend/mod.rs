@@ -41,6 +41,34 @@ pub struct ChatRequest {
     /// honour it constrain decoding; the text is parsed either way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<serde_json::Value>,
+    /// `tools` as JSON text, made once for a conversation
+    /// (`effects::Conversation`) so a backend that sends tools as JSON can
+    /// copy it instead of serialising every definition on every turn. Not
+    /// part of the request's value: never recorded, never compared.
+    #[serde(skip)]
+    pub tools_json: Option<ToolsJson>,
+}
+
+/// Tool definitions already serialised (a JSON array equal in value to the
+/// request's `tools`). Equal to any other: it only caches `tools`.
+#[derive(Debug, Clone)]
+pub struct ToolsJson(pub std::sync::Arc<serde_json::value::RawValue>);
+
+impl ToolsJson {
+    /// From the tools' canonical JSON (the blob a model request names);
+    /// `None` if it is not UTF-8 JSON, when a backend serialises the
+    /// definitions instead.
+    pub fn from_json(bytes: &[u8]) -> Option<ToolsJson> {
+        let text = String::from_utf8(bytes.to_vec()).ok()?;
+        let raw = serde_json::value::RawValue::from_string(text).ok()?;
+        Some(ToolsJson(std::sync::Arc::from(raw)))
+    }
+}
+
+impl PartialEq for ToolsJson {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// What a model returns.

@@ -143,7 +143,10 @@ impl OpenAiBackend {
         WireRequest {
             model: &req.model,
             messages: WireMessages(&req.messages),
-            tools: with_tools.then_some(req.tools.as_slice()),
+            tools: with_tools.then(|| match &req.tools_json {
+                Some(j) => WireTools::Json(&j.0),
+                None => WireTools::Defs(req.tools.as_slice()),
+            }),
             tool_choice,
             temperature: req.temperature,
             seed: req.seed,
@@ -519,13 +522,22 @@ impl serde::Serialize for WireMessages<'_> {
     }
 }
 
+/// The request's tools: the conversation's JSON text when it has one (made
+/// once, not per turn), else the definitions.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum WireTools<'a> {
+    Json(&'a serde_json::value::RawValue),
+    Defs(&'a [crate::chat::ToolDef]),
+}
+
 /// A chat-completions request body. Optional fields are left out when unset.
 #[derive(serde::Serialize)]
 struct WireRequest<'a> {
     model: &'a str,
     messages: WireMessages<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    tools: Option<&'a [crate::chat::ToolDef]>,
+    tools: Option<WireTools<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<Value>,
     temperature: f64,

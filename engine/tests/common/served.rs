@@ -41,6 +41,7 @@ pub fn request(model: &str, text: &str) -> ChatRequest {
         stop: Vec::new(),
         tool_choice: None,
         response_format: None,
+        tools_json: None,
     }
 }
 

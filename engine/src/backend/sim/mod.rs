@@ -414,6 +414,7 @@ mod tests {
             stop: Vec::new(),
             tool_choice: None,
             response_format: None,
+            tools_json: None,
         }
     }
 
