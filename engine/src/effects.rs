@@ -24,6 +24,10 @@ pub struct Conversation {
     /// Messages covered by `prefix` (its request and its response).
     covered: usize,
     tools_blob: Option<ToolsBlob>,
+    /// Whether a call of this conversation was performed (and so stored the
+    /// tools blob) in this ledger: a served one may come from a partial
+    /// ledger that never held it.
+    tools_stored: bool,
     /// The reply's required shape (`ChatRequest::response_format`).
     pub response_format: Option<Value>,
 }
@@ -54,6 +58,7 @@ impl Conversation {
             prefix: None,
             covered: 0,
             tools_blob,
+            tools_stored: false,
             response_format: None,
         }
     }
@@ -119,11 +124,12 @@ pub async fn call_model(
         req = req.with_blob(b);
     }
     match (&conv.tools_blob, conv.prefix) {
-        // Stored with the conversation's first recorded call, which the
-        // prefix chain holds: named, not stored (and read back) again. The
-        // event's refs are the same either way.
-        (Some(t), Some(_)) => req = req.with_link(t.id),
-        (Some(t), None) => req = req.with_blob(t.bytes.clone()),
+        // Stored with a call this conversation performed in this ledger:
+        // named, not stored (and read back) again. A call served from
+        // history does not count: a partial ledger may never have held the
+        // blob. The event's refs are the same either way.
+        (Some(t), Some(_)) if conv.tools_stored => req = req.with_link(t.id),
+        (Some(t), _) => req = req.with_blob(t.bytes.clone()),
         (None, _) => {}
     }
     if let Some(p) = conv.prefix {
@@ -149,6 +155,7 @@ pub async fn call_model(
     conv.messages = chat.messages;
     conv.tools = chat.tools;
     let rec = attempts?;
+    conv.tools_stored |= rec.source == replay::Served::Live;
     let transient = rec.failure == Some(replay::FailureClass::Transient);
     let bytes = rec.output.map_err(|e| {
         if transient {

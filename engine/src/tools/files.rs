@@ -406,7 +406,11 @@ fn write_in_place(target: &Path, content: &str) -> io::Result<Option<u64>> {
         // without a reader (ENXIO), ...: the rename path decides.
         Err(_) => return Ok(None),
     };
-    file.write_all(content.as_bytes())?;
+    if let Err(e) = file.write_all(content.as_bytes()) {
+        // The name was free and this file is ours: no part of it stays.
+        let _ = fs::remove_file(target);
+        return Err(e);
+    }
     Ok(Some(content.len() as u64))
 }
 
@@ -424,8 +428,10 @@ fn rewrite(f: &fs::File, mode: u32, content: &str) -> io::Result<Option<u64>> {
         // SAFETY: fallocate on an fd this function borrows, no pointers.
         if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len) } != 0 {
             let e = io::Error::last_os_error();
+            // Cannot reserve here (unsupported, filtered, interrupted):
+            // nothing changed yet, so the rename path takes over.
             return match e.raw_os_error() {
-                Some(libc::EOPNOTSUPP) => Ok(None),
+                Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINTR | libc::EINVAL) => Ok(None),
                 _ => Err(e),
             };
         }
@@ -709,9 +715,10 @@ mod tests {
         assert_eq!(fs::read_to_string(&path).unwrap(), "third");
     }
 
-    /// Found by an attacker review of the in-place rewrite: it truncated
+    /// Found by attacker reviews of the in-place rewrite: it truncated
     /// first, so a write that failed (full disk, quota, size limit) left
-    /// the file cut. Run in a child process: the size limit is per process.
+    /// the file cut; and a new file that failed was left half written. Run
+    /// in a child process: the size limit is per process.
     #[test]
     fn regression_a_failed_rewrite_keeps_the_old_bytes() {
         const CHILD: &str = "MASS_TEST_FSIZE_CHILD";
@@ -730,6 +737,10 @@ mod tests {
             let r = ws.write_file("f.txt", &"x".repeat(10_000));
             assert!(r.is_err(), "{r:?}");
             assert_eq!(fs::read(ws.root().join("f.txt")).unwrap(), b"old content");
+            // A new file that cannot be written whole is not left cut.
+            let r = ws.write_file("new.txt", &"y".repeat(10_000));
+            assert!(r.is_err(), "{r:?}");
+            assert!(!ws.root().join("new.txt").exists());
             return;
         }
         let name = "tools::files::tests::regression_a_failed_rewrite_keeps_the_old_bytes";
