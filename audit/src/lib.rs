@@ -21,6 +21,7 @@
 //! the last one an accepted promotion names as its candidate.
 
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use ledger::{Event, Id, Ledger};
 use schemas::{
@@ -200,6 +201,61 @@ fn referrers_of<T: Decodable>(l: &Ledger, id: &Id) -> Result<Vec<(Event, T)>> {
     Ok(out)
 }
 
+/// Rankings and selections met while listing a run's rollouts, each read
+/// and decoded once: a ranking names every rollout of its task and a
+/// judgment two, and each was read again for each of them (a profile of
+/// `mass report` at 100k events put half its time in that listing).
+struct Decisions<'l> {
+    l: &'l Ledger,
+    /// A referrer's ranking, or `None` for an event of another kind.
+    rankings: HashMap<Id, Option<Rc<(Event, Ranking)>>>,
+    /// The selections naming an id (`selections_of`).
+    selections: HashMap<Id, Rc<Vec<(Event, Selection)>>>,
+}
+
+impl<'l> Decisions<'l> {
+    fn new(l: &'l Ledger) -> Self {
+        Decisions {
+            l,
+            rankings: HashMap::new(),
+            selections: HashMap::new(),
+        }
+    }
+
+    /// As `referrers_of::<Ranking>`, in log order.
+    fn rankings_of(&mut self, id: &Id) -> Result<Vec<Rc<(Event, Ranking)>>> {
+        let mut out = Vec::new();
+        for r in self.l.referrers(id)? {
+            let hit = match self.rankings.get(&r) {
+                Some(h) => h.clone(),
+                None => {
+                    let ev = self.l.get_event(&r)?;
+                    let h = if ev.kind == Ranking::KIND && ev.version == Ranking::VERSION {
+                        let rk = decode::<Ranking>(&ev)?;
+                        Some(Rc::new((ev, rk)))
+                    } else {
+                        None
+                    };
+                    self.rankings.insert(r, h.clone());
+                    h
+                }
+            };
+            out.extend(hit);
+        }
+        Ok(out)
+    }
+
+    /// As `selections_of`.
+    fn selections_of(&mut self, id: &Id) -> Result<Rc<Vec<(Event, Selection)>>> {
+        if let Some(s) = self.selections.get(id) {
+            return Ok(s.clone());
+        }
+        let s = Rc::new(selections_of(self.l, id)?);
+        self.selections.insert(*id, s.clone());
+        Ok(s)
+    }
+}
+
 /// Selections (of any recorded version) that name `id`, in log order.
 fn selections_of(l: &Ledger, id: &Id) -> Result<Vec<(Event, Selection)>> {
     let mut out = Vec::new();
@@ -337,6 +393,7 @@ pub fn rollouts(l: &Ledger, run: &str) -> Result<Vec<RolloutRow>> {
 pub fn rollouts_in(l: &Ledger, run: &str, streams: &[(String, Id)]) -> Result<Vec<RolloutRow>> {
     let mut out = Vec::new();
     let mut members = RunMembers::new(l, run);
+    let mut decisions = Decisions::new(l);
     for &(_, head) in streams {
         let ev = l.get_event(&head)?;
         if ev.kind != <Rollout as Decodable>::KIND {
@@ -357,30 +414,31 @@ pub fn rollouts_in(l: &Ledger, run: &str, streams: &[(String, Id)]) -> Result<Ve
         // A rollout shared with another run (a fork, a re-judge) may be
         // ranked and selected there too: only this run's decisions count.
         let mut ranked = None;
-        for (rev, rk) in referrers_of::<Ranking>(l, &head)? {
-            if members.holds(&rev)? {
-                ranked = Some((rev, rk));
+        for rk in decisions.rankings_of(&head)? {
+            if members.holds(&rk.0)? {
+                ranked = Some(rk);
             }
         }
         let me = ranked
             .as_ref()
-            .and_then(|(_, rk)| rk.runs.iter().find(|x| id_of(x.rollout) == head).cloned());
+            .and_then(|rk| rk.1.runs.iter().find(|x| id_of(x.rollout) == head).cloned());
         let mut selection = None;
         // The selection that read the run's ranking, or (a run kept out of
         // ranking, `mass.selection` v2) the one that names the run itself.
         let sel_of = match &ranked {
-            Some((rev, _)) => rev.id,
+            Some(rk) => rk.0.id,
             None => head,
         };
         let mut selected = None;
-        for (sev, sel) in selections_of(l, &sel_of)? {
-            if members.holds(&sev)? {
-                selected = Some((sev, sel));
+        let sels = decisions.selections_of(&sel_of)?;
+        for s in sels.iter() {
+            if members.holds(&s.0)? {
+                selected = Some(s);
             }
         }
         if let Some((sev, sel)) = selected {
             let rank = me.as_ref().map(|m| m.rank);
-            selection = Some(selection_facts(&sev, &sel, &head, rank, None).decision);
+            selection = Some(selection_facts(sev, sel, &head, rank, None).decision);
         }
         if selection.is_none() && guard_excluded && r.purpose == "collect" {
             selection = Some("excluded".into());
