@@ -526,26 +526,80 @@ fn count_model_call(l: &Ledger, ev: &Event, stage: &str, c: &mut CycleReport) ->
     // `optimizer` effects; each output carries the usage.
     let call = matches!(e.effect.as_str(), "model" | "judge" | "optimizer");
     if let (true, Some(output)) = (call && e.status == EffectStatus::Ok, e.output) {
-        let out: serde_json::Value = serde_json::from_slice(&l.get_blob(&id_of(output))?)
-            .map_err(|x| EngineError::recording("model output", x))?;
+        let f = OutputFigures::of(&l.get_blob(&id_of(output))?)?;
         if let Some(s) = c.stages.iter_mut().find(|s| s.stage == stage) {
             s.model_calls += 1;
-            s.prompt_tokens += out["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
-            s.completion_tokens += out["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+            s.prompt_tokens += f.prompt_tokens.unwrap_or(0);
+            s.completion_tokens += f.completion_tokens.unwrap_or(0);
         }
         // Counted on the trainer's side too: does the server render the
         // prompt as the trainer does?
-        let t = &out["trainer_tokens"];
-        if let Some(model) = t["model"].as_str() {
-            let p = c.template_parity.entry(model.to_string()).or_default();
+        if let Some(model) = f.trainer_model {
+            let p = c.template_parity.entry(model).or_default();
             p.calls += 1;
-            let server = out["usage"]["prompt_tokens"].as_u64();
-            if server.is_some() && t["prompt_tokens"].as_u64() == server {
+            if f.prompt_tokens.is_some() && f.trainer_prompt_tokens == f.prompt_tokens {
                 p.equal += 1;
             }
         }
     }
     Ok(())
+}
+
+/// What the report reads of a model call's output: the usage, and the
+/// trainer's count of the prompt when there is one. Numbers that are not
+/// unsigned integers (and names that are not strings) count as absent.
+#[derive(Debug, Default, PartialEq)]
+struct OutputFigures {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    trainer_model: Option<String>,
+    trainer_prompt_tokens: Option<u64>,
+}
+
+impl OutputFigures {
+    /// Parsed into the engine's output shape when it is one (no JSON tree
+    /// built: this runs for every model call of a run), else read from
+    /// the JSON tree, as leniently as before.
+    fn of(bytes: &[u8]) -> Result<OutputFigures> {
+        #[derive(serde::Deserialize)]
+        struct Usage {
+            prompt_tokens: u64,
+            completion_tokens: u64,
+        }
+        #[derive(serde::Deserialize)]
+        struct Trainer {
+            model: String,
+            prompt_tokens: Option<u64>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Shape {
+            usage: Usage,
+            trainer_tokens: Option<Trainer>,
+        }
+        if let Ok(o) = serde_json::from_slice::<Shape>(bytes) {
+            return Ok(OutputFigures {
+                prompt_tokens: Some(o.usage.prompt_tokens),
+                completion_tokens: Some(o.usage.completion_tokens),
+                trainer_prompt_tokens: o.trainer_tokens.as_ref().and_then(|t| t.prompt_tokens),
+                trainer_model: o.trainer_tokens.map(|t| t.model),
+            });
+        }
+        Self::of_tree(bytes)
+    }
+
+    /// From the JSON tree: the reading before the typed one (the oracle
+    /// its test compares with).
+    fn of_tree(bytes: &[u8]) -> Result<OutputFigures> {
+        let out: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|x| EngineError::recording("model output", x))?;
+        let t = &out["trainer_tokens"];
+        Ok(OutputFigures {
+            prompt_tokens: out["usage"]["prompt_tokens"].as_u64(),
+            completion_tokens: out["usage"]["completion_tokens"].as_u64(),
+            trainer_model: t["model"].as_str().map(str::to_string),
+            trainer_prompt_tokens: t["prompt_tokens"].as_u64(),
+        })
+    }
 }
 
 /// A task's inner-loop steps, in log order, each with the size of the edit
@@ -645,4 +699,54 @@ pub fn stage_seconds(l: &Ledger, main: &[Event]) -> Result<BTreeMap<(u32, &'stat
         last_ms = Some(ms);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OutputFigures;
+
+    /// The typed reading gives what the JSON tree gives, on the engine's
+    /// own outputs and on every odd shape a damaged or foreign ledger may
+    /// hold (it falls back to the tree for those).
+    #[test]
+    fn output_figures_read_as_the_json_tree_does() {
+        let usage = [
+            r#""usage":{"prompt_tokens":12,"completion_tokens":3}"#,
+            r#""usage":{"prompt_tokens":12}"#,
+            r#""usage":{"prompt_tokens":1.5,"completion_tokens":3}"#,
+            r#""usage":{"prompt_tokens":-4,"completion_tokens":"3"}"#,
+            r#""usage":null"#,
+            r#""usage":7"#,
+            r#""usage":{"prompt_tokens":12,"completion_tokens":3,"prompt_tokens":9}"#,
+            r#""other":1"#,
+        ];
+        let trainer = [
+            "",
+            r#","trainer_tokens":null"#,
+            r#","trainer_tokens":{"model":"m","prompt_tokens":12}"#,
+            r#","trainer_tokens":{"model":"m","prompt_tokens":11}"#,
+            r#","trainer_tokens":{"model":"m"}"#,
+            r#","trainer_tokens":{"model":5,"prompt_tokens":12}"#,
+            r#","trainer_tokens":{"prompt_tokens":12}"#,
+            r#","trainer_tokens":{"model":"m","prompt_tokens":-1}"#,
+            r#","trainer_tokens":"m""#,
+        ];
+        let mut n = 0;
+        for u in usage {
+            for t in trainer {
+                for extra in [
+                    "",
+                    r#","message":{"role":"assistant","content":"hi"},"finish_reason":"stop""#,
+                ] {
+                    let text = format!("{{{u}{t}{extra}}}");
+                    let typed = OutputFigures::of(text.as_bytes()).expect("typed");
+                    let tree = OutputFigures::of_tree(text.as_bytes()).expect("tree");
+                    assert_eq!(typed, tree, "{text}");
+                    n += 1;
+                }
+            }
+        }
+        assert_eq!(n, 8 * 9 * 2);
+        assert!(OutputFigures::of(b"not json").is_err());
+    }
 }
