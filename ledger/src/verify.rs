@@ -611,7 +611,9 @@ impl Seen {
         // Sized up front from the object count: growing by doubling would
         // briefly hold two tables (a third more peak memory at 1M objects).
         let mut m = HashMap::with_capacity(l.object_count()? as usize);
+        let mut events = 0usize;
         l.for_each_location(|id, loc| {
+            events += usize::from(loc.kind == ObjectKind::Event);
             m.insert(
                 key16(&id),
                 Slot {
@@ -624,7 +626,8 @@ impl Seen {
         })?;
         Ok(Seen {
             map: m,
-            places: HashMap::new(),
+            // Sized from the index too, for the same reason.
+            places: HashMap::with_capacity(events),
             streams: HashMap::new(),
             from_index: true,
         })
