@@ -2127,7 +2127,9 @@ impl<'a> Batch<'a> {
     /// Adds an object given as its kind, canonical bytes and (for an event)
     /// the metadata recorded beside it, as when copying objects from another
     /// ledger: trees and events are decoded and checked as when they were
-    /// first written, and their links must resolve when the batch commits.
+    /// first written, and their links must resolve when the batch commits;
+    /// an event must also continue its prev's stream at prev's seq + 1
+    /// (checked when the batch is submitted, see `check_raw_chains`).
     /// Metadata must be a JSON object of the ledger's metadata shape.
     pub fn put_raw(&mut self, kind: ObjectKind, raw: Vec<u8>, meta: Vec<u8>) -> Result<Id> {
         check_size(raw.len())?;
