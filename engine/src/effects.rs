@@ -44,7 +44,14 @@ impl ToolsBlob {
     fn of(tools: &[ToolDef]) -> ToolsBlob {
         let bytes = replay::canonical_json(&serde_json::to_value(tools).unwrap_or(Value::Null));
         let id = Id::of(ObjectKind::Blob, &bytes);
-        let json = ToolsJson::from_json(&bytes);
+        // The wire keeps the definitions' own key order (as serialising
+        // them per call did), not the blob's sorted one: a chat template
+        // renders the tools as sent, and the trainer's count of the prompt
+        // must match the server's (`tests/real_cpu.rs`' template parity
+        // failed with sorted keys).
+        let json = serde_json::to_vec(tools)
+            .ok()
+            .and_then(|b| ToolsJson::from_json(&b));
         ToolsBlob { bytes, id, json }
     }
 }
