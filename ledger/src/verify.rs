@@ -383,7 +383,6 @@ impl Ledger {
             ObjectKind::Event => {
                 let env = EventEnvelope::from_bytes(id, &raw).map_err(|e| e.to_string())?;
                 let ev = Event::from_envelope(*id, env);
-                let stream = seen.streams.get(&ev.stream).copied();
                 // Noted even if a check below fails: its successors are
                 // still compared with the place it claims.
                 checks.place.replace(Some((ev.stream.clone(), ev.seq)));
@@ -392,27 +391,12 @@ impl Ledger {
                     if seen.kind_seen(p) != Some(ObjectKind::Event) {
                         return Err(format!("prev {p} is not an event"));
                     }
-                    // A prev that did not decode has no place to compare.
-                    if let Some(&(s, q)) = seen.places.get(&key16(p)) {
-                        if Some(s) != stream {
-                            return Err(format!(
-                                "its stream {:?} is not its prev {p}'s stream",
-                                ev.stream
-                            ));
-                        }
-                        if q.checked_add(1) != Some(ev.seq) {
-                            return Err(format!("seq {} after prev {p} at seq {q}", ev.seq));
-                        }
-                    }
+                    seen.check_place(&ev, p)?;
                 } else if ev.seq != 0 {
                     return Err(format!("seq {} without a prev event", ev.seq));
                 }
-                for p in &ev.parents {
-                    need(p, "parent")?;
-                }
-                for x in &ev.refs {
-                    may_lack(x, "ref")?;
-                }
+                ev.parents.iter().try_for_each(|p| need(p, "parent"))?;
+                ev.refs.iter().try_for_each(|x| may_lack(x, "ref"))?;
                 check_payload(&ev)
                     .map_err(|e| format!("payload of {} v{}: {e}", ev.kind, ev.version))?;
             }
@@ -635,6 +619,24 @@ impl Seen {
     fn slot(&self, id: &Id) -> Option<Slot> {
         self.map.get(&key16(id)).copied()
     }
+    /// Whether `ev` continues its prev `p`'s stream at `p`'s seq + 1; a
+    /// prev that did not decode has no place to compare.
+    fn check_place(&self, ev: &Event, p: &Id) -> std::result::Result<(), String> {
+        let Some(&(s, q)) = self.places.get(&key16(p)) else {
+            return Ok(());
+        };
+        if Some(s) != self.streams.get(&ev.stream).copied() {
+            return Err(format!(
+                "its stream {:?} is not its prev {p}'s stream",
+                ev.stream
+            ));
+        }
+        if q.checked_add(1) != Some(ev.seq) {
+            return Err(format!("seq {} after prev {p} at seq {q}", ev.seq));
+        }
+        Ok(())
+    }
+
     fn note_place(&mut self, id: &Id, stream: String, seq: u64) {
         let next = self.streams.len() as u32;
         let s = *self.streams.entry(stream).or_insert(next);
