@@ -485,7 +485,7 @@ fn wall_time(c: &CycleReport, out: &mut String) {
     let max = c
         .stages
         .iter()
-        .map(|s| s.wall_seconds)
+        .filter_map(|s| s.wall_seconds)
         .fold(0.0, f64::max)
         .max(1e-3);
     let mut p = Plot::new(
@@ -497,18 +497,27 @@ fn wall_time(c: &CycleReport, out: &mut String) {
     p.axis(0.0, max, 4, |v| format!("{v:.1} s"));
     for (row, s) in c.stages.iter().enumerate() {
         p.label(row, &s.stage);
-        if s.wall_seconds <= 0.0 {
+        let Some(secs) = s.wall_seconds else {
+            let _ = write!(
+                p.svg,
+                r#"<text class="note" x="{}" y="{:.1}" dominant-baseline="middle">unknown (the run logged no time here)</text>"#,
+                LEFT + 4.0,
+                Plot::row_y(row),
+            );
+            continue;
+        };
+        if secs <= 0.0 {
             continue;
         }
         let _ = write!(
             p.svg,
             r##"<rect class="mark" data-value="{}" x="{LEFT}" y="{:.1}" width="{:.2}" height="{:.1}" fill="#5e3c99"><title>{}: {:.1} s</title></rect>"##,
-            s.wall_seconds,
+            secs,
             Plot::row_y(row) - ROW * 0.3,
-            x_of(s.wall_seconds, 0.0, max) - LEFT,
+            x_of(secs, 0.0, max) - LEFT,
             ROW * 0.6,
             esc(&s.stage),
-            s.wall_seconds
+            secs
         );
     }
     figure(out, "Wall time per stage", &p.finish());
@@ -824,7 +833,8 @@ fn stage_cost_table(c: &CycleReport, out: &mut String) {
                     s.model_calls.to_string(),
                     s.prompt_tokens.to_string(),
                     s.completion_tokens.to_string(),
-                    format!("{:.1}", s.wall_seconds),
+                    s.wall_seconds
+                        .map_or_else(|| "unknown".to_string(), |w| format!("{w:.1}")),
                 ]
             })
             .collect(),

@@ -238,7 +238,10 @@ pub struct StageCost {
     pub model_calls: u32,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
-    pub wall_seconds: f64,
+    /// `None` (JSON `null`) when a span of the stage starts or ends at a
+    /// step whose time is a stand-in (`ledger::WALL_MS_FROM`: an imported
+    /// run's file mtimes), never a guessed duration.
+    pub wall_seconds: Option<f64>,
 }
 
 /// The cycle and stage a stream's model calls count toward, from its name
@@ -377,6 +380,8 @@ fn cycle_report(f: CycleFigures) -> CycleReport {
             .iter()
             .map(|s| StageCost {
                 stage: s.to_string(),
+                // A stage no step closed took no recorded time.
+                wall_seconds: Some(0.0),
                 ..StageCost::default()
             })
             .collect(),
@@ -670,7 +675,7 @@ fn walltimes(l: &Ledger, main: &[Event], cycles: &mut BTreeMap<u32, CycleReport>
     for ((cycle, stage), seconds) in stage_seconds(l, main)? {
         if let Some(c) = cycles.get_mut(&cycle) {
             if let Some(s) = c.stages.iter_mut().find(|s| s.stage == stage) {
-                s.wall_seconds += seconds;
+                s.wall_seconds = seconds;
             }
         }
     }
@@ -680,23 +685,33 @@ fn walltimes(l: &Ledger, main: &[Event], cycles: &mut BTreeMap<u32, CycleReport>
 /// Seconds per (cycle, stage) of a run's main stream `main` (in log
 /// order), as `mass report` counts them: each step a stage records ends a
 /// span of that stage's time, which starts where the previous step ended.
-pub fn stage_seconds(l: &Ledger, main: &[Event]) -> Result<BTreeMap<(u32, &'static str), f64>> {
+/// A stage is `None` when one of its spans starts or ends at a step whose
+/// time is a stand-in (`Meta::known_wall_ms`): its total is not known.
+pub fn stage_seconds(
+    l: &Ledger,
+    main: &[Event],
+) -> Result<BTreeMap<(u32, &'static str), Option<f64>>> {
     let mut out = BTreeMap::new();
-    let mut last_ms: Option<u64> = None;
+    // The previous step's time (`None` inside: a stand-in), once seen.
+    let mut last: Option<Option<u64>> = None;
     for ev in main {
-        let ms = l.get_meta(&ev.id)?.wall_ms;
-        let from = *last_ms.get_or_insert(ms);
+        let ms = l.get_meta(&ev.id)?.known_wall_ms();
+        let from = *last.get_or_insert(ms);
         // A fork or re-judge continues from here: the time since its
         // source's step belongs to no stage.
         if ev.kind == "run.forked" || ev.kind == "run.mixed" {
-            last_ms = Some(ms);
+            last = Some(ms);
             continue;
         }
         let Some((cycle, stage)) = engine::milestone::closes(ev) else {
             continue;
         };
-        *out.entry((cycle, stage.name())).or_insert(0.0) += ms.saturating_sub(from) as f64 / 1000.0;
-        last_ms = Some(ms);
+        let span = from
+            .zip(ms)
+            .map(|(a, b)| b.saturating_sub(a) as f64 / 1000.0);
+        let total = out.entry((cycle, stage.name())).or_insert(Some(0.0));
+        *total = total.zip(span).map(|(t, s)| t + s);
+        last = Some(ms);
     }
     Ok(out)
 }

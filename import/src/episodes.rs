@@ -17,7 +17,7 @@ use serde_json::{json, Map, Value};
 use proxy::log::chain_step;
 
 use crate::error::{ImportError, Result};
-use crate::objects::{id32, iso_ms, secs_ms, Objects, ABSENT};
+use crate::objects::{id32, iso_ms, secs_ms, Objects, When, ABSENT};
 use crate::plan::Episode;
 use crate::secrets::Scrubber;
 
@@ -27,8 +27,8 @@ pub struct Imported {
     pub rollout: Id,
     pub status: &'static str,
     pub delegations: u32,
-    /// When it ended (`finished_at`), ms since the Unix epoch.
-    pub finished_ms: u64,
+    /// When it ended (`finished_at`, or the folder's mtime without one).
+    pub finished: When,
     /// Each conversation (a leaf of the request tree): its last request's
     /// full message list plus the reply, and that exchange's event.
     pub conversations: Vec<(Vec<Value>, Id)>,
@@ -55,21 +55,20 @@ pub fn import(
 ) -> Result<Imported> {
     let rel = format!("c{cycle}/{}/{}/{:02}/orch", ep.task, ep.purpose, ep.index);
     let status = ep.files.status.as_ref().map(|f| s.json(&f.value));
-    let started = status
-        .as_ref()
-        .and_then(|v| v.get("started_at")?.as_str().and_then(iso_ms))
-        .unwrap_or(ep.files.mtime_ms);
-    let finished = status
-        .as_ref()
-        .and_then(|v| v.get("finished_at")?.as_str().and_then(iso_ms))
-        .unwrap_or(ep.files.mtime_ms);
+    let logged = |key: &str| {
+        status
+            .as_ref()
+            .and_then(|v| v.get(key)?.as_str().and_then(iso_ms))
+            .map_or(When::Mtime(ep.files.mtime_ms), When::Logged)
+    };
+    let (started, finished) = (logged("started_at"), logged("finished_at"));
     journal(o, s, ep, &rel, status.as_ref(), started)?;
     let mut chats: Vec<Chat> = Vec::new();
     let mut requests: HashMap<[u8; 32], Id> = HashMap::new();
     let (mut prompt_tokens, mut completion_tokens) = (0u64, 0u64);
     for row in &ep.files.exchanges {
         let rec = s.json(&row.value);
-        let at = secs_ms(rec.get("ts_start")).unwrap_or(started);
+        let at = secs_ms(rec.get("ts_start")).map_or(started, When::Logged);
         let (id, chat, usage) = exchange(o, &rel, &rec, &mut requests, at)?;
         if let Some(u) = usage {
             // Counts from the file: a sum past u64 is refused, never wrapped.
@@ -126,7 +125,7 @@ pub fn import(
         rollout,
         status: st,
         delegations: record.delegations,
-        finished_ms: finished,
+        finished,
         conversations,
     })
 }
@@ -139,7 +138,7 @@ fn journal(
     ep: &Episode,
     rel: &str,
     status: Option<&Value>,
-    at: u64,
+    at: When,
 ) -> Result<()> {
     let prompt = ep
         .files
@@ -287,7 +286,7 @@ fn exchange(
     rel: &str,
     rec: &Value,
     requests: &mut HashMap<[u8; 32], Id>,
-    at: u64,
+    at: When,
 ) -> Result<(Id, Option<Chat>, Usage)> {
     let method = rec.get("method").and_then(Value::as_str).unwrap_or("POST");
     // The proxy's rule on a recorded path: a key-like query parameter's

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use ledger::{EventEnvelope, Id, Meta, NewEvent, ObjectKind};
+use ledger::{EventEnvelope, Id, Meta, NewEvent, ObjectKind, WALL_MS_FROM};
 use schemas::{Hash32, Record};
 use serde_json::Value;
 
@@ -38,6 +38,39 @@ pub struct Objects {
 /// The zero hash: a field the reference did not record (no workspace
 /// snapshot, no checks output, no judge conversation).
 pub const ABSENT: Hash32 = Hash32([0; 32]);
+
+/// When a step happened, as far as the reference's files tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    /// A time the reference logged (`run_status.json`, a request's
+    /// `ts_start`), ms since the Unix epoch.
+    Logged(u64),
+    /// A file's mtime, where the reference logged no time: a stand-in, as
+    /// copying or checking out the folder changes it. The event's metadata
+    /// says so (`ledger::WALL_MS_FROM`), and `mass report` counts no
+    /// duration that starts or ends there.
+    Mtime(u64),
+}
+
+impl When {
+    /// The time to store as the event's `wall_ms`.
+    pub fn ms(self) -> u64 {
+        match self {
+            When::Logged(ms) | When::Mtime(ms) => ms,
+        }
+    }
+
+    /// The later of two times; logged only if both are (a stand-in may
+    /// lie in either direction, so the maximum is known only then).
+    /// `When::Logged(0)` is the identity.
+    pub fn later(self, other: When) -> When {
+        let ms = self.ms().max(other.ms());
+        match (self, other) {
+            (When::Logged(_), When::Logged(_)) => When::Logged(ms),
+            _ => When::Mtime(ms),
+        }
+    }
+}
 
 pub fn id32(id: Id) -> Hash32 {
     Hash32(id.0)
@@ -70,15 +103,16 @@ impl Objects {
         self.blob(&replay::canonical_json(v))
     }
 
-    /// Appends `ev` to stream `rel` at wall time `wall_ms` with metadata
-    /// `extra`; links of the zero hash (absent fields) are left out of the
-    /// event's refs, as they name nothing.
+    /// Appends `ev` to stream `rel` at time `at` with metadata `extra` (and
+    /// `WALL_MS_FROM` when `at` is a stand-in); links of the zero hash
+    /// (absent fields) are left out of the event's refs, as they name
+    /// nothing.
     pub fn event(
         &mut self,
         rel: &str,
         mut ev: NewEvent,
-        wall_ms: u64,
-        extra: BTreeMap<String, String>,
+        at: When,
+        mut extra: BTreeMap<String, String>,
     ) -> Result<Id> {
         // Every blob is linked from an event made soon after it, so a
         // check here bounds them all (within one event's links).
@@ -98,8 +132,11 @@ impl Objects {
         let env = EventEnvelope::build(rel, seq, prev, &ev);
         let raw = env.to_bytes()?;
         let id = Id::of(ObjectKind::Event, &raw);
+        if let When::Mtime(_) = at {
+            extra.insert(WALL_MS_FROM.to_string(), "file mtime".to_string());
+        }
         let meta = Meta {
-            wall_ms,
+            wall_ms: at.ms(),
             host: String::new(),
             pid: 0,
             extra,
@@ -119,7 +156,7 @@ impl Objects {
     }
 
     /// Appends a record of the schemas crate.
-    pub fn record<T>(&mut self, rel: &str, r: &T, parents: Vec<Id>, wall_ms: u64) -> Result<Id>
+    pub fn record<T>(&mut self, rel: &str, r: &T, parents: Vec<Id>, at: When) -> Result<Id>
     where
         T: Record,
         T::Archived: for<'a> rkyv::bytecheck::CheckBytes<
@@ -131,7 +168,7 @@ impl Objects {
                 detail: format!("cannot encode {}: {e}", T::KIND),
             })?
             .with_parents(parents);
-        self.event(rel, ev, wall_ms, BTreeMap::new())
+        self.event(rel, ev, at, BTreeMap::new())
     }
 
     /// The head of stream `rel`.
@@ -177,4 +214,22 @@ pub fn iso_ms(s: &str) -> Option<u64> {
 pub fn secs_ms(v: Option<&Value>) -> Option<u64> {
     let s = v?.as_f64()?;
     (s.is_finite() && s >= 0.0).then_some((s * 1000.0) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::When;
+
+    /// The latest of several times is logged only when all of them are: a
+    /// stand-in may be earlier or later than the truth.
+    #[test]
+    fn a_later_time_is_logged_only_when_both_are() {
+        let (l, m) = (When::Logged(5), When::Mtime(9));
+        assert_eq!(l.later(When::Logged(7)), When::Logged(7));
+        assert_eq!(l.later(m), When::Mtime(9));
+        assert_eq!(m.later(l), When::Mtime(9));
+        assert_eq!(When::Logged(9).later(When::Mtime(5)), When::Mtime(9));
+        assert_eq!(When::Logged(0).later(m), m);
+        assert_eq!(When::Logged(0).later(l), l);
+    }
 }

@@ -20,14 +20,14 @@ use serde_json::{json, Value};
 
 use crate::episodes::{self, Imported};
 use crate::error::Result;
-use crate::objects::{id32, Objects, ABSENT, MAIN};
+use crate::objects::{id32, Objects, When, ABSENT, MAIN};
 use crate::plan::{Plan, TaskEpisodes, TaskStage};
 
 /// The driver named in an imported run's `run.started`: no engine drives
 /// it (resume, replay, fork and re-judge refuse it by this name).
 pub const DRIVER: &str = "sakana-import/1";
 
-fn note(o: &mut Objects, text: String, parents: Vec<Id>, at: u64) -> Result<Id> {
+fn note(o: &mut Objects, text: String, parents: Vec<Id>, at: When) -> Result<Id> {
     let n = Note { text };
     o.record(MAIN, &n, parents, at)
 }
@@ -50,16 +50,21 @@ pub fn build(plan: &Plan) -> Result<Objects> {
         tasks: ABSENT,
         seed: 0,
     };
-    o.record(MAIN, &started, Vec::new(), plan.config.mtime_ms)?;
+    o.record(
+        MAIN,
+        &started,
+        Vec::new(),
+        When::Mtime(plan.config.mtime_ms),
+    )?;
     let mut collected: HashMap<String, Imported> = HashMap::new();
     for purpose in ["reference", "inner", "collect", "eval"] {
         let mut groups: BTreeMap<u32, Vec<Id>> = BTreeMap::new();
-        let mut at = 0;
+        let mut at = When::Logged(0);
         for ep in plan.episodes.iter().filter(|e| e.purpose == purpose) {
             let imp = episodes::import(&mut o, s, ep, c, &model)?;
             let key = if purpose == "inner" { ep.index } else { 0 };
             groups.entry(key).or_default().push(imp.rollout);
-            at = at.max(imp.finished_ms);
+            at = at.later(imp.finished);
             if purpose == "collect" {
                 collected.insert(ep.name.clone(), imp);
             }
@@ -118,7 +123,7 @@ pub fn build(plan: &Plan) -> Result<Objects> {
         .selected
         .as_ref()
         .map_or(plan.selection_mtime, |f| f.mtime_ms);
-    o.record(MAIN, &cycle, Vec::new(), at)?;
+    o.record(MAIN, &cycle, Vec::new(), When::Mtime(at))?;
     let text = format!("run finished (imported by {DRIVER} from a reference run folder)");
     let last = plan
         .episodes
@@ -128,7 +133,7 @@ pub fn build(plan: &Plan) -> Result<Objects> {
         .chain(plan.selected.as_ref().map(|f| f.mtime_ms))
         .max()
         .unwrap_or(0);
-    note(&mut o, text, Vec::new(), last)?;
+    note(&mut o, text, Vec::new(), When::Mtime(last))?;
     Ok(o)
 }
 
@@ -164,7 +169,7 @@ fn judgments(
                 invalid_attempts: 0,
                 conversation: ABSENT,
             };
-            let id = o.record(&rel, &j, Vec::new(), st.matches_mtime)?;
+            let id = o.record(&rel, &j, Vec::new(), When::Mtime(st.matches_mtime))?;
             out.entry(st.task.clone()).or_default().push(id);
         }
         if let Some(h) = o.head(&rel) {
@@ -174,7 +179,12 @@ fn judgments(
     }
     let n: usize = out.values().map(Vec::len).sum();
     if n > 0 {
-        note(o, format!("cycle {c}: {n} comparison(s) judged"), heads, at)?;
+        note(
+            o,
+            format!("cycle {c}: {n} comparison(s) judged"),
+            heads,
+            When::Mtime(at),
+        )?;
     }
     Ok(out)
 }
@@ -229,7 +239,7 @@ fn rank_and_select(
         runs,
         judgments: judgments.iter().copied().map(id32).collect(),
     };
-    let rid = o.record(MAIN, &ranking, Vec::new(), st.ranked_mtime)?;
+    let rid = o.record(MAIN, &ranking, Vec::new(), When::Mtime(st.ranked_mtime))?;
     let sid = selection(o, plan, st, collected, rid)?;
     Ok((rid, sid))
 }
@@ -293,7 +303,7 @@ fn selection(
         shortfall,
     };
     let at = plan.selection_mtime.max(st.ranked_mtime);
-    o.record(MAIN, &sel, Vec::new(), at)
+    o.record(MAIN, &sel, Vec::new(), When::Mtime(at))
 }
 
 /// The selected episodes' conversations (each leaf of its request tree,
@@ -351,7 +361,7 @@ fn dataset(
         MAIN,
         &d,
         Vec::new(),
-        plan.selection_mtime,
+        When::Mtime(plan.selection_mtime),
     )?))
 }
 
@@ -408,7 +418,7 @@ fn training(
             },
             line,
         };
-        o.record(&rel, &t, Vec::new(), *mtime)?;
+        o.record(&rel, &t, Vec::new(), When::Mtime(*mtime))?;
         steps += 1;
     }
     let sv = s.json(&sel.value);
@@ -449,6 +459,6 @@ fn training(
         steps,
     };
     let parents: Vec<Id> = o.head(&rel).into_iter().collect();
-    o.record(MAIN, &t, parents, sel.mtime_ms)?;
+    o.record(MAIN, &t, parents, When::Mtime(sel.mtime_ms))?;
     Ok(Some(new_model))
 }

@@ -368,6 +368,14 @@ fn absent_stays_absent_and_times_are_the_references() {
     let first = main.last().unwrap();
     let rs: RunStarted = schemas::decode_event(first).unwrap();
     assert_eq!(rs.driver, import::DRIVER);
+    // The reference logs no start time: the config's mtime stands in, and
+    // the metadata says so.
+    let meta = l.get_meta(&first.id).unwrap();
+    assert_eq!(meta.known_wall_ms(), None);
+    assert_eq!(
+        meta.extra.get(ledger::WALL_MS_FROM).map(String::as_str),
+        Some("file mtime")
+    );
     assert_eq!(rs.tasks.0, [0; 32], "no task suite: absent");
     let orch = l.head("ref/c1/query51/collect/00/orch").unwrap().unwrap();
     let ev = l.get_event(&orch).unwrap();
@@ -383,7 +391,9 @@ fn absent_stays_absent_and_times_are_the_references() {
             continue;
         }
         let fx: Effect = schemas::decode_event(&e).unwrap();
-        times.push(l.get_meta(&e.id).unwrap().wall_ms);
+        let meta = l.get_meta(&e.id).unwrap();
+        assert_eq!(meta.known_wall_ms(), Some(meta.wall_ms), "a logged time");
+        times.push(meta.wall_ms);
         if fx.effect == "model" {
             let out: serde_json::Value =
                 serde_json::from_slice(&l.get_blob(&Id(fx.output.unwrap().0)).unwrap()).unwrap();

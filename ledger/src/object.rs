@@ -171,7 +171,9 @@ impl NewEvent {
 /// decisions later yields the same ids precisely because these live outside the hash.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Meta {
-    /// Wall-clock time of the write, milliseconds since the Unix epoch.
+    /// Wall-clock time of the write, milliseconds since the Unix epoch; for
+    /// an event taken whole from elsewhere (an import), the time its source
+    /// gives, and then `extra[WALL_MS_FROM]` says when that is a guess.
     pub wall_ms: u64,
     pub host: String,
     pub pid: u32,
@@ -179,7 +181,19 @@ pub struct Meta {
     pub extra: BTreeMap<String, String>,
 }
 
+/// The `extra` key an event's metadata carries when `wall_ms` is not when
+/// the step happened but a stand-in, with where it came from (`mass import
+/// sakana` gives `file mtime` to steps the reference logged no time for: a
+/// file's mtime changes on every copy). Readers treat such a time as
+/// unknown: `mass report` shows no duration that ends or starts there.
+pub const WALL_MS_FROM: &str = "wall_ms_from";
+
 impl Meta {
+    /// `wall_ms`, unless `extra` marks it as a stand-in (`WALL_MS_FROM`).
+    pub fn known_wall_ms(&self) -> Option<u64> {
+        (!self.extra.contains_key(WALL_MS_FROM)).then_some(self.wall_ms)
+    }
+
     pub(crate) fn now(extra: BTreeMap<String, String>) -> Meta {
         let wall_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -678,10 +678,13 @@ fn write_stages(out: &mut impl Write, stages: &[audit::report::StageCost]) -> st
         "stage", "calls", "prompt tok", "completion tok", "wall s"
     )?;
     for s in stages {
+        let wall = s
+            .wall_seconds
+            .map_or_else(|| "unknown".to_string(), |w| format!("{w:.1}"));
         writeln!(
             out,
-            "  {:<12} {:>8} {:>14} {:>14} {:>9.1}",
-            s.stage, s.model_calls, s.prompt_tokens, s.completion_tokens, s.wall_seconds
+            "  {:<12} {:>8} {:>14} {:>14} {:>9}",
+            s.stage, s.model_calls, s.prompt_tokens, s.completion_tokens, wall
         )?;
     }
     Ok(())

@@ -350,10 +350,11 @@ pub(crate) fn finish(
                     run.into(),
                     c.cycle.into(),
                     stage.into(),
+                    // No step closed it: no recorded time (as `report`).
                     seconds
                         .get(&(c.cycle, stage))
                         .copied()
-                        .unwrap_or(0.0)
+                        .unwrap_or(Some(0.0))
                         .into(),
                     calls.into(),
                     prompt.into(),
@@ -410,7 +411,7 @@ fn run_row(l: &Ledger, run: &str, ctx: &RunContext, counts: &Counts) -> Result<V
         s.cycles_done.into(),
         s.finished.into(),
         s.forked_from.clone().into(),
-        l.get_meta(&first.id)?.wall_ms.into(),
+        l.get_meta(&first.id)?.known_wall_ms().into(),
         (counts.streams + 1).into(),
         (counts.events + ctx.main.len() as u64).into(),
     ])

@@ -111,7 +111,7 @@ pub const RUNS: TableDef = TableDef {
         ),
         i(
             "started_ms",
-            "wall clock of `run.started`, ms since the Unix epoch",
+            "wall clock of `run.started`, ms since the Unix epoch (null: a stand-in time, such as an import's file mtime)",
         ),
         i(
             "streams",
@@ -148,7 +148,7 @@ pub const STAGES: TableDef = TableDef {
         RUN,
         CYCLE,
         s("stage", "the MASS stage"),
-        f("wall_seconds", "time between the main-stream steps that closed the stage"),
+        f("wall_seconds", "time between the main-stream steps that closed the stage (null: a step's time is a stand-in)"),
         i("model_calls", "successful model calls on the stage's streams"),
         i("prompt_tokens", "their prompt tokens, as the backend reported"),
         i("completion_tokens", "their completion tokens"),
@@ -233,7 +233,7 @@ pub const MODEL_CALLS: TableDef = TableDef {
         ),
         i(
             "wall_ms",
-            "wall clock when the record was first written, ms since the Unix epoch",
+            "wall clock when the record was first written (or the time the imported source logged), ms since the Unix epoch (null: a stand-in time)",
         ),
         s("request", "blob of the canonical request"),
         s("output", "blob of the output (null: failed)"),

@@ -127,7 +127,7 @@ fn effect(
         },
         attempt,
         latency_ms: latency_us.map(|us| us as f64 / 1000.0),
-        wall_ms: meta.wall_ms,
+        wall_ms: meta.known_wall_ms(),
     };
     if model {
         let out = output.as_ref().unwrap_or(&Value::Null);
@@ -151,7 +151,7 @@ struct Common {
     status: &'static str,
     attempt: u32,
     latency_ms: Option<f64>,
-    wall_ms: u64,
+    wall_ms: Option<u64>,
 }
 
 fn role(effect: &str, rel: &str) -> String {
