@@ -257,6 +257,80 @@ fn regression_imported_stage_times_are_unknown_not_file_mtimes() {
     );
 }
 
+/// Column `name` of a CSV table with no quoted commas in the columns read.
+fn column(csv: &str, name: &str) -> Vec<String> {
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
+    let at = header.iter().position(|c| *c == name).expect(name);
+    lines
+        .map(|l| l.split(',').nth(at).unwrap_or("?").to_string())
+        .collect()
+}
+
+/// Regression (stop 41's note, "fields the schema forces are zero"): the
+/// reference records no root seed, runs no checks and no guards, counts no
+/// supervised tokens and writes no trainer exit status, yet its run showed
+/// 0 for each, which reads as a measurement. The import lists them as not
+/// recorded in the events' metadata, and every reader shows them so.
+#[test]
+fn regression_imported_placeholders_are_not_recorded_not_zero() {
+    let (s, _) = setup(false);
+    let l = &s.ledger;
+    let out = s._tmp.path().join("tables");
+    let o = out.to_str().unwrap();
+    ok(mass(
+        l,
+        &["export", "tables", "ref", "--out", o, "--format", "csv"],
+    ));
+    let table = |t: &str| std::fs::read_to_string(out.join(format!("{t}.csv"))).expect(t);
+    for (t, col) in [
+        ("runs", "seed"),
+        ("runs", "tasks"),
+        ("cycles", "supervised_tokens"),
+        ("cycles", "tampered_in_training"),
+        ("cycles", "tampering_rate"),
+        ("rollouts", "checks_passed"),
+        ("rollouts", "checks_total"),
+        ("trainings", "exit_status"),
+    ] {
+        let values = column(&table(t), col);
+        assert!(!values.is_empty(), "{t}.{col} has rows");
+        assert!(values.iter().all(|v| v.is_empty()), "{t}.{col}: {values:?}");
+    }
+    // What the reference did record stays: the selected runs, the steps.
+    assert_eq!(column(&table("cycles"), "selected_runs"), ["3"]);
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(mass(l, &["report", "ref", "--json"]))).expect("JSON");
+    let f = &json["cycles"][0]["figures"];
+    for k in [
+        "supervised_tokens",
+        "tampered_in_training",
+        "tampering_rate",
+    ] {
+        assert!(f[k].is_null(), "{k}: {}", f[k]);
+    }
+    let report = ok(mass(l, &["report", "ref"]));
+    assert!(
+        report.contains("supervised tokens: not recorded"),
+        "{report}"
+    );
+    let rows: serde_json::Value =
+        serde_json::from_str(&ok(mass(l, &["runs", "ref", "--json"]))).expect("JSON");
+    let rollout = rows
+        .as_array()
+        .and_then(|r| r.iter().find(|x| x["selection"] == "train"))
+        .and_then(|r| r["event"].as_str())
+        .expect("a selected rollout")
+        .to_string();
+    let why = ok(mass(l, &["why", &rollout]));
+    assert!(why.contains("exit not recorded"), "{why}");
+    let model = ok(mass(l, &["why", "L1-fp8"]));
+    assert!(
+        model.contains("(exit not recorded)") && model.contains("not recorded supervised tokens"),
+        "{model}"
+    );
+}
+
 #[test]
 fn rejudge_refuses_an_imported_run_and_says_why() {
     let (s, _) = setup(false);

@@ -44,7 +44,8 @@ pub struct TrainingStep {
     /// The trainer command as recorded (placeholders unexpanded), or
     /// `builtin:sim`.
     pub command: String,
-    pub exit_status: i32,
+    /// `None`: not recorded (`ledger::NOT_RECORDED`, an imported run).
+    pub exit_status: Option<i32>,
     pub checkpoint: String,
     pub validation_loss: f64,
     /// The trainer's output directory as a tree (`mass checkout` it) and
@@ -64,8 +65,9 @@ pub struct DatasetWhy {
     pub validation_blob: String,
     pub train_examples: u32,
     pub validation_examples: u32,
-    pub train_supervised_tokens: u64,
-    pub validation_supervised_tokens: u64,
+    /// `None`: not recorded (an imported run has no tokenizer).
+    pub train_supervised_tokens: Option<u64>,
+    pub validation_supervised_tokens: Option<u64>,
     pub selections: Vec<String>,
     pub examples: Vec<ExampleOrigin>,
     /// The training step that consumed it, if one did.
@@ -104,14 +106,14 @@ pub struct LineWhy {
     pub content: String,
 }
 
-fn training_step(ev: &Event, t: &Training) -> TrainingStep {
+fn training_step(ev: &Event, t: &Training, meta: &ledger::Meta) -> TrainingStep {
     TrainingStep {
         event: hex(&ev.id),
         cycle: t.cycle,
         base_model: t.base_model.clone(),
         new_model: t.new_model.clone(),
         command: t.command.clone(),
-        exit_status: t.exit_status,
+        exit_status: (!meta.not_recorded("exit_status")).then_some(t.exit_status),
         checkpoint: t.checkpoint.clone(),
         validation_loss: t.validation_loss,
         output: hex(&id_of(t.output)),
@@ -170,7 +172,7 @@ pub fn model_why(l: &Ledger, id: Id, runs: Vec<String>) -> Result<ModelWhy> {
     Ok(ModelWhy {
         model: t.new_model.clone(),
         runs,
-        training: training_step(&ev, &t),
+        training: training_step(&ev, &t, &l.get_meta(&ev.id)?),
         dataset,
         used_by_cycles,
     })
@@ -181,6 +183,8 @@ pub fn model_why(l: &Ledger, id: Id, runs: Vec<String>) -> Result<ModelWhy> {
 pub fn dataset_why(l: &Ledger, id: Id) -> Result<DatasetWhy> {
     let ev = l.get_event(&id)?;
     let d: Dataset = decode(&ev)?;
+    let meta = l.get_meta(&id)?;
+    let recorded = |field: &str, n: u64| (!meta.not_recorded(field)).then_some(n);
     let mut examples = Vec::new();
     for v in provenance(l, &d)? {
         let rollout = v["rollout"].as_str().unwrap_or_default().to_string();
@@ -211,8 +215,11 @@ pub fn dataset_why(l: &Ledger, id: Id) -> Result<DatasetWhy> {
         validation_blob: hex(&id_of(d.validation)),
         train_examples: d.train_examples,
         validation_examples: d.validation_examples,
-        train_supervised_tokens: d.train_supervised_tokens,
-        validation_supervised_tokens: d.validation_supervised_tokens,
+        train_supervised_tokens: recorded("train_supervised_tokens", d.train_supervised_tokens),
+        validation_supervised_tokens: recorded(
+            "validation_supervised_tokens",
+            d.validation_supervised_tokens,
+        ),
         selections: d.selections.iter().map(|s| hex(&id_of(*s))).collect(),
         examples,
         trained_by,

@@ -682,7 +682,8 @@ fn cycle_heading(c: &CycleReport, out: &mut String) {
         f.inner_wins,
         f.inner_iterations,
         f.selected_runs,
-        f.supervised_tokens,
+        f.supervised_tokens
+            .map_or("not recorded".into(), |n| n.to_string()),
         pct(f.delegation_rate),
         f.tampered_in_training
             .map_or("not recorded".into(), |n| n.to_string())

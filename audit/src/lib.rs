@@ -173,7 +173,8 @@ pub struct TrainingFacts {
     pub new_model: String,
     pub checkpoint: String,
     pub validation_loss: f64,
-    pub exit_status: i32,
+    /// `None`: not recorded (`ledger::NOT_RECORDED`, an imported run).
+    pub exit_status: Option<i32>,
 }
 
 fn hex(id: &Id) -> String {
@@ -782,13 +783,14 @@ fn decision_chain(l: &Ledger, id: &Id, rev: &Event, rk: &Ranking) -> Result<Deci
             .dataset_lines
             .extend(dataset_lines_of(l, &dev, &ds, id)?);
         if let Some((tev, t)) = trainings_of(l, &dev.id)?.into_iter().last() {
+            let meta = l.get_meta(&tev.id)?;
             chain.training = Some(TrainingFacts {
                 event: hex(&tev.id),
                 base_model: t.base_model,
                 new_model: t.new_model,
                 checkpoint: t.checkpoint,
                 validation_loss: t.validation_loss,
-                exit_status: t.exit_status,
+                exit_status: (!meta.not_recorded("exit_status")).then_some(t.exit_status),
             });
         }
     }

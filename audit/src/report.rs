@@ -314,7 +314,7 @@ pub fn report(l: &Ledger, run: &str) -> Result<Report> {
         .ok_or_else(|| EngineError::Invalid(format!("no run named {run:?}")))?;
     let mut main: Vec<Event> = l.chain(head).collect::<std::result::Result<_, _>>()?;
     main.reverse();
-    let status = engine::status::fold(&main)?;
+    let status = engine::status::fold_read(l, &main)?;
     let mut cycles: BTreeMap<u32, CycleReport> = status
         .cycles
         .into_iter()

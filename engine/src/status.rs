@@ -38,7 +38,8 @@ pub struct CycleFigures {
     pub inner_wins: u32,
     pub inner_iterations: u32,
     pub selected_runs: u32,
-    pub supervised_tokens: u64,
+    /// `None`: not recorded (`ledger::NOT_RECORDED`, see `fold_read`).
+    pub supervised_tokens: Option<u64>,
     pub collected_runs: Option<u32>,
     /// Share of collected runs (with the champion workflow) that delegated.
     pub delegation_rate: Option<f64>,
@@ -270,7 +271,7 @@ impl CycleFigures {
             inner_wins: c.inner_wins,
             inner_iterations: c.inner_iterations,
             selected_runs: c.selected_runs,
-            supervised_tokens: c.supervised_tokens,
+            supervised_tokens: Some(c.supervised_tokens),
             collected_runs: Some(c.collected_runs),
             delegation_rate: Some(share(c.delegating_runs, c.collected_runs).unwrap_or(0.0)),
             tampered_in_training: Some(c.tampered_in_training),
@@ -311,11 +312,49 @@ impl CycleFigures {
             inner_wins: c.inner_wins,
             inner_iterations: c.inner_iterations,
             selected_runs: c.selected_runs,
-            supervised_tokens: c.supervised_tokens,
+            supervised_tokens: Some(c.supervised_tokens),
             delegation_rate: Some(c.delegation_rate),
             ..CycleFigures::default()
         }
     }
+}
+
+impl CycleFigures {
+    /// Forgets the figures whose counts the cycle record's metadata lists
+    /// as not recorded (an imported run's placeholders): they become
+    /// `None`, shown as "not recorded", never as the placeholder zero.
+    pub fn forget_unrecorded(&mut self, meta: &ledger::Meta) {
+        if meta.not_recorded("supervised_tokens") {
+            self.supervised_tokens = None;
+        }
+        if meta.not_recorded("tampered_in_training") {
+            self.tampered_in_training = None;
+        }
+        if meta.not_recorded("tampered_runs") {
+            self.tampering_rate = None;
+        }
+    }
+}
+
+/// `fold`, then each cycle's figures without the counts its record's
+/// metadata lists as not recorded (`CycleFigures::forget_unrecorded`):
+/// what a reader with the ledger at hand shows.
+pub fn fold_read(l: &Ledger, events: &[Event]) -> Result<RunStatus> {
+    let mut s = fold(events)?;
+    let mut seen = std::collections::HashSet::new();
+    // The last record of a cycle's number is the one whose figures count.
+    for ev in events.iter().rev().filter(|e| e.kind == "mass.cycle") {
+        let Some((cycle, _)) = crate::milestone::closes(ev) else {
+            continue;
+        };
+        if !seen.insert(cycle) {
+            continue;
+        }
+        if let Some(f) = s.cycles.iter_mut().find(|f| f.cycle == cycle) {
+            f.forget_unrecorded(&l.get_meta(&ev.id)?);
+        }
+    }
+    Ok(s)
 }
 
 /// Folds a main stream, oldest event first.

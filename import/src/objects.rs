@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use ledger::{EventEnvelope, Id, Meta, NewEvent, ObjectKind, WALL_MS_FROM};
+use ledger::{EventEnvelope, Id, Meta, NewEvent, ObjectKind, NOT_RECORDED, WALL_MS_FROM};
 use schemas::{Hash32, Record};
 use serde_json::Value;
 
@@ -163,12 +163,36 @@ impl Objects {
                 rkyv::api::high::HighValidator<'a, rkyv::rancor::Error>,
             > + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rkyv::rancor::Error>>,
     {
+        self.partial(rel, r, parents, at, &[])
+    }
+
+    /// As `record`, with `missing` the record's fields the reference does
+    /// not record (their values are the schema's placeholders), listed in
+    /// the metadata as `ledger::NOT_RECORDED` so readers show them as such.
+    pub fn partial<T>(
+        &mut self,
+        rel: &str,
+        r: &T,
+        parents: Vec<Id>,
+        at: When,
+        missing: &[&str],
+    ) -> Result<Id>
+    where
+        T: Record,
+        T::Archived: for<'a> rkyv::bytecheck::CheckBytes<
+                rkyv::api::high::HighValidator<'a, rkyv::rancor::Error>,
+            > + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rkyv::rancor::Error>>,
+    {
         let ev = schemas::to_event(r)
             .map_err(|e| ledger::LedgerError::Index {
                 detail: format!("cannot encode {}: {e}", T::KIND),
             })?
             .with_parents(parents);
-        self.event(rel, ev, at, BTreeMap::new())
+        let mut extra = BTreeMap::new();
+        if !missing.is_empty() {
+            extra.insert(NOT_RECORDED.to_string(), missing.join(","));
+        }
+        self.event(rel, ev, at, extra)
     }
 
     /// The head of stream `rel`.

@@ -50,12 +50,8 @@ pub fn build(plan: &Plan) -> Result<Objects> {
         tasks: ABSENT,
         seed: 0,
     };
-    o.record(
-        MAIN,
-        &started,
-        Vec::new(),
-        When::Mtime(plan.config.mtime_ms),
-    )?;
+    let at = When::Mtime(plan.config.mtime_ms);
+    o.partial(MAIN, &started, Vec::new(), at, &["seed"])?;
     let mut collected: HashMap<String, Imported> = HashMap::new();
     for purpose in ["reference", "inner", "collect", "eval"] {
         let mut groups: BTreeMap<u32, Vec<Id>> = BTreeMap::new();
@@ -123,7 +119,9 @@ pub fn build(plan: &Plan) -> Result<Objects> {
         .selected
         .as_ref()
         .map_or(plan.selection_mtime, |f| f.mtime_ms);
-    o.record(MAIN, &cycle, Vec::new(), When::Mtime(at))?;
+    // No tokenizer in the folder, no guards run: nothing counted.
+    let missing = ["supervised_tokens", "tampered_runs", "tampered_in_training"];
+    o.partial(MAIN, &cycle, Vec::new(), When::Mtime(at), &missing)?;
     let text = format!("run finished (imported by {DRIVER} from a reference run folder)");
     let last = plan
         .episodes
@@ -357,12 +355,9 @@ fn dataset(
         selections: selections.into_iter().map(id32).collect(),
         provenance: id32(prov),
     };
-    Ok(Some(o.record(
-        MAIN,
-        &d,
-        Vec::new(),
-        When::Mtime(plan.selection_mtime),
-    )?))
+    let missing = ["train_supervised_tokens", "validation_supervised_tokens"];
+    let at = When::Mtime(plan.selection_mtime);
+    Ok(Some(o.partial(MAIN, &d, Vec::new(), at, &missing)?))
 }
 
 fn opt_f64(v: &Value, keys: &[&str]) -> Option<f64> {
@@ -459,6 +454,7 @@ fn training(
         steps,
     };
     let parents: Vec<Id> = o.head(&rel).into_iter().collect();
-    o.record(MAIN, &t, parents, When::Mtime(sel.mtime_ms))?;
+    let at = When::Mtime(sel.mtime_ms);
+    o.partial(MAIN, &t, parents, at, &["exit_status"])?;
     Ok(Some(new_model))
 }

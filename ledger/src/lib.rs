@@ -47,7 +47,9 @@ pub use files::{write_durably, AppendFile, FileLayer, OsFiles};
 pub use id::{Id, IdPrefix, ObjectKind, ID_LEN, MIN_PREFIX_HEX};
 pub use index::ObjLoc;
 pub use migrate::{is_v1, migrate_v1, Migrated};
-pub use object::{check_ref_name, Event, EventEnvelope, Meta, NewEvent, WALL_MS_FROM};
+pub use object::{
+    check_ref_name, Event, EventEnvelope, Meta, NewEvent, NOT_RECORDED, WALL_MS_FROM,
+};
 pub use recovery::{Damage, DamageKind};
 pub use store::{
     Batch, Chain, Durability, Ledger, Options, Promisor, RecoveryReport, SetAside, Unprotected,

@@ -188,7 +188,21 @@ pub struct Meta {
 /// unknown: `mass report` shows no duration that ends or starts there.
 pub const WALL_MS_FROM: &str = "wall_ms_from";
 
+/// The `extra` key naming, comma-separated, the fields of an event's record
+/// that its source did not record (`mass import sakana`: the reference has
+/// no root seed, no guards, no tokenizer), whose values in the record are
+/// placeholders the schema forces. Readers show them as not recorded
+/// (`null`), never as the placeholder.
+pub const NOT_RECORDED: &str = "not_recorded";
+
 impl Meta {
+    /// Whether `extra` lists `field` as not recorded (`NOT_RECORDED`).
+    pub fn not_recorded(&self, field: &str) -> bool {
+        self.extra
+            .get(NOT_RECORDED)
+            .is_some_and(|v| v.split(',').any(|f| f == field))
+    }
+
     /// `wall_ms`, unless `extra` marks it as a stand-in (`WALL_MS_FROM`).
     pub fn known_wall_ms(&self) -> Option<u64> {
         (!self.extra.contains_key(WALL_MS_FROM)).then_some(self.wall_ms)

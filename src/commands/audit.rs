@@ -138,7 +138,11 @@ fn why_model(l: &Ledger, training: ledger::Id, runs: Vec<String>, json: bool) ->
                 format!(", recorded by run(s) {}", m.runs.join(", "))
             }
         ),
-        format!("  trainer: {} (exit {})", t.command, t.exit_status),
+        format!(
+            "  trainer: {} (exit {})",
+            t.command,
+            or_unrecorded(t.exit_status)
+        ),
         format!(
             "  chosen checkpoint {} with validation loss {:.4}; output tree {} (`mass checkout {} DIR`), log {}",
             t.checkpoint,
@@ -160,6 +164,12 @@ fn why_model(l: &Ledger, training: ledger::Id, runs: Vec<String>, json: bool) ->
     emit(&m, lines, json)
 }
 
+/// A figure, or `not recorded` where its record's source did not record
+/// it (`ledger::NOT_RECORDED`).
+fn or_unrecorded<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "not recorded".to_string(), |v| v.to_string())
+}
+
 fn dataset_text(d: &audit::data::DatasetWhy) -> Vec<String> {
     let mut lines = vec![
         format!(
@@ -168,9 +178,9 @@ fn dataset_text(d: &audit::data::DatasetWhy) -> Vec<String> {
             d.cycle,
             d.format,
             d.train_examples,
-            d.train_supervised_tokens,
+            or_unrecorded(d.train_supervised_tokens),
             d.validation_examples,
-            d.validation_supervised_tokens
+            or_unrecorded(d.validation_supervised_tokens)
         ),
         format!(
             "  selections: {}; trained by: {}",
@@ -366,7 +376,7 @@ fn decision_lines(w: &Why, l: &mut Vec<String>) {
             t.new_model,
             t.checkpoint,
             t.validation_loss,
-            t.exit_status,
+            or_unrecorded(t.exit_status),
             short(&t.event)
         ));
     }
@@ -818,7 +828,8 @@ pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<
                 bare.join(", ")
             }
         )?;
-        writeln!(out, "  supervised tokens: {}", f.supervised_tokens)?;
+        let tokens = or_unrecorded(f.supervised_tokens);
+        writeln!(out, "  supervised tokens: {tokens}")?;
         write_training(&mut out, &c.loss, c.training.as_ref())?;
         write_stages(&mut out, &c.stages)?;
         write_scores(&mut out, &c.scores)?;

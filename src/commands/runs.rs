@@ -1027,7 +1027,7 @@ pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
             steps.push(ev?);
         }
         steps.reverse();
-        let mut st = engine::status::fold(&steps)?;
+        let mut st = engine::status::fold_read(l, &steps)?;
         if let Some(first) = steps.first().filter(|e| e.kind == "run.started") {
             // A definition that cannot be read leaves the name and plan blank:
             // status still shows how far the run got.

@@ -243,6 +243,12 @@ pub(crate) fn hex(h: &schemas::Hash32) -> String {
     ledger::Id(h.0).to_hex()
 }
 
+/// A record's field, or `None` when the event's metadata lists it as not
+/// recorded (`ledger::NOT_RECORDED`: its value is a placeholder).
+pub(crate) fn recorded<T>(meta: &ledger::Meta, field: &str, value: T) -> Option<T> {
+    (!meta.not_recorded(field)).then_some(value)
+}
+
 /// An id that may be absent: the zero id (a field an imported run's
 /// source did not record, `mass import sakana`) is null, not an id.
 pub(crate) fn hex_or_null(h: &schemas::Hash32) -> Option<String> {

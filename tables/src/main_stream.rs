@@ -17,7 +17,7 @@ use crate::schema::{
     CYCLES, DATASET_LINES, EVALUATIONS, RANKINGS, RUNS, SELECTIONS, STAGES, TRAININGS,
 };
 use crate::sink::Cell;
-use crate::{hex, hex_or_null, Result, TablesError, Writers};
+use crate::{hex, hex_or_null, recorded, Result, TablesError, Writers};
 
 /// What the other streams' rows need from the main stream.
 pub(crate) struct RunContext {
@@ -56,7 +56,7 @@ pub(crate) fn tables(l: &Ledger, run: &str, w: &mut Writers) -> Result<RunContex
         .ok_or_else(|| TablesError::NoRun(run.to_string()))?;
     let mut main: Vec<Event> = l.chain(head).collect::<std::result::Result<_, _>>()?;
     main.reverse();
-    let status = engine::status::fold(&main)?;
+    let status = engine::status::fold_read(l, &main)?;
     let mut ctx = RunContext {
         main: Vec::new(),
         status,
@@ -71,7 +71,7 @@ pub(crate) fn tables(l: &Ledger, run: &str, w: &mut Writers) -> Result<RunContex
         match ev.kind.as_str() {
             "mass.ranking" => ranking(run, ev, &mut ctx, w)?,
             "mass.selection" => selection(l, run, ev, &mut ctx, w)?,
-            "mass.training" => training(run, ev, w)?,
+            "mass.training" => training(l, run, ev, w)?,
             "mass.dataset" if ev.version == 2 => dataset_lines(l, run, ev, w)?,
             "mass.evaluation" => evaluation(run, ev, &cycle_records, &mut ctx, w)?,
             _ => {}
@@ -197,10 +197,11 @@ fn selection(
     Ok(())
 }
 
-fn training(run: &str, ev: &Event, w: &mut Writers) -> Result<()> {
+fn training(l: &Ledger, run: &str, ev: &Event, w: &mut Writers) -> Result<()> {
     let Some(t) = Training::read(ev) else {
         return Ok(());
     };
+    let meta = l.get_meta(&ev.id)?;
     let t = t.map_err(|e| TablesError::record(&ev.kind, &ev.id, e))?;
     w.push(
         &TRAININGS,
@@ -212,7 +213,7 @@ fn training(run: &str, ev: &Event, w: &mut Writers) -> Result<()> {
             t.base_model.into(),
             t.new_model.into(),
             t.command.into(),
-            t.exit_status.into(),
+            recorded(&meta, "exit_status", t.exit_status).into(),
             t.checkpoint.into(),
             t.checkpoint_reason.into(),
             t.validation_loss.into(),
@@ -373,7 +374,7 @@ fn run_row(l: &Ledger, run: &str, ctx: &RunContext, counts: &Counts) -> Result<V
     let (driver, config, tasks, seed) = match (first.kind.as_str(), first.version) {
         ("run.started", 2) => {
             let s: schemas::RunStarted = decode(first)?;
-            (s.driver, hex(&s.config), Some(hex(&s.tasks)), s.seed)
+            (s.driver, hex(&s.config), hex_or_null(&s.tasks), s.seed)
         }
         ("run.started", 1) => {
             let s: schemas::RunStartedV1 = decode(first)?;
@@ -398,20 +399,21 @@ fn run_row(l: &Ledger, run: &str, ctx: &RunContext, counts: &Counts) -> Result<V
         Err(_) => (None, s.cycles_override),
     };
     let head = ctx.main.last().map(|e| e.id.to_hex());
+    let meta = l.get_meta(&first.id)?;
     Ok(vec![
         run.into(),
         head.into(),
         first.id.to_hex().into(),
         driver.into(),
         experiment.into(),
-        seed.to_string().into(),
+        recorded(&meta, "seed", seed).map(|s| s.to_string()).into(),
         config.into(),
         tasks.into(),
         planned.into(),
         s.cycles_done.into(),
         s.finished.into(),
         s.forked_from.clone().into(),
-        l.get_meta(&first.id)?.known_wall_ms().into(),
+        meta.known_wall_ms().into(),
         (counts.streams + 1).into(),
         (counts.events + ctx.main.len() as u64).into(),
     ])

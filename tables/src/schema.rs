@@ -92,12 +92,12 @@ pub const RUNS: TableDef = TableDef {
         ),
         s(
             "seed",
-            "root of all derived seeds, in decimal (it may pass int64)",
+            "root of all derived seeds, in decimal (it may pass int64; null: not recorded, an imported run)",
         ),
         s("config", "blob of the experiment's definition"),
         s(
             "tasks",
-            "tree of the task suite (null for `mass-engine/1` runs)",
+            "tree of the task suite (null for `mass-engine/1` runs and imported runs)",
         ),
         i(
             "cycles_planned",

@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::main_stream::{Counts, RunContext};
 use crate::schema::{JUDGMENTS, MODEL_CALLS, ROLLOUTS, TOOL_CALLS, TRAINING_STEPS};
 use crate::sink::Cell;
-use crate::{hex, hex_or_null, Result, TablesError, Writers};
+use crate::{hex, hex_or_null, recorded, Result, TablesError, Writers};
 
 /// One stream being read.
 struct StreamCtx<'a> {
@@ -248,6 +248,7 @@ fn rollout_row(l: &Ledger, ev: &Event, ctx: &RunContext, s: &StreamCtx) -> Resul
             }
         }
     }
+    let meta = l.get_meta(&ev.id)?;
     let ranked = ctx.ranked.get(&ev.id);
     let guard_excluded = guard
         .as_ref()
@@ -274,8 +275,8 @@ fn rollout_row(l: &Ledger, ev: &Event, ctx: &RunContext, s: &StreamCtx) -> Resul
         r.detail.into(),
         guard.as_ref().map(|g| g.violations.join("; ")).into(),
         guard.map(|g| g.action).into(),
-        r.score_passed.into(),
-        r.score_total.into(),
+        recorded(&meta, "score_passed", r.score_passed).into(),
+        recorded(&meta, "score_total", r.score_total).into(),
         ranked.map(|x| x.0).into(),
         ranked.map(|x| x.1).into(),
         selection.into(),
