@@ -1269,29 +1269,59 @@ impl Ledger {
     /// and the writer's view (heads, unsynced objects, ordinals) moves.
     /// Returns what to wait for. On error, or a conflict, nothing was written.
     fn join(&self, w: &mut Writer, b: Batch<'_>, prep: Prepared) -> Result<Joined> {
-        // Compare-and-swap on refs, applied in order within the batch.
-        let mut heads_after: HashMap<&str, Option<Id>> = HashMap::new();
-        for u in &b.ref_updates {
-            let current = match heads_after.get(u.name.as_str()) {
-                Some(h) => *h,
-                None => w.heads.get(&u.name).copied(),
-            };
-            if current != u.expected {
-                let error = LedgerError::Conflict {
-                    name: u.name.clone(),
-                    expected: u.expected,
-                    actual: current,
-                };
-                if let Some(&moved_by) = w.moving.get(&u.name) {
-                    return Ok(Joined::Conflict { error, moved_by });
-                }
-                return Err(error);
-            }
-            heads_after.insert(&u.name, u.new);
+        if let Some(conflict) = check_ref_moves(w, &b)? {
+            return Ok(conflict);
         }
-        // Dedup against what was written since `prepare` checked, and links:
-        // they must resolve to stored objects (durable or not yet) or to
-        // earlier batch members.
+        let (mut fresh, written, mut wait) = self.fresh_objects(w, &b, prep)?;
+        self.check_ref_targets(w, &b, &written, &mut wait)?;
+        if fresh.is_empty() && b.ref_updates.is_empty() {
+            return Ok(wait.map_or(Joined::Nothing, Joined::Group));
+        }
+        // A tree encoded as a delta against a tree of this batch that a
+        // concurrent commit wrote instead (perhaps as a delta itself) is
+        // stored plainly: a delta's base must be stored plainly. Rare.
+        for e in fresh.iter_mut() {
+            if e.base_in_batch.is_some_and(|t| !written.contains(&t)) {
+                let p = &b.objects[e.at];
+                let (flags, body) = self.maybe_compress(self.opts.zstd_level, &p.raw);
+                (e.body_len, e.record) = object_record(p, flags, &body);
+                e.flags = flags;
+                e.base_in_batch = None;
+            }
+        }
+        // Encode the ref updates before touching the group, so a failure
+        // leaves it as it was.
+        let (collapsed, ref_records) = ref_update_records(&b)?;
+        let no = self.place_in_group(w, &b, &fresh, &collapsed, &ref_records);
+        for u in &b.ref_updates {
+            set(&mut w.moving, &u.name, no);
+            match u.new {
+                Some(new) => set(&mut w.heads, &u.name, new),
+                None => {
+                    w.heads.remove(&u.name);
+                    w.head_info.remove(&u.name);
+                }
+            }
+        }
+        for (name, info) in b.heads {
+            if w.heads.get(&name) == Some(&info.id) {
+                w.head_info.insert(name, info);
+            }
+        }
+        Ok(Joined::Group(no))
+    }
+
+    /// The batch's objects still to write: those no concurrent commit
+    /// wrote since `prepare` checked (a concurrent one's group is waited
+    /// for instead), each with its links resolving to stored objects
+    /// (durable or not yet) or to earlier batch members. Also the ids
+    /// written and the group to wait for.
+    fn fresh_objects(
+        &self,
+        w: &Writer,
+        b: &Batch<'_>,
+        prep: Prepared,
+    ) -> Result<(Vec<Encoded>, HashSet<Id>, Option<u64>)> {
         let mut wait: Option<u64> = None;
         // Nothing was published since `prepare` if the index has not moved
         // (publishing takes this lock): then no lookup is needed.
@@ -1328,15 +1358,27 @@ impl Ledger {
             written.insert(p.id);
             fresh.push(e);
         }
+        Ok((fresh, written, wait))
+    }
+
+    /// Every ref the batch moves must name an event: written by the batch,
+    /// by a concurrent commit (whose group is then waited for) or stored.
+    fn check_ref_targets(
+        &self,
+        w: &Writer,
+        b: &Batch<'_>,
+        written: &HashSet<Id>,
+        wait: &mut Option<u64>,
+    ) -> Result<()> {
         for u in &b.ref_updates {
             let Some(new) = u.new else { continue };
             if written.contains(&new) {
-                batch_head_is_event(&b, new)?;
+                batch_head_is_event(b, new)?;
                 continue;
             }
             let kind = match w.unsynced.get(&new) {
                 Some(&(k, g)) => {
-                    wait = wait.max(Some(g));
+                    *wait = (*wait).max(Some(g));
                     Some(k)
                 }
                 None => self.kind_of(&new)?,
@@ -1358,59 +1400,24 @@ impl Ledger {
                 }
             }
         }
-        if fresh.is_empty() && b.ref_updates.is_empty() {
-            return Ok(wait.map_or(Joined::Nothing, Joined::Group));
-        }
-        // A tree encoded as a delta against a tree of this batch that a
-        // concurrent commit wrote instead (perhaps as a delta itself) is
-        // stored plainly: a delta's base must be stored plainly. Rare.
-        for e in fresh.iter_mut() {
-            if e.base_in_batch.is_some_and(|t| !written.contains(&t)) {
-                let p = &b.objects[e.at];
-                let (flags, body) = self.maybe_compress(self.opts.zstd_level, &p.raw);
-                (e.body_len, e.record) = object_record(p, flags, &body);
-                e.flags = flags;
-                e.base_in_batch = None;
-            }
-        }
-        // Several updates of one ref in a batch are one step in the operation
-        // log: from the first expected head to the last new one.
-        let mut collapsed: Vec<PendingRef> = Vec::new();
-        for u in &b.ref_updates {
-            match collapsed.iter_mut().find(|c| c.name == u.name) {
-                Some(c) => c.new = u.new,
-                None => collapsed.push(PendingRef {
-                    name: u.name.clone(),
-                    expected: u.expected,
-                    new: u.new,
-                }),
-            }
-        }
-        // Encode the ref updates before touching the group, so a failure
-        // leaves it as it was.
-        let mut ref_records = Vec::with_capacity(collapsed.len());
-        for u in &collapsed {
-            let body = RefUpdate {
-                name: u.name.clone(),
-                old: u.expected.map(|i| i.0),
-                new: u.new.map_or(DELETED, |i| i.0),
-            }
-            .to_bytes()?;
-            let header = RecordHeader {
-                rtype: RecordType::RefUpdate,
-                flags: 0,
-                body_len: body.len() as u32,
-                meta_len: 0,
-                raw_len: body.len() as u32,
-                id: Id(*blake3::hash(&body).as_bytes()),
-            };
-            ref_records.push(PreRecord::new(&header, &body, &[]));
-        }
-        // Join the open group.
+        Ok(())
+    }
+
+    /// Appends the fresh objects and the ref updates to the open group
+    /// (records, index items, ordinals) and keeps the last plain tree as
+    /// the next delta base; the group's number.
+    fn place_in_group(
+        &self,
+        w: &mut Writer,
+        b: &Batch<'_>,
+        fresh: &[Encoded],
+        collapsed: &[PendingRef],
+        ref_records: &[PreRecord],
+    ) -> u64 {
         let no = w.group.no;
         let mut ordinal = w.next_ordinal;
         let mut last_plain_tree: Option<usize> = None;
-        for e in &fresh {
+        for e in fresh {
             let p = &b.objects[e.at];
             let g = &mut w.group;
             let offset = g.base + g.buf.len() as u64;
@@ -1435,7 +1442,7 @@ impl Ledger {
                 last_plain_tree = Some(e.at);
             }
         }
-        for (u, rec) in collapsed.iter().zip(&ref_records) {
+        for (u, rec) in collapsed.iter().zip(ref_records) {
             let g = &mut w.group;
             let offset = g.base + g.buf.len() as u64;
             rec.place(&self.salt, g.seg, offset, &mut g.buf);
@@ -1456,22 +1463,7 @@ impl Ledger {
                 deltas: std::sync::atomic::AtomicU16::new(0),
             }));
         }
-        for u in &b.ref_updates {
-            set(&mut w.moving, &u.name, no);
-            match u.new {
-                Some(new) => set(&mut w.heads, &u.name, new),
-                None => {
-                    w.heads.remove(&u.name);
-                    w.head_info.remove(&u.name);
-                }
-            }
-        }
-        for (name, info) in b.heads {
-            if w.heads.get(&name) == Some(&info.id) {
-                w.head_info.insert(name, info);
-            }
-        }
-        Ok(Joined::Group(no))
+        no
     }
 
     /// Steps 4-6: returns once group `no` is durable (and published), or
@@ -2444,6 +2436,69 @@ fn interrupted_init(dir: &Path) -> bool {
         }
     }
     true
+}
+
+/// Compare-and-swap on the batch's refs, applied in order within the
+/// batch. A ref that moved meanwhile is a conflict: `Joined::Conflict`
+/// when a commit of the open group moved it (the caller retries after
+/// it), the error otherwise.
+fn check_ref_moves(w: &Writer, b: &Batch<'_>) -> Result<Option<Joined>> {
+    let mut heads_after: HashMap<&str, Option<Id>> = HashMap::new();
+    for u in &b.ref_updates {
+        let current = match heads_after.get(u.name.as_str()) {
+            Some(h) => *h,
+            None => w.heads.get(&u.name).copied(),
+        };
+        if current != u.expected {
+            let error = LedgerError::Conflict {
+                name: u.name.clone(),
+                expected: u.expected,
+                actual: current,
+            };
+            if let Some(&moved_by) = w.moving.get(&u.name) {
+                return Ok(Some(Joined::Conflict { error, moved_by }));
+            }
+            return Err(error);
+        }
+        heads_after.insert(&u.name, u.new);
+    }
+    Ok(None)
+}
+
+/// The batch's ref updates as records: several updates of one ref are one
+/// step in the operation log, from the first expected head to the last
+/// new one.
+fn ref_update_records(b: &Batch<'_>) -> Result<(Vec<PendingRef>, Vec<PreRecord>)> {
+    let mut collapsed: Vec<PendingRef> = Vec::new();
+    for u in &b.ref_updates {
+        match collapsed.iter_mut().find(|c| c.name == u.name) {
+            Some(c) => c.new = u.new,
+            None => collapsed.push(PendingRef {
+                name: u.name.clone(),
+                expected: u.expected,
+                new: u.new,
+            }),
+        }
+    }
+    let mut ref_records = Vec::with_capacity(collapsed.len());
+    for u in &collapsed {
+        let body = RefUpdate {
+            name: u.name.clone(),
+            old: u.expected.map(|i| i.0),
+            new: u.new.map_or(DELETED, |i| i.0),
+        }
+        .to_bytes()?;
+        let header = RecordHeader {
+            rtype: RecordType::RefUpdate,
+            flags: 0,
+            body_len: body.len() as u32,
+            meta_len: 0,
+            raw_len: body.len() as u32,
+            id: Id(*blake3::hash(&body).as_bytes()),
+        };
+        ref_records.push(PreRecord::new(&header, &body, &[]));
+    }
+    Ok((collapsed, ref_records))
 }
 
 /// A ref set to an object written by the same batch must still name an
