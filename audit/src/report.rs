@@ -499,15 +499,24 @@ fn stream_figures(l: &Ledger, rel: &str, stage: &str, h: Id, c: &mut CycleReport
 }
 
 /// Counts an outer-loop verdict by the position its winner was shown in.
+/// `c.position` is kept sorted by task and searched by halves: a scan per
+/// verdict made a run's report quadratic in its tasks (verdicts x tasks
+/// string comparisons, the bulk of a 1M-event report).
 fn count_position(j: &Judgment, c: &mut CycleReport) {
-    let i = match c.position.iter().position(|t| t.task == j.task) {
-        Some(i) => i,
-        None => {
-            c.position.push(TaskPosition {
-                task: j.task.clone(),
-                ..TaskPosition::default()
-            });
-            c.position.len() - 1
+    let i = match c
+        .position
+        .binary_search_by(|t| t.task.as_str().cmp(&j.task))
+    {
+        Ok(i) => i,
+        Err(i) => {
+            c.position.insert(
+                i,
+                TaskPosition {
+                    task: j.task.clone(),
+                    ..TaskPosition::default()
+                },
+            );
+            i
         }
     };
     let t = &mut c.position[i];
@@ -648,13 +657,17 @@ fn bt_scores(
             checks_total: r.checks_total,
             selection: r.selection.unwrap_or_else(|| "not selected".into()),
         };
-        match c.scores.iter_mut().find(|t| t.task == r.task) {
-            Some(t) => t.runs.push(scored),
-            None => c.scores.push(TaskScores {
-                task: r.task,
-                runs: vec![scored],
-                check_agreement: CheckAgreement::default(),
-            }),
+        // Kept sorted by task and searched by halves (as `count_position`).
+        match c.scores.binary_search_by(|t| t.task.as_str().cmp(&r.task)) {
+            Ok(i) => c.scores[i].runs.push(scored),
+            Err(i) => c.scores.insert(
+                i,
+                TaskScores {
+                    task: r.task,
+                    runs: vec![scored],
+                    check_agreement: CheckAgreement::default(),
+                },
+            ),
         }
     }
     for c in cycles.values_mut() {
@@ -719,6 +732,51 @@ pub fn stage_seconds(
 #[cfg(test)]
 mod tests {
     use super::OutputFigures;
+
+    /// Verdicts counted per task in any order of tasks give the counts an
+    /// oracle map gives, in task order (the sorted vector searched by
+    /// halves that replaced a scan per verdict).
+    #[test]
+    fn positions_are_counted_per_task_in_any_order() {
+        use std::collections::BTreeMap;
+        let mut c = super::cycle_report(engine::status::CycleFigures::default());
+        let mut oracle: BTreeMap<String, [u32; 4]> = BTreeMap::new();
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..2_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let task = format!("t{}", x % 37);
+            let winner = ["a", "b", "tie", "bogus"][(x >> 8) as usize % 4];
+            let swapped = (x >> 12) & 1 == 1;
+            let j = schemas::Judgment {
+                task: task.clone(),
+                a: schemas::Hash32([0; 32]),
+                b: schemas::Hash32([0; 32]),
+                swapped,
+                judge_model: String::new(),
+                winner: winner.into(),
+                rationale: String::new(),
+                invalid_attempts: 0,
+                conversation: schemas::Hash32([0; 32]),
+            };
+            super::count_position(&j, &mut c);
+            let o = oracle.entry(task).or_default();
+            match (winner, swapped) {
+                ("a", false) | ("b", true) => o[0] += 1,
+                ("a", true) | ("b", false) => o[1] += 1,
+                ("tie", _) => o[2] += 1,
+                _ => continue,
+            }
+            o[3] += u32::from(swapped);
+        }
+        let got: Vec<(String, [u32; 4])> = c
+            .position
+            .iter()
+            .map(|t| (t.task.clone(), [t.first_shown, t.second_shown, t.ties, t.swapped]))
+            .collect();
+        assert_eq!(got, oracle.into_iter().collect::<Vec<_>>());
+    }
 
     /// The typed reading gives what the JSON tree gives, on the engine's
     /// own outputs and on every odd shape a damaged or foreign ledger may
