@@ -55,6 +55,7 @@ fn setup(key: bool) -> (Setup, Vec<String>) {
         let spec = Spec {
             key: key.then(|| KEY.to_string()),
             variant: i as u32,
+            ..Spec::default()
         };
         fixture::write_run(&dir, &spec).expect("fixture");
         let o = mass(
@@ -249,6 +250,7 @@ fn bad_input_exit_codes() {
         &Spec {
             key: None,
             variant: 1,
+            ..Spec::default()
         },
     )
     .expect("fixture");
@@ -278,6 +280,7 @@ fn a_planted_key_is_in_no_output_and_no_object() {
         &Spec {
             key: Some(KEY.into()),
             variant: 0,
+            ..Spec::default()
         },
     )
     .expect("fixture");
