@@ -5,6 +5,7 @@
 //! `rejudge --cycle` refuses it and says why; exit codes for bad input; a
 //! planted key is in no output and no object.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -55,6 +56,7 @@ fn setup(key: bool) -> (Setup, Vec<String>) {
         let spec = Spec {
             key: key.then(|| KEY.to_string()),
             variant: i as u32,
+            ..Spec::default()
         };
         fixture::write_run(&dir, &spec).expect("fixture");
         let o = mass(
@@ -395,6 +397,7 @@ fn bad_input_exit_codes() {
         &Spec {
             key: None,
             variant: 1,
+            ..Spec::default()
         },
     )
     .expect("fixture");
@@ -424,6 +427,7 @@ fn a_planted_key_is_in_no_output_and_no_object() {
         &Spec {
             key: Some(KEY.into()),
             variant: 0,
+            ..Spec::default()
         },
     )
     .expect("fixture");
@@ -460,4 +464,133 @@ fn a_planted_key_is_in_no_output_and_no_object() {
         }
     }
     assert!(blobs > 50, "{blobs}");
+}
+
+/// A run folder with the external judges' verdicts on its evaluation runs
+/// (`evaluation/external.jsonl`): `mass report --json` shows each judge's
+/// held-out and training-task figures as counted here from the file's
+/// lines (and together, the reference's own W/(W+L) of the pair's `a`),
+/// and `export tables` has them in `evaluations` and every verdict in
+/// `judgments`, the other run folder's run null.
+#[test]
+fn an_imported_runs_external_verdicts_are_its_evaluation() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let l = tmp.path().join("ledger");
+    let dir = tmp.path().join("run");
+    let spec = Spec {
+        external: true,
+        ..Spec::default()
+    };
+    fixture::write_run(&dir, &spec).expect("fixture");
+    ok(mass(
+        &l,
+        &["import", "sakana", dir.to_str().unwrap(), "--name", "ext"],
+    ));
+    // The oracle: (split, judge) -> judgments won by a, by b, tied; pairs
+    // won by a, by b, tied (each pair's majority).
+    let text = std::fs::read_to_string(dir.join("evaluation/external.jsonl")).expect("file");
+    let mut want: BTreeMap<(String, String), [u32; 6]> = BTreeMap::new();
+    let mut pairs: BTreeMap<(String, String, String), i64> = BTreeMap::new();
+    let (mut all_a, mut all_b) = (0, 0);
+    for line in text.lines() {
+        let r: serde_json::Value = serde_json::from_str(line).expect("JSON line");
+        let split = if r["pair"]["task"] == 60 {
+            "heldout"
+        } else {
+            "train"
+        };
+        let key = (
+            split.to_string(),
+            r["provider"].as_str().unwrap().to_string(),
+        );
+        let w = r["winner"].as_str().unwrap();
+        let slot = ["A", "B", "tie"].iter().position(|x| *x == w).unwrap();
+        want.entry(key.clone()).or_default()[slot] += 1;
+        all_a += u32::from(w == "A");
+        all_b += u32::from(w == "B");
+        let margin = pairs
+            .entry((key.0, key.1, r["pair"]["a"].to_string()))
+            .or_default();
+        *margin += i64::from(w == "A") - i64::from(w == "B");
+    }
+    for ((split, judge, _), margin) in pairs {
+        let slot = match margin.signum() {
+            1 => 3,
+            -1 => 4,
+            _ => 5,
+        };
+        want.get_mut(&(split, judge)).unwrap()[slot] += 1;
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(mass(&l, &["report", "ext", "--json"]))).expect("JSON");
+    let evals = json["cycles"][0]["figures"]["evaluations"]
+        .as_array()
+        .expect("evaluations")
+        .clone();
+    assert_eq!(evals.len(), want.len(), "{evals:?}");
+    let (mut sum_w, mut sum_l) = (0, 0);
+    for e in &evals {
+        let key = (
+            e["split"].as_str().unwrap().to_string(),
+            e["judge"].as_str().unwrap().to_string(),
+        );
+        let f = want[&key];
+        let n = |k: &str| e[k].as_u64().unwrap() as u32;
+        let got = [
+            n("judgment_wins"),
+            n("judgment_losses"),
+            n("judgment_ties"),
+            n("wins"),
+            n("losses"),
+            n("ties"),
+        ];
+        assert_eq!(got, f, "{key:?}: {e}");
+        let rate = e["judgment_win_rate"].as_f64().unwrap();
+        assert!(
+            (rate - f[0] as f64 / (f[0] + f[1]) as f64).abs() < 1e-12,
+            "{e}"
+        );
+        assert_eq!(e["against"], "other-run");
+        assert_eq!(e["baseline"], fixture::OTHER_RUN);
+        assert_eq!(e["self_judge"], false);
+        sum_w += got[0];
+        sum_l += got[1];
+    }
+    // The reference's summary: W/(W+L) of a over every line.
+    assert_eq!((sum_w, sum_l), (all_a, all_b));
+    let report = ok(mass(&l, &["report", "ext"]));
+    assert!(
+        report.contains("heldout vs other-run by openai (gpt-5.5)"),
+        "{report}"
+    );
+    let tables = tmp.path().join("tables");
+    ok(mass(
+        &l,
+        &[
+            "export",
+            "tables",
+            "ext",
+            "--out",
+            tables.to_str().unwrap(),
+            "--format",
+            "csv",
+        ],
+    ));
+    let evaluations = std::fs::read_to_string(tables.join("evaluations.csv")).expect("csv");
+    assert_eq!(evaluations.lines().count(), 1 + want.len(), "{evaluations}");
+    let judgments = std::fs::read_to_string(tables.join("judgments.csv")).expect("csv");
+    let header: Vec<&str> = judgments.lines().next().unwrap().split(',').collect();
+    let col = |name: &str| header.iter().position(|c| *c == name).unwrap();
+    let evaluated: Vec<Vec<&str>> = judgments
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .filter(|r| r[col("stage")] == "evaluate")
+        .collect();
+    assert_eq!(evaluated.len(), text.lines().count());
+    for r in &evaluated {
+        assert_eq!(r[col("a")].len(), 64, "{r:?}");
+        assert_eq!(r[col("b")], "", "the other folder's run is null: {r:?}");
+        assert_eq!(r[col("evaluation")].len(), 64, "{r:?}");
+    }
 }

@@ -773,7 +773,12 @@ mod tests {
         let got: Vec<(String, [u32; 4])> = c
             .position
             .iter()
-            .map(|t| (t.task.clone(), [t.first_shown, t.second_shown, t.ties, t.swapped]))
+            .map(|t| {
+                (
+                    t.task.clone(),
+                    [t.first_shown, t.second_shown, t.ties, t.swapped],
+                )
+            })
             .collect();
         assert_eq!(got, oracle.into_iter().collect::<Vec<_>>());
     }

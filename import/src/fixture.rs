@@ -6,7 +6,9 @@
 //! a reference run and two inner-loop runs; every episode has a proxy log
 //! with a model listing, an orchestrator turn with a tool call, a
 //! subagent's request whose response reports no usage, and the closing
-//! orchestrator turn. With [`Spec::key`] set, that key is planted in every
+//! orchestrator turn. With [`Spec::external`] set, two more evaluation
+//! runs and the external judges' verdicts on them (`evaluation/
+//! external.jsonl`). With [`Spec::key`] set, that key is planted in every
 //! file type and place a credential can be: JSON body fields, URLs (query
 //! and userinfo), response headers, quoted headers and free text.
 
@@ -22,7 +24,40 @@ pub struct Spec {
     pub key: Option<String>,
     /// Changes the judge's verdicts and one reply, for a second run.
     pub variant: u32,
+    /// Also writes the held-out evaluation's external judgments
+    /// (`evaluation/external.jsonl`) and two more evaluation runs they pair.
+    pub external: bool,
 }
+
+/// The verdicts [`Spec::external`] writes, line by line: one per pair
+/// (this folder's `query60_r0`, `query60_r1` and `query51_r0`, each
+/// against the same run of [`OTHER_RUN`]), judge (`openai` then
+/// `anthropic`) and seed (42, 43, 44), as `(winner, swapped)`. A test's
+/// oracle reads the file, not this table.
+const EXTERNAL: [(&str, bool); 18] = [
+    ("A", false),
+    ("A", true),
+    ("B", false),
+    ("tie", false),
+    ("A", true),
+    ("B", false),
+    ("B", false),
+    ("A", true),
+    ("A", false),
+    ("tie", false),
+    ("tie", true),
+    ("B", false),
+    ("A", false),
+    ("B", true),
+    ("A", false),
+    ("A", false),
+    ("tie", true),
+    ("A", false),
+];
+
+/// The run folder the external judgments pair this folder's runs with
+/// (another generation's, not in the folder).
+pub const OTHER_RUN: &str = "/abs/runs/L0-other";
 
 const MODEL: &str = "Qwen/Qwen3.6-27B-FP8";
 
@@ -92,7 +127,52 @@ pub fn write_run(dir: &Path, spec: &Spec) -> std::io::Result<()> {
         &json!({"beats_reference": true, "version": 1}),
     )?;
     episode(dir, "evaluation/logs/query60_r0", "t60_bare", spec, 20)?;
+    if spec.external {
+        external(dir, spec, &key)?;
+    }
     stage_files(dir, spec, &key, &pool)
+}
+
+/// Two more evaluation runs, the rollout manifest, and
+/// `evaluation/external.jsonl`: the external judges' verdicts on each of
+/// this folder's three evaluation runs paired with [`OTHER_RUN`]'s run of
+/// the same task and replicate, as `python -m mass report --pairs` leaves
+/// them (`pair_id` is a stand-in: the reference hashes the pair).
+fn external(dir: &Path, spec: &Spec, key: &str) -> std::io::Result<()> {
+    episode(dir, "evaluation/logs/query60_r1", "t60_bare", spec, 21)?;
+    episode(dir, "evaluation/logs/query51_r0", "t51_bare", spec, 22)?;
+    let runs = [(60, 0), (60, 1), (51, 0)];
+    let ws = |root: &str, (q, i): (u32, u32)| format!("{root}/evaluation/workspaces/query{q}_r{i}");
+    let manifest: Vec<Value> = runs
+        .iter()
+        .map(
+            |&(q, i)| json!({"task": q, "replicate": i, "workspace": ws("/abs/runs/demo", (q, i))}),
+        )
+        .collect();
+    put_json(dir, "evaluation/rollouts.json", &Value::Array(manifest))?;
+    let judges = [("openai", "gpt-5.5"), ("anthropic", "claude-opus-4-8")];
+    let mut rows = Vec::new();
+    for (p, &run) in runs.iter().enumerate() {
+        let pair = json!({"task": run.0, "a": ws("/abs/runs/demo", run), "b": ws(OTHER_RUN, run)});
+        for (k, (provider, model)) in judges.iter().enumerate() {
+            for (n, seed) in [42, 43, 44].into_iter().enumerate() {
+                let i = p * 6 + k * 3 + n;
+                let (mut winner, swapped) = EXTERNAL[i];
+                if i == 0 && spec.variant % 2 == 1 {
+                    winner = "B";
+                }
+                let mut why = format!("Submission {winner} supports its claims with evidence.");
+                if !key.is_empty() && i == 1 {
+                    why.push_str(&format!(" (the workspace printed {key})"));
+                }
+                rows.push(json!({"pair_id": format!("{p:064x}"), "pair": pair, "provider": provider,
+                    "model": model, "seed": seed, "swapped": swapped, "winner": winner, "rationale": why,
+                    "metrics": {"usage": {"input_tokens": 30000 + i, "output_tokens": 900}, "estimated_cost_usd": 0.177,
+                                "cost_estimate_note": "Linear estimate", "response_id": format!("resp_{i}")}}));
+            }
+        }
+    }
+    put(dir, "evaluation/external.jsonl", &jsonl(&rows))
 }
 
 /// The judge's matches, the ranking, the manifests and the training files.

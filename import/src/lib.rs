@@ -5,15 +5,17 @@
 //!
 //! An import has three steps, and only the last writes:
 //!
-//! 1. **plan** (`plan.rs`, `reference.rs`, `fsread.rs`): the whole folder is
-//!    read beneath a directory descriptor without following links, within
-//!    caps, parsed and cross-checked; every secret it holds is learnt
-//!    (`secrets.rs`). Any problem is an [`ImportError`] naming the file
-//!    and line.
-//! 2. **build** (`stages.rs`, `episodes.rs`, `objects.rs`): every blob and
-//!    event is made in memory with its id, scrubbed, its time taken from
-//!    the reference's files (never the import's clock), so the same folder
-//!    always gives the same objects and the same head.
+//! 1. **plan** (`plan.rs`, `reference.rs`, `fsread.rs`, and
+//!    `evaluation.rs` for the external judges' verdicts): the whole folder
+//!    is read beneath a directory descriptor without following links,
+//!    within caps, parsed and cross-checked; every secret it holds is
+//!    learnt (`secrets.rs`). Any problem is an [`ImportError`] naming the
+//!    file and line.
+//! 2. **build** (`stages.rs`, `episodes.rs`, `evaluation.rs`,
+//!    `objects.rs`): every blob and event is made in memory with its id,
+//!    scrubbed, its time taken from the reference's files (never the
+//!    import's clock), so the same folder always gives the same objects
+//!    and the same head.
 //! 3. **write**: one batch with every object and every ref, committed
 //!    once. A run already holding exactly this head is left alone (the
 //!    second import of a folder writes nothing); a run of that name with
@@ -21,6 +23,7 @@
 
 mod episodes;
 mod error;
+mod evaluation;
 pub mod fixture;
 mod fsread;
 mod objects;

@@ -72,6 +72,8 @@ pub struct Plan {
     pub selection_mtime: u64,
     pub train_log: Option<(Vec<Row>, u64)>,
     pub selected: Option<JsonFile>,
+    /// `evaluation/external.jsonl`, checked (`evaluation.rs`).
+    pub external: Option<crate::evaluation::External>,
     /// Tasks whose retained workflow beat the reference
     /// (`search/query{Q}_ourTeam/retained_workflow.json`).
     pub inner_wins: u32,
@@ -148,6 +150,7 @@ pub fn plan(dir: &Path, caps: Caps) -> Result<Plan> {
         .collect();
     let (train, validation, selection_mtime) = manifests(&mut r, &ranked)?;
     let (train_log, selected) = training_files(&mut r)?;
+    let external = crate::evaluation::read(&mut r, &config.value, &episodes)?;
     let mut inner_wins = 0;
     for name in r.subdirs("search")? {
         if let Some(f) = r.json(&format!("search/{name}/retained_workflow.json"))? {
@@ -170,6 +173,7 @@ pub fn plan(dir: &Path, caps: Caps) -> Result<Plan> {
         selection_mtime,
         train_log,
         selected,
+        external,
         scrub,
     })
 }
@@ -277,7 +281,7 @@ fn by_task(
 /// A task id or index as the reference writes it: 1 to 18 ASCII digits
 /// (no sign, no space: `str::parse` alone takes `+1`, and a task id
 /// becomes part of a stream name).
-fn is_number(s: &str) -> bool {
+pub(crate) fn is_number(s: &str) -> bool {
     (1..=18).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit())
 }
 

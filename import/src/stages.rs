@@ -3,9 +3,11 @@
 //! notes `engine::milestone` reads, the self-judged comparisons as
 //! `mass.judgment`, each task's `mass.ranking` and `mass.selection`, the
 //! selected conversations as a `mass.dataset` with its provenance, the
-//! trainer's metrics as `mass.train_step` and the chosen checkpoint as
-//! `mass.training`. Every main-stream step names what it closes as parents,
-//! so the run's head covers every imported object: change one byte of an
+//! trainer's metrics as `mass.train_step`, the chosen checkpoint as
+//! `mass.training` and the external judges' verdicts as the cycle's
+//! evaluations (`evaluation.rs`). Every main-stream step names what it
+//! closes as parents, so the run's head covers every imported object
+//! (the evaluations through the cycle record's links): change one byte of an
 //! episode and the head changes. Mapping and what stays absent:
 //! ARCHITECTURE.md, "Importing a reference run".
 
@@ -71,7 +73,7 @@ pub fn build(plan: &Plan) -> Result<Objects> {
                 "reference" => format!("cycle {c}: reference runs done"),
                 "inner" => format!("cycle {c}: inner iteration {k} done ({n} run(s))"),
                 "collect" => format!("cycle {c}: collection done ({n} run(s))"),
-                _ => format!("cycle {c}: evaluation runs imported ({n} run(s), not judged here)"),
+                _ => crate::evaluation::runs_note(plan, n),
             };
             note(&mut o, text, rollouts, at)?;
         }
@@ -113,12 +115,14 @@ pub fn build(plan: &Plan) -> Result<Objects> {
         tampered_in_training: 0,
         bare_delegation: Vec::new(),
         agreement: Vec::new(),
-        evaluations: Vec::new(),
+        // After training, as the evaluate stage runs.
+        evaluations: crate::evaluation::build(&mut o, plan, &model)?,
     };
     let at = plan
         .selected
         .as_ref()
-        .map_or(plan.selection_mtime, |f| f.mtime_ms);
+        .map_or(plan.selection_mtime, |f| f.mtime_ms)
+        .max(plan.external.as_ref().map_or(0, |e| e.mtime_ms));
     // No tokenizer in the folder, no guards run: nothing counted.
     let missing = ["supervised_tokens", "tampered_runs", "tampered_in_training"];
     o.partial(MAIN, &cycle, Vec::new(), When::Mtime(at), &missing)?;
@@ -129,6 +133,7 @@ pub fn build(plan: &Plan) -> Result<Objects> {
         .map(|e| e.files.mtime_ms)
         .chain([plan.selection_mtime, plan.config.mtime_ms])
         .chain(plan.selected.as_ref().map(|f| f.mtime_ms))
+        .chain(plan.external.as_ref().map(|e| e.mtime_ms))
         .max()
         .unwrap_or(0);
     note(&mut o, text, Vec::new(), When::Mtime(last))?;

@@ -4,6 +4,7 @@
 //! have a test-only switch run their attack once more with the protection
 //! off and check that it then lands, so the test is known to catch it.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use import::fixture::{self, Spec};
@@ -44,7 +45,15 @@ fn head_of(r: &Result<Outcome, ImportError>) -> Id {
 fn write_fixture_for_inspection() {
     if let Ok(out) = std::env::var("MASS_FIXTURE_OUT") {
         let key = std::env::var("MASS_FIXTURE_KEY").ok();
-        fixture::write_run(Path::new(&out), &Spec { key, variant: 0 }).unwrap();
+        fixture::write_run(
+            Path::new(&out),
+            &Spec {
+                key,
+                external: std::env::var_os("MASS_FIXTURE_EXTERNAL").is_some(),
+                ..Spec::default()
+            },
+        )
+        .unwrap();
     }
 }
 
@@ -81,6 +90,7 @@ fn another_folder_under_a_taken_name_is_refused_and_writes_nothing() {
     let b = fixture_dir(&Spec {
         key: None,
         variant: 1,
+        ..Spec::default()
     });
     let (_d, l, r) = import(a.path());
     let head = head_of(&r);
@@ -156,6 +166,7 @@ fn a_planted_key_reaches_no_object_and_lands_with_scrubbing_off() {
     let dir = fixture_dir(&Spec {
         key: Some(KEY.into()),
         variant: 0,
+        ..Spec::default()
     });
     let (_d, l, r) = import(dir.path());
     head_of(&r);
@@ -440,6 +451,7 @@ fn a_late_bad_file_leaves_the_ledger_byte_identical() {
     let bad = fixture_dir(&Spec {
         key: None,
         variant: 1,
+        ..Spec::default()
     });
     std::fs::write(
         bad.path().join("selected_checkpoint.json"),
@@ -937,4 +949,257 @@ fn duplicates_are_refused_not_merged() {
         let (e, _l, _d) = expect_err(dir.path(), Caps::default());
         assert!(e.contains(says), "{what}: {e}");
     }
+}
+
+/// The fixture's `evaluation/external.jsonl`, line by line.
+fn external_rows(dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("evaluation/external.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// What each evaluation (split, judge) must show, counted here from the
+/// file's lines as the reference and the articles count: judgments won by
+/// the pair's `a`, by its `b`, tied; pairs won by the majority of their
+/// judgments; judgments that showed `a` first. Task 60 is the fixture
+/// config's test task, 51 its training task.
+fn oracle(rows: &[serde_json::Value]) -> BTreeMap<(String, String), [u32; 8]> {
+    let mut per_pair: BTreeMap<(String, String, String), (u32, u32)> = BTreeMap::new();
+    let mut out: BTreeMap<(String, String), [u32; 8]> = BTreeMap::new();
+    for r in rows {
+        let split = if r["pair"]["task"] == 60 {
+            "heldout"
+        } else {
+            "train"
+        };
+        let key = (
+            split.to_string(),
+            r["provider"].as_str().unwrap().to_string(),
+        );
+        let f = out.entry(key.clone()).or_default();
+        let w = r["winner"].as_str().unwrap();
+        f[0] += 1;
+        f[1] += u32::from(w == "A");
+        f[2] += u32::from(w == "B");
+        f[3] += u32::from(w == "tie");
+        f[7] += u32::from(r["swapped"] == false);
+        let pair = per_pair
+            .entry((key.0, key.1, r["pair"]["a"].to_string()))
+            .or_default();
+        pair.0 += u32::from(w == "A");
+        pair.1 += u32::from(w == "B");
+    }
+    for ((split, judge, _), (a, b)) in per_pair {
+        let f = out.get_mut(&(split, judge)).unwrap();
+        f[4] += 1;
+        // A tied pair goes in no column here: the test checks pairs =
+        // wins + losses + ties.
+        match a.cmp(&b) {
+            std::cmp::Ordering::Greater => f[5] += 1,
+            std::cmp::Ordering::Less => f[6] += 1,
+            std::cmp::Ordering::Equal => {}
+        }
+    }
+    out
+}
+
+/// The run's `mass.evaluation` records (oldest first) and the cycle's links.
+fn evaluations(l: &Ledger, head: Id) -> (Vec<(Id, schemas::Evaluation)>, Vec<Id>) {
+    let mut evals = Vec::new();
+    let mut linked = Vec::new();
+    for e in l.chain(head) {
+        let e = e.unwrap();
+        match e.kind.as_str() {
+            "mass.evaluation" => evals.push((e.id, schemas::decode_event(&e).unwrap())),
+            "mass.cycle" => {
+                let c: schemas::Cycle = schemas::decode_event(&e).unwrap();
+                linked = c.evaluations.iter().map(|h| Id(h.0)).collect();
+            }
+            _ => {}
+        }
+    }
+    evals.reverse();
+    (evals, linked)
+}
+
+#[test]
+fn external_judgments_become_the_cycles_evaluations() {
+    let spec = Spec {
+        external: true,
+        ..Spec::default()
+    };
+    let dir = fixture_dir(&spec);
+    let rows = external_rows(dir.path());
+    assert_eq!(rows.len(), 18);
+    let (_d, l, r) = import(dir.path());
+    let head = head_of(&r);
+    let (evals, linked) = evaluations(&l, head);
+    assert_eq!(evals.len(), 4, "one per split and judge");
+    assert_eq!(linked, evals.iter().map(|e| e.0).collect::<Vec<_>>());
+    let want = oracle(&rows);
+    let mut judged = 0;
+    for (_, e) in &evals {
+        let f = want[&(e.split.clone(), e.judge.clone())];
+        let got = [
+            e.judgments.len() as u32,
+            e.judgment_wins,
+            e.judgment_losses,
+            e.judgment_ties,
+            e.pairs,
+            e.wins,
+            e.losses,
+            e.model_first,
+        ];
+        assert_eq!(got, f, "{} by {}", e.split, e.judge);
+        assert_eq!(e.pairs, e.wins + e.losses + e.ties);
+        assert_eq!(e.verdicts, e.judgments.len() as u32);
+        assert_eq!(
+            (e.against.as_str(), e.model.as_str(), e.baseline.as_str()),
+            ("other-run", "Qwen/Qwen3.6-27B-FP8", fixture::OTHER_RUN)
+        );
+        assert!(!e.self_judge && e.cycle == 1);
+        for j in &e.judgments {
+            let j: Judgment = schemas::decode_event(&l.get_event(&Id(j.0)).unwrap()).unwrap();
+            // This folder's run is its rollout; the other folder's is absent.
+            let task_runs: Vec<Id> = l
+                .refs()
+                .unwrap()
+                .into_iter()
+                .filter(|(n, _)| n.starts_with(&format!("ref/c1/{}/eval/", j.task)))
+                .map(|(_, h)| h)
+                .collect();
+            assert!(task_runs.contains(&Id(j.a.0)), "{j:?}");
+            assert_eq!((j.b.0, j.conversation.0), ([0; 32], [0; 32]));
+            judged += 1;
+        }
+    }
+    assert_eq!(judged, rows.len());
+    // The same folder again, elsewhere: the same head.
+    let again = fixture_dir(&spec);
+    let (_d2, _l2, r2) = import(again.path());
+    assert_eq!(head_of(&r2), head);
+}
+
+#[test]
+fn bad_external_lines_are_refused_by_line_and_leave_the_ledger_byte_identical() {
+    type Edit = Box<dyn Fn(&mut Vec<String>)>;
+    let set = |line: usize, f: fn(&mut serde_json::Value)| -> Edit {
+        Box::new(move |lines: &mut Vec<String>| {
+            let mut v: serde_json::Value = serde_json::from_str(&lines[line - 1]).unwrap();
+            f(&mut v);
+            lines[line - 1] = v.to_string();
+        })
+    };
+    let cases: Vec<(Edit, &str)> = vec![
+        (
+            set(8, |v| {
+                v["pair"]["a"] = "/abs/runs/demo/evaluation/workspaces/query60_r7".into();
+                v["pair"]["b"] = "/abs/runs/L0-other/evaluation/workspaces/query60_r7".into();
+            }),
+            ":8: names episode evaluation/logs/query60_r7, which the folder does not hold",
+        ),
+        (set(3, |v| v["winner"] = "C".into()), ":3: winner is not"),
+        (
+            Box::new(|lines: &mut Vec<String>| {
+                let last = lines.pop().unwrap();
+                lines.push(last[..last.len() / 2].to_string());
+            }),
+            ":18: invalid JSON",
+        ),
+        (
+            set(5, |v| {
+                v["pair"]["a"] = "/abs/runs/L1/evaluation/workspaces/query60_r0".into();
+            }),
+            ":5: neither run of the pair is this folder's",
+        ),
+        (
+            Box::new(|lines: &mut Vec<String>| lines.push(lines[0].clone())),
+            ":19: the pair of line 1 is judged again",
+        ),
+        (
+            set(2, |v| {
+                v.as_object_mut().unwrap().remove("swapped");
+            }),
+            ":2: no boolean \"swapped\"",
+        ),
+    ];
+    let spec = Spec {
+        external: true,
+        ..Spec::default()
+    };
+    let (d, l) = ledger();
+    let good = fixture_dir(&spec);
+    import::import(&l, good.path(), "ref", &Options::default()).unwrap();
+    let before = files(d.path());
+    for (edit, says) in cases {
+        let bad = fixture_dir(&Spec {
+            variant: 1,
+            ..spec.clone()
+        });
+        let f = bad.path().join("evaluation/external.jsonl");
+        let mut lines: Vec<String> = std::fs::read_to_string(&f)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        edit(&mut lines);
+        std::fs::write(&f, lines.join("\n")).unwrap();
+        let e = import::import(&l, bad.path(), "other", &Options::default()).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains(&format!("evaluation/external.jsonl{says}")),
+            "{says}: {e}"
+        );
+        assert_eq!(files(d.path()), before, "{says}: the ledger changed");
+        assert!(l
+            .refs()
+            .unwrap()
+            .iter()
+            .all(|(n, _)| !n.starts_with("other")));
+    }
+}
+
+#[test]
+fn a_key_in_an_external_verdict_reaches_no_object_and_lands_with_scrubbing_off() {
+    let dir = fixture_dir(&Spec {
+        key: Some(KEY.into()),
+        external: true,
+        ..Spec::default()
+    });
+    // The fixture plants the key in the second line's rationale (seed 43
+    // of query60_r0 by the first judge).
+    let rows = external_rows(dir.path());
+    assert!(rows[1]["rationale"].as_str().unwrap().contains(KEY));
+    let stream = "ref/c1/eval/heldout-other-run/query60/judge-external-1/00";
+    let rationales = |l: &Ledger| -> Vec<String> {
+        let head = l.head(stream).unwrap().expect("the judge's stream");
+        l.chain(head)
+            .map(|e| {
+                schemas::decode_event::<Judgment>(&e.unwrap())
+                    .unwrap()
+                    .rationale
+            })
+            .collect()
+    };
+    let (_d, l, r) = import(dir.path());
+    head_of(&r);
+    assert_eq!(
+        holds(&everything(&l), KEY),
+        0,
+        "the planted key is in the ledger"
+    );
+    assert!(
+        rationales(&l).iter().any(|r| r.contains("REDACTED")),
+        "{:?}",
+        rationales(&l)
+    );
+    let (_d2, l2) = ledger();
+    let off = Options {
+        unscrubbed_for_tests: true,
+        ..Options::default()
+    };
+    import::import(&l2, dir.path(), "ref", &off).unwrap();
+    assert!(rationales(&l2).iter().any(|r| r.contains(KEY)));
 }

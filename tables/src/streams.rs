@@ -293,12 +293,18 @@ fn rollout_row(l: &Ledger, ev: &Event, ctx: &RunContext, s: &StreamCtx) -> Resul
 
 fn judgment_row(ev: &Event, ctx: &RunContext, s: &StreamCtx) -> Result<Vec<Cell>> {
     let j: Judgment = decode(ev)?;
+    // A run another run folder holds (an imported external judgment) is
+    // the zero id: null, not an id.
     let winner = match j.winner.as_str() {
-        "a" => Some(hex(&j.a)),
-        "b" => Some(hex(&j.b)),
+        "a" => hex_or_null(&j.a),
+        "b" => hex_or_null(&j.b),
         _ => None,
     };
-    let shown_first = if j.swapped { hex(&j.b) } else { hex(&j.a) };
+    let shown_first = if j.swapped {
+        hex_or_null(&j.b)
+    } else {
+        hex_or_null(&j.a)
+    };
     Ok(vec![
         s.run.into(),
         ev.id.to_hex().into(),
@@ -306,8 +312,8 @@ fn judgment_row(ev: &Event, ctx: &RunContext, s: &StreamCtx) -> Result<Vec<Cell>
         s.stage.map(|x| x.0).into(),
         s.stage.map(|x| x.1).into(),
         j.task.into(),
-        hex(&j.a).into(),
-        hex(&j.b).into(),
+        hex_or_null(&j.a).into(),
+        hex_or_null(&j.b).into(),
         j.swapped.into(),
         shown_first.into(),
         j.judge_model.into(),
