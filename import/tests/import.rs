@@ -938,3 +938,42 @@ fn duplicates_are_refused_not_merged() {
         assert!(e.contains(says), "{what}: {e}");
     }
 }
+
+/// Review finding (honesty of imported times): a request the proxy logged
+/// without `ts_start` was given its episode's `started_at` as a logged
+/// time, so `export tables`' `model_calls.wall_ms` showed the episode's
+/// start as the call's time, as if measured. It is a stand-in: marked.
+#[test]
+fn a_request_without_ts_start_gets_a_marked_stand_in_time() {
+    let dir = fixture_dir(&Spec::default());
+    let log = dir
+        .path()
+        .join("pool/runlogs/t51_L0_s10100/api_requests.jsonl.gz");
+    let lines: Vec<String> = gunzip(&std::fs::read(&log).unwrap())
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            if v["seq"] == 2 {
+                v.as_object_mut().unwrap().remove("ts_start");
+            }
+            format!("{v}\n")
+        })
+        .collect();
+    std::fs::write(&log, fixture::gzip(lines.concat().as_bytes())).unwrap();
+    let (_d, l, r) = import(dir.path());
+    head_of(&r);
+    let orch = l.head("ref/c1/query51/collect/00/orch").unwrap().unwrap();
+    let mut unknown = Vec::new();
+    for e in l.chain(orch) {
+        let e = e.unwrap();
+        let meta = l.get_meta(&e.id).unwrap();
+        if e.kind == "effect" && meta.known_wall_ms().is_none() {
+            unknown.push(meta.extra[ledger::WALL_MS_FROM].clone());
+        }
+    }
+    assert_eq!(
+        unknown,
+        ["episode start (no ts_start)"],
+        "the one request without ts_start has a marked stand-in time"
+    );
+}
