@@ -525,3 +525,54 @@ fn review_imported_checks_and_dataset_tokens_are_not_recorded_everywhere() {
         "{said}"
     );
 }
+
+/// Review finding (ids do not cover metadata): the ledger keeps the
+/// metadata of an event's first write, so a folder imported by a mass
+/// older than the stand-in and not-recorded marks keeps its unmarked
+/// events (report: a judge stage of months, checks 0/0), and importing it
+/// again said only "already holds this import; nothing written". The
+/// import must say the run's events lack the marks, and what to do.
+#[test]
+fn review_an_import_by_an_older_mass_is_said_to_lack_the_marks() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("run");
+    fixture::write_run(&dir, &Spec::default()).expect("fixture");
+    let d = dir.to_str().unwrap();
+    let marked = tmp.path().join("marked");
+    ok(mass(&marked, &["import", "sakana", d, "--name", "ref"]));
+    // The same objects and refs as an older mass wrote them: metadata
+    // without the marks.
+    let older = tmp.path().join("older");
+    {
+        let from = ledger::Ledger::open(&marked).expect("open");
+        let to = ledger::Ledger::init(&older).expect("init");
+        let mut b = to.batch();
+        for (id, _) in from.locations().expect("locations") {
+            let (kind, raw) = from.raw_object(&id).expect("raw");
+            let meta = if kind == ledger::ObjectKind::Event {
+                let mut m = from.get_meta(&id).expect("meta");
+                m.extra.remove(ledger::WALL_MS_FROM);
+                m.extra.remove(ledger::NOT_RECORDED);
+                serde_json::to_vec(&m).expect("meta JSON")
+            } else {
+                Vec::new()
+            };
+            b.put_raw(kind, raw, meta).expect("put_raw");
+        }
+        for (name, h) in from.refs().expect("refs") {
+            b.set_ref(&name, None, h).expect("set_ref");
+        }
+        b.commit().expect("commit");
+    }
+    let again = mass(&older, &["import", "sakana", d, "--name", "ref"]);
+    let said = text(&again);
+    assert!(again.status.success(), "{said}");
+    assert!(said.contains("already holds this import"), "{said}");
+    assert!(
+        said.contains("older mass") && said.contains("new ledger"),
+        "the import says the run's events lack the marks: {said}"
+    );
+    // Where the current mass wrote them: no such warning.
+    let again = text(&mass(&marked, &["import", "sakana", d, "--name", "ref"]));
+    assert!(!again.contains("older mass"), "{again}");
+}
