@@ -576,3 +576,26 @@ fn review_an_import_by_an_older_mass_is_said_to_lack_the_marks() {
     let again = text(&mass(&marked, &["import", "sakana", d, "--name", "ref"]));
     assert!(!again.contains("older mass"), "{again}");
 }
+
+/// Review finding: `mass show` of an imported step printed its stand-in
+/// time as `time 2030-...` like any other, the `wall_ms_from` mark only on
+/// a later `meta` line; the time line itself says it is a stand-in.
+#[test]
+fn review_show_says_a_stand_in_time_is_one() {
+    let (s, _) = setup(false);
+    let l = &s.ledger;
+    let log = ok(mass(l, &["log", "ref", "--json"]));
+    let events: serde_json::Value = serde_json::from_str(&log).expect("JSON");
+    let started = events
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["kind"] == "run.started"))
+        .and_then(|e| e["id"].as_str())
+        .expect("run.started")
+        .to_string();
+    let shown = ok(mass(l, &["show", &started]));
+    let time = shown
+        .lines()
+        .find(|x| x.starts_with("time "))
+        .expect("a time line");
+    assert!(time.contains("a stand-in (file mtime)"), "{shown}");
+}
