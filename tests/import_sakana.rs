@@ -577,6 +577,31 @@ fn review_an_import_by_an_older_mass_is_said_to_lack_the_marks() {
     assert!(!again.contains("older mass"), "{again}");
 }
 
+/// Review finding (a stage no step closed): the reference writes
+/// `selected_checkpoint.json` only after training ran to its end; without
+/// it the import records no training and no note closes the train stage,
+/// so `report` shows the train stage at a measured-looking `0.0` s while
+/// its time (if the reference trained at all) is unknown.
+#[test]
+#[ignore = "review finding, not fixed: the import closes no train stage without selected_checkpoint.json"]
+fn review_an_imported_run_without_training_shows_no_zero_train_time() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let ledger = tmp.path().join("ledger");
+    let dir = tmp.path().join("run");
+    fixture::write_run(&dir, &Spec::default()).expect("fixture");
+    std::fs::remove_file(dir.join("selected_checkpoint.json")).expect("rm");
+    let d = dir.to_str().unwrap();
+    ok(mass(&ledger, &["import", "sakana", d, "--name", "ref"]));
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(mass(&ledger, &["report", "ref", "--json"]))).expect("JSON");
+    let stages = json["cycles"][0]["stages"].as_array().expect("stages");
+    let train = stages
+        .iter()
+        .find(|s| s["stage"] == "train")
+        .expect("train");
+    assert!(train["wall_seconds"].is_null(), "{train}");
+}
+
 /// Review finding: `mass show` of an imported step printed its stand-in
 /// time as `time 2030-...` like any other, the `wall_ms_from` mark only on
 /// a later `meta` line; the time line itself says it is a stand-in.
