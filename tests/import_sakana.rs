@@ -594,3 +594,166 @@ fn an_imported_runs_external_verdicts_are_its_evaluation() {
         assert_eq!(r[col("evaluation")].len(), 64, "{r:?}");
     }
 }
+
+/// Review finding (placeholders still shown as measured): the rollouts'
+/// `score_passed`/`score_total` are listed as not recorded, and `export
+/// tables` gives null, but `mass why ROLLOUT` printed `checks 0/0`, `mass
+/// runs RUN` a `0/0` column (`--json`: 0 and 0) and `report --json` 0 of
+/// 0 per scored run; `mass export dataset` printed `(0 supervised
+/// tokens)` for the dataset whose token counts are not recorded.
+#[test]
+fn review_imported_checks_and_dataset_tokens_are_not_recorded_everywhere() {
+    let (s, _) = setup(false);
+    let l = &s.ledger;
+    let rows: serde_json::Value =
+        serde_json::from_str(&ok(mass(l, &["runs", "ref", "--json"]))).expect("JSON");
+    let rows = rows.as_array().expect("rows");
+    for r in rows {
+        assert!(
+            r["checks_passed"].is_null() && r["checks_total"].is_null(),
+            "{r}"
+        );
+    }
+    let table = ok(mass(l, &["runs", "ref"]));
+    assert!(!table.contains(" 0/0 "), "{table}");
+    let rollout = rows
+        .iter()
+        .find(|x| x["selection"] == "train")
+        .and_then(|r| r["event"].as_str())
+        .expect("a selected rollout");
+    let why = ok(mass(l, &["why", rollout]));
+    assert!(
+        !why.contains("checks 0/0") && why.contains("checks not recorded"),
+        "{why}"
+    );
+    let why: serde_json::Value =
+        serde_json::from_str(&ok(mass(l, &["why", rollout, "--json"]))).expect("JSON");
+    assert!(why["rollout"]["checks_total"].is_null(), "{why}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(mass(l, &["report", "ref", "--json"]))).expect("JSON");
+    let scored = &json["cycles"][0]["scores"][0]["runs"];
+    assert!(!scored.as_array().expect("scored runs").is_empty());
+    for r in scored.as_array().unwrap() {
+        assert!(
+            r["checks_passed"].is_null() && r["checks_total"].is_null(),
+            "{r}"
+        );
+    }
+    let out = s._tmp.path().join("ds.jsonl");
+    let said = ok(mass(
+        l,
+        &[
+            "export",
+            "dataset",
+            "ref",
+            "--cycle",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    ));
+    assert!(
+        !said.contains("(0 supervised tokens)")
+            && said.contains("(not recorded supervised tokens)"),
+        "{said}"
+    );
+}
+
+/// Review finding (ids do not cover metadata): the ledger keeps the
+/// metadata of an event's first write, so a folder imported by a mass
+/// older than the stand-in and not-recorded marks keeps its unmarked
+/// events (report: a judge stage of months, checks 0/0), and importing it
+/// again said only "already holds this import; nothing written". The
+/// import must say the run's events lack the marks, and what to do.
+#[test]
+fn review_an_import_by_an_older_mass_is_said_to_lack_the_marks() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("run");
+    fixture::write_run(&dir, &Spec::default()).expect("fixture");
+    let d = dir.to_str().unwrap();
+    let marked = tmp.path().join("marked");
+    ok(mass(&marked, &["import", "sakana", d, "--name", "ref"]));
+    // The same objects and refs as an older mass wrote them: metadata
+    // without the marks.
+    let older = tmp.path().join("older");
+    {
+        let from = ledger::Ledger::open(&marked).expect("open");
+        let to = ledger::Ledger::init(&older).expect("init");
+        let mut b = to.batch();
+        for (id, _) in from.locations().expect("locations") {
+            let (kind, raw) = from.raw_object(&id).expect("raw");
+            let meta = if kind == ledger::ObjectKind::Event {
+                let mut m = from.get_meta(&id).expect("meta");
+                m.extra.remove(ledger::WALL_MS_FROM);
+                m.extra.remove(ledger::NOT_RECORDED);
+                serde_json::to_vec(&m).expect("meta JSON")
+            } else {
+                Vec::new()
+            };
+            b.put_raw(kind, raw, meta).expect("put_raw");
+        }
+        for (name, h) in from.refs().expect("refs") {
+            b.set_ref(&name, None, h).expect("set_ref");
+        }
+        b.commit().expect("commit");
+    }
+    let again = mass(&older, &["import", "sakana", d, "--name", "ref"]);
+    let said = text(&again);
+    assert!(again.status.success(), "{said}");
+    assert!(said.contains("already holds this import"), "{said}");
+    assert!(
+        said.contains("older mass") && said.contains("new ledger"),
+        "the import says the run's events lack the marks: {said}"
+    );
+    // Where the current mass wrote them: no such warning.
+    let again = text(&mass(&marked, &["import", "sakana", d, "--name", "ref"]));
+    assert!(!again.contains("older mass"), "{again}");
+}
+
+/// Review finding (a stage no step closed): the reference writes
+/// `selected_checkpoint.json` only after training ran to its end; without
+/// it the import records no training and no note closes the train stage,
+/// so `report` shows the train stage at a measured-looking `0.0` s while
+/// its time (if the reference trained at all) is unknown.
+#[test]
+#[ignore = "review finding, not fixed: the import closes no train stage without selected_checkpoint.json"]
+fn review_an_imported_run_without_training_shows_no_zero_train_time() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let ledger = tmp.path().join("ledger");
+    let dir = tmp.path().join("run");
+    fixture::write_run(&dir, &Spec::default()).expect("fixture");
+    std::fs::remove_file(dir.join("selected_checkpoint.json")).expect("rm");
+    let d = dir.to_str().unwrap();
+    ok(mass(&ledger, &["import", "sakana", d, "--name", "ref"]));
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(mass(&ledger, &["report", "ref", "--json"]))).expect("JSON");
+    let stages = json["cycles"][0]["stages"].as_array().expect("stages");
+    let train = stages
+        .iter()
+        .find(|s| s["stage"] == "train")
+        .expect("train");
+    assert!(train["wall_seconds"].is_null(), "{train}");
+}
+
+/// Review finding: `mass show` of an imported step printed its stand-in
+/// time as `time 2030-...` like any other, the `wall_ms_from` mark only on
+/// a later `meta` line; the time line itself says it is a stand-in.
+#[test]
+fn review_show_says_a_stand_in_time_is_one() {
+    let (s, _) = setup(false);
+    let l = &s.ledger;
+    let log = ok(mass(l, &["log", "ref", "--json"]));
+    let events: serde_json::Value = serde_json::from_str(&log).expect("JSON");
+    let started = events
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["kind"] == "run.started"))
+        .and_then(|e| e["id"].as_str())
+        .expect("run.started")
+        .to_string();
+    let shown = ok(mass(l, &["show", &started]));
+    let time = shown
+        .lines()
+        .find(|x| x.starts_with("time "))
+        .expect("a time line");
+    assert!(time.contains("a stand-in (file mtime)"), "{shown}");
+}

@@ -63,8 +63,10 @@ pub struct RolloutFacts {
     pub index: u32,
     pub status: String,
     pub detail: String,
-    pub checks_passed: u32,
-    pub checks_total: u32,
+    /// `None`: not recorded (`ledger::NOT_RECORDED`: an imported run, whose
+    /// source ran no checks).
+    pub checks_passed: Option<u32>,
+    pub checks_total: Option<u32>,
     pub delegations: u32,
     pub turns: u32,
     pub prompt_tokens: u64,
@@ -175,6 +177,12 @@ pub struct TrainingFacts {
     pub validation_loss: f64,
     /// `None`: not recorded (`ledger::NOT_RECORDED`, an imported run).
     pub exit_status: Option<i32>,
+}
+
+/// A record's field, or `None` when its event's metadata lists it as not
+/// recorded (`ledger::NOT_RECORDED`: the value is a placeholder).
+fn recorded<T>(meta: &ledger::Meta, field: &str, value: T) -> Option<T> {
+    (!meta.not_recorded(field)).then_some(value)
 }
 
 fn hex(id: &Id) -> String {
@@ -371,8 +379,9 @@ pub struct RolloutRow {
     /// `completed`, `halted`, `infrastructure failure` or `excluded by a
     /// guard` (flagged, and the experiment excluded such runs).
     pub status: String,
-    pub checks_passed: u32,
-    pub checks_total: u32,
+    /// `None`: not recorded (`ledger::NOT_RECORDED`, an imported run).
+    pub checks_passed: Option<u32>,
+    pub checks_total: Option<u32>,
     /// The orchestrator's model (evaluation runs compare models).
     pub model: String,
     pub score: Option<f64>,
@@ -401,6 +410,7 @@ pub fn rollouts_in(l: &Ledger, run: &str, streams: &[(String, Id)]) -> Result<Ve
             continue;
         }
         let r: Rollout = decode(&ev)?;
+        let meta = l.get_meta(&head)?;
         let guard_excluded = ev
             .parents
             .iter()
@@ -467,8 +477,8 @@ pub fn rollouts_in(l: &Ledger, run: &str, streams: &[(String, Id)]) -> Result<Ve
                 }
                 .to_string()
             },
-            checks_passed: r.score_passed,
-            checks_total: r.score_total,
+            checks_passed: recorded(&meta, "score_passed", r.score_passed),
+            checks_total: recorded(&meta, "score_total", r.score_total),
             model: r.orchestrator_model.clone(),
             score: me.as_ref().map(|m| m.score),
             rank: me.as_ref().map(|m| m.rank),
@@ -643,7 +653,7 @@ pub fn why_in(l: &Ledger, id: Id, run: Option<&str>) -> Result<Why> {
         }
     };
     Ok(Why {
-        rollout: rollout_facts(&id, &ev, &r),
+        rollout: rollout_facts(&id, &ev, &r, &l.get_meta(&id)?),
         guard,
         workflow,
         agents,
@@ -656,7 +666,7 @@ pub fn why_in(l: &Ledger, id: Id, run: Option<&str>) -> Result<Why> {
 }
 
 /// The rollout's own record, as shown.
-fn rollout_facts(id: &Id, ev: &Event, r: &Rollout) -> RolloutFacts {
+fn rollout_facts(id: &Id, ev: &Event, r: &Rollout, meta: &ledger::Meta) -> RolloutFacts {
     RolloutFacts {
         event: hex(id),
         stream: ev.stream.clone(),
@@ -666,8 +676,8 @@ fn rollout_facts(id: &Id, ev: &Event, r: &Rollout) -> RolloutFacts {
         index: r.index,
         status: r.status.clone(),
         detail: r.detail.clone(),
-        checks_passed: r.score_passed,
-        checks_total: r.score_total,
+        checks_passed: recorded(meta, "score_passed", r.score_passed),
+        checks_total: recorded(meta, "score_total", r.score_total),
         delegations: r.delegations,
         turns: r.turns,
         prompt_tokens: r.prompt_tokens,

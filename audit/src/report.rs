@@ -183,13 +183,19 @@ impl CheckAgreement {
     /// (passed / total) order them alike; pairs with equal check shares
     /// or equal scores are not compared.
     fn of(runs: &[ScoredRun]) -> CheckAgreement {
-        let share = |r: &ScoredRun| f64::from(r.checks_passed) / f64::from(r.checks_total);
-        // A run whose checks gave no score is not compared (not the worst).
-        let runs: Vec<&ScoredRun> = runs.iter().filter(|r| r.checks_total > 0).collect();
+        // A run whose checks gave no score, or were not recorded (an
+        // imported run), is not compared (not the worst).
+        let shares: Vec<(f64, &ScoredRun)> = runs
+            .iter()
+            .filter_map(|r| match (r.checks_passed, r.checks_total) {
+                (Some(p), Some(t)) if t > 0 => Some((f64::from(p) / f64::from(t), r)),
+                _ => None,
+            })
+            .collect();
         let mut c = CheckAgreement::default();
-        for (i, a) in runs.iter().enumerate() {
-            for b in &runs[i + 1..] {
-                let (da, ds) = (share(a) - share(b), a.score - b.score);
+        for (i, (sa, a)) in shares.iter().enumerate() {
+            for (sb, b) in &shares[i + 1..] {
+                let (da, ds) = (sa - sb, a.score - b.score);
                 if da == 0.0 || ds == 0.0 {
                     continue;
                 }
@@ -207,9 +213,10 @@ pub struct ScoredRun {
     pub index: u32,
     pub score: f64,
     pub rank: Option<u32>,
-    /// The hidden checks' result (the external verifier).
-    pub checks_passed: u32,
-    pub checks_total: u32,
+    /// The hidden checks' result (the external verifier); `None`: not
+    /// recorded (`ledger::NOT_RECORDED`, an imported run).
+    pub checks_passed: Option<u32>,
+    pub checks_total: Option<u32>,
     /// `train`, `validation`, `not selected` (ranked below the runs
     /// taken) or `excluded` (see the cycle's `excluded_runs`).
     pub selection: String,

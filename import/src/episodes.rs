@@ -21,6 +21,10 @@ use crate::objects::{id32, iso_ms, secs_ms, Objects, When, ABSENT};
 use crate::plan::Episode;
 use crate::secrets::Scrubber;
 
+/// `ledger::WALL_MS_FROM` of a request the proxy logged no `ts_start`
+/// for: its episode's `started_at` stands in.
+pub const NO_TS_START: &str = "episode start (no ts_start)";
+
 /// What the rest of the run needs of an imported episode.
 #[derive(Debug, Clone)]
 pub struct Imported {
@@ -68,7 +72,10 @@ pub fn import(
     let (mut prompt_tokens, mut completion_tokens) = (0u64, 0u64);
     for row in &ep.files.exchanges {
         let rec = s.json(&row.value);
-        let at = secs_ms(rec.get("ts_start")).map_or(started, When::Logged);
+        // Without its own `ts_start`, a request is known to have happened
+        // during the episode, not at its start: the start stands in, marked.
+        let at = secs_ms(rec.get("ts_start"))
+            .map_or_else(|| started.borrowed(NO_TS_START), When::Logged);
         let (id, chat, usage) = exchange(o, &rel, &rec, &mut requests, at)?;
         if let Some(u) = usage {
             // Counts from the file: a sum past u64 is refused, never wrapped.

@@ -34,7 +34,7 @@ mod stages;
 
 use std::path::Path;
 
-use ledger::{Id, Ledger};
+use ledger::{Id, Ledger, Meta, ObjectKind, NOT_RECORDED, WALL_MS_FROM};
 
 pub use error::{ImportError, Result};
 pub use fsread::Caps;
@@ -58,9 +58,20 @@ pub enum Outcome {
         head: Id,
         episodes: usize,
         objects: usize,
+        /// See `AlreadyImported`.
+        unmarked: usize,
     },
     /// The run already held exactly this import: nothing written.
-    AlreadyImported { head: Id },
+    AlreadyImported {
+        head: Id,
+        /// Events of the import the ledger held before without the marks
+        /// this import gives them (`ledger::WALL_MS_FROM`,
+        /// `ledger::NOT_RECORDED`: written by an older mass). A ledger
+        /// keeps an event's first metadata (ids do not cover it), so their
+        /// stand-in times and placeholders still read as measured, and no
+        /// import into this ledger can mark them.
+        unmarked: usize,
+    },
 }
 
 /// The default run name for folder `dir`: its last component, with
@@ -158,7 +169,10 @@ impl Prepared {
         self.check_name(run)?;
         let head = self.head;
         match ledger.head(run)? {
-            Some(h) if h == head => return Ok(Outcome::AlreadyImported { head }),
+            Some(h) if h == head => {
+                let unmarked = self.unmarked(ledger)?;
+                return Ok(Outcome::AlreadyImported { head, unmarked });
+            }
             Some(h) => {
                 return Err(ImportError::NameTaken {
                     run: run.to_string(),
@@ -178,6 +192,7 @@ impl Prepared {
                 head: h.to_hex(),
             });
         }
+        let unmarked = self.unmarked(ledger)?;
         let mut o = self.objects;
         let count = o.objs.len();
         let mut b = ledger.batch();
@@ -197,7 +212,39 @@ impl Prepared {
             head,
             episodes: self.episodes,
             objects: count,
+            unmarked,
         })
+    }
+
+    /// How many of the import's events `ledger` already holds with other
+    /// marks than the import gives them (a stand-in time, `WALL_MS_FROM`;
+    /// fields not recorded, `NOT_RECORDED`): an older mass wrote them. The
+    /// ledger keeps an event's first metadata, so they stay as they are.
+    fn unmarked(&self, ledger: &Ledger) -> Result<usize> {
+        let marks = |m: &Meta| {
+            (
+                m.extra.contains_key(WALL_MS_FROM),
+                m.extra.get(NOT_RECORDED).cloned(),
+            )
+        };
+        let mut n = 0;
+        for o in self
+            .objects
+            .objs
+            .iter()
+            .filter(|o| o.kind == ObjectKind::Event)
+        {
+            let id = Id::of(ObjectKind::Event, &o.raw);
+            if !ledger.contains(&id)? {
+                continue;
+            }
+            // Made by `Objects::event` from a `Meta`: it reads back.
+            let planned: Meta = serde_json::from_slice(&o.meta).unwrap_or_default();
+            if marks(&ledger.get_meta(&id)?) != marks(&planned) {
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 }
 

@@ -50,24 +50,54 @@ pub enum When {
     /// says so (`ledger::WALL_MS_FROM`), and `mass report` counts no
     /// duration that starts or ends there.
     Mtime(u64),
+    /// Another step's logged time standing in for this one's, named by
+    /// `from` in the event's metadata (`ledger::WALL_MS_FROM`): a request
+    /// the proxy logged without `ts_start` at its episode's `started_at`.
+    Borrowed(u64, &'static str),
 }
 
 impl When {
     /// The time to store as the event's `wall_ms`.
     pub fn ms(self) -> u64 {
         match self {
-            When::Logged(ms) | When::Mtime(ms) => ms,
+            When::Logged(ms) | When::Mtime(ms) | When::Borrowed(ms, _) => ms,
+        }
+    }
+
+    /// Where a stand-in time came from (`ledger::WALL_MS_FROM`'s value);
+    /// `None` for a logged one.
+    pub fn stand_in(self) -> Option<&'static str> {
+        match self {
+            When::Logged(_) => None,
+            When::Mtime(_) => Some("file mtime"),
+            When::Borrowed(_, from) => Some(from),
+        }
+    }
+
+    /// This time used for a step the reference logged no time of its own
+    /// for: a logged time becomes a stand-in borrowed `from` it; a stand-in
+    /// stays what it is.
+    pub fn borrowed(self, from: &'static str) -> When {
+        match self {
+            When::Logged(ms) => When::Borrowed(ms, from),
+            other => other,
         }
     }
 
     /// The later of two times; logged only if both are (a stand-in may
-    /// lie in either direction, so the maximum is known only then).
-    /// `When::Logged(0)` is the identity.
+    /// lie in either direction, so the maximum is known only then; it
+    /// keeps a stand-in's source). `When::Logged(0)` is the identity.
     pub fn later(self, other: When) -> When {
         let ms = self.ms().max(other.ms());
-        match (self, other) {
-            (When::Logged(_), When::Logged(_)) => When::Logged(ms),
-            _ => When::Mtime(ms),
+        let kind = if let When::Logged(_) = self {
+            other
+        } else {
+            self
+        };
+        match kind {
+            When::Logged(_) => When::Logged(ms),
+            When::Mtime(_) => When::Mtime(ms),
+            When::Borrowed(_, from) => When::Borrowed(ms, from),
         }
     }
 }
@@ -132,8 +162,8 @@ impl Objects {
         let env = EventEnvelope::build(rel, seq, prev, &ev);
         let raw = env.to_bytes()?;
         let id = Id::of(ObjectKind::Event, &raw);
-        if let When::Mtime(_) = at {
-            extra.insert(WALL_MS_FROM.to_string(), "file mtime".to_string());
+        if let Some(from) = at.stand_in() {
+            extra.insert(WALL_MS_FROM.to_string(), from.to_string());
         }
         let meta = Meta {
             wall_ms: at.ms(),
@@ -255,5 +285,11 @@ mod tests {
         assert_eq!(When::Logged(9).later(When::Mtime(5)), When::Mtime(9));
         assert_eq!(When::Logged(0).later(m), m);
         assert_eq!(When::Logged(0).later(l), l);
+        let b = When::Logged(3).borrowed("episode start");
+        assert_eq!(b, When::Borrowed(3, "episode start"));
+        assert_eq!(m.borrowed("episode start"), m, "a stand-in stays one");
+        assert_eq!(l.later(b), When::Borrowed(5, "episode start"));
+        assert_eq!(b.stand_in(), Some("episode start"));
+        assert_eq!(l.stand_in(), None);
     }
 }

@@ -69,7 +69,7 @@ fn imports_a_run_and_a_second_import_is_a_no_op() {
     assert_eq!(l.head("ref").unwrap(), Some(head));
     let refs_before = l.refs().unwrap();
     let again = import::import(&l, dir.path(), "ref", &Options::default()).unwrap();
-    assert_eq!(again, Outcome::AlreadyImported { head });
+    assert_eq!(again, Outcome::AlreadyImported { head, unmarked: 0 });
     assert_eq!(l.refs().unwrap(), refs_before);
 }
 
@@ -1202,4 +1202,98 @@ fn a_key_in_an_external_verdict_reaches_no_object_and_lands_with_scrubbing_off()
     };
     import::import(&l2, dir.path(), "ref", &off).unwrap();
     assert!(rationales(&l2).iter().any(|r| r.contains(KEY)));
+}
+
+/// Review finding (honesty of imported times): a request the proxy logged
+/// without `ts_start` was given its episode's `started_at` as a logged
+/// time, so `export tables`' `model_calls.wall_ms` showed the episode's
+/// start as the call's time, as if measured. It is a stand-in: marked.
+#[test]
+fn a_request_without_ts_start_gets_a_marked_stand_in_time() {
+    let dir = fixture_dir(&Spec::default());
+    let log = dir
+        .path()
+        .join("pool/runlogs/t51_L0_s10100/api_requests.jsonl.gz");
+    let lines: Vec<String> = gunzip(&std::fs::read(&log).unwrap())
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            if v["seq"] == 2 {
+                v.as_object_mut().unwrap().remove("ts_start");
+            }
+            format!("{v}\n")
+        })
+        .collect();
+    std::fs::write(&log, fixture::gzip(lines.concat().as_bytes())).unwrap();
+    let (_d, l, r) = import(dir.path());
+    head_of(&r);
+    let orch = l.head("ref/c1/query51/collect/00/orch").unwrap().unwrap();
+    let mut unknown = Vec::new();
+    for e in l.chain(orch) {
+        let e = e.unwrap();
+        let meta = l.get_meta(&e.id).unwrap();
+        if e.kind == "effect" && meta.known_wall_ms().is_none() {
+            unknown.push(meta.extra[ledger::WALL_MS_FROM].clone());
+        }
+    }
+    assert_eq!(
+        unknown,
+        ["episode start (no ts_start)"],
+        "the one request without ts_start has a marked stand-in time"
+    );
+}
+
+/// Review finding (ids do not cover metadata): a ledger keeps the
+/// metadata of an event's first write. A folder imported by a mass older
+/// than the stand-in and not-recorded marks (`ledger::WALL_MS_FROM`,
+/// `ledger::NOT_RECORDED`) holds the same ids without the marks, so its
+/// report shows file mtimes and placeholders as measured, and importing
+/// the folder again said only "already holds this import". It must say
+/// that the run's events lack the marks.
+#[test]
+fn an_import_by_an_older_mass_without_the_marks_is_reported() {
+    let dir = fixture_dir(&Spec::default());
+    let (_d, marked, r) = import(dir.path());
+    let head = head_of(&r);
+    // The same objects and refs as an older mass wrote them: metadata
+    // without the marks.
+    let (_d2, l) = ledger();
+    let mut b = l.batch();
+    for (id, _) in marked.locations().unwrap() {
+        let (kind, raw) = marked.raw_object(&id).unwrap();
+        let meta = if kind == ObjectKind::Event {
+            let mut m = marked.get_meta(&id).unwrap();
+            m.extra.remove(ledger::WALL_MS_FROM);
+            m.extra.remove(ledger::NOT_RECORDED);
+            serde_json::to_vec(&m).unwrap()
+        } else {
+            Vec::new()
+        };
+        b.put_raw(kind, raw, meta).unwrap();
+    }
+    for (name, h) in marked.refs().unwrap() {
+        b.set_ref(&name, None, h).unwrap();
+    }
+    b.commit().unwrap();
+    let started = l.chain(head).map(|e| e.unwrap()).last().unwrap();
+    assert!(
+        l.get_meta(&started.id).unwrap().known_wall_ms().is_some(),
+        "the older import's stand-in reads as a time"
+    );
+    let again = import::import(&l, dir.path(), "ref", &Options::default()).unwrap();
+    match again {
+        Outcome::AlreadyImported { unmarked, .. } => {
+            assert!(unmarked > 0, "{again:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // The same folder under another name shares those events: said too.
+    let other = import::import(&l, dir.path(), "other", &Options::default()).unwrap();
+    match other {
+        Outcome::Imported { unmarked, .. } => assert!(unmarked > 0, "{other:?}"),
+        o => panic!("{o:?}"),
+    }
+    // A ledger the current mass wrote: nothing unmarked.
+    let again = import::import(&marked, dir.path(), "ref", &Options::default()).unwrap();
+    assert_eq!(again, Outcome::AlreadyImported { head, unmarked: 0 });
 }

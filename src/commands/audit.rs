@@ -170,6 +170,15 @@ fn or_unrecorded<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or_else(|| "not recorded".to_string(), |v| v.to_string())
 }
 
+/// A rollout's checks, `passed/total`, or `not recorded` (an imported
+/// run: its source ran no checks, `ledger::NOT_RECORDED`).
+fn checks(passed: Option<u32>, total: Option<u32>) -> String {
+    match (passed, total) {
+        (Some(p), Some(t)) => format!("{p}/{t}"),
+        _ => "not recorded".to_string(),
+    }
+}
+
 fn dataset_text(d: &audit::data::DatasetWhy) -> Vec<String> {
     let mut lines = vec![
         format!(
@@ -231,11 +240,10 @@ fn rollout_lines(r: &audit::RolloutFacts) -> Vec<String> {
             r.stream
         ),
         format!(
-            "  status {}{}; checks {}/{}; {} delegation(s), {} turn(s), {} prompt + {} completion tokens; models {} / {}",
+            "  status {}{}; checks {}; {} delegation(s), {} turn(s), {} prompt + {} completion tokens; models {} / {}",
             r.status,
             if r.detail.is_empty() { String::new() } else { format!(" ({})", r.detail) },
-            r.checks_passed,
-            r.checks_total,
+            checks(r.checks_passed, r.checks_total),
             r.delegations,
             r.turns,
             r.prompt_tokens,
@@ -432,11 +440,20 @@ pub fn runs(
             r.kind,
             r.index,
             r.status,
-            format!("{}/{}", r.checks_passed, r.checks_total),
+            match (r.checks_passed, r.checks_total) {
+                (Some(p), Some(t)) => format!("{p}/{t}"),
+                _ => "-".to_string(),
+            },
             r.score.map_or("-".into(), |s| format!("{s:.3}")),
             r.rank.map_or("-".into(), |k| k.to_string()),
             r.selection.as_deref().unwrap_or("-"),
             r.model
+        )?;
+    }
+    if rows.iter().any(|r| r.checks_total.is_none()) {
+        writeln!(
+            out,
+            "checks -: not recorded (a run imported from a reference run folder ran no checks)"
         )?;
     }
     writeln!(out, "{} rollout(s); `mass why ID` explains one", rows.len())?;

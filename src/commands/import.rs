@@ -52,20 +52,36 @@ pub fn sakana(ledger_dir: &Path, run_dir: &Path, name: Option<&str>) -> Result<E
     } else {
         Ledger::init(ledger_dir)?
     };
-    match prepared.write(&l, &run).map_err(|e| report(run_dir, e))? {
+    let unmarked = match prepared.write(&l, &run).map_err(|e| report(run_dir, e))? {
         Outcome::Imported {
             head,
             episodes,
             objects,
-        } => outln!(
-            "imported {} as run {run}: {episodes} episode(s), {objects} object(s), head {}",
-            run_dir.display(),
-            head.to_hex()
-        )?,
-        Outcome::AlreadyImported { head } => outln!(
-            "run {run} already holds this import (head {}); nothing written",
-            head.to_hex()
-        )?,
+            unmarked,
+        } => {
+            outln!(
+                "imported {} as run {run}: {episodes} episode(s), {objects} object(s), head {}",
+                run_dir.display(),
+                head.to_hex()
+            )?;
+            unmarked
+        }
+        Outcome::AlreadyImported { head, unmarked } => {
+            outln!(
+                "run {run} already holds this import (head {}); nothing written",
+                head.to_hex()
+            )?;
+            unmarked
+        }
+    };
+    if unmarked > 0 {
+        eprintln!(
+            "warning: {unmarked} event(s) of run {run} were written by an older mass, without the marks \
+             this one gives a stand-in time (`wall_ms_from`) or a field the reference does not record \
+             (`not_recorded`): report, why and export tables show those as measured. A ledger keeps an \
+             event's first metadata, so no import into this ledger can mark them: import the folder \
+             into a new ledger (`mass --ledger NEW import sakana ...`)"
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -120,9 +120,15 @@ pub fn show(l: &Ledger, s: &str, json: bool) -> Result<ExitCode> {
                 }
                 links(&mut out, "ref", &refs, &ev.id)?;
                 if let Some(ms) = v["meta"]["wall_ms"].as_u64() {
+                    // A stand-in (`ledger::WALL_MS_FROM`, an import's file
+                    // mtime) is said to be one on the line itself.
+                    let stand_in = v["meta"]["extra"][ledger::WALL_MS_FROM]
+                        .as_str()
+                        .map(|from| format!("; a stand-in ({from}), not when the step happened"))
+                        .unwrap_or_default();
                     writeln!(
                         out,
-                        "time    {} (host {}, pid {})",
+                        "time    {} (host {}, pid {}{stand_in})",
                         iso_time(ms),
                         v["meta"]["host"].as_str().unwrap_or(""),
                         v["meta"]["pid"]

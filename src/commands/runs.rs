@@ -1111,8 +1111,10 @@ struct Exported {
     validation: schemas::Hash32,
     train_examples: u32,
     validation_examples: u32,
-    train_supervised_tokens: u64,
-    validation_supervised_tokens: u64,
+    /// `None`: not recorded (`ledger::NOT_RECORDED`: an imported run has
+    /// no tokenizer).
+    train_supervised_tokens: Option<u64>,
+    validation_supervised_tokens: Option<u64>,
     /// Version 2 and later: the line provenance blob.
     provenance: Option<schemas::Hash32>,
 }
@@ -1183,14 +1185,15 @@ pub fn export_dataset(
         }
         None => None,
     };
+    let tokens = |n: Option<u64>| n.map_or_else(|| "not recorded".to_string(), |n| n.to_string());
     crate::output::outln!(
         "{}: {} train examples ({} supervised tokens); {}: {} validation examples ({} supervised tokens)",
         out.display(),
         d.train_examples,
-        d.train_supervised_tokens,
+        tokens(d.train_supervised_tokens),
         val_path.display(),
         d.validation_examples,
-        d.validation_supervised_tokens
+        tokens(d.validation_supervised_tokens)
     )?;
     match prov_path {
         Some(p) => crate::output::outln!(
@@ -1222,20 +1225,31 @@ fn recorded_dataset(l: &Ledger, head: Id, cycle: u32) -> Result<Option<Exported>
                 validation: d.validation,
                 train_examples: d.train_examples,
                 validation_examples: d.validation_examples,
-                train_supervised_tokens: d.train_supervised_tokens,
-                validation_supervised_tokens: d.validation_supervised_tokens,
+                train_supervised_tokens: Some(d.train_supervised_tokens),
+                validation_supervised_tokens: Some(d.validation_supervised_tokens),
                 provenance: None,
             }
         } else {
             let d: schemas::Dataset = schemas::decode_event(&ev)?;
+            if d.cycle != cycle {
+                continue;
+            }
+            let meta = l.get_meta(&ev.id)?;
+            let recorded = |field: &str, n: u64| (!meta.not_recorded(field)).then_some(n);
             Exported {
                 cycle: d.cycle,
                 train: d.train,
                 validation: d.validation,
                 train_examples: d.train_examples,
                 validation_examples: d.validation_examples,
-                train_supervised_tokens: d.train_supervised_tokens,
-                validation_supervised_tokens: d.validation_supervised_tokens,
+                train_supervised_tokens: recorded(
+                    "train_supervised_tokens",
+                    d.train_supervised_tokens,
+                ),
+                validation_supervised_tokens: recorded(
+                    "validation_supervised_tokens",
+                    d.validation_supervised_tokens,
+                ),
                 provenance: Some(d.provenance),
             }
         };

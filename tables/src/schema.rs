@@ -133,11 +133,20 @@ pub const CYCLES: TableDef = TableDef {
         i("inner_wins", "inner-loop candidates promoted"),
         i("inner_iterations", "inner-loop iterations"),
         i("selected_runs", "collected runs selected for training"),
-        i("supervised_tokens", "supervised tokens in the training data"),
+        i(
+            "supervised_tokens",
+            "supervised tokens in the training data (null: not recorded, an imported run)",
+        ),
         i("collected_runs", "collected runs (null for `mass.cycle` v1)"),
         f("delegation_rate", "share of collected runs that delegated"),
-        i("tampered_in_training", "training examples from runs that tampered"),
-        f("tampering_rate", "tampered_in_training over training examples"),
+        i(
+            "tampered_in_training",
+            "training examples from runs that tampered (null: not recorded, an imported run)",
+        ),
+        f(
+            "tampering_rate",
+            "runs that tampered over collected runs (null: not recorded, an imported run)",
+        ),
     ],
 };
 
@@ -184,9 +193,12 @@ pub const ROLLOUTS: TableDef = TableDef {
         ),
         i(
             "checks_passed",
-            "hidden checks passed (the external verifier)",
+            "hidden checks passed (the external verifier) (null: not recorded, an imported run)",
         ),
-        i("checks_total", "hidden checks run"),
+        i(
+            "checks_total",
+            "hidden checks run (null: not recorded, an imported run)",
+        ),
         f(
             "score",
             "its Bradley-Terry score in this run's ranking (null: not ranked)",
@@ -369,7 +381,10 @@ pub const TRAININGS: TableDef = TableDef {
             "command",
             "the trainer command as recorded, or `builtin:sim`",
         ),
-        i("exit_status", "the trainer's exit status"),
+        i(
+            "exit_status",
+            "the trainer's exit status (null: not recorded, an imported run)",
+        ),
         s("checkpoint", "the chosen checkpoint"),
         s("checkpoint_reason", "why it was chosen"),
         f(
