@@ -1,6 +1,7 @@
 //! Command implementations: each opens the ledger, does one thing, prints.
 
 mod audit;
+mod dataset;
 mod demo;
 mod export;
 mod import;
@@ -14,6 +15,8 @@ mod remote;
 mod run_file;
 mod runs;
 mod sandbox;
+mod status;
+mod summary;
 mod work;
 
 use std::process::ExitCode;
@@ -170,7 +173,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Status { run, json, workers } => {
             let l = open_read(&dir)?;
             note_quarantine(&dir);
-            let code = runs::status(&l, run.as_deref(), json)?;
+            let code = status::status(&l, run.as_deref(), json)?;
             if let Some(url) = workers {
                 work::status(&url)?;
             }
@@ -184,7 +187,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     format,
                     out,
                 },
-        } => runs::export_dataset(&open_read(&dir)?, &run, cycle, format, &out),
+        } => dataset::export_dataset(&open_read(&dir)?, &run, cycle, format, &out),
         Command::Export {
             what: ExportWhat::Tables { runs, out, format },
         } => export::tables(&open_read(&dir)?, &runs, &out, format),
