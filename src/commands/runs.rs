@@ -418,44 +418,16 @@ pub fn rejudge(
     Ok(code)
 }
 
+/// A run's recorded selections, by (cycle, task).
+type Selections = BTreeMap<(u32, String), schemas::Selection>;
+/// A run's recorded rankings, by (cycle, task).
+type Rankings = BTreeMap<(u32, String), schemas::Ranking>;
+
 /// Per re-judged cycle: runs entering and leaving the training set, rank
 /// changes, and how often the two judges agreed on the pairs both judged.
 fn what_moved(l: &Ledger, source: &str, rejudged: &str, from: u32) -> Result<Vec<String>> {
-    type Sel = BTreeMap<(u32, String), schemas::Selection>;
-    type Rk = BTreeMap<(u32, String), schemas::Ranking>;
-    let load = |run: &str| -> Result<(Sel, Rk)> {
-        let (mut sel, mut rk) = (Sel::new(), Rk::new());
-        if let Some(h) = l.head(run)? {
-            for e in l.chain(h) {
-                let e = e?;
-                match e.kind.as_str() {
-                    "mass.selection" => {
-                        if let Some(x) = schemas::Selection::read(&e) {
-                            let x = x?;
-                            sel.insert((x.cycle, x.task.clone()), x);
-                        }
-                    }
-                    "mass.ranking" => {
-                        let x: schemas::Ranking = schemas::decode_event(&e)?;
-                        rk.insert((x.cycle, x.task.clone()), x);
-                    }
-                    _ => {}
-                }
-            }
-        }
-        Ok((sel, rk))
-    };
-    let (src_sel, src_rk) = load(source)?;
-    let (new_sel, new_rk) = load(rejudged)?;
-    let verdicts =
-        |r: &schemas::Ranking| -> Result<BTreeMap<(ledger::Id, ledger::Id, bool), String>> {
-            let mut m = BTreeMap::new();
-            for j in &r.judgments {
-                let j: schemas::Judgment = schemas::decode_event(&l.get_event(&ledger::Id(j.0))?)?;
-                m.insert((ledger::Id(j.a.0), ledger::Id(j.b.0), j.swapped), j.winner);
-            }
-            Ok(m)
-        };
+    let (src_sel, src_rk) = recorded_choices(l, source)?;
+    let (new_sel, new_rk) = recorded_choices(l, rejudged)?;
     let mut out = Vec::new();
     for ((cycle, task), new) in new_sel.iter().filter(|((c, _), _)| *c >= from) {
         let Some(old) = src_sel.get(&(*cycle, task.clone())) else {
@@ -464,73 +436,137 @@ fn what_moved(l: &Ledger, source: &str, rejudged: &str, from: u32) -> Result<Vec
             ));
             continue;
         };
-        let short = |v: Vec<&schemas::Hash32>| -> String {
-            let mut s: Vec<String> = v
-                .iter()
-                .take(6)
-                .map(|x| x.to_string()[..12].to_string())
-                .collect();
-            if v.len() > 6 {
-                s.push(format!("and {} more", v.len() - 6));
-            }
-            format!("{} [{}]", v.len(), s.join(" "))
-        };
-        let entering: Vec<&schemas::Hash32> = new
-            .train
-            .iter()
-            .filter(|x| !old.train.contains(x))
-            .collect();
-        let leaving: Vec<&schemas::Hash32> = old
-            .train
-            .iter()
-            .filter(|x| !new.train.contains(x))
-            .collect();
-        out.push(format!(
-            "cycle {cycle} {task}: training set {} entering, {} leaving",
-            short(entering),
-            short(leaving)
-        ));
+        out.push(training_set_moves(*cycle, task, old, new));
         if let (Some(a), Some(b)) = (
             src_rk.get(&(*cycle, task.clone())),
             new_rk.get(&(*cycle, task.clone())),
         ) {
-            let moved: Vec<String> = b
-                .runs
-                .iter()
-                .filter_map(|r| {
-                    let was = a.runs.iter().find(|x| x.rollout == r.rollout)?;
-                    (was.rank != r.rank).then(|| {
-                        format!("{} {}->{}", &r.rollout.to_string()[..12], was.rank, r.rank)
-                    })
-                })
-                .collect();
-            let shared = b
-                .runs
-                .iter()
-                .filter(|r| a.runs.iter().any(|x| x.rollout == r.rollout))
-                .count();
-            if shared == 0 {
-                out.push("  no run in common: the new judging picked another champion in the inner loop, so other runs were collected and ranked".into());
-                continue;
-            }
-            let listed = if moved.len() > 8 {
-                format!("{}, and {} more", moved[..8].join(", "), moved.len() - 8)
-            } else if moved.is_empty() {
-                "none".into()
-            } else {
-                moved.join(", ")
-            };
-            out.push(format!("  rank changes: {listed}"));
-            let (va, vb) = (verdicts(a)?, verdicts(b)?);
-            let both: Vec<_> = vb.keys().filter(|k| va.contains_key(k)).collect();
-            let agree = both.iter().filter(|k| va[**k] == vb[**k]).count();
-            out.push(format!(
-                "  verdict agreement with {source}'s judge: {agree}/{} pairs judged by both",
-                both.len()
-            ));
+            ranking_moves(l, source, a, b, &mut out)?;
         }
     }
     Ok(out)
+}
+
+/// The selections and rankings recorded on run `run`'s main stream (none
+/// when there is no such run).
+fn recorded_choices(l: &Ledger, run: &str) -> Result<(Selections, Rankings)> {
+    let (mut sel, mut rk) = (Selections::new(), Rankings::new());
+    if let Some(h) = l.head(run)? {
+        for e in l.chain(h) {
+            let e = e?;
+            match e.kind.as_str() {
+                "mass.selection" => {
+                    if let Some(x) = schemas::Selection::read(&e) {
+                        let x = x?;
+                        sel.insert((x.cycle, x.task.clone()), x);
+                    }
+                }
+                "mass.ranking" => {
+                    let x: schemas::Ranking = schemas::decode_event(&e)?;
+                    rk.insert((x.cycle, x.task.clone()), x);
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok((sel, rk))
+}
+
+/// The line of a cycle and task saying which runs entered and left the
+/// training set between the `old` and `new` selections.
+fn training_set_moves(
+    cycle: u32,
+    task: &str,
+    old: &schemas::Selection,
+    new: &schemas::Selection,
+) -> String {
+    let entering: Vec<&schemas::Hash32> = new
+        .train
+        .iter()
+        .filter(|x| !old.train.contains(x))
+        .collect();
+    let leaving: Vec<&schemas::Hash32> = old
+        .train
+        .iter()
+        .filter(|x| !new.train.contains(x))
+        .collect();
+    format!(
+        "cycle {cycle} {task}: training set {} entering, {} leaving",
+        short_ids(entering),
+        short_ids(leaving)
+    )
+}
+
+/// A count and the first six ids, shortened.
+fn short_ids(v: Vec<&schemas::Hash32>) -> String {
+    let mut s: Vec<String> = v
+        .iter()
+        .take(6)
+        .map(|x| x.to_string()[..12].to_string())
+        .collect();
+    if v.len() > 6 {
+        s.push(format!("and {} more", v.len() - 6));
+    }
+    format!("{} [{}]", v.len(), s.join(" "))
+}
+
+/// Adds to `out` the rank changes from ranking `a` (the source's) to `b`
+/// (the re-judge's) and the judges' agreement on the pairs both judged,
+/// or one line saying the two rankings share no run.
+fn ranking_moves(
+    l: &Ledger,
+    source: &str,
+    a: &schemas::Ranking,
+    b: &schemas::Ranking,
+    out: &mut Vec<String>,
+) -> Result<()> {
+    let moved: Vec<String> = b
+        .runs
+        .iter()
+        .filter_map(|r| {
+            let was = a.runs.iter().find(|x| x.rollout == r.rollout)?;
+            (was.rank != r.rank)
+                .then(|| format!("{} {}->{}", &r.rollout.to_string()[..12], was.rank, r.rank))
+        })
+        .collect();
+    let shared = b
+        .runs
+        .iter()
+        .filter(|r| a.runs.iter().any(|x| x.rollout == r.rollout))
+        .count();
+    if shared == 0 {
+        out.push("  no run in common: the new judging picked another champion in the inner loop, so other runs were collected and ranked".into());
+        return Ok(());
+    }
+    let listed = if moved.len() > 8 {
+        format!("{}, and {} more", moved[..8].join(", "), moved.len() - 8)
+    } else if moved.is_empty() {
+        "none".into()
+    } else {
+        moved.join(", ")
+    };
+    out.push(format!("  rank changes: {listed}"));
+    let (va, vb) = (verdicts(l, a)?, verdicts(l, b)?);
+    let both: Vec<_> = vb.keys().filter(|k| va.contains_key(k)).collect();
+    let agree = both.iter().filter(|k| va[**k] == vb[**k]).count();
+    out.push(format!(
+        "  verdict agreement with {source}'s judge: {agree}/{} pairs judged by both",
+        both.len()
+    ));
+    Ok(())
+}
+
+/// Each judgment of ranking `r`: its winner by (a, b, swapped).
+fn verdicts(
+    l: &Ledger,
+    r: &schemas::Ranking,
+) -> Result<BTreeMap<(ledger::Id, ledger::Id, bool), String>> {
+    let mut m = BTreeMap::new();
+    for j in &r.judgments {
+        let j: schemas::Judgment = schemas::decode_event(&l.get_event(&ledger::Id(j.0))?)?;
+        m.insert((ledger::Id(j.a.0), ledger::Id(j.b.0), j.swapped), j.winner);
+    }
+    Ok(m)
 }
 
 /// Parses `--set KEY=VALUE` items for a fork of a run, refusing keys a fork
