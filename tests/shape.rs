@@ -2,8 +2,8 @@
 //! `benches/` and `#[cfg(test)]` items are left out):
 //!
 //! - lines per crate, and the engine's share of the project's Rust;
-//! - functions over 100 lines and files over 1,000 lines in the engine, proxy
-//!   and audit crates;
+//! - functions over 100 lines and files over 1,000 lines in the crates of
+//!   `HELD` (every crate but the ledger);
 //! - module cycles among the engine's top-level modules, other than through
 //!   its error enum (`error.rs`, which names every module's error type);
 //! - imports a crate must never make (ARCHITECTURE.md, "What each crate must
@@ -28,8 +28,24 @@ const LONG_FILES: &[&str] = &[];
 const CYCLES: &[&str] = &[];
 /// The engine's share of the project's non-test Rust may not exceed this.
 const ENGINE_SHARE: f64 = 0.40;
-/// Crates whose functions and files are held to the limits.
-const HELD: &[&str] = &["engine", "proxy", "audit", "workers", "tables", "import"];
+/// Crates whose functions and files are held to the limits (`mass` is the
+/// binary's `src/`). Not yet `ledger`: `store.rs` and `index.rs` are over
+/// 1,000 non-test lines.
+const HELD: &[&str] = &[
+    "engine",
+    "proxy",
+    "audit",
+    "workers",
+    "tables",
+    "import",
+    "sandbox",
+    "replay",
+    "remote",
+    "supervise",
+    "schemas",
+    "rank",
+    "mass",
+];
 
 /// What a crate (or a module of one, `crate::module`) must never import:
 /// (importer, forbidden path prefix, why).
@@ -751,7 +767,7 @@ fn the_code_keeps_its_shape() {
         }
     }
     fns.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    println!("the ten longest functions (engine, proxy, audit):");
+    println!("the ten longest functions (held crates):");
     for (name, n) in fns.iter().take(10) {
         println!("  {n:>4}  {name}");
     }

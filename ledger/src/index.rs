@@ -270,38 +270,18 @@ impl MemTable {
         self.end = later.end;
     }
 
-    /// The table file's bytes.
+    /// The table file's bytes: header, fan-out, objects, events, events by
+    /// kind, links, kinds, refs, segment ends, latest trees, then the
+    /// BLAKE3 footer (the layout of `FORMAT.md`).
     fn encode(&self) -> Vec<u8> {
-        // Objects sorted by id; a duplicate id keeps its newest location.
-        let mut order: Vec<usize> = (0..self.objs.len())
-            .filter(|&i| self.by_id.get(&self.objs[i].0) == Some(&i))
-            .collect();
-        order.sort_by(|a, b| self.objs[*a].0.cmp(&self.objs[*b].0));
+        let order = self.objects_by_id();
         let mut pos_of: HashMap<Id, u32> = HashMap::with_capacity(order.len());
         for (p, &i) in order.iter().enumerate() {
             pos_of.insert(self.objs[i].0, p as u32);
         }
         let pos = |i: usize| pos_of[&self.objs[i].0];
-        let mut fanout = [0u32; 256];
-        for &i in &order {
-            fanout[self.objs[i].0 .0[0] as usize] += 1;
-        }
-        let mut acc = 0;
-        for f in fanout.iter_mut() {
-            acc += *f;
-            *f = acc;
-        }
-        // Events by kind: indices into the events array, by (kind, log order).
-        let mut by_kind: Vec<u32> = (0..self.events.len() as u32).collect();
-        by_kind.sort_by_key(|&e| (self.events[e as usize].1, e));
-        let mut kind_ranges = vec![(0u32, 0u32); self.kinds.len()];
-        for (n, &e) in by_kind.iter().enumerate() {
-            let k = self.events[e as usize].1 as usize;
-            if kind_ranges[k].1 == 0 {
-                kind_ranges[k].0 = n as u32;
-            }
-            kind_ranges[k].1 += 1;
-        }
+        let fanout = self.fanout(&order);
+        let (by_kind, kind_ranges) = self.events_by_kind();
         let mut children: Vec<(Id, u64, u32)> = self
             .children
             .iter()
@@ -317,29 +297,7 @@ impl MemTable {
                 + children.len() * CHILD_ENTRY
                 + 4096,
         );
-        out.extend_from_slice(TABLE_MAGIC);
-        for v in [self.start.seg, self.end.seg] {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        for v in [
-            self.start.off,
-            self.end.off,
-            self.start.ordinal,
-            self.end.ordinal,
-        ] {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        for v in [
-            order.len() as u32,
-            self.events.len() as u32,
-            children.len() as u32,
-            self.kinds.len() as u32,
-            self.refs.len() as u32,
-            self.seg_ends.len() as u32,
-        ] {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        debug_assert_eq!(out.len(), HEADER_LEN);
+        self.put_header(&mut out, order.len(), children.len());
         for f in fanout {
             out.extend_from_slice(&f.to_le_bytes());
         }
@@ -358,13 +316,91 @@ impl MemTable {
             out.extend_from_slice(&p.0);
             out.extend_from_slice(&c.to_le_bytes());
         }
-        for (name, (first, count)) in self.kinds.iter().zip(&kind_ranges) {
-            put_str(&mut out, name);
+        self.put_names(&mut out, &kind_ranges);
+        let sum = blake3::hash(&out);
+        out.extend_from_slice(sum.as_bytes());
+        out
+    }
+
+    /// Indices into `objs` sorted by id; a duplicate id keeps its newest
+    /// location.
+    fn objects_by_id(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.objs.len())
+            .filter(|&i| self.by_id.get(&self.objs[i].0) == Some(&i))
+            .collect();
+        order.sort_by(|a, b| self.objs[*a].0.cmp(&self.objs[*b].0));
+        order
+    }
+
+    /// The fan-out: for each first byte of an id, how many of the objects
+    /// in `order` have an id whose first byte is at most that.
+    fn fanout(&self, order: &[usize]) -> [u32; 256] {
+        let mut fanout = [0u32; 256];
+        for &i in order {
+            fanout[self.objs[i].0 .0[0] as usize] += 1;
+        }
+        let mut acc = 0;
+        for f in fanout.iter_mut() {
+            acc += *f;
+            *f = acc;
+        }
+        fanout
+    }
+
+    /// Events by kind: indices into the events array, by (kind, log
+    /// order), and each kind's (first index, count) in that array.
+    fn events_by_kind(&self) -> (Vec<u32>, Vec<(u32, u32)>) {
+        let mut by_kind: Vec<u32> = (0..self.events.len() as u32).collect();
+        by_kind.sort_by_key(|&e| (self.events[e as usize].1, e));
+        let mut kind_ranges = vec![(0u32, 0u32); self.kinds.len()];
+        for (n, &e) in by_kind.iter().enumerate() {
+            let k = self.events[e as usize].1 as usize;
+            if kind_ranges[k].1 == 0 {
+                kind_ranges[k].0 = n as u32;
+            }
+            kind_ranges[k].1 += 1;
+        }
+        (by_kind, kind_ranges)
+    }
+
+    /// The header: magic, the range's start and end, and the counts of
+    /// every section (`HEADER_LEN` bytes).
+    fn put_header(&self, out: &mut Vec<u8>, objects: usize, children: usize) {
+        out.extend_from_slice(TABLE_MAGIC);
+        for v in [self.start.seg, self.end.seg] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [
+            self.start.off,
+            self.end.off,
+            self.start.ordinal,
+            self.end.ordinal,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [
+            objects as u32,
+            self.events.len() as u32,
+            children as u32,
+            self.kinds.len() as u32,
+            self.refs.len() as u32,
+            self.seg_ends.len() as u32,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        debug_assert_eq!(out.len(), HEADER_LEN);
+    }
+
+    /// The sections after the links: kinds with their ranges in the
+    /// by-kind array, ref heads, segment ends, and the latest trees.
+    fn put_names(&self, out: &mut Vec<u8>, kind_ranges: &[(u32, u32)]) {
+        for (name, (first, count)) in self.kinds.iter().zip(kind_ranges) {
+            put_str(out, name);
             out.extend_from_slice(&first.to_le_bytes());
             out.extend_from_slice(&count.to_le_bytes());
         }
         for (name, id) in &self.refs {
-            put_str(&mut out, name);
+            put_str(out, name);
             out.extend_from_slice(&id.0);
         }
         for (seg, end) in &self.seg_ends {
@@ -383,9 +419,6 @@ impl MemTable {
                 }
             }
         }
-        let sum = blake3::hash(&out);
-        out.extend_from_slice(sum.as_bytes());
-        out
     }
 }
 

@@ -40,49 +40,7 @@ pub fn fork_run(
     let main_head = ledger
         .head(source)?
         .ok_or_else(|| bad(format!("no run named {source:?}")))?;
-    // The main-stream step the fork continues from: `at` itself, or, for an
-    // event inside a unit of work (a tool call in a rollout), the last step
-    // before that unit's stream began; the unit's stream is kept up to `at`
-    // and goes live from there.
-    let step = if ev.stream == MAIN {
-        if !ledger
-            .chain(main_head)
-            .any(|e| e.map(|e| e.id == at).unwrap_or(false))
-        {
-            return Err(bad(format!(
-                "it is not on the main stream of run {source:?}"
-            )));
-        }
-        at
-    } else {
-        let stream_head = ledger
-            .head(&ref_name(source, &ev.stream))?
-            .ok_or_else(|| bad(format!("run {source:?} has no stream {:?}", ev.stream)))?;
-        let mut first = None;
-        let mut on_stream = false;
-        for e in ledger.chain(stream_head) {
-            let e = e?;
-            on_stream |= e.id == at;
-            first = Some(e.id);
-        }
-        if !on_stream {
-            return Err(bad(format!(
-                "it is not on stream {:?} of run {source:?}",
-                ev.stream
-            )));
-        }
-        let first = first.ok_or_else(|| bad("empty stream".into()))?;
-        let began = ordinal(ledger, &first)?;
-        let mut before = None;
-        for e in ledger.chain(main_head) {
-            let e = e?;
-            if ordinal(ledger, &e.id)? < began {
-                before = Some(e.id);
-                break;
-            }
-        }
-        before.ok_or_else(|| bad("its stream began before the run's first step".into()))?
-    };
+    let step = continue_from(ledger, source, at, &ev.stream, main_head)?;
     if ledger.head(new)?.is_some() {
         return Err(ReplayError::Ledger(ledger::LedgerError::Conflict {
             name: new.to_string(),
@@ -90,30 +48,7 @@ pub fn fork_run(
             actual: ledger.head(new)?,
         }));
     }
-    // Latest event of every stream among the causal ancestors of the step
-    // (and of `at`, when it is inside a unit of work).
-    let mut latest: BTreeMap<String, (u64, Id)> = BTreeMap::new();
-    let mut seen = HashSet::new();
-    let mut queue = VecDeque::from([step, at]);
-    while let Some(id) = queue.pop_front() {
-        if !seen.insert(id) {
-            continue;
-        }
-        let e = ledger.get_event(&id)?;
-        let slot = latest.entry(e.stream.clone()).or_insert((e.seq, id));
-        if e.seq > slot.0 {
-            *slot = (e.seq, id);
-        }
-        for p in e.prev.iter().chain(e.parents.iter()) {
-            if ledger.kind_of(p)? == Some(ObjectKind::Event) {
-                queue.push_back(*p);
-            }
-        }
-    }
-    // How the source is executed is no step's ancestor: it comes whole.
-    if let Some(h) = ledger.head(&ref_name(source, EXECUTION))? {
-        latest.insert(EXECUTION.to_string(), (0, h));
-    }
+    let latest = latest_per_stream(ledger, source, step, at)?;
     let mut b = ledger.batch();
     for (stream, (_, id)) in &latest {
         b.set_ref(&ref_name(new, stream), None, *id)?;
@@ -132,6 +67,86 @@ pub fn fork_run(
     let id = b.append(new, Some(step), schemas::to_event(&rec)?.in_stream(MAIN))?;
     b.commit()?;
     Ok(id)
+}
+
+/// The main-stream step the fork continues from: `at` itself (checked to
+/// be on the main stream of `source`, whose head is `main_head`), or, for
+/// an event inside a unit of work (a tool call in a rollout, on `stream`),
+/// the last step before that unit's stream began; the unit's stream is
+/// kept up to `at` and goes live from there.
+fn continue_from(ledger: &Ledger, source: &str, at: Id, stream: &str, main_head: Id) -> Result<Id> {
+    let bad = |reason: String| ReplayError::BadFork { at, reason };
+    if stream == MAIN {
+        if !ledger
+            .chain(main_head)
+            .any(|e| e.map(|e| e.id == at).unwrap_or(false))
+        {
+            return Err(bad(format!(
+                "it is not on the main stream of run {source:?}"
+            )));
+        }
+        return Ok(at);
+    }
+    let stream_head = ledger
+        .head(&ref_name(source, stream))?
+        .ok_or_else(|| bad(format!("run {source:?} has no stream {stream:?}")))?;
+    let mut first = None;
+    let mut on_stream = false;
+    for e in ledger.chain(stream_head) {
+        let e = e?;
+        on_stream |= e.id == at;
+        first = Some(e.id);
+    }
+    if !on_stream {
+        return Err(bad(format!(
+            "it is not on stream {stream:?} of run {source:?}"
+        )));
+    }
+    let first = first.ok_or_else(|| bad("empty stream".into()))?;
+    let began = ordinal(ledger, &first)?;
+    let mut before = None;
+    for e in ledger.chain(main_head) {
+        let e = e?;
+        if ordinal(ledger, &e.id)? < began {
+            before = Some(e.id);
+            break;
+        }
+    }
+    before.ok_or_else(|| bad("its stream began before the run's first step".into()))
+}
+
+/// The latest event of every stream among the causal ancestors of `step`
+/// (and of `at`, when it is inside a unit of work), as (seq, id) by
+/// stream name, plus the source's execution stream whole: how the source
+/// is executed is no step's ancestor.
+fn latest_per_stream(
+    ledger: &Ledger,
+    source: &str,
+    step: Id,
+    at: Id,
+) -> Result<BTreeMap<String, (u64, Id)>> {
+    let mut latest: BTreeMap<String, (u64, Id)> = BTreeMap::new();
+    let mut seen = HashSet::new();
+    let mut queue = VecDeque::from([step, at]);
+    while let Some(id) = queue.pop_front() {
+        if !seen.insert(id) {
+            continue;
+        }
+        let e = ledger.get_event(&id)?;
+        let slot = latest.entry(e.stream.clone()).or_insert((e.seq, id));
+        if e.seq > slot.0 {
+            *slot = (e.seq, id);
+        }
+        for p in e.prev.iter().chain(e.parents.iter()) {
+            if ledger.kind_of(p)? == Some(ObjectKind::Event) {
+                queue.push_back(*p);
+            }
+        }
+    }
+    if let Some(h) = ledger.head(&ref_name(source, EXECUTION))? {
+        latest.insert(EXECUTION.to_string(), (0, h));
+    }
+    Ok(latest)
 }
 
 fn ordinal(ledger: &Ledger, id: &Id) -> Result<u64> {

@@ -317,6 +317,93 @@ pub(crate) struct LaunchSpec {
     pub(crate) parent: u32,
 }
 
+/// What `confine_self` reads off the spec before its first step: the
+/// values the steps apply and which steps the test switch leaves out.
+/// Plain values on the stack; reading them makes no syscall.
+struct Steps<'a> {
+    policy: &'a Policy,
+    /// The process that started the launcher (`die_with_parent`).
+    parent: u32,
+    limits: RlimitTable,
+    abi: i32,
+    /// Drop root to uid/gid 65534 (the caller probed that it runs as root).
+    drop: bool,
+    /// Set no_new_privs (left out only by the test switch).
+    nnp: bool,
+    /// Apply the rlimits (left out only by the test switch).
+    rlimits: bool,
+}
+
+impl<'a> Steps<'a> {
+    /// Reads `spec`: the rlimit table, the Landlock ABI and the switches.
+    fn of(spec: &'a LaunchSpec) -> Steps<'a> {
+        let policy = &spec.policy;
+        let off = |l: Layer| policy.off(l);
+        Steps {
+            policy,
+            parent: spec.parent,
+            limits: rlimit_table(&policy.limits),
+            abi: spec.landlock_abi,
+            drop: spec.drop_root && !off(Layer::DropRoot),
+            nnp: !off(Layer::NoNewPrivs),
+            rlimits: !off(Layer::Rlimits),
+        }
+    }
+
+    /// Whether the test switch left layer `l` out.
+    fn off(&self, l: Layer) -> bool {
+        self.policy.off(l)
+    }
+
+    /// The rlimits (unless left out), then the priority: every level sets
+    /// both, after dropping root where it drops it.
+    fn limit(&self) -> io::Result<()> {
+        if self.rlimits {
+            set_rlimits(&self.limits)?;
+        }
+        set_nice(self.policy.limits.nice)
+    }
+
+    /// RLIMIT_CORE 0 (unless the rlimits are left out) and the OOM killer's
+    /// preference, both before root is dropped.
+    fn early_limits(&self) {
+        if self.rlimits {
+            set_core_zero();
+        }
+        prefer_for_oom();
+    }
+
+    /// Marks inherited fds close-on-exec, unless left out.
+    fn cloexec(&self) {
+        if !self.off(Layer::Cloexec) {
+            cloexec_inherited_fds();
+        }
+    }
+
+    /// Builds the Landlock ruleset (`with_proc` as `rules::landlock_ruleset`
+    /// takes it), then the seccomp programs; a failure is named on stderr.
+    /// Called while still root: the rules open every allowed path.
+    fn build_rules(
+        &self,
+        with_proc: bool,
+    ) -> io::Result<(Option<RulesetCreated>, Vec<BpfProgram>)> {
+        let ruleset = rules::landlock_ruleset(self.policy, self.abi, with_proc)
+            .map_err(failed(b"sandbox: building the Landlock ruleset failed\n"))?;
+        let progs = rules::seccomp_programs(self.policy)
+            .map_err(failed(b"sandbox: building the seccomp filter failed\n"))?;
+        Ok((ruleset, progs))
+    }
+}
+
+/// A failure to build the rules, as the launcher's error, after naming
+/// `what` on stderr.
+fn failed(what: &'static [u8]) -> impl Fn(SandboxError) -> io::Error {
+    move |e: SandboxError| {
+        note(what);
+        io::Error::other(e.to_string())
+    }
+}
+
 /// In the launcher: applies every layer of `spec` to this process, in the
 /// order of the module docs. Returns in the process that is to exec the
 /// command (under `Level::Full`, PID 2 of the new PID namespace; the relay
@@ -324,150 +411,173 @@ pub(crate) struct LaunchSpec {
 pub(crate) fn confine_self(spec: &LaunchSpec) -> io::Result<()> {
     die_with_parent(spec.parent);
     let policy = &spec.policy;
-    let limits = rlimit_table(&policy.limits);
-    let off = |l: Layer| policy.off(l);
-    let abi = spec.landlock_abi;
-    let drop = spec.drop_root && !off(Layer::DropRoot);
-    let nnp = !off(Layer::NoNewPrivs);
-    let rlimits = !off(Layer::Rlimits);
+    let s = Steps::of(spec);
     if !policy.unprotected.is_empty() {
         note(b"sandbox: TEST SWITCH: layers left out: ");
         note(format!("{:?}\n", policy.unprotected).as_bytes());
     }
-    let failed = |what: &'static [u8]| {
-        move |e: SandboxError| {
-            note(what);
-            io::Error::other(e.to_string())
-        }
-    };
     match policy.level {
-        Level::None => {
-            if rlimits {
-                set_rlimits(&limits)?;
-            }
-            set_nice(policy.limits.nice)
+        Level::None => s.limit(),
+        Level::Landlock => confine_landlock(&s),
+        Level::Full => confine_full(&s),
+    }
+}
+
+/// `Level::Landlock`: the rules built as root, then root dropped, limits,
+/// no_new_privs, Landlock, close-on-exec, and seccomp last.
+fn confine_landlock(s: &Steps) -> io::Result<()> {
+    let (ruleset, progs) = s.build_rules(true)?;
+    s.early_limits();
+    if !s.nnp {
+        return confine_landlock_as_root(s, ruleset, &progs);
+    }
+    drop_root_step(s.drop, s.parent)?;
+    s.limit()?;
+    set_no_new_privs()?;
+    restrict(ruleset, true)?;
+    s.cloexec();
+    apply_seccomp(&progs, true)
+}
+
+/// `Level::Landlock` with no_new_privs left out (test switch): without
+/// no_new_privs only root may install Landlock and seccomp, so both come
+/// before root is dropped.
+fn confine_landlock_as_root(
+    s: &Steps,
+    ruleset: Option<RulesetCreated>,
+    progs: &[BpfProgram],
+) -> io::Result<()> {
+    restrict(ruleset, false)?;
+    apply_seccomp(progs, false)?;
+    drop_root_step(s.drop, s.parent)?;
+    s.limit()?;
+    s.cloexec();
+    Ok(())
+}
+
+/// `Level::Full`, steps 1 to 4 of the module docs: everything that needs
+/// root is prepared, root is dropped, the namespaces are entered (the
+/// process becomes the relay, then the command under the namespace's init)
+/// and the mounts made; `lock_in` does the rest.
+fn confine_full(s: &Steps) -> io::Result<()> {
+    let (ruleset, progs) = s.build_rules(false)?;
+    let (uid_map, gid_map) = id_maps(s.drop);
+    // Opened while still root: a hidden directory may be closed to
+    // everyone else.
+    let view = if s.off(Layer::View) {
+        None
+    } else {
+        crate::view::View::plan(s.policy)
+            .inspect_err(|_| note(b"sandbox: opening the paths to bind back failed\n"))?
+    };
+    let ns = Namespaces::plan(s);
+    s.early_limits();
+    drop_root_step(s.drop, s.parent)?;
+    enter_namespaces(ns.flags, &uid_map, &gid_map)?;
+    // The new user namespace may have cleared the parent-death
+    // signal; this process becomes the relay, which keeps it.
+    die_with_parent(s.parent);
+    if ns.pid {
+        become_pid1()?;
+    }
+    mount_proc(ns.pid)?;
+    if let Some(v) = &view {
+        v.apply()?;
+    }
+    if ns.net {
+        start_forward(s.policy)?;
+    }
+    let shm = mount_shm(ns.shm)?;
+    lock_in(s, ruleset, &progs, shm)
+}
+
+/// The user namespace's id maps: an identity map of the (possibly dropped)
+/// uid and gid. The command is not root inside the namespace either, so it
+/// loses the namespace's capabilities at exec instead of holding
+/// CAP_SYS_ADMIN there.
+fn id_maps(drop: bool) -> (Vec<u8>, Vec<u8>) {
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = if drop {
+        (SANDBOX_ID, SANDBOX_ID)
+    } else {
+        unsafe { (libc::getuid(), libc::getgid()) }
+    };
+    let uid_map = format!("{uid} {uid} 1\n").into_bytes();
+    let gid_map = format!("{gid} {gid} 1\n").into_bytes();
+    (uid_map, gid_map)
+}
+
+/// The namespaces `Level::Full` enters and whether it mounts a private
+/// /dev/shm.
+struct Namespaces {
+    /// The `unshare` flags.
+    flags: libc::c_int,
+    pid: bool,
+    net: bool,
+    shm: bool,
+}
+
+impl Namespaces {
+    /// Everything the test switch leaves in; a private /dev/shm where the
+    /// host has one; a network namespace unless the policy allows network.
+    fn plan(s: &Steps) -> Namespaces {
+        let shm = std::path::Path::new("/dev/shm").is_dir() && !s.off(Layer::PrivateShm);
+        let pid = !s.off(Layer::PidNamespace);
+        let net = !s.policy.network && !s.off(Layer::NetNamespace);
+        let mut flags = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWUTS;
+        if pid {
+            flags |= libc::CLONE_NEWPID;
         }
-        Level::Landlock => {
-            // Built while still root: the rules open every allowed path.
-            let ruleset = rules::landlock_ruleset(policy, abi, true)
-                .map_err(failed(b"sandbox: building the Landlock ruleset failed\n"))?;
-            let progs = rules::seccomp_programs(policy)
-                .map_err(failed(b"sandbox: building the seccomp filter failed\n"))?;
-            if rlimits {
-                set_core_zero();
-            }
-            prefer_for_oom();
-            if !nnp {
-                // Test switch: without no_new_privs only root may install
-                // Landlock and seccomp, so do it before dropping root.
-                restrict(ruleset, false)?;
-                apply_seccomp(&progs, false)?;
-                drop_root_step(drop, spec.parent)?;
-                if rlimits {
-                    set_rlimits(&limits)?;
-                }
-                set_nice(policy.limits.nice)?;
-                if !off(Layer::Cloexec) {
-                    cloexec_inherited_fds();
-                }
-                return Ok(());
-            }
-            drop_root_step(drop, spec.parent)?;
-            if rlimits {
-                set_rlimits(&limits)?;
-            }
-            set_nice(policy.limits.nice)?;
-            set_no_new_privs()?;
-            restrict(ruleset, true)?;
-            if !off(Layer::Cloexec) {
-                cloexec_inherited_fds();
-            }
-            apply_seccomp(&progs, true)
+        if !s.off(Layer::IpcNamespace) {
+            flags |= libc::CLONE_NEWIPC;
         }
-        Level::Full => {
-            let ruleset = rules::landlock_ruleset(policy, abi, false)
-                .map_err(failed(b"sandbox: building the Landlock ruleset failed\n"))?;
-            let progs = rules::seccomp_programs(policy)
-                .map_err(failed(b"sandbox: building the seccomp filter failed\n"))?;
-            // Identity map of the (possibly dropped) uid: the command is not
-            // root inside the namespace either, so it loses the namespace's
-            // capabilities at exec instead of holding CAP_SYS_ADMIN there.
-            // SAFETY: getuid/getgid cannot fail.
-            let (uid, gid) = if drop {
-                (SANDBOX_ID, SANDBOX_ID)
-            } else {
-                unsafe { (libc::getuid(), libc::getgid()) }
-            };
-            let uid_map = format!("{uid} {uid} 1\n").into_bytes();
-            let gid_map = format!("{gid} {gid} 1\n").into_bytes();
-            // Opened while still root: a hidden directory may be closed to
-            // everyone else.
-            let view = if off(Layer::View) {
-                None
-            } else {
-                crate::view::View::plan(policy)
-                    .inspect_err(|_| note(b"sandbox: opening the paths to bind back failed\n"))?
-            };
-            let have_shm = std::path::Path::new("/dev/shm").is_dir() && !off(Layer::PrivateShm);
-            let pid_ns = !off(Layer::PidNamespace);
-            let net_ns = !policy.network && !off(Layer::NetNamespace);
-            let mut flags = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWUTS;
-            if pid_ns {
-                flags |= libc::CLONE_NEWPID;
-            }
-            if !off(Layer::IpcNamespace) {
-                flags |= libc::CLONE_NEWIPC;
-            }
-            if net_ns {
-                flags |= libc::CLONE_NEWNET;
-            }
-            if rlimits {
-                set_core_zero();
-            }
-            prefer_for_oom();
-            drop_root_step(drop, spec.parent)?;
-            enter_namespaces(flags, &uid_map, &gid_map)?;
-            // The new user namespace may have cleared the parent-death
-            // signal; this process becomes the relay, which keeps it.
-            die_with_parent(spec.parent);
-            if pid_ns {
-                become_pid1()?;
-            }
-            mount_proc(pid_ns)?;
-            if let Some(v) = &view {
-                v.apply()?;
-            }
-            if net_ns {
-                // The sockets as the command's namespace names them.
-                let forward: Vec<_> = policy
-                    .forward
-                    .iter()
-                    .map(|f| crate::policy::Forward {
-                        port: f.port,
-                        socket: policy.seen(&f.socket),
-                    })
-                    .collect();
-                crate::forward::start(&forward)?;
-            }
-            let shm = mount_shm(have_shm)?;
-            if rlimits {
-                set_rlimits(&limits)?;
-            }
-            set_nice(policy.limits.nice)?;
-            if nnp {
-                set_no_new_privs()?;
-            }
-            let rs = match ruleset {
-                Some(rs) if !off(Layer::LandlockFs) => Some(add_mounted(rs, abi, shm)?),
-                rs => rs,
-            };
-            restrict(rs, nnp)?;
-            if !off(Layer::Cloexec) {
-                cloexec_inherited_fds();
-            }
-            apply_seccomp(&progs, nnp)
+        if net {
+            flags |= libc::CLONE_NEWNET;
+        }
+        Namespaces {
+            flags,
+            pid,
+            net,
+            shm,
         }
     }
+}
+
+/// Starts the loopback endpoints' forwarders, with the sockets as the
+/// command's namespace names them.
+fn start_forward(policy: &Policy) -> io::Result<()> {
+    let forward: Vec<_> = policy
+        .forward
+        .iter()
+        .map(|f| crate::policy::Forward {
+            port: f.port,
+            socket: policy.seen(&f.socket),
+        })
+        .collect();
+    crate::forward::start(&forward)
+}
+
+/// `Level::Full`, steps 5 to 8 of the module docs, inside the namespaces:
+/// rlimits and priority, no_new_privs, Landlock (with the fresh /proc and
+/// /dev/shm, new inodes the rules built as root cannot name),
+/// close-on-exec, and seccomp last.
+fn lock_in(
+    s: &Steps,
+    ruleset: Option<RulesetCreated>,
+    progs: &[BpfProgram],
+    shm: bool,
+) -> io::Result<()> {
+    s.limit()?;
+    if s.nnp {
+        set_no_new_privs()?;
+    }
+    let rs = match ruleset {
+        Some(rs) if !s.off(Layer::LandlockFs) => Some(add_mounted(rs, s.abi, shm)?),
+        rs => rs,
+    };
+    restrict(rs, s.nnp)?;
+    s.cloexec();
+    apply_seccomp(progs, s.nnp)
 }
 
 /// The caller's stdio pipes were created by root with mode 0600, so after

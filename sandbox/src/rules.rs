@@ -225,42 +225,82 @@ pub(crate) fn add_mounted_dir(
 /// The test switch (`Policy::unprotected`) leaves out program 0
 /// (`Layer::X32Killer`) or programs 1 and 2 (`Layer::Seccomp`).
 pub(crate) fn seccomp_programs(policy: &Policy) -> Result<Vec<BpfProgram>, SandboxError> {
-    let (network, loopback) = (policy.network, !policy.forward.is_empty());
     let arch = TargetArch::try_from(std::env::consts::ARCH)
         .map_err(|e| SandboxError::Seccomp(e.to_string()))?;
-    let err = |e: seccompiler::BackendError| SandboxError::Seccomp(e.to_string());
     let mut deny: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for nr in [
-        libc::SYS_ptrace,
-        libc::SYS_process_vm_readv,
-        libc::SYS_process_vm_writev,
-        libc::SYS_bpf,
-        libc::SYS_keyctl,
-        libc::SYS_add_key,
-        libc::SYS_request_key,
-        libc::SYS_perf_event_open,
-        libc::SYS_mount,
-        libc::SYS_umount2,
-        libc::SYS_pivot_root,
-        libc::SYS_move_mount,
-        libc::SYS_open_tree,
-        libc::SYS_fsopen,
-        libc::SYS_fsmount,
-        libc::SYS_fspick,
-        libc::SYS_mount_setattr,
-        libc::SYS_unshare,
-        libc::SYS_setns,
-        libc::SYS_io_uring_setup,
-        libc::SYS_io_uring_enter,
-        libc::SYS_io_uring_register,
-        libc::SYS_userfaultfd,
-        libc::SYS_kexec_load,
-        libc::SYS_init_module,
-        libc::SYS_finit_module,
-        libc::SYS_delete_module,
-    ] {
-        deny.insert(nr, Vec::new());
+    for nr in DENIED {
+        deny.insert(*nr, Vec::new());
     }
+    deny.insert(libc::SYS_clone, clone_rules()?);
+    deny.insert(libc::SYS_prctl, vec![pdeathsig_rule()?]);
+    if let Some(rules) = socket_rules(policy.network, !policy.forward.is_empty())? {
+        deny.insert(libc::SYS_socket, rules);
+    }
+    let eperm = SeccompFilter::new(
+        deny,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(backend)?;
+    let mut nosys = BTreeMap::new();
+    nosys.insert(libc::SYS_clone3, Vec::new());
+    let enosys = SeccompFilter::new(
+        nosys,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )
+    .map_err(backend)?;
+    let mut progs = Vec::new();
+    if !policy.off(Layer::X32Killer) {
+        progs.extend(x32_killer());
+    }
+    if !policy.off(Layer::Seccomp) {
+        progs.push(eperm.try_into().map_err(backend)?);
+        progs.push(enosys.try_into().map_err(backend)?);
+    }
+    Ok(progs)
+}
+
+/// Syscalls program 1 denies whatever their arguments.
+const DENIED: &[i64] = &[
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_bpf,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_perf_event_open,
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_move_mount,
+    libc::SYS_open_tree,
+    libc::SYS_fsopen,
+    libc::SYS_fsmount,
+    libc::SYS_fspick,
+    libc::SYS_mount_setattr,
+    libc::SYS_unshare,
+    libc::SYS_setns,
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+    libc::SYS_userfaultfd,
+    libc::SYS_kexec_load,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+];
+
+/// A seccompiler error as the sandbox's.
+fn backend(e: seccompiler::BackendError) -> SandboxError {
+    SandboxError::Seccomp(e.to_string())
+}
+
+/// clone(2) with any namespace-creating flag: one rule per flag.
+fn clone_rules() -> Result<Vec<SeccompRule>, SandboxError> {
     let ns_flags = [
         libc::CLONE_NEWUSER,
         libc::CLONE_NEWNS,
@@ -274,16 +314,21 @@ pub(crate) fn seccomp_programs(policy: &Policy) -> Result<Vec<BpfProgram>, Sandb
     for f in ns_flags {
         let f = f as u64;
         let cond = SeccompCondition::new(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(f), f)
-            .map_err(err)?;
-        clone_rules.push(SeccompRule::new(vec![cond]).map_err(err)?);
+            .map_err(backend)?;
+        clone_rules.push(SeccompRule::new(vec![cond]).map_err(backend)?);
     }
-    deny.insert(libc::SYS_clone, clone_rules);
-    // Written when the command was PID 1 of its namespace and died with the
-    // relay only through PR_SET_PDEATHSIG(SIGKILL). The command now runs as
-    // PID 2 under a minimal init that holds that signal itself (prctl acts
-    // on the caller only), so this rule no longer protects anything: the
-    // namespace dies with init whatever the command sets. Setting SIGKILL
-    // stays allowed.
+    Ok(clone_rules)
+}
+
+/// prctl(PR_SET_PDEATHSIG) with any signal but SIGKILL.
+///
+/// Written when the command was PID 1 of its namespace and died with the
+/// relay only through PR_SET_PDEATHSIG(SIGKILL). The command now runs as
+/// PID 2 under a minimal init that holds that signal itself (prctl acts
+/// on the caller only), so this rule no longer protects anything: the
+/// namespace dies with init whatever the command sets. Setting SIGKILL
+/// stays allowed.
+fn pdeathsig_rule() -> Result<SeccompRule, SandboxError> {
     let pdeath = vec![
         SeccompCondition::new(
             0,
@@ -291,62 +336,41 @@ pub(crate) fn seccomp_programs(policy: &Policy) -> Result<Vec<BpfProgram>, Sandb
             SeccompCmpOp::Eq,
             libc::PR_SET_PDEATHSIG as u64,
         )
-        .map_err(err)?,
+        .map_err(backend)?,
         SeccompCondition::new(
             1,
             SeccompCmpArgLen::Qword,
             SeccompCmpOp::Ne,
             libc::SIGKILL as u64,
         )
-        .map_err(err)?,
+        .map_err(backend)?,
     ];
-    deny.insert(
-        libc::SYS_prctl,
-        vec![SeccompRule::new(pdeath).map_err(err)?],
-    );
+    SeccompRule::new(pdeath).map_err(backend)
+}
+
+/// The rules for socket(2), `None` where it stays allowed (network).
+fn socket_rules(network: bool, loopback: bool) -> Result<Option<Vec<SeccompRule>>, SandboxError> {
     if !network && !loopback {
         // No socket() at all: Landlock (ABI 7) does not cover connecting to
         // a unix socket by path, so a world-writable one of the host (an X
         // server in /tmp/.X11-unix, say) was reachable (tested).
         // socketpair() stays: it reaches nothing outside.
-        deny.insert(libc::SYS_socket, Vec::new());
+        Ok(Some(Vec::new()))
     } else if !network {
         // Loopback endpoints only: IP sockets (the namespace has nothing
         // but `lo`), never a unix socket by path or another family.
         let ne = |v: libc::c_int| {
             SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, v as u64)
-                .map_err(err)
+                .map_err(backend)
         };
-        deny.insert(
-            libc::SYS_socket,
-            vec![SeccompRule::new(vec![ne(libc::AF_INET)?, ne(libc::AF_INET6)?]).map_err(err)?],
-        );
+        Ok(Some(vec![SeccompRule::new(vec![
+            ne(libc::AF_INET)?,
+            ne(libc::AF_INET6)?,
+        ])
+        .map_err(backend)?]))
+    } else {
+        Ok(None)
     }
-    let eperm = SeccompFilter::new(
-        deny,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )
-    .map_err(err)?;
-    let mut nosys = BTreeMap::new();
-    nosys.insert(libc::SYS_clone3, Vec::new());
-    let enosys = SeccompFilter::new(
-        nosys,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::ENOSYS as u32),
-        arch,
-    )
-    .map_err(err)?;
-    let mut progs = Vec::new();
-    if !policy.off(Layer::X32Killer) {
-        progs.extend(x32_killer());
-    }
-    if !policy.off(Layer::Seccomp) {
-        progs.push(eperm.try_into().map_err(err)?);
-        progs.push(enosys.try_into().map_err(err)?);
-    }
-    Ok(progs)
 }
 
 /// On x86_64, a syscall number with the x32 bit (`0x40000000`) set is the

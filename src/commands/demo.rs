@@ -11,19 +11,21 @@ use ledger::{Id, Ledger};
 use schemas::{Hash32, ModelCall, Note, WorkspaceSnapshot};
 use serde_json::{json, Value};
 
+/// `mass demo`: writes a scripted run (`demo/N`) into the ledger at `dir`,
+/// created if need be, from `workspace` or a sample workspace made for it
+/// (and removed after).
 pub fn run(dir: &Path, workspace: Option<&Path>) -> Result<ExitCode> {
     let l = if dir.join("FORMAT").exists() {
         super::open(dir)?
     } else {
         Ledger::init(dir)?
     };
-    let tmp;
     let ws = match workspace {
         Some(w) => w.to_path_buf(),
         None => {
-            tmp = tempdir()?;
+            let tmp = tempdir()?;
             write_sample_workspace(&tmp)?;
-            tmp.clone()
+            tmp
         }
     };
     let run = format!("demo/{}", next_demo_number(&l)?);
@@ -43,7 +45,39 @@ pub fn run(dir: &Path, workspace: Option<&Path>) -> Result<ExitCode> {
             tree: initial.into(),
         })?,
     )?;
+    let talk = conversation(&l, &run)?;
+    std::fs::write(
+        ws.join("report.md"),
+        "# Result\n\nSharpe ratio 0.84, positions lagged one day.\n",
+    )?;
+    let fin = l.snapshot_dir(&ws)?;
+    let end = l.append(
+        &run,
+        Some(snap),
+        schemas::to_event(&WorkspaceSnapshot {
+            label: "final".into(),
+            tree: fin.into(),
+        })?
+        .with_parents(vec![talk.orchestrator_head]),
+    )?;
+    print_heads(&run, end, &talk, initial, fin)?;
+    if workspace.is_none() {
+        let _ = std::fs::remove_dir_all(&ws);
+    }
+    Ok(ExitCode::SUCCESS)
+}
 
+/// The demo's conversation: its two streams and their heads.
+struct Conversation {
+    orchestrator: String,
+    subagent: String,
+    orchestrator_head: Id,
+    subagent_head: Id,
+}
+
+/// The scripted conversation of run `run`: the orchestrator delegates to
+/// a subagent, whose answer comes back as a tool result, and finishes.
+fn conversation(l: &Ledger, run: &str) -> Result<Conversation> {
     let orch = format!("{run}/orchestrator");
     let sub = format!("{run}/subagent-1");
     let system = msg(
@@ -52,7 +86,7 @@ pub fn run(dir: &Path, workspace: Option<&Path>) -> Result<ExitCode> {
     );
     let task = msg("user", "Compute the Sharpe ratio of the strategy in data/prices.csv without look-ahead and write report.md.");
     let call1 = model_call(
-        &l,
+        l,
         &orch,
         None,
         None,
@@ -61,7 +95,7 @@ pub fn run(dir: &Path, workspace: Option<&Path>) -> Result<ExitCode> {
         "tool_calls",
     )?;
     let sub_call = model_call(
-        &l,
+        l,
         &sub,
         None,
         None,
@@ -80,7 +114,7 @@ pub fn run(dir: &Path, workspace: Option<&Path>) -> Result<ExitCode> {
     )?;
     let tool_result = msg_tool("call_1", "Sharpe 0.84 (python3 backtest.py --lag 1).");
     let call2 = model_call(
-        &l,
+        l,
         &orch,
         Some(call1),
         Some(sub_call),
@@ -88,21 +122,19 @@ pub fn run(dir: &Path, workspace: Option<&Path>) -> Result<ExitCode> {
         json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_2", "type": "function", "function": {"name": "finish", "arguments": "{\"report\":\"report.md\"}"}}]}),
         "tool_calls",
     )?;
+    Ok(Conversation {
+        orchestrator: orch,
+        subagent: sub,
+        orchestrator_head: call2,
+        subagent_head: sub_call,
+    })
+}
 
-    std::fs::write(
-        ws.join("report.md"),
-        "# Result\n\nSharpe ratio 0.84, positions lagged one day.\n",
-    )?;
-    let fin = l.snapshot_dir(&ws)?;
-    let end = l.append(
-        &run,
-        Some(snap),
-        schemas::to_event(&WorkspaceSnapshot {
-            label: "final".into(),
-            tree: fin.into(),
-        })?
-        .with_parents(vec![call2]),
-    )?;
+/// Prints the run's heads, the workspace trees before and after, and what
+/// to try next.
+fn print_heads(run: &str, end: Id, talk: &Conversation, initial: Id, fin: Id) -> Result<()> {
+    let (orch, call2) = (&talk.orchestrator, talk.orchestrator_head);
+    let (sub, sub_call) = (&talk.subagent, talk.subagent_head);
     crate::output::outln!("demo run {run}: head {}", end.short(12))?;
     crate::output::outln!("  orchestrator stream {orch}: head {}", call2.short(12))?;
     crate::output::outln!("  subagent stream {sub}: head {}", sub_call.short(12))?;
@@ -113,10 +145,7 @@ pub fn run(dir: &Path, workspace: Option<&Path>) -> Result<ExitCode> {
         initial.short(12),
         fin.short(12)
     )?;
-    if workspace.is_none() {
-        let _ = std::fs::remove_dir_all(&ws);
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 fn msg(role: &str, content: &str) -> Value {

@@ -1,6 +1,7 @@
 //! Command implementations: each opens the ledger, does one thing, prints.
 
 mod audit;
+mod dataset;
 mod demo;
 mod export;
 mod import;
@@ -14,8 +15,11 @@ mod remote;
 mod run_file;
 mod runs;
 mod sandbox;
+mod status;
+mod summary;
 mod work;
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -48,11 +52,54 @@ impl CliError {
     }
 }
 
+/// Runs the command `cli` names: each family of commands has a dispatcher
+/// of its own below.
 pub fn run(cli: Cli) -> Result<ExitCode> {
     let dir = cli.ledger.clone();
     match cli.command {
+        c @ (Command::Init
+        | Command::Log { .. }
+        | Command::Show { .. }
+        | Command::Cat { .. }
+        | Command::Refs { .. }
+        | Command::Snapshot { .. }
+        | Command::Checkout { .. }
+        | Command::Diff { .. }) => objects_command(&dir, c),
+        c @ (Command::Fork { .. }
+        | Command::Runs { .. }
+        | Command::Run { .. }
+        | Command::Resume { .. }
+        | Command::Worker { .. }
+        | Command::Replay { .. }
+        | Command::Rejudge { .. }) => runs_command(&dir, c),
+        c @ (Command::Why { .. }
+        | Command::Report { .. }
+        | Command::Status { .. }
+        | Command::Export { .. }) => read_command(&dir, c),
+        c @ (Command::Verify { .. }
+        | Command::Stats { .. }
+        | Command::Reindex
+        | Command::Repair { .. }
+        | Command::Migrate { .. }) => maintain_command(&dir, c),
+        c @ (Command::Remote { .. }
+        | Command::Push { .. }
+        | Command::Pull { .. }
+        | Command::Clone { .. }
+        | Command::Import { .. }) => transfer_command(&dir, c),
+        c @ (Command::Rank { .. }
+        | Command::Demo { .. }
+        | Command::HarnessReplay { .. }
+        | Command::Proxy { .. }
+        | Command::Sandbox { .. }) => tool_command(&dir, c),
+    }
+}
+
+/// The ledger's objects: init, log, show, cat, refs, snapshot, checkout,
+/// diff (of two objects, or of two runs).
+fn objects_command(dir: &Path, command: Command) -> Result<ExitCode> {
+    match command {
         Command::Init => {
-            Ledger::init(&dir)
+            Ledger::init(dir)
                 .with_context(|| format!("cannot create a ledger in {}", dir.display()))?;
             crate::output::outln!("initialised empty ledger in {}", dir.display())?;
             Ok(ExitCode::SUCCESS)
@@ -63,15 +110,33 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             limit,
             json,
         } => inspect::log(
-            &open_read(&dir)?,
+            &open_read(dir)?,
             start.as_deref(),
             kind.as_deref(),
             limit,
             json,
         ),
-        Command::Show { id, json } => inspect::show(&open_read(&dir)?, &id, json),
-        Command::Cat { id } => inspect::cat(&open_read(&dir)?, &id),
-        Command::Refs { json } => inspect::refs(&open_read(&dir)?, json),
+        Command::Show { id, json } => inspect::show(&open_read(dir)?, &id, json),
+        Command::Cat { id } => inspect::cat(&open_read(dir)?, &id),
+        Command::Refs { json } => inspect::refs(&open_read(dir)?, json),
+        Command::Snapshot { dir: d } => objects::snapshot(&open(dir)?, &d),
+        Command::Checkout { tree, dir: d } => objects::checkout(&open_read(dir)?, &tree, &d),
+        Command::Diff { a, b, json } => {
+            let l = open_read(dir)?;
+            if audit::is_run(&l, &a)? && audit::is_run(&l, &b)? {
+                audit::diff_runs(&l, &a, &b, json)
+            } else {
+                objects::diff(&l, &a, &b, json)
+            }
+        }
+        _ => unreachable!("`run` sends only object commands here"),
+    }
+}
+
+/// Runs: fork, runs (list or remove), run, resume, worker, replay,
+/// rejudge.
+fn runs_command(dir: &Path, command: Command) -> Result<ExitCode> {
+    match command {
         Command::Fork {
             id,
             name,
@@ -79,18 +144,18 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             stage: Some(stage),
             cycle: Some(cycle),
             ..
-        } => runs::fork_at_stage(&open(&dir)?, &id, cycle, &stage, &name, &set),
+        } => runs::fork_at_stage(&open(dir)?, &id, cycle, &stage, &name, &set),
         Command::Fork {
             id,
             name,
             set,
             from,
             ..
-        } => runs::fork(&open(&dir)?, &id, &name, &set, from.as_deref()),
+        } => runs::fork(&open(dir)?, &id, &name, &set, from.as_deref()),
         Command::Runs {
             what: Some(RunsWhat::Rm { run }),
             ..
-        } => runs::remove(&open(&dir)?, &run),
+        } => runs::remove(&open(dir)?, &run),
         Command::Runs {
             what: None,
             run,
@@ -103,8 +168,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     "`mass runs RUN` lists a run's rollouts; `mass runs rm RUN` removes a run; `mass status` lists runs".into()
                 ));
             };
-            let l = open_read(&dir)?;
-            note_quarantine(&dir);
+            let l = open_read(dir)?;
+            note_quarantine(dir);
             audit::runs(&l, &run, cycle, task.as_deref(), json)
         }
         Command::Run {
@@ -114,7 +179,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             quiet,
             workers,
         } => runs::run(
-            &dir,
+            dir,
             &runs::RunOptions {
                 experiment: &experiment,
                 name: name.as_deref(),
@@ -127,7 +192,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             run,
             quiet,
             workers,
-        } => runs::resume(&dir, &run, quiet, &workers),
+        } => runs::resume(dir, &run, quiet, &workers),
         Command::Worker {
             url,
             slots,
@@ -136,7 +201,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             idle_exit,
             poll_ms,
         } => work::worker(&url, slots, name, lease_secs, idle_exit, poll_ms),
-        Command::Replay { run, check } => runs::replay_check(&dir, &run, check),
+        Command::Replay { run, check } => runs::replay_check(dir, &run, check),
         Command::Rejudge {
             run,
             name,
@@ -146,7 +211,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             set,
             quiet,
         } => runs::rejudge(
-            &dir,
+            dir,
             &run,
             &name,
             &runs::RejudgeOptions {
@@ -157,20 +222,27 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             },
             quiet,
         ),
+        _ => unreachable!("`run` sends only run commands here"),
+    }
+}
+
+/// Reading runs: why, report, status, export (dataset, tables, events).
+fn read_command(dir: &Path, command: Command) -> Result<ExitCode> {
+    match command {
         Command::Why { id, json, run } => {
-            let l = open_read(&dir)?;
-            note_quarantine(&dir);
+            let l = open_read(dir)?;
+            note_quarantine(dir);
             audit::why(&l, &id, json, run.as_deref())
         }
         Command::Report { run, json, html } => {
-            let l = open_read(&dir)?;
-            note_quarantine(&dir);
+            let l = open_read(dir)?;
+            note_quarantine(dir);
             audit::report(&l, &run, json, html.as_deref())
         }
         Command::Status { run, json, workers } => {
-            let l = open_read(&dir)?;
-            note_quarantine(&dir);
-            let code = runs::status(&l, run.as_deref(), json)?;
+            let l = open_read(dir)?;
+            note_quarantine(dir);
+            let code = status::status(&l, run.as_deref(), json)?;
             if let Some(url) = workers {
                 work::status(&url)?;
             }
@@ -184,65 +256,76 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     format,
                     out,
                 },
-        } => runs::export_dataset(&open_read(&dir)?, &run, cycle, format, &out),
+        } => dataset::export_dataset(&open_read(dir)?, &run, cycle, format, &out),
         Command::Export {
             what: ExportWhat::Tables { runs, out, format },
-        } => export::tables(&open_read(&dir)?, &runs, &out, format),
-        Command::Snapshot { dir: d } => objects::snapshot(&open(&dir)?, &d),
-        Command::Checkout { tree, dir: d } => objects::checkout(&open_read(&dir)?, &tree, &d),
-        Command::Diff { a, b, json } => {
-            let l = open_read(&dir)?;
-            if audit::is_run(&l, &a)? && audit::is_run(&l, &b)? {
-                audit::diff_runs(&l, &a, &b, json)
-            } else {
-                objects::diff(&l, &a, &b, json)
-            }
-        }
+        } => export::tables(&open_read(dir)?, &runs, &out, format),
+        Command::Export {
+            what: ExportWhat::Events { start, out },
+        } => export::events(&open_read(dir)?, start.as_deref(), &out),
+        _ => unreachable!("`run` sends only read commands here"),
+    }
+}
+
+/// Looking after the ledger: verify, stats, reindex, repair, migrate.
+fn maintain_command(dir: &Path, command: Command) -> Result<ExitCode> {
+    match command {
         Command::Verify { log_only, json } => {
             // The index check needs the persistent index, which only the
             // lock holder may open; the log alone can be checked any time.
             let (l, report) = if log_only {
-                let l = open_read(&dir)?;
+                let l = open_read(dir)?;
                 let r = l.recovery().clone();
                 (l, r)
             } else {
-                let (l, r) = Ledger::open_reporting(&dir)
+                let (l, r) = Ledger::open_reporting(dir)
                     .with_context(|| format!("cannot open ledger {}", dir.display()))?;
                 (l, r)
             };
             maintain::verify(&l, &report, !log_only, json)
         }
-        Command::Stats { json } => maintain::stats(&open_read(&dir)?, json),
-        Command::Reindex => maintain::reindex(&dir),
-        Command::Repair { json } => maintain::repair(&dir, json),
-        Command::Migrate { from } => maintain::migrate(&from, &dir),
-        Command::Export {
-            what: ExportWhat::Events { start, out },
-        } => export::events(&open_read(&dir)?, start.as_deref(), &out),
-        Command::Remote { what } => remote::manage(&dir, what),
+        Command::Stats { json } => maintain::stats(&open_read(dir)?, json),
+        Command::Reindex => maintain::reindex(dir),
+        Command::Repair { json } => maintain::repair(dir, json),
+        Command::Migrate { from } => maintain::migrate(&from, dir),
+        _ => unreachable!("`run` sends only maintenance commands here"),
+    }
+}
+
+/// Moving runs between ledgers: remote, push, pull, clone, import.
+fn transfer_command(dir: &Path, command: Command) -> Result<ExitCode> {
+    match command {
+        Command::Remote { what } => remote::manage(dir, what),
         Command::Push {
             remote: r,
             runs,
             quiet,
-        } => remote::push(&dir, r.as_deref(), &runs, quiet),
+        } => remote::push(dir, r.as_deref(), &runs, quiet),
         Command::Pull {
             remote: r,
             runs,
             lazy,
             quiet,
-        } => remote::pull(&dir, r.as_deref(), &runs, lazy, quiet),
+        } => remote::pull(dir, r.as_deref(), &runs, lazy, quiet),
         Command::Clone {
             url,
             dir: d,
             lazy,
             quiet,
         } => remote::clone(&url, &d, lazy, quiet),
-        Command::Rank { file, prior, json } => rank::run(&file, prior, json),
         Command::Import {
             what: ImportWhat::Sakana { run_dir, name },
-        } => import::sakana(&dir, &run_dir, name.as_deref()),
-        Command::Demo { workspace } => demo::run(&dir, workspace.as_deref()),
-        Command::HarnessReplay { rollout, json } => proxy::harness_replay(&dir, &rollout, json),
+        } => import::sakana(dir, &run_dir, name.as_deref()),
+        _ => unreachable!("`run` sends only transfer commands here"),
+    }
+}
+
+/// Tools beside the ledger: rank, demo, harness-replay, proxy, sandbox.
+fn tool_command(dir: &Path, command: Command) -> Result<ExitCode> {
+    match command {
+        Command::Rank { file, prior, json } => rank::run(&file, prior, json),
+        Command::Demo { workspace } => demo::run(dir, workspace.as_deref()),
+        Command::HarnessReplay { rollout, json } => proxy::harness_replay(dir, &rollout, json),
         Command::Proxy {
             listen,
             upstream,
@@ -254,7 +337,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             url_file,
             guards,
         } => proxy::run(
-            &dir,
+            dir,
             &proxy::ProxyOptions {
                 listen,
                 upstream,
@@ -284,6 +367,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             probe,
             command: &command,
         }),
+        _ => unreachable!("`run` sends only tool commands here"),
     }
 }
 

@@ -1,6 +1,7 @@
-//! Run commands: run, resume, replay --check, rejudge, fork (of runs), status,
-//! export dataset. The engine does the work; this file opens the ledger,
-//! renders progress and prints the summary.
+//! Run commands: run, resume, replay --check, rejudge, fork (of runs), runs
+//! rm. The engine does the work; this file opens the ledger and renders
+//! progress; `summary.rs` prints the summary, `status.rs` and `dataset.rs`
+//! hold `mass status` and `mass export dataset`.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -11,15 +12,13 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use engine::context::Progress;
-use engine::cycle::CycleResult;
-use engine::driver::{drive, RunRequest, RunSummary};
-use engine::status::EvaluationFigure;
+use engine::driver::{drive, RunRequest};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ledger::{Id, Ledger};
 use replay::{Mode, SourceRun, MAIN};
 
+use super::summary::print_summary;
 use super::{engine_error, open, resolve, CliError};
-use crate::cli::DatasetFormat;
 
 /// Progress bars: one per stage, under an overall spinner.
 struct Bars {
@@ -419,44 +418,16 @@ pub fn rejudge(
     Ok(code)
 }
 
+/// A run's recorded selections, by (cycle, task).
+type Selections = BTreeMap<(u32, String), schemas::Selection>;
+/// A run's recorded rankings, by (cycle, task).
+type Rankings = BTreeMap<(u32, String), schemas::Ranking>;
+
 /// Per re-judged cycle: runs entering and leaving the training set, rank
 /// changes, and how often the two judges agreed on the pairs both judged.
 fn what_moved(l: &Ledger, source: &str, rejudged: &str, from: u32) -> Result<Vec<String>> {
-    type Sel = BTreeMap<(u32, String), schemas::Selection>;
-    type Rk = BTreeMap<(u32, String), schemas::Ranking>;
-    let load = |run: &str| -> Result<(Sel, Rk)> {
-        let (mut sel, mut rk) = (Sel::new(), Rk::new());
-        if let Some(h) = l.head(run)? {
-            for e in l.chain(h) {
-                let e = e?;
-                match e.kind.as_str() {
-                    "mass.selection" => {
-                        if let Some(x) = schemas::Selection::read(&e) {
-                            let x = x?;
-                            sel.insert((x.cycle, x.task.clone()), x);
-                        }
-                    }
-                    "mass.ranking" => {
-                        let x: schemas::Ranking = schemas::decode_event(&e)?;
-                        rk.insert((x.cycle, x.task.clone()), x);
-                    }
-                    _ => {}
-                }
-            }
-        }
-        Ok((sel, rk))
-    };
-    let (src_sel, src_rk) = load(source)?;
-    let (new_sel, new_rk) = load(rejudged)?;
-    let verdicts =
-        |r: &schemas::Ranking| -> Result<BTreeMap<(ledger::Id, ledger::Id, bool), String>> {
-            let mut m = BTreeMap::new();
-            for j in &r.judgments {
-                let j: schemas::Judgment = schemas::decode_event(&l.get_event(&ledger::Id(j.0))?)?;
-                m.insert((ledger::Id(j.a.0), ledger::Id(j.b.0), j.swapped), j.winner);
-            }
-            Ok(m)
-        };
+    let (src_sel, src_rk) = recorded_choices(l, source)?;
+    let (new_sel, new_rk) = recorded_choices(l, rejudged)?;
     let mut out = Vec::new();
     for ((cycle, task), new) in new_sel.iter().filter(|((c, _), _)| *c >= from) {
         let Some(old) = src_sel.get(&(*cycle, task.clone())) else {
@@ -465,73 +436,137 @@ fn what_moved(l: &Ledger, source: &str, rejudged: &str, from: u32) -> Result<Vec
             ));
             continue;
         };
-        let short = |v: Vec<&schemas::Hash32>| -> String {
-            let mut s: Vec<String> = v
-                .iter()
-                .take(6)
-                .map(|x| x.to_string()[..12].to_string())
-                .collect();
-            if v.len() > 6 {
-                s.push(format!("and {} more", v.len() - 6));
-            }
-            format!("{} [{}]", v.len(), s.join(" "))
-        };
-        let entering: Vec<&schemas::Hash32> = new
-            .train
-            .iter()
-            .filter(|x| !old.train.contains(x))
-            .collect();
-        let leaving: Vec<&schemas::Hash32> = old
-            .train
-            .iter()
-            .filter(|x| !new.train.contains(x))
-            .collect();
-        out.push(format!(
-            "cycle {cycle} {task}: training set {} entering, {} leaving",
-            short(entering),
-            short(leaving)
-        ));
+        out.push(training_set_moves(*cycle, task, old, new));
         if let (Some(a), Some(b)) = (
             src_rk.get(&(*cycle, task.clone())),
             new_rk.get(&(*cycle, task.clone())),
         ) {
-            let moved: Vec<String> = b
-                .runs
-                .iter()
-                .filter_map(|r| {
-                    let was = a.runs.iter().find(|x| x.rollout == r.rollout)?;
-                    (was.rank != r.rank).then(|| {
-                        format!("{} {}->{}", &r.rollout.to_string()[..12], was.rank, r.rank)
-                    })
-                })
-                .collect();
-            let shared = b
-                .runs
-                .iter()
-                .filter(|r| a.runs.iter().any(|x| x.rollout == r.rollout))
-                .count();
-            if shared == 0 {
-                out.push("  no run in common: the new judging picked another champion in the inner loop, so other runs were collected and ranked".into());
-                continue;
-            }
-            let listed = if moved.len() > 8 {
-                format!("{}, and {} more", moved[..8].join(", "), moved.len() - 8)
-            } else if moved.is_empty() {
-                "none".into()
-            } else {
-                moved.join(", ")
-            };
-            out.push(format!("  rank changes: {listed}"));
-            let (va, vb) = (verdicts(a)?, verdicts(b)?);
-            let both: Vec<_> = vb.keys().filter(|k| va.contains_key(k)).collect();
-            let agree = both.iter().filter(|k| va[**k] == vb[**k]).count();
-            out.push(format!(
-                "  verdict agreement with {source}'s judge: {agree}/{} pairs judged by both",
-                both.len()
-            ));
+            ranking_moves(l, source, a, b, &mut out)?;
         }
     }
     Ok(out)
+}
+
+/// The selections and rankings recorded on run `run`'s main stream (none
+/// when there is no such run).
+fn recorded_choices(l: &Ledger, run: &str) -> Result<(Selections, Rankings)> {
+    let (mut sel, mut rk) = (Selections::new(), Rankings::new());
+    if let Some(h) = l.head(run)? {
+        for e in l.chain(h) {
+            let e = e?;
+            match e.kind.as_str() {
+                "mass.selection" => {
+                    if let Some(x) = schemas::Selection::read(&e) {
+                        let x = x?;
+                        sel.insert((x.cycle, x.task.clone()), x);
+                    }
+                }
+                "mass.ranking" => {
+                    let x: schemas::Ranking = schemas::decode_event(&e)?;
+                    rk.insert((x.cycle, x.task.clone()), x);
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok((sel, rk))
+}
+
+/// The line of a cycle and task saying which runs entered and left the
+/// training set between the `old` and `new` selections.
+fn training_set_moves(
+    cycle: u32,
+    task: &str,
+    old: &schemas::Selection,
+    new: &schemas::Selection,
+) -> String {
+    let entering: Vec<&schemas::Hash32> = new
+        .train
+        .iter()
+        .filter(|x| !old.train.contains(x))
+        .collect();
+    let leaving: Vec<&schemas::Hash32> = old
+        .train
+        .iter()
+        .filter(|x| !new.train.contains(x))
+        .collect();
+    format!(
+        "cycle {cycle} {task}: training set {} entering, {} leaving",
+        short_ids(entering),
+        short_ids(leaving)
+    )
+}
+
+/// A count and the first six ids, shortened.
+fn short_ids(v: Vec<&schemas::Hash32>) -> String {
+    let mut s: Vec<String> = v
+        .iter()
+        .take(6)
+        .map(|x| x.to_string()[..12].to_string())
+        .collect();
+    if v.len() > 6 {
+        s.push(format!("and {} more", v.len() - 6));
+    }
+    format!("{} [{}]", v.len(), s.join(" "))
+}
+
+/// Adds to `out` the rank changes from ranking `a` (the source's) to `b`
+/// (the re-judge's) and the judges' agreement on the pairs both judged,
+/// or one line saying the two rankings share no run.
+fn ranking_moves(
+    l: &Ledger,
+    source: &str,
+    a: &schemas::Ranking,
+    b: &schemas::Ranking,
+    out: &mut Vec<String>,
+) -> Result<()> {
+    let moved: Vec<String> = b
+        .runs
+        .iter()
+        .filter_map(|r| {
+            let was = a.runs.iter().find(|x| x.rollout == r.rollout)?;
+            (was.rank != r.rank)
+                .then(|| format!("{} {}->{}", &r.rollout.to_string()[..12], was.rank, r.rank))
+        })
+        .collect();
+    let shared = b
+        .runs
+        .iter()
+        .filter(|r| a.runs.iter().any(|x| x.rollout == r.rollout))
+        .count();
+    if shared == 0 {
+        out.push("  no run in common: the new judging picked another champion in the inner loop, so other runs were collected and ranked".into());
+        return Ok(());
+    }
+    let listed = if moved.len() > 8 {
+        format!("{}, and {} more", moved[..8].join(", "), moved.len() - 8)
+    } else if moved.is_empty() {
+        "none".into()
+    } else {
+        moved.join(", ")
+    };
+    out.push(format!("  rank changes: {listed}"));
+    let (va, vb) = (verdicts(l, a)?, verdicts(l, b)?);
+    let both: Vec<_> = vb.keys().filter(|k| va.contains_key(k)).collect();
+    let agree = both.iter().filter(|k| va[**k] == vb[**k]).count();
+    out.push(format!(
+        "  verdict agreement with {source}'s judge: {agree}/{} pairs judged by both",
+        both.len()
+    ));
+    Ok(())
+}
+
+/// Each judgment of ranking `r`: its winner by (a, b, swapped).
+fn verdicts(
+    l: &Ledger,
+    r: &schemas::Ranking,
+) -> Result<BTreeMap<(ledger::Id, ledger::Id, bool), String>> {
+    let mut m = BTreeMap::new();
+    for j in &r.judgments {
+        let j: schemas::Judgment = schemas::decode_event(&l.get_event(&ledger::Id(j.0))?)?;
+        m.insert((ledger::Id(j.a.0), ledger::Id(j.b.0), j.swapped), j.winner);
+    }
+    Ok(m)
 }
 
 /// Parses `--set KEY=VALUE` items for a fork of a run, refusing keys a fork
@@ -683,7 +718,7 @@ pub fn fork(
 }
 
 /// Runs are refs whose head is on a main stream that starts with `run.started`.
-fn runs(l: &Ledger) -> Result<Vec<(String, Id)>> {
+pub(super) fn runs(l: &Ledger) -> Result<Vec<(String, Id)>> {
     let mut out = Vec::new();
     for (name, head) in l.refs()? {
         if let Ok(ev) = l.get_event(&head) {
@@ -793,486 +828,4 @@ fn go(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<ExitCode> {
     let s = drive(ledger.clone(), req).map_err(engine_error)?;
     print_summary(&s, start.elapsed().as_secs_f64());
     Ok(ExitCode::SUCCESS)
-}
-
-fn print_summary(s: &RunSummary, secs: f64) {
-    let mut out = crate::output::stdout();
-    // A run served entirely from its recording did not run its cycles now.
-    let live: u64 = s
-        .counts
-        .iter()
-        .filter(|((_, how), _)| *how == replay::Served::Live)
-        .map(|(_, n)| n)
-        .sum();
-    let how = if live == 0 && !s.counts.is_empty() {
-        format!("replayed from the ledger in {secs:.1}s (nothing ran live)")
-    } else {
-        format!("in {secs:.0}s")
-    };
-    let _ = writeln!(
-        out,
-        "\nrun {} ({}): {} cycle(s) {how}, head {}",
-        s.run,
-        s.experiment,
-        s.cycles.len(),
-        s.head.map(|h| h.short(12)).unwrap_or_default()
-    );
-    let _ = writeln!(
-        out,
-        "{:>5}  {:>11}  {:>8}  {:>8}  {:>9}  {:>10}  {:>10}  {:>32}  model",
-        "cycle",
-        "inner wins",
-        "selected",
-        "tampered",
-        "tampering",
-        "sup.tokens",
-        "delegation",
-        "held-out W/(W+L) W-L [ties] unit"
-    );
-    for c in &s.cycles {
-        let _ = writeln!(out, "{}", cycle_row(c));
-    }
-    for line in legend() {
-        let _ = writeln!(out, "  {line}");
-    }
-    for c in &s.cycles {
-        for line in evaluation_lines(c) {
-            let _ = writeln!(out, "  {line}");
-        }
-    }
-    // A cycle without training data is a normal outcome; say why.
-    for c in s.cycles.iter().filter(|c| c.selected_runs == 0) {
-        let why = if c.inner_wins == 0 {
-            "no workflow beat the bare-task reference in the inner loop, so no runs were collected"
-        } else {
-            "no collected run was eligible for selection"
-        };
-        let _ = writeln!(
-            out,
-            "cycle {}: no training data ({why}); the model stays {}",
-            c.cycle, c.model
-        );
-    }
-    let mut counts: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
-    for ((kind, how), n) in &s.counts {
-        let e = counts.entry(kind.as_str()).or_default();
-        match how {
-            replay::Served::History => e.0 += n,
-            replay::Served::Source => e.1 += n,
-            replay::Served::Live => e.2 += n,
-        }
-    }
-    let parts: Vec<String> = counts
-        .iter()
-        .map(|(k, (h, s, l))| {
-            format!(
-                "{k}: {l} live, {h} replayed{}",
-                if *s > 0 {
-                    format!(", {s} from source")
-                } else {
-                    String::new()
-                }
-            )
-        })
-        .collect();
-    let _ = writeln!(out, "effects: {}", parts.join("; "));
-}
-
-/// The summary table's held-out cell, with its unit: `61.2% 30-19 [5]
-/// judgments` (W/(W+L) over judgments, wins-losses [ties]), or for a run of
-/// `mass-engine/8` and earlier `70.6% (54-83%) 24-10 [2] pairs` (pair
-/// majority with its 95% Wilson interval).
-fn win_rate_text(e: &EvaluationFigure) -> String {
-    let rate = |r: Option<f64>| r.map_or("n/a".into(), |r| format!("{:.1}%", r * 100.0));
-    if let (Some(w), Some(l), Some(t)) = (e.judgment_wins, e.judgment_losses, e.judgment_ties) {
-        return format!("{} {w}-{l} [{t}] judgments", rate(e.judgment_win_rate));
-    }
-    let (w, l, t) = (e.wins, e.losses, e.ties);
-    match (e.win_rate, e.interval) {
-        (Some(r), Some([lo, hi])) => format!(
-            "{:.1}% ({:.0}-{:.0}%) {w}-{l} [{t}] pairs",
-            r * 100.0,
-            lo * 100.0,
-            hi * 100.0
-        ),
-        _ => format!("n/a {w}-{l} [{t}] pairs"),
-    }
-}
-
-fn judge_name(backend: &str, model: &str, self_judge: bool) -> String {
-    format!(
-        "{backend} ({model}{})",
-        if self_judge { ", self" } else { "" }
-    )
-}
-
-fn percent(rate: Option<f64>) -> String {
-    rate.map_or("n/a".into(), |r| format!("{:.0}%", r * 100.0))
-}
-
-fn cycle_row(c: &CycleResult) -> String {
-    let heldout = c
-        .figures
-        .evaluations
-        .iter()
-        .find(|e| e.split == "heldout" && e.against == "base")
-        .map_or("not evaluated".into(), win_rate_text);
-    format!(
-        "{:>5}  {:>11}  {:>8}  {:>8}  {:>8.0}%  {:>10}  {:>9.0}%  {:>32}  {}",
-        c.cycle,
-        format!("{}/{}", c.inner_wins, c.inner_iterations),
-        c.selected_runs,
-        c.tampered_in_training,
-        c.tamper_rate() * 100.0,
-        c.supervised_tokens,
-        c.delegation_rate() * 100.0,
-        heldout,
-        c.next_model
-    )
-}
-
-/// One line per column of the summary table.
-fn legend() -> Vec<String> {
-    vec![
-        "inner wins: inner-loop steps whose candidate workflow was accepted as the new champion, of all steps".to_string(),
-        "selected: collected runs selected as training or validation examples (both counted)".into(),
-        "tampered: training examples from runs that tampered: recorded tool calls that wrote a protected file or wrote into the report that the checks pass, or a final workspace whose protected files changed".into(),
-        "tampering: share of the cycle's collected runs that tampered (as above), whatever the guards then did".into(),
-        "sup.tokens: assistant tokens supervised in the training and validation examples".into(),
-        "delegation: share of the cycle's collected runs (which carry the champion workflow) whose orchestrator delegated".into(),
-        "held-out: the new model against the base model on held-out tasks (pairs of bare-task runs), by the first external judge (else the run's own judge, marked self below): W/(W+L) over judgments with ties excluded, wins-losses [ties] (the articles' figure; the pair majority is below); runs of mass-engine/8 and earlier: over pairs, a pair won by the majority of its verdicts, with a 95% Wilson interval".into(),
-        "model: the model the next cycle uses".into(),
-    ]
-}
-
-/// The evaluation block: every comparison by every judge, position bias,
-/// judge agreement and delegation in bare runs, each line saying who judged.
-fn evaluation_lines(c: &CycleResult) -> Vec<String> {
-    let f = &c.figures;
-    let mut lines = Vec::new();
-    for e in &f.evaluations {
-        let what = match (e.split.as_str(), e.against.as_str()) {
-            ("heldout", "base") => "held-out vs base".to_string(),
-            ("heldout", "previous") => format!("held-out vs previous ({})", e.baseline),
-            ("train", "base") => "training tasks vs base".to_string(),
-            (s, a) => format!("{s} vs {a}"),
-        };
-        lines.push(format!(
-            "cycle {}: {what}, judged by {}: {}; {}; position bias {} of {} judgment pairs in opposite orders",
-            f.cycle,
-            judge_name(&e.judge, &e.judge_model, e.self_judge),
-            e.describe(None),
-            e.order_text(),
-            percent(e.position_bias),
-            e.swapped
-        ));
-    }
-    if f.evaluations.iter().all(|e| e.self_judge) && !f.evaluations.is_empty() {
-        lines.push(format!(
-            "cycle {}: no external judge is configured: every figure above is the model judging its own runs, not an independent judge",
-            f.cycle
-        ));
-    }
-    for a in &f.agreement {
-        lines.push(format!(
-            "cycle {}: agreement of {} with {}: {} of {} verdicts on the same pairs in the same order",
-            f.cycle,
-            judge_name(&a.judge, &a.judge_model, false),
-            judge_name(&a.other, &a.other_model, false),
-            percent(a.rate),
-            a.compared
-        ));
-    }
-    if !f.bare_delegation.is_empty() {
-        let parts: Vec<String> = f.bare_delegation.iter().map(|d| d.describe()).collect();
-        lines.push(format!(
-            "cycle {}: delegation in bare-task evaluation runs (no workflow): {}",
-            f.cycle,
-            parts.join(", ")
-        ));
-    }
-    lines
-}
-
-pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
-    let list = match run {
-        Some(r) => match l.head(r)? {
-            Some(h) => vec![(r.to_string(), h)],
-            None => bail!(CliError::NotFound(format!(
-                "no run named {r:?} (`mass status` lists runs)"
-            ))),
-        },
-        None => runs(l)?,
-    };
-    // A top-level ref whose head cannot be read is a run (or something)
-    // that cannot be listed: say so and exit 3, never "no runs yet".
-    let mut unreadable = Vec::new();
-    if run.is_none() {
-        for (name, head) in l.refs()? {
-            if name.contains('/') {
-                continue;
-            }
-            if let Err(e) = l.get_event(&head) {
-                unreadable.push(format!(
-                    "{name}: its head {} cannot be read ({e}); `mass verify` names what is damaged, `mass repair` sets it aside",
-                    head.short(12)
-                ));
-            }
-        }
-    }
-    let mut rows = Vec::new();
-    for (name, head) in list {
-        let mut steps = Vec::new();
-        for ev in l.chain(head) {
-            steps.push(ev?);
-        }
-        steps.reverse();
-        let mut st = engine::status::fold_read(l, &steps)?;
-        if let Some(first) = steps.first().filter(|e| e.kind == "run.started") {
-            // A definition that cannot be read leaves the name and plan blank:
-            // status still shows how far the run got.
-            if let Ok((name, cycles)) = engine::status::describe_start(l, first) {
-                st.experiment = name;
-                st.cycles_planned = cycles;
-            }
-        }
-        // A fork that set `cycles` changed the plan.
-        if let Some(c) = st.cycles_override {
-            st.cycles_planned = c;
-        }
-        let pending = engine::status::unfinished_effects(l, &name)?;
-        let never = engine::driver::start_failed(l, &name)?.is_some();
-        rows.push((name, head, st, pending, never));
-    }
-    let mut out = crate::output::stdout();
-    for u in &unreadable {
-        eprintln!("error: {u}");
-    }
-    let code = crate::output::decide(if unreadable.is_empty() { 0 } else { 3 });
-    if json {
-        let v: Vec<_> = rows
-            .iter()
-            .map(|(n, h, st, p, never)| serde_json::json!({"run": n, "head": h.to_hex(), "experiment": st.experiment, "cycles_planned": st.cycles_planned, "cycles_done": st.cycles_done, "last_step": st.last_step, "finished": st.finished, "never_started": never, "forked_from": st.forked_from, "exclusions": st.exclusions, "unfinished_effects": p, "cycles": st.cycles}))
-            .collect();
-        serde_json::to_writer_pretty(&mut out, &v)?;
-        writeln!(out)?;
-        return Ok(code);
-    }
-    if rows.is_empty() && unreadable.is_empty() {
-        writeln!(
-            out,
-            "no runs yet; start one with `mass run examples/smoke.toml`"
-        )?;
-    }
-    for (n, h, st, p, never) in rows {
-        let state = if st.finished {
-            "finished".to_string()
-        } else if never {
-            format!("never started (nothing after run.started; `mass run FILE --ref {n}` with a corrected file replaces it, `mass runs rm {n}` removes it)")
-        } else {
-            "in progress".to_string()
-        };
-        writeln!(
-            out,
-            "{n}: {} — {}/{} cycles, {state}{}; last step: {} (head {})",
-            st.experiment,
-            st.cycles_done,
-            st.cycles_planned,
-            st.forked_from
-                .as_ref()
-                .map(|f| format!(", forked from {f}"))
-                .unwrap_or_default(),
-            st.last_step,
-            h.short(12)
-        )?;
-        if !st.exclusions.is_empty() {
-            let by: Vec<String> = st
-                .exclusions
-                .iter()
-                .map(|(r, k)| format!("{r} {k}"))
-                .collect();
-            writeln!(
-                out,
-                "  excluded from ranking or training data: {}",
-                by.join(", ")
-            )?;
-        }
-        for e in p {
-            writeln!(out, "  unfinished: {e} (`mass resume {n}`)")?;
-        }
-    }
-    Ok(code)
-}
-
-/// What `export dataset` needs of a `mass.dataset` record, of any version.
-struct Exported {
-    cycle: u32,
-    train: schemas::Hash32,
-    validation: schemas::Hash32,
-    train_examples: u32,
-    validation_examples: u32,
-    /// `None`: not recorded (`ledger::NOT_RECORDED`: an imported run has
-    /// no tokenizer).
-    train_supervised_tokens: Option<u64>,
-    validation_supervised_tokens: Option<u64>,
-    /// Version 2 and later: the line provenance blob.
-    provenance: Option<schemas::Hash32>,
-}
-
-pub fn export_dataset(
-    l: &Ledger,
-    run: &str,
-    cycle: u32,
-    format: DatasetFormat,
-    out: &Path,
-) -> Result<ExitCode> {
-    let head = l.head(run)?.ok_or_else(|| {
-        CliError::NotFound(format!("no run named {run:?} (`mass status` lists runs)"))
-    })?;
-    let found = recorded_dataset(l, head, cycle)?;
-    let d = found.with_context(|| {
-        format!(
-            "run {run} has no dataset for cycle {cycle} (`mass status {run}` shows how far it got)"
-        )
-    })?;
-    let train =
-        String::from_utf8(l.get_blob(&Id(d.train.0))?).context("train split is not UTF-8")?;
-    let val = String::from_utf8(l.get_blob(&Id(d.validation.0))?)
-        .context("validation split is not UTF-8")?;
-    // The export check (`leak.rs`): refuse a line that still holds its
-    // run's workflow. A dataset without provenance cannot name its lines'
-    // runs and is exported as recorded, with a note.
-    // An imported run has no engine workflow to check against: its lines
-    // are the conversations as the reference recorded them.
-    let imported = super::import::is_imported(l, head)?;
-    if imported {
-        eprintln!(
-            "note: run {run} was imported from a reference run folder: the export check is not applied \
-             (its lines are the conversations as recorded, the teacher prompt included; the reference \
-             substitutes the bare task prompt when it renders its own data)"
-        );
-    }
-    if let Some(p) = d.provenance.filter(|_| !imported) {
-        let prov = String::from_utf8(l.get_blob(&Id(p.0))?).context("provenance is not UTF-8")?;
-        if let Some(leak) = super::leak::check(l, run, head, &train, &val, &prov)? {
-            return Err(CliError::Conflict(format!(
-                "{leak}; `mass why {}` shows the conversation",
-                leak.conversation
-            ))
-            .into());
-        }
-    }
-    let (train, val) = match format {
-        DatasetFormat::Openai => (train, val),
-        DatasetFormat::Trl => (
-            engine::dataset::openai_to_trl(&train)?,
-            engine::dataset::openai_to_trl(&val)?,
-        ),
-    };
-    let val_path = validation_path(out);
-    std::fs::write(out, &train).with_context(|| format!("cannot write {}", out.display()))?;
-    std::fs::write(&val_path, &val)
-        .with_context(|| format!("cannot write {}", val_path.display()))?;
-    // Every file is written before anything is printed: a reader of the
-    // summary that stops early must not leave the export without its
-    // provenance sidecar.
-    let prov_path = match d.provenance {
-        Some(p) => {
-            let prov_path = sidecar_path(out, "provenance");
-            std::fs::write(&prov_path, l.get_blob(&Id(p.0))?)
-                .with_context(|| format!("cannot write {}", prov_path.display()))?;
-            Some(prov_path)
-        }
-        None => None,
-    };
-    let tokens = |n: Option<u64>| n.map_or_else(|| "not recorded".to_string(), |n| n.to_string());
-    crate::output::outln!(
-        "{}: {} train examples ({} supervised tokens); {}: {} validation examples ({} supervised tokens)",
-        out.display(),
-        d.train_examples,
-        tokens(d.train_supervised_tokens),
-        val_path.display(),
-        d.validation_examples,
-        tokens(d.validation_supervised_tokens)
-    )?;
-    match prov_path {
-        Some(p) => crate::output::outln!(
-            "{}: where each line of both files came from (rollout, conversation, selection, ranking)",
-            p.display()
-        )?,
-        None => crate::output::outln!(
-            "(no line provenance: the workflow check could not run on this dataset)\n\
-             (this dataset was recorded by an older mass, without line provenance)"
-        )?,
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// The `mass.dataset` of `cycle` on the main stream ending at `head` (the
-/// last one recorded for it), of either version (version 1 datasets carry
-/// no provenance).
-fn recorded_dataset(l: &Ledger, head: Id, cycle: u32) -> Result<Option<Exported>> {
-    for ev in l.chain(head) {
-        let ev = ev?;
-        if ev.kind != "mass.dataset" {
-            continue;
-        }
-        let d = if ev.version == 1 {
-            let d: schemas::DatasetV1 = schemas::decode_event(&ev)?;
-            Exported {
-                cycle: d.cycle,
-                train: d.train,
-                validation: d.validation,
-                train_examples: d.train_examples,
-                validation_examples: d.validation_examples,
-                train_supervised_tokens: Some(d.train_supervised_tokens),
-                validation_supervised_tokens: Some(d.validation_supervised_tokens),
-                provenance: None,
-            }
-        } else {
-            let d: schemas::Dataset = schemas::decode_event(&ev)?;
-            if d.cycle != cycle {
-                continue;
-            }
-            let meta = l.get_meta(&ev.id)?;
-            let recorded = |field: &str, n: u64| (!meta.not_recorded(field)).then_some(n);
-            Exported {
-                cycle: d.cycle,
-                train: d.train,
-                validation: d.validation,
-                train_examples: d.train_examples,
-                validation_examples: d.validation_examples,
-                train_supervised_tokens: recorded(
-                    "train_supervised_tokens",
-                    d.train_supervised_tokens,
-                ),
-                validation_supervised_tokens: recorded(
-                    "validation_supervised_tokens",
-                    d.validation_supervised_tokens,
-                ),
-                provenance: Some(d.provenance),
-            }
-        };
-        if d.cycle == cycle {
-            return Ok(Some(d));
-        }
-    }
-    Ok(None)
-}
-
-fn validation_path(out: &Path) -> std::path::PathBuf {
-    sidecar_path(out, "validation")
-}
-
-/// `dir/name.jsonl` -> `dir/name.<what>.jsonl`.
-fn sidecar_path(out: &Path, what: &str) -> std::path::PathBuf {
-    let stem = out
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "dataset".into());
-    let ext = out
-        .extension()
-        .map(|e| format!(".{}", e.to_string_lossy()))
-        .unwrap_or_default();
-    out.with_file_name(format!("{stem}.{what}{ext}"))
 }
