@@ -410,7 +410,13 @@ pub fn rollouts_in(l: &Ledger, run: &str, streams: &[(String, Id)]) -> Result<Ve
             continue;
         }
         let r: Rollout = decode(&ev)?;
-        let meta = l.get_meta(&head)?;
+        // Only a 0 of 0 can be a placeholder (an import lists it as not
+        // recorded): other counts were measured, and their metadata is
+        // not read (a read per rollout of a large run's report).
+        let meta = match r.score_total {
+            0 => l.get_meta(&head)?,
+            _ => ledger::Meta::default(),
+        };
         let guard_excluded = ev
             .parents
             .iter()
