@@ -169,6 +169,11 @@ impl Recorder {
                         }
                     }
                 }
+                // What `record` holds (the wire log, its ledger) is
+                // released before `finish` hears of the end: a caller that
+                // then owns the ledger alone (to close it) must not race
+                // this thread's exit.
+                drop(record);
                 let _ = done_tx.send(result);
             });
         if let Err(e) = spawned {
