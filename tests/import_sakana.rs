@@ -149,19 +149,21 @@ fn an_imported_run_answers_why_report_diff_and_tables() {
         "{diff}"
     );
     let tables = s._tmp.path().join("tables");
-    ok(mass(
-        l,
-        &[
-            "export",
-            "tables",
-            "ref",
-            "ref2",
-            "--out",
-            tables.to_str().unwrap(),
-            "--format",
-            "csv",
-        ],
-    ));
+    export_csv(l, &["ref", "ref2"], &tables);
+    check_two_runs_tables(&tables);
+}
+
+/// `mass export tables RUN... --out DIR --format csv`.
+fn export_csv(l: &Path, runs: &[&str], out: &Path) {
+    let mut args = vec!["export", "tables"];
+    args.extend_from_slice(runs);
+    args.extend(["--out", out.to_str().unwrap(), "--format", "csv"]);
+    ok(mass(l, &args));
+}
+
+/// The tables of the two imported runs of `setup`: their model calls, the
+/// absent workspaces (null, not an id) and the self-judged verdicts.
+fn check_two_runs_tables(tables: &Path) {
     let calls = std::fs::read_to_string(tables.join("model_calls.csv")).expect("model_calls.csv");
     // 8 episodes x 3 chat calls per run; one per episode reported no usage.
     assert_eq!(calls.lines().count(), 1 + 2 * 24, "{calls}");
@@ -564,20 +566,20 @@ fn an_imported_runs_external_verdicts_are_its_evaluation() {
         "{report}"
     );
     let tables = tmp.path().join("tables");
-    ok(mass(
-        &l,
-        &[
-            "export",
-            "tables",
-            "ext",
-            "--out",
-            tables.to_str().unwrap(),
-            "--format",
-            "csv",
-        ],
-    ));
+    export_csv(&l, &["ext"], &tables);
+    check_external_tables(&tables, want.len(), text.lines().count());
+}
+
+/// The tables of a run with external verdicts: `evaluations` rows, and
+/// each of the `verdicts` judgments with this folder's run as `a`, the
+/// other folder's null, and its evaluation named.
+fn check_external_tables(tables: &Path, evaluations_n: usize, verdicts: usize) {
     let evaluations = std::fs::read_to_string(tables.join("evaluations.csv")).expect("csv");
-    assert_eq!(evaluations.lines().count(), 1 + want.len(), "{evaluations}");
+    assert_eq!(
+        evaluations.lines().count(),
+        1 + evaluations_n,
+        "{evaluations}"
+    );
     let judgments = std::fs::read_to_string(tables.join("judgments.csv")).expect("csv");
     let header: Vec<&str> = judgments.lines().next().unwrap().split(',').collect();
     let col = |name: &str| header.iter().position(|c| *c == name).unwrap();
@@ -587,7 +589,7 @@ fn an_imported_runs_external_verdicts_are_its_evaluation() {
         .map(|l| l.split(',').collect::<Vec<_>>())
         .filter(|r| r[col("stage")] == "evaluate")
         .collect();
-    assert_eq!(evaluated.len(), text.lines().count());
+    assert_eq!(evaluated.len(), verdicts);
     for r in &evaluated {
         assert_eq!(r[col("a")].len(), 64, "{r:?}");
         assert_eq!(r[col("b")], "", "the other folder's run is null: {r:?}");
