@@ -646,18 +646,10 @@ impl Table {
         (lo.min(hi), hi)
     }
 
-    /// First object position in `[lo, hi)` whose id is not below `key`
-    /// (compared on `key.len()` bytes).
-    fn lower_bound(&self, key: &[u8], mut lo: usize, mut hi: usize) -> usize {
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if &self.obj_id(mid)[..key.len()] < key {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        lo
+    /// First object position in `[lo, hi)` (a fan-out bucket) whose id is
+    /// not below `key` (compared on `key.len()` bytes).
+    fn lower_bound(&self, key: &[u8], lo: usize, hi: usize) -> usize {
+        crate::probe::lower_bound(key, 1, lo, hi, |p| self.obj_id(p))
     }
 
     fn get(&self, id: &Id) -> Option<ObjLoc> {
@@ -683,21 +675,14 @@ impl Table {
         (u32_at(&self.map, at) as usize, u32_at(&self.map, at + 4))
     }
 
-    fn children(&self, parent: &Id, out: &mut Vec<Id>) {
+    fn children(&self, parent: &Id, out: &mut Vec<(u64, Id)>) {
         let base = self.children_at();
         let key = |i: usize| &self.map[base + i * CHILD_ENTRY..base + i * CHILD_ENTRY + 32];
-        let (mut lo, mut hi) = (0, self.n_children);
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if key(mid) < &parent.0[..] {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
+        let mut lo = crate::probe::lower_bound(&parent.0, 0, 0, self.n_children, key);
         while lo < self.n_children && key(lo) == parent.0 {
             let c = u32_at(&self.map, base + lo * CHILD_ENTRY + 32) as usize;
-            out.push(self.obj(c).0);
+            let (id, loc) = self.obj(c);
+            out.push((loc.map_or(u64::MAX, |l| l.ordinal), id));
             lo += 1;
         }
     }
@@ -920,14 +905,16 @@ impl Index {
     }
 
     /// Events that link to `id` as prev, parent or ref (any order).
-    pub fn referrers(&self, id: &Id) -> Vec<Id> {
+    /// The events linking `id`, each with its ordinal (where it is in the
+    /// log; `u64::MAX` when its table holds no location for it).
+    pub fn referrers(&self, id: &Id) -> Vec<(u64, Id)> {
         let mut out = Vec::new();
         for t in self.tables().iter() {
             t.children(id, &mut out);
         }
         let m = self.mem();
         if let Some(v) = m.by_parent.get(id) {
-            out.extend(v.iter().map(|&i| m.objs[i].0));
+            out.extend(v.iter().map(|&i| (m.objs[i].1.ordinal, m.objs[i].0)));
         }
         out
     }
@@ -1162,7 +1149,8 @@ mod tests {
             vec![Id([6; 32]), Id([4; 32]), Id([3; 32]), Id([2; 32])]
         );
         assert_eq!(last.2, vec![Id([4; 32]), Id([2; 32])]);
-        assert_eq!(last.3, vec![Id([4; 32]), Id([6; 32])]);
+        // Each referrer with its ordinal, from the memtable and from tables alike.
+        assert_eq!(last.3, vec![(3, Id([4; 32])), (5, Id([6; 32]))]);
         assert!(idx.tables().len() <= 2, "tables merge");
         // Reopened from disk (as a reader), the answers are the same.
         let end = idx.end();

@@ -32,6 +32,7 @@ mod index;
 mod migrate;
 mod object;
 mod open;
+mod probe;
 mod recovery;
 mod segment;
 /// The largest object body a ledger stores (for writers that check their

@@ -29,7 +29,7 @@
 //! reads the committed prefix of the log into an in-memory index, so it works
 //! while another process writes, on a read-only copy, and past damage.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File};
 
 use std::os::unix::fs::FileExt;
@@ -148,8 +148,9 @@ struct Writer {
     /// and dedup consult this besides the index, which holds only durable
     /// objects.
     unsynced: HashMap<Id, (ObjectKind, u64)>,
-    /// Every ref's head at `durable_end`: what readers see.
-    durable_heads: HashMap<String, Id>,
+    /// Every ref's head at `durable_end`: what readers see. Ordered, so a
+    /// run's refs are a range (`refs_under`), not a sort of every ref.
+    durable_heads: BTreeMap<String, Id>,
     /// Refs moved by groups not yet durable: the last such group.
     moving: HashMap<String, u64>,
     /// The end of the last durable (and published) group.
@@ -533,7 +534,7 @@ impl Ledger {
                 heads: heads.clone(),
                 head_info: HashMap::new(),
                 unsynced: HashMap::new(),
-                durable_heads: heads,
+                durable_heads: heads.into_iter().collect(),
                 moving: HashMap::new(),
                 durable_end: (seg_no, offset),
                 poisoned: None,
@@ -694,14 +695,28 @@ impl Ledger {
 
     /// All refs, sorted by name.
     pub fn refs(&self) -> Result<Vec<(String, Id)>> {
-        let mut v: Vec<(String, Id)> = self
+        Ok(self
             .lock_writer()?
             .durable_heads
             .iter()
             .map(|(k, v)| (k.clone(), *v))
-            .collect();
-        v.sort();
-        Ok(v)
+            .collect())
+    }
+
+    /// The refs whose names start with `prefix` (a run's streams: `RUN/`),
+    /// sorted by name: [`Ledger::refs`] without copying and sorting every
+    /// other ref of the ledger.
+    pub fn refs_under(&self, prefix: &str) -> Result<Vec<(String, Id)>> {
+        Ok(self
+            .lock_writer()?
+            .durable_heads
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect())
     }
 
     fn lock_writer(&self) -> Result<MutexGuard<'_, Writer>> {
@@ -1025,12 +1040,9 @@ impl Ledger {
     /// rollouts, trees, blobs). An index lookup, not a scan: what audits
     /// walk backwards ("which judgments name this rollout").
     pub fn referrers(&self, id: &Id) -> Result<Vec<Id>> {
-        let out = self.idx.referrers(id);
-        let mut with_ord = Vec::with_capacity(out.len());
-        for c in out {
-            let ord = self.locate(&c)?.map(|l| l.ordinal).unwrap_or(u64::MAX);
-            with_ord.push((ord, c));
-        }
+        // In log order, by the ordinal the index keeps beside each link (a
+        // lookup of each referrer's location was most of the cost).
+        let mut with_ord = self.idx.referrers(id);
         with_ord.sort();
         Ok(with_ord.into_iter().map(|(_, c)| c).collect())
     }
@@ -1125,12 +1137,11 @@ impl Ledger {
     /// be compared with refs that no later commit has moved.
     pub(crate) fn committed_end_and_refs(&self) -> Result<(LogEnd, Vec<(String, Id)>)> {
         let w = self.lock_writer()?;
-        let mut refs: Vec<(String, Id)> = w
+        let refs: Vec<(String, Id)> = w
             .durable_heads
             .iter()
             .map(|(k, v)| (k.clone(), *v))
             .collect();
-        refs.sort();
         Ok((w.durable_end, refs))
     }
 
@@ -1607,7 +1618,12 @@ impl Ledger {
                 }
                 IndexItem::Ref { name, new } => {
                     match new {
-                        Some(new) => set(&mut w.durable_heads, name, *new),
+                        Some(new) => match w.durable_heads.get_mut(name) {
+                            Some(slot) => *slot = *new,
+                            None => {
+                                w.durable_heads.insert(name.clone(), *new);
+                            }
+                        },
                         None => {
                             w.durable_heads.remove(name);
                         }
