@@ -84,9 +84,32 @@ pub fn closes(ev: &Event) -> Option<(u32, Stage)> {
         "mass.evaluation" | "mass.cycle" => Stage::Evaluate,
         _ => return None,
     };
+    Some((cycle_of(ev)?, stage))
+}
+
+/// The `cycle` field of a ranking, selection, dataset, training,
+/// evaluation or cycle record: decoded as its type when it is the current
+/// version, else read from its JSON description (any older version). The
+/// description builds the whole record as JSON, which made the report's
+/// time per stage a sizable part of a large run's report.
+fn cycle_of(ev: &Event) -> Option<u32> {
+    macro_rules! typed {
+        ($($t:ty),*) => {$(
+            if ev.kind == <$t as schemas::Record>::KIND && ev.version == <$t as schemas::Record>::VERSION {
+                return schemas::decode_event::<$t>(ev).ok().map(|r| r.cycle);
+            }
+        )*};
+    }
+    typed!(
+        schemas::Ranking,
+        schemas::Selection,
+        schemas::Dataset,
+        schemas::Training,
+        schemas::Evaluation,
+        schemas::Cycle
+    );
     let v = schemas::describe(&ev.kind, ev.version, &ev.payload).ok()?;
-    let cycle = v.get("cycle")?.as_u64()?;
-    Some((u32::try_from(cycle).ok()?, stage))
+    u32::try_from(v.get("cycle")?.as_u64()?).ok()
 }
 
 /// The notes a cycle's stages record (`stages/`): their texts are part of
