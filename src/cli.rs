@@ -297,6 +297,11 @@ pub enum Command {
         /// (inline SVG; opens offline) to FILE.
         #[arg(long, value_name = "FILE")]
         html: Option<PathBuf>,
+        /// Fold every stream of the run again from the ledger instead of
+        /// reading the facts kept by earlier reports (the report
+        /// projection, `LEDGER/cache/report/`), and keep the new ones.
+        #[arg(long)]
+        fresh: bool,
     },
     /// Where runs stand.
     Status {

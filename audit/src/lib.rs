@@ -20,7 +20,7 @@
 //! rollout's task that ran the workflow before the rollout (in log order),
 //! the last one an accepted promotion names as its candidate.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use ledger::{Event, Id, Ledger};
@@ -35,6 +35,7 @@ use engine::error::{EngineError, Result};
 
 pub mod data;
 pub mod diff;
+mod facts;
 pub mod html;
 pub mod report;
 
@@ -216,6 +217,12 @@ fn referrers_of<T: Decodable>(l: &Ledger, id: &Id) -> Result<Vec<(Event, T)>> {
 /// `mass report` at 100k events put half its time in that listing).
 struct Decisions<'l> {
     l: &'l Ledger,
+    /// Every ranking and every selection event of the ledger, from the
+    /// index's list by kind (no event read): a referrer of a rollout that
+    /// is in neither (its judgments, the next event of its stream) is
+    /// skipped unread. Reading each to learn its kind read every judgment
+    /// of a run again (most of a report that reads kept stream facts).
+    kinds: Option<(HashSet<Id>, HashSet<Id>)>,
     /// A referrer's ranking, or `None` for an event of another kind.
     rankings: HashMap<Id, Option<Rc<(Event, Ranking)>>>,
     /// The selections naming an id (`selections_of`).
@@ -226,15 +233,34 @@ impl<'l> Decisions<'l> {
     fn new(l: &'l Ledger) -> Self {
         Decisions {
             l,
+            kinds: None,
             rankings: HashMap::new(),
             selections: HashMap::new(),
         }
+    }
+
+    /// The ids of every ranking and every selection, listed once.
+    fn kinds(&mut self) -> Result<&(HashSet<Id>, HashSet<Id>)> {
+        if self.kinds.is_none() {
+            let of = |k: &str| -> Result<HashSet<Id>> {
+                Ok(self
+                    .l
+                    .events_newest_first(Some(k), usize::MAX)?
+                    .into_iter()
+                    .collect())
+            };
+            self.kinds = Some((of(Ranking::KIND)?, of(Selection::KIND)?));
+        }
+        Ok(self.kinds.get_or_insert_with(Default::default))
     }
 
     /// As `referrers_of::<Ranking>`, in log order.
     fn rankings_of(&mut self, id: &Id) -> Result<Vec<Rc<(Event, Ranking)>>> {
         let mut out = Vec::new();
         for r in self.l.referrers(id)? {
+            if !self.kinds()?.0.contains(&r) {
+                continue;
+            }
             let hit = match self.rankings.get(&r) {
                 Some(h) => h.clone(),
                 None => {
@@ -254,12 +280,23 @@ impl<'l> Decisions<'l> {
         Ok(out)
     }
 
-    /// As `selections_of`.
+    /// As `selections_of`, reading only the referrers that are selections.
     fn selections_of(&mut self, id: &Id) -> Result<Rc<Vec<(Event, Selection)>>> {
         if let Some(s) = self.selections.get(id) {
             return Ok(s.clone());
         }
-        let s = Rc::new(selections_of(self.l, id)?);
+        let mut found = Vec::new();
+        for r in self.l.referrers(id)? {
+            if !self.kinds()?.1.contains(&r) {
+                continue;
+            }
+            let ev = self.l.get_event(&r)?;
+            if let Some(s) = Selection::read(&ev) {
+                let s = s.map_err(|e| EngineError::recording("mass.selection", e))?;
+                found.push((ev, s));
+            }
+        }
+        let s = Rc::new(found);
         self.selections.insert(*id, s.clone());
         Ok(s)
     }
@@ -356,7 +393,7 @@ pub fn find_rollout(l: &Ledger, what: &str) -> Result<Id> {
 pub fn run_streams(l: &Ledger, run: &str) -> Result<Vec<(String, Id)>> {
     let prefix = format!("{run}/");
     let mut out = Vec::new();
-    for (name, head) in l.refs()? {
+    for (name, head) in l.refs_under(&prefix)? {
         let Some(rel) = name.strip_prefix(&prefix) else {
             continue;
         };
@@ -401,33 +438,27 @@ pub fn rollouts(l: &Ledger, run: &str) -> Result<Vec<RolloutRow>> {
 /// [`rollouts`] given the run's streams (as [`run_streams`] lists them), for
 /// a caller that has them already: listing them reads every stream's head.
 pub fn rollouts_in(l: &Ledger, run: &str, streams: &[(String, Id)]) -> Result<Vec<RolloutRow>> {
+    let mut heads = Vec::new();
+    for &(_, head) in streams {
+        if let Some(r) = facts::rollout_head(l, &l.get_event(&head)?)? {
+            heads.push((head, r));
+        }
+    }
+    rollouts_of(l, run, heads.iter().map(|(id, r)| (*id, r)))
+}
+
+/// [`rollouts_in`] given what each rollout head says of itself
+/// ([`facts::rollout_head`]): looks up the run's rankings and selections.
+pub(crate) fn rollouts_of<'a>(
+    l: &Ledger,
+    run: &str,
+    heads: impl Iterator<Item = (Id, &'a facts::RolloutHead)>,
+) -> Result<Vec<RolloutRow>> {
     let mut out = Vec::new();
     let mut members = RunMembers::new(l, run);
     let mut decisions = Decisions::new(l);
-    for &(_, head) in streams {
-        let ev = l.get_event(&head)?;
-        if ev.kind != <Rollout as Decodable>::KIND {
-            continue;
-        }
-        let r: Rollout = decode(&ev)?;
-        // Only a 0 of 0 can be a placeholder (an import lists it as not
-        // recorded): other counts were measured, and their metadata is
-        // not read (a read per rollout of a large run's report).
-        let meta = match r.score_total {
-            0 => l.get_meta(&head)?,
-            _ => ledger::Meta::default(),
-        };
-        let guard_excluded = ev
-            .parents
-            .iter()
-            .map(|p| l.get_event(p))
-            .collect::<std::result::Result<Vec<_>, _>>()?
-            .into_iter()
-            .filter(|p| p.kind == <GuardCheck as Decodable>::KIND)
-            .map(|g| decode::<GuardCheck>(&g))
-            .collect::<Result<Vec<_>>>()?
-            .iter()
-            .any(|g| !g.violations.is_empty() && g.action == "exclude");
+    for (head, r) in heads {
+        let guard_excluded = r.guard_excluded;
         // A rollout shared with another run (a fork, a re-judge) may be
         // ranked and selected there too: only this run's decisions count.
         let mut ranked = None;
@@ -483,9 +514,9 @@ pub fn rollouts_in(l: &Ledger, run: &str, streams: &[(String, Id)]) -> Result<Ve
                 }
                 .to_string()
             },
-            checks_passed: recorded(&meta, "score_passed", r.score_passed),
-            checks_total: recorded(&meta, "score_total", r.score_total),
-            model: r.orchestrator_model.clone(),
+            checks_passed: r.checks_passed,
+            checks_total: r.checks_total,
+            model: r.model.clone(),
             score: me.as_ref().map(|m| m.score),
             rank: me.as_ref().map(|m| m.rank),
             selection,

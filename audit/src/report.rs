@@ -13,12 +13,11 @@
 use std::collections::BTreeMap;
 
 use ledger::{Event, Id, Ledger};
-use schemas::{
-    Decodable, Effect, EffectStatus, Judgment, Promotion, ProposalRecord, Rollout, Selection,
-    TrainStep, Training,
-};
+use schemas::{Decodable, Promotion, ProposalRecord, Rollout, Selection, TrainStep, Training};
 use serde::Serialize;
 
+pub use super::facts::Mode;
+use super::facts::{Facts, KeptFile, Projection};
 use super::{decode, id_of};
 use engine::error::{EngineError, Result};
 use engine::status::CycleFigures;
@@ -316,6 +315,12 @@ fn changed_lines(a: &[String], b: &[String]) -> u32 {
 }
 
 pub fn report(l: &Ledger, run: &str) -> Result<Report> {
+    report_with(l, run, Mode::Off)
+}
+
+/// [`report`], reading and keeping the run's stream facts as `mode` says
+/// (the report projection, `facts`).
+pub fn report_with(l: &Ledger, run: &str, mode: Mode) -> Result<Report> {
     let head = l
         .head(run)?
         .ok_or_else(|| EngineError::Invalid(format!("no run named {run:?}")))?;
@@ -329,10 +334,13 @@ pub fn report(l: &Ledger, run: &str) -> Result<Report> {
         .collect();
     walltimes(l, &main, &mut cycles)?;
     trainings(&main, &mut cycles)?;
-    let streams = super::run_streams(l, run)?;
-    bt_scores(l, run, &streams, &mut cycles)?;
+    let file = KeptFile::read(l, run, mode);
+    let kept = file.as_ref().and_then(|f| f.entries()).unwrap_or_default();
+    let mut projection = Projection::open(l, run, mode, kept);
+    let streams = projection.run_streams(l, run)?;
+    bt_scores(l, run, projection.used(), &mut cycles)?;
     exclusions(l, &main, &mut cycles)?;
-    for (rel, h) in streams {
+    for ((rel, h), (_, facts)) in streams.iter().zip(projection.used()) {
         let rel = rel.as_str();
         let Some((cycle, stage)) = stage_of(rel) else {
             continue;
@@ -340,8 +348,10 @@ pub fn report(l: &Ledger, run: &str) -> Result<Report> {
         let Some(c) = cycles.get_mut(&cycle) else {
             continue;
         };
-        stream_figures(l, rel, stage, h, c)?;
+        add_facts(facts, stage, c);
+        stream_extras(l, rel, stage, *h, c)?;
     }
+    projection.close();
     for c in cycles.values_mut() {
         c.inner.sort_by(|a, b| a.task.cmp(&b.task));
         c.position.sort_by(|a, b| a.task.cmp(&b.task));
@@ -451,19 +461,39 @@ fn exclusions(l: &Ledger, main: &[Event], cycles: &mut BTreeMap<u32, CycleReport
     Ok(())
 }
 
-/// What one stream of the run (`rel`, counted toward `stage`) adds to its
-/// cycle: its model calls' usage, the trainer's metrics, and, for a task's
-/// inner-loop decisions stream, the promotions.
-fn stream_figures(l: &Ledger, rel: &str, stage: &str, h: Id, c: &mut CycleReport) -> Result<()> {
+/// What one stream's facts (`rel`, counted toward `stage`) add to its
+/// cycle: its model calls' usage and template parity, and its verdicts by
+/// the position their winner was shown in (judge streams).
+fn add_facts(f: &Facts<'_>, stage: &str, c: &mut CycleReport) {
+    if let Some(s) = c.stages.iter_mut().find(|s| s.stage == stage) {
+        let (prompt, completion) = f.tokens();
+        s.model_calls += f.calls();
+        s.prompt_tokens += prompt;
+        s.completion_tokens += completion;
+    }
+    f.each_parity(|model, calls, equal| {
+        let t = c.template_parity.entry(model.to_string()).or_default();
+        t.calls += calls;
+        t.equal += equal;
+    });
+    if stage == "judge" {
+        f.each_verdict(|task, winner, swapped| count_position(task, winner, swapped, c));
+    }
+}
+
+/// What a train, inner-loop decisions or optimizer stream adds beyond its
+/// facts: the trainer's metrics, the promotions, the failed proposals.
+/// Other streams are not read again.
+fn stream_extras(l: &Ledger, rel: &str, stage: &str, h: Id, c: &mut CycleReport) -> Result<()> {
     let is_decisions = rel.ends_with("/inner") && rel.matches('/').count() == 2;
     let is_optimizer = rel.ends_with("/optimizer");
+    if !(stage == "train" || is_decisions || is_optimizer) {
+        return Ok(());
+    }
     let mut promotions = Vec::new();
     let mut proposals = Vec::new();
     for ev in l.chain(h) {
         let ev = ev?;
-        if ev.kind == <Effect as Decodable>::KIND && ev.version == <Effect as Decodable>::VERSION {
-            count_model_call(l, &ev, stage, c)?;
-        }
         if stage == "train" && ev.kind == <TrainStep as Decodable>::KIND {
             let t: TrainStep = decode(&ev)?;
             // The starting model's loss, measured before the first step,
@@ -483,9 +513,6 @@ fn stream_figures(l: &Ledger, rel: &str, stage: &str, h: Id, c: &mut CycleReport
         }
         if is_optimizer && ev.kind == <ProposalRecord as Decodable>::KIND {
             proposals.push(decode::<ProposalRecord>(&ev)?);
-        }
-        if stage == "judge" && ev.kind == <Judgment as Decodable>::KIND {
-            count_position(&decode::<Judgment>(&ev)?, c);
         }
     }
     if let (false, Some(last)) = (proposals.iter().any(|p| p.valid), proposals.first()) {
@@ -509,17 +536,14 @@ fn stream_figures(l: &Ledger, rel: &str, stage: &str, h: Id, c: &mut CycleReport
 /// `c.position` is kept sorted by task and searched by halves: a scan per
 /// verdict made a run's report quadratic in its tasks (verdicts x tasks
 /// string comparisons, the bulk of a 1M-event report).
-fn count_position(j: &Judgment, c: &mut CycleReport) {
-    let i = match c
-        .position
-        .binary_search_by(|t| t.task.as_str().cmp(&j.task))
-    {
+fn count_position(task: &str, winner: &str, swapped: bool, c: &mut CycleReport) {
+    let i = match c.position.binary_search_by(|t| t.task.as_str().cmp(task)) {
         Ok(i) => i,
         Err(i) => {
             c.position.insert(
                 i,
                 TaskPosition {
-                    task: j.task.clone(),
+                    task: task.to_string(),
                     ..TaskPosition::default()
                 },
             );
@@ -529,59 +553,32 @@ fn count_position(j: &Judgment, c: &mut CycleReport) {
     let t = &mut c.position[i];
     // `winner` names the run (`a` or `b` of the record); shown swapped,
     // run `b` was Workspace A.
-    match (j.winner.as_str(), j.swapped) {
+    match (winner, swapped) {
         ("a", false) | ("b", true) => t.first_shown += 1,
         ("a", true) | ("b", false) => t.second_shown += 1,
         ("tie", _) => t.ties += 1,
         _ => return,
     }
     t.verdicts += 1;
-    t.swapped += u32::from(j.swapped);
-}
-
-/// Adds an effect event's usage to its stage, when it is a model call that
-/// succeeded.
-fn count_model_call(l: &Ledger, ev: &Event, stage: &str, c: &mut CycleReport) -> Result<()> {
-    let e: Effect = decode(ev)?;
-    // Model calls are recorded as `model` (team), `judge` and
-    // `optimizer` effects; each output carries the usage.
-    let call = matches!(e.effect.as_str(), "model" | "judge" | "optimizer");
-    if let (true, Some(output)) = (call && e.status == EffectStatus::Ok, e.output) {
-        let f = OutputFigures::of(&l.get_blob(&id_of(output))?)?;
-        if let Some(s) = c.stages.iter_mut().find(|s| s.stage == stage) {
-            s.model_calls += 1;
-            s.prompt_tokens += f.prompt_tokens.unwrap_or(0);
-            s.completion_tokens += f.completion_tokens.unwrap_or(0);
-        }
-        // Counted on the trainer's side too: does the server render the
-        // prompt as the trainer does?
-        if let Some(model) = f.trainer_model {
-            let p = c.template_parity.entry(model).or_default();
-            p.calls += 1;
-            if f.prompt_tokens.is_some() && f.trainer_prompt_tokens == f.prompt_tokens {
-                p.equal += 1;
-            }
-        }
-    }
-    Ok(())
+    t.swapped += u32::from(swapped);
 }
 
 /// What the report reads of a model call's output: the usage, and the
 /// trainer's count of the prompt when there is one. Numbers that are not
 /// unsigned integers (and names that are not strings) count as absent.
 #[derive(Debug, Default, PartialEq)]
-struct OutputFigures {
-    prompt_tokens: Option<u64>,
-    completion_tokens: Option<u64>,
-    trainer_model: Option<String>,
-    trainer_prompt_tokens: Option<u64>,
+pub(crate) struct OutputFigures {
+    pub(crate) prompt_tokens: Option<u64>,
+    pub(crate) completion_tokens: Option<u64>,
+    pub(crate) trainer_model: Option<String>,
+    pub(crate) trainer_prompt_tokens: Option<u64>,
 }
 
 impl OutputFigures {
     /// Parsed into the engine's output shape when it is one (no JSON tree
     /// built: this runs for every model call of a run), else read from
     /// the JSON tree, as leniently as before.
-    fn of(bytes: &[u8]) -> Result<OutputFigures> {
+    pub(crate) fn of(bytes: &[u8]) -> Result<OutputFigures> {
         #[derive(serde::Deserialize)]
         struct Usage {
             prompt_tokens: u64,
@@ -648,10 +645,16 @@ fn inner_task(l: &Ledger, task: String, promotions: Vec<Promotion>) -> Result<In
 fn bt_scores(
     l: &Ledger,
     run: &str,
-    streams: &[(String, Id)],
+    streams: &[(Id, Facts<'_>)],
     cycles: &mut BTreeMap<u32, CycleReport>,
 ) -> Result<()> {
-    for r in super::rollouts_in(l, run, streams)? {
+    let mut heads = Vec::new();
+    for (id, f) in streams {
+        if let Some(r) = f.rollout()? {
+            heads.push((*id, r));
+        }
+    }
+    for r in super::rollouts_of(l, run, heads.iter().map(|(id, r)| (*id, r)))? {
         let (Some(score), Some(c)) = (r.score, cycles.get_mut(&r.cycle)) else {
             continue;
         };
@@ -756,18 +759,7 @@ mod tests {
             let task = format!("t{}", x % 37);
             let winner = ["a", "b", "tie", "bogus"][(x >> 8) as usize % 4];
             let swapped = (x >> 12) & 1 == 1;
-            let j = schemas::Judgment {
-                task: task.clone(),
-                a: schemas::Hash32([0; 32]),
-                b: schemas::Hash32([0; 32]),
-                swapped,
-                judge_model: String::new(),
-                winner: winner.into(),
-                rationale: String::new(),
-                invalid_attempts: 0,
-                conversation: schemas::Hash32([0; 32]),
-            };
-            super::count_position(&j, &mut c);
+            super::count_position(&task, winner, swapped, &mut c);
             let o = oracle.entry(task).or_default();
             match (winner, swapped) {
                 ("a", false) | ("b", true) => o[0] += 1,

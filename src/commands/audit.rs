@@ -769,13 +769,23 @@ fn write_parity(
 }
 
 /// `mass report RUN`.
-pub fn report(l: &Ledger, run: &str, json: bool, html: Option<&Path>) -> Result<ExitCode> {
+pub fn report(
+    l: &Ledger,
+    run: &str,
+    json: bool,
+    html: Option<&Path>,
+    fresh: bool,
+) -> Result<ExitCode> {
     if !is_run(l, run)? {
         anyhow::bail!(super::CliError::NotFound(format!(
             "no run named {run:?} (`mass status` lists runs)"
         )));
     }
-    let r = audit::report::report(l, run).map_err(super::engine_error)?;
+    let mode = match fresh {
+        true => audit::report::Mode::Fresh,
+        false => audit::report::Mode::Kept,
+    };
+    let r = audit::report::report_with(l, run, mode).map_err(super::engine_error)?;
     if let Some(path) = html {
         std::fs::write(path, audit::html::render(&r))
             .with_context(|| format!("cannot write the HTML report to {}", path.display()))?;

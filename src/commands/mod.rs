@@ -234,10 +234,15 @@ fn read_command(dir: &Path, command: Command) -> Result<ExitCode> {
             note_quarantine(dir);
             audit::why(&l, &id, json, run.as_deref())
         }
-        Command::Report { run, json, html } => {
+        Command::Report {
+            run,
+            json,
+            html,
+            fresh,
+        } => {
             let l = open_read(dir)?;
             note_quarantine(dir);
-            audit::report(&l, &run, json, html.as_deref())
+            audit::report(&l, &run, json, html.as_deref(), fresh)
         }
         Command::Status { run, json, workers } => {
             let l = open_read(dir)?;
