@@ -75,6 +75,16 @@ pub struct RolloutFacts {
     pub subagent_model: String,
     /// Final workspace tree (`mass checkout` it) and the checks' output blob.
     pub tree: String,
+    /// Where a stand-in `tree` came from (`ledger::TREE_FROM`: an imported
+    /// run's workspace is its run folder's at import, not proven to be the
+    /// workspace at the episode's end); `None` (left out of the JSON) for a
+    /// tree the run recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tree_from: Option<String>,
+    /// The tree's paths whose bytes were scrubbed of a credential
+    /// (`ledger::TREE_SCRUBBED`); left out of the JSON when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tree_scrubbed: Vec<String>,
     pub validation: String,
     pub report: String,
 }
@@ -691,6 +701,8 @@ fn rollout_facts(id: &Id, ev: &Event, r: &Rollout, meta: &ledger::Meta) -> Rollo
         orchestrator_model: r.orchestrator_model.clone(),
         subagent_model: r.subagent_model.clone(),
         tree: hex(&id_of(r.tree)),
+        tree_from: meta.tree_from().map(str::to_string),
+        tree_scrubbed: meta.tree_scrubbed(),
         validation: hex(&id_of(r.validation)),
         report: r.report.clone(),
     }

@@ -215,7 +215,7 @@ pub const ROLLOUTS: TableDef = TableDef {
             "completion_tokens",
             "completion tokens over all its model calls",
         ),
-        s("tree", "the final workspace (`mass checkout TREE DIR`)"),
+        s("tree", "the final workspace (`mass checkout TREE DIR`); of an imported run, its run folder's at import (`tree_from` in the rollout's metadata), not proven to be the workspace at the episode's end; null: not recorded"),
         s("validation", "blob of the checks' output"),
         s("orchestrator", "the orchestrator stream's head"),
         i("subagents", "subagent streams"),
