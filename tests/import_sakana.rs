@@ -741,10 +741,12 @@ fn review_an_import_by_an_older_mass_is_said_to_lack_the_marks() {
 /// Review finding (a stage no step closed): the reference writes
 /// `selected_checkpoint.json` only after training ran to its end; without
 /// it the import records no training and no note closes the train stage,
-/// so `report` shows the train stage at a measured-looking `0.0` s while
-/// its time (if the reference trained at all) is unknown.
+/// and `report` showed the train stage at a measured-looking `0.0` s while
+/// its time (if the reference trained at all) is unknown. A stage no step
+/// of an imported run closed is now unknown in every reader
+/// (`audit::report::unclosed_stage_seconds`); the import records nothing
+/// new (no "not trained" claim it cannot know).
 #[test]
-#[ignore = "review finding, not fixed: the import closes no train stage without selected_checkpoint.json"]
 fn review_an_imported_run_without_training_shows_no_zero_train_time() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let ledger = tmp.path().join("ledger");
@@ -761,6 +763,20 @@ fn review_an_imported_run_without_training_shows_no_zero_train_time() {
         .find(|s| s["stage"] == "train")
         .expect("train");
     assert!(train["wall_seconds"].is_null(), "{train}");
+    // Said so in the text and the tables too, never 0.
+    let report = ok(mass(&ledger, &["report", "ref"]));
+    let line = report
+        .lines()
+        .find(|l| l.trim_start().starts_with("train "))
+        .expect("a train line");
+    assert!(line.trim_end().ends_with("unknown"), "{report}");
+    let tables = tmp.path().join("tables");
+    export_csv(&ledger, &["ref"], &tables);
+    let stages = std::fs::read_to_string(tables.join("stages.csv")).expect("stages.csv");
+    let names = column(&stages, "stage");
+    let walls = column(&stages, "wall_seconds");
+    let at = names.iter().position(|s| s == "train").expect("train row");
+    assert_eq!(walls[at], "", "{stages}");
 }
 
 /// Review finding: `mass show` of an imported step printed its stand-in
