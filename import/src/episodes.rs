@@ -153,6 +153,11 @@ pub fn import(
 /// episode's end (nothing in the folder fixes its state then).
 pub const RUN_FOLDER_AT_IMPORT: &str = "run folder at import";
 
+/// The longest `ledger::TREE_SCRUBBED` list, in bytes of JSON: an event's
+/// metadata is held whole in memory by every reader and capped by the
+/// ledger (16 MiB); a real workspace names a handful of files.
+const MAX_SCRUBBED_LIST: usize = 1 << 20;
+
 /// The workspace's tree with every file's bytes scrubbed (the blobs added
 /// to `o`), and the rollout's marks: where the tree came from and, when a
 /// file's bytes changed, which (a scrubbed file is not the folder's).
@@ -185,6 +190,18 @@ fn workspace_tree(
         let list = serde_json::to_string(&scrubbed).map_err(|e| ledger::LedgerError::Index {
             detail: format!("cannot encode metadata: {e}"),
         })?;
+        // Every changed file is named or the import is refused: a list
+        // cut short would leave files marked as the folder's that are not.
+        if list.len() > MAX_SCRUBBED_LIST {
+            return Err(ImportError::TooLarge {
+                file: w.dir.clone(),
+                what: format!(
+                    "the list of its {} files recorded with a credential replaced (the rollout's metadata)",
+                    scrubbed.len()
+                ),
+                cap: MAX_SCRUBBED_LIST as u64,
+            });
+        }
         marks.insert(TREE_SCRUBBED.to_string(), list);
     }
     Ok((Some(tree), marks))

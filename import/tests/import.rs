@@ -1560,3 +1560,25 @@ fn hostile_workspaces_are_refused_by_path_and_nothing_is_written() {
         "{msg}"
     );
 }
+
+/// A workspace with more files holding a key than its rollout's metadata
+/// can name (over 1 MiB of paths) is refused, naming the workspace, rather
+/// than marked in part.
+#[test]
+fn a_workspace_whose_scrubbed_files_cannot_all_be_named_is_refused() {
+    let dir = fixture_dir(&Spec {
+        key: Some(KEY.into()),
+        ..Spec::default()
+    });
+    let many = dir.path().join("pool/workspaces/t51_L0_s10102/many");
+    std::fs::create_dir_all(&many).unwrap();
+    for i in 0..9_000 {
+        let name = format!("{i:05}-{}", "n".repeat(110));
+        std::fs::write(many.join(name), KEY).unwrap();
+    }
+    let (msg, _l, _d) = expect_err(dir.path(), Caps::default());
+    assert!(
+        msg.contains("pool/workspaces/t51_L0_s10102") && msg.contains("9002 files recorded"),
+        "{msg}"
+    );
+}
