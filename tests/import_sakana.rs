@@ -102,7 +102,8 @@ fn an_imported_run_answers_why_report_diff_and_tables() {
         .to_string();
     let why = ok(mass(l, &["why", &rollout]));
     for want in [
-        "final workspace and checks output not recorded",
+        "from the run folder at import, not proven to be the workspace at the episode's end",
+        "checks output not recorded",
         "collect run",
         "judge: 2 judgment(s)",
         "rank: rank",
@@ -162,7 +163,8 @@ fn export_csv(l: &Path, runs: &[&str], out: &Path) {
 }
 
 /// The tables of the two imported runs of `setup`: their model calls, the
-/// absent workspaces (null, not an id) and the self-judged verdicts.
+/// absent checks (null, not an id), present workspaces and the
+/// self-judged verdicts.
 fn check_two_runs_tables(tables: &Path) {
     let calls = std::fs::read_to_string(tables.join("model_calls.csv")).expect("model_calls.csv");
     // 8 episodes x 3 chat calls per run; one per episode reported no usage.
@@ -175,15 +177,21 @@ fn check_two_runs_tables(tables: &Path) {
         16,
         "{calls}"
     );
-    // Absent is absent: no workspace, no checks output (null, not an id).
+    // Absent is absent: no checks output (null, not an id); the workspace
+    // is the folder's (an id).
     let rollouts = std::fs::read_to_string(tables.join("rollouts.csv")).expect("rollouts.csv");
     let header: Vec<&str> = rollouts.lines().next().unwrap().split(',').collect();
-    let tree = header
-        .iter()
-        .position(|c| *c == "tree")
-        .expect("tree column");
+    let column = |name: &str| {
+        header
+            .iter()
+            .position(|c| *c == name)
+            .unwrap_or_else(|| panic!("{name} column"))
+    };
+    let (tree, validation) = (column("tree"), column("validation"));
     for row in rollouts.lines().skip(1) {
-        assert_eq!(row.split(',').nth(tree), Some(""), "{row}");
+        let cells: Vec<&str> = row.split(',').collect();
+        assert_eq!(cells[validation], "", "{row}");
+        assert_eq!(cells[tree].len(), 64, "{row}");
     }
     let judgments = std::fs::read_to_string(tables.join("judgments.csv")).expect("judgments.csv");
     assert_eq!(judgments.lines().count(), 1 + 8);
@@ -346,7 +354,8 @@ fn rejudge_refuses_an_imported_run_and_says_why() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         err.contains("imported from a run folder of the reference")
-            && err.contains("no workspace snapshots"),
+            && err.contains("the run folder's at import")
+            && err.contains("no task suite"),
         "{err}"
     );
     assert!(ok(mass(&s.ledger, &["refs"]))
@@ -466,6 +475,23 @@ fn a_planted_key_is_in_no_output_and_no_object() {
         }
     }
     assert!(blobs > 50, "{blobs}");
+    // The workspaces' files (a tree, which `cat` does not print): checked
+    // out, the key is in none, and `why` names the files recorded with it
+    // replaced.
+    let (rollout, tree) = rollout_and_tree(l, "ref/c1/query51/collect/00/orch");
+    let out = s._tmp.path().join("co");
+    ok(mass(l, &["checkout", &tree, out.to_str().unwrap()]));
+    let env = std::fs::read_to_string(out.join(".env")).expect(".env");
+    assert_eq!(env, "OPENAI_API_KEY=REDACTED\n");
+    assert!(!std::fs::read_to_string(out.join("report.md"))
+        .expect("report.md")
+        .contains(KEY));
+    let why = ok(mass(l, &["why", &rollout]));
+    assert!(
+        why.contains("2 file(s) recorded with a credential replaced by REDACTED")
+            && why.contains(".env, report.md"),
+        "{why}"
+    );
 }
 
 /// A run folder with the external judges' verdicts on its evaluation runs
@@ -715,10 +741,12 @@ fn review_an_import_by_an_older_mass_is_said_to_lack_the_marks() {
 /// Review finding (a stage no step closed): the reference writes
 /// `selected_checkpoint.json` only after training ran to its end; without
 /// it the import records no training and no note closes the train stage,
-/// so `report` shows the train stage at a measured-looking `0.0` s while
-/// its time (if the reference trained at all) is unknown.
+/// and `report` showed the train stage at a measured-looking `0.0` s while
+/// its time (if the reference trained at all) is unknown. A stage no step
+/// of an imported run closed is now unknown in every reader
+/// (`audit::report::unclosed_stage_seconds`); the import records nothing
+/// new (no "not trained" claim it cannot know).
 #[test]
-#[ignore = "review finding, not fixed: the import closes no train stage without selected_checkpoint.json"]
 fn review_an_imported_run_without_training_shows_no_zero_train_time() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let ledger = tmp.path().join("ledger");
@@ -735,6 +763,20 @@ fn review_an_imported_run_without_training_shows_no_zero_train_time() {
         .find(|s| s["stage"] == "train")
         .expect("train");
     assert!(train["wall_seconds"].is_null(), "{train}");
+    // Said so in the text and the tables too, never 0.
+    let report = ok(mass(&ledger, &["report", "ref"]));
+    let line = report
+        .lines()
+        .find(|l| l.trim_start().starts_with("train "))
+        .expect("a train line");
+    assert!(line.trim_end().ends_with("unknown"), "{report}");
+    let tables = tmp.path().join("tables");
+    export_csv(&ledger, &["ref"], &tables);
+    let stages = std::fs::read_to_string(tables.join("stages.csv")).expect("stages.csv");
+    let names = column(&stages, "stage");
+    let walls = column(&stages, "wall_seconds");
+    let at = names.iter().position(|s| s == "train").expect("train row");
+    assert_eq!(walls[at], "", "{stages}");
 }
 
 /// Review finding: `mass show` of an imported step printed its stand-in
@@ -758,4 +800,54 @@ fn review_show_says_a_stand_in_time_is_one() {
         .find(|x| x.starts_with("time "))
         .expect("a time line");
     assert!(time.contains("a stand-in (file mtime)"), "{shown}");
+}
+
+/// Issue #31, part 1 through the CLI: an imported rollout's workspace is
+/// checked out file for file as the folder holds it, and `show` and `why`
+/// say it is the folder's at import. Fails with workspaces not imported.
+#[test]
+fn an_imported_rollouts_workspace_checks_out_and_is_said_to_be_the_folders() {
+    let (s, _) = setup(false);
+    let l = &s.ledger;
+    let (rollout, tree) = rollout_and_tree(l, "ref/c1/query51/collect/01/orch");
+    let out = s._tmp.path().join("co");
+    ok(mass(l, &["checkout", &tree, out.to_str().unwrap()]));
+    let ws = s.runs[0].join("pool/workspaces/t51_L0_s10101");
+    for f in ["results.json", "report.md", "src/solve.py"] {
+        assert_eq!(
+            std::fs::read(out.join(f)).expect("checked out"),
+            std::fs::read(ws.join(f)).expect("written"),
+            "{f}"
+        );
+    }
+    assert!(out.join("out").is_dir());
+    let shown = ok(mass(l, &["show", &rollout]));
+    assert!(
+        shown.lines().any(|x| x.starts_with("tree ")
+            && x.contains(&tree)
+            && x.contains("from the run folder at import")),
+        "{shown}"
+    );
+    let why = ok(mass(l, &["why", &rollout]));
+    assert!(
+        why.contains(&format!("final workspace tree {}", &tree[..12]))
+            && why.contains("not proven to be the workspace at the episode's end"),
+        "{why}"
+    );
+}
+
+/// The rollout ending stream `stream` and its `tree`, through the CLI.
+fn rollout_and_tree(l: &Path, stream: &str) -> (String, String) {
+    let refs: serde_json::Value =
+        serde_json::from_str(&ok(mass(l, &["refs", "--json"]))).expect("JSON");
+    let rollout = refs
+        .as_array()
+        .and_then(|r| r.iter().find(|x| x["name"] == stream))
+        .and_then(|r| r["head"].as_str())
+        .expect("the rollout's stream")
+        .to_string();
+    let shown = ok(mass(l, &["show", &rollout, "--json"]));
+    let ev: serde_json::Value = serde_json::from_str(&shown).expect("JSON");
+    let tree = ev["payload"]["tree"].as_str().expect("tree").to_string();
+    (rollout, tree)
 }

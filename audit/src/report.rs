@@ -13,7 +13,9 @@
 use std::collections::BTreeMap;
 
 use ledger::{Event, Id, Ledger};
-use schemas::{Decodable, Promotion, ProposalRecord, Rollout, Selection, TrainStep, Training};
+use schemas::{
+    Decodable, Promotion, ProposalRecord, Rollout, RunStarted, Selection, TrainStep, Training,
+};
 use serde::Serialize;
 
 pub use super::facts::Mode;
@@ -397,7 +399,8 @@ fn cycle_report(f: CycleFigures) -> CycleReport {
             .iter()
             .map(|s| StageCost {
                 stage: s.to_string(),
-                // A stage no step closed took no recorded time.
+                // A stage no step closed: see `unclosed_stage_seconds`,
+                // which `walltimes` applies.
                 wall_seconds: Some(0.0),
                 ..StageCost::default()
             })
@@ -695,6 +698,10 @@ fn bt_scores(
 /// (`engine::milestone::closes`): each step a stage records ends a span of
 /// that stage's time, which starts where the previous step ended.
 fn walltimes(l: &Ledger, main: &[Event], cycles: &mut BTreeMap<u32, CycleReport>) -> Result<()> {
+    let unclosed = unclosed_stage_seconds(main);
+    for s in cycles.values_mut().flat_map(|c| c.stages.iter_mut()) {
+        s.wall_seconds = unclosed;
+    }
     for ((cycle, stage), seconds) in stage_seconds(l, main)? {
         if let Some(c) = cycles.get_mut(&cycle) {
             if let Some(s) = c.stages.iter_mut().find(|s| s.stage == stage) {
@@ -703,6 +710,23 @@ fn walltimes(l: &Ledger, main: &[Event], cycles: &mut BTreeMap<u32, CycleReport>
         }
     }
     Ok(())
+}
+
+/// The time of a stage no step of its cycle closed, in a run whose main
+/// stream is `main`: 0 for a run an engine recorded (it closes every stage
+/// it runs, and one it skips with a note: `no training data`, `dataset
+/// recorded, not trained`), unknown (`None`) for an imported run (driver
+/// `sakana-import/`), whose folder records only the steps whose files it
+/// holds: a folder without `selected_checkpoint.json` says neither that
+/// the reference did not train nor how long it took.
+pub fn unclosed_stage_seconds(main: &[Event]) -> Option<f64> {
+    let imported = main
+        .iter()
+        .find(|e| e.kind == <RunStarted as schemas::Record>::KIND)
+        .filter(|e| e.version == <RunStarted as schemas::Record>::VERSION)
+        .and_then(|e| schemas::decode_event::<RunStarted>(e).ok())
+        .is_some_and(|r| r.driver.starts_with("sakana-import/"));
+    (!imported).then_some(0.0)
 }
 
 /// Seconds per (cycle, stage) of a run's main stream `main` (in log

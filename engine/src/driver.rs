@@ -233,8 +233,10 @@ pub fn check_run_start(run: &str, first: &Event) -> Result<()> {
         return Err(EngineError::Invalid(format!(
             "run {run} was imported from a run folder of the reference implementation ({}): \
              it can be read (why, report, diff, export) but not re-judged, resumed, replayed or forked: \
-             the reference records no workspace snapshots (a re-judge shows the judge each run's final \
-             workspace), no task suite and no experiment definition this engine can drive",
+             no engine made its requests, so no prefix of it can be replayed; its workspaces are the run \
+             folder's at import, not snapshots taken when each episode ended (a re-judge shows the judge \
+             each run's final workspace); and it holds no task suite and no experiment definition this \
+             engine can drive",
             rs.driver
         )));
     }

@@ -3,14 +3,19 @@
 //! the episode (prompt, `run_status.json`, `qwen_stream.jsonl`), then one
 //! `effect` per exchange of its proxy log in the shape `mass proxy`
 //! records (SCHEMAS.md, "Proxy (`wire`) records"), then its `mass.rollout`.
-//! What the reference does not record stays absent: no workspace snapshot
-//! (`tree` is the zero hash), no checks (`validation` zero, 0 of 0 checks),
-//! no usage when a response carried none (`"usage": null`, and the call
-//! adds nothing to the rollout's token totals).
+//! The rollout's `tree` is the episode's workspace as the run folder
+//! holds it at import (the reference leaves it there), marked as such in
+//! the rollout's metadata (`ledger::TREE_FROM`), its files scrubbed of
+//! credentials as everything recorded is, those changed named
+//! (`ledger::TREE_SCRUBBED`); the zero hash when the folder holds none.
+//! What the reference does not record stays absent: no checks
+//! (`validation` zero, 0 of 0 checks), no usage when a response carried
+//! none (`"usage": null`, and the call adds nothing to the rollout's token
+//! totals).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use ledger::{Id, ObjectKind};
+use ledger::{Id, ObjectKind, TREE_FROM, TREE_SCRUBBED};
 use schemas::{Effect, EffectStatus, Hash32, Rollout};
 use serde_json::{json, Map, Value};
 
@@ -18,7 +23,7 @@ use proxy::log::chain_step;
 
 use crate::error::{ImportError, Result};
 use crate::objects::{id32, iso_ms, secs_ms, Objects, When, ABSENT};
-use crate::plan::Episode;
+use crate::plan::{Episode, Workspace};
 use crate::secrets::Scrubber;
 
 /// `ledger::WALL_MS_FROM` of a request the proxy logged no `ts_start`
@@ -104,6 +109,10 @@ pub fn import(
         .iter()
         .filter(|c| c.reply.is_some() && c.messages.first() == chats[0].messages.first())
         .count() as u32;
+    let (tree, marks) = match &ep.workspace {
+        Some(w) => workspace_tree(o, s, w)?,
+        None => (None, BTreeMap::new()),
+    };
     let workflow = o.json(&json!({"reference_prompt": s.text(ep.files.prompt.as_deref().unwrap_or_default()), "episode": s.text(&ep.name)}));
     let record = Rollout {
         task: ep.task.clone(),
@@ -115,7 +124,7 @@ pub fn import(
         subagent_model: model.into(),
         status: st.into(),
         detail: s.text(&detail),
-        tree: ABSENT,
+        tree: tree.map(id32).unwrap_or(ABSENT),
         validation: ABSENT,
         score_passed: 0,
         score_total: 0,
@@ -129,7 +138,7 @@ pub fn import(
     };
     // No checks ran on the reference's side: 0 of 0 is a placeholder.
     let missing = ["score_passed", "score_total"];
-    let rollout = o.partial(&rel, &record, subagents, finished, &missing)?;
+    let rollout = o.marked(&rel, &record, subagents, finished, &missing, marks)?;
     Ok(Imported {
         rollout,
         status: st,
@@ -137,6 +146,65 @@ pub fn import(
         finished,
         conversations,
     })
+}
+
+/// `ledger::TREE_FROM` of an imported workspace: the folder as it lies
+/// in the run folder when imported, not proven to be the workspace at the
+/// episode's end (nothing in the folder fixes its state then).
+pub const RUN_FOLDER_AT_IMPORT: &str = "run folder at import";
+
+/// The longest `ledger::TREE_SCRUBBED` list, in bytes of JSON: an event's
+/// metadata is held whole in memory by every reader and capped by the
+/// ledger (16 MiB); a real workspace names a handful of files.
+const MAX_SCRUBBED_LIST: usize = 1 << 20;
+
+/// The workspace's tree with every file's bytes scrubbed (the blobs added
+/// to `o`), and the rollout's marks: where the tree came from and, when a
+/// file's bytes changed, which (a scrubbed file is not the folder's).
+fn workspace_tree(
+    o: &mut Objects,
+    s: &Scrubber,
+    w: &Workspace,
+) -> Result<(Option<Id>, BTreeMap<String, String>)> {
+    let mut scrubbed = Vec::new();
+    let mut entries = Vec::with_capacity(w.snapshot.tree.entries.len());
+    for e in &w.snapshot.tree.entries {
+        let mut e = e.clone();
+        if let Some(read) = e.blob_id() {
+            let bytes = w.snapshot.contents.get(&read).ok_or_else(|| {
+                ImportError::io(&format!("{}/{}", w.dir, e.path), "read but not kept")
+            })?;
+            let clean = s.bytes(bytes);
+            if clean != *bytes {
+                scrubbed.push(e.path.clone());
+            }
+            e.blob = o.blob(&clean).0;
+            e.size = clean.len() as u64;
+        }
+        entries.push(e);
+    }
+    let tree = o.tree(&ledger::Tree::new(entries)?)?;
+    let mut marks = BTreeMap::new();
+    marks.insert(TREE_FROM.to_string(), RUN_FOLDER_AT_IMPORT.to_string());
+    if !scrubbed.is_empty() {
+        let list = serde_json::to_string(&scrubbed).map_err(|e| ledger::LedgerError::Index {
+            detail: format!("cannot encode metadata: {e}"),
+        })?;
+        // Every changed file is named or the import is refused: a list
+        // cut short would leave files marked as the folder's that are not.
+        if list.len() > MAX_SCRUBBED_LIST {
+            return Err(ImportError::TooLarge {
+                file: w.dir.clone(),
+                what: format!(
+                    "the list of its {} files recorded with a credential replaced (the rollout's metadata)",
+                    scrubbed.len()
+                ),
+                cap: MAX_SCRUBBED_LIST as u64,
+            });
+        }
+        marks.insert(TREE_SCRUBBED.to_string(), list);
+    }
+    Ok((Some(tree), marks))
 }
 
 /// The episode's journal: a `harness` effect whose request names the

@@ -8,9 +8,13 @@
 //! subagent's request whose response reports no usage, and the closing
 //! orchestrator turn. With [`Spec::external`] set, two more evaluation
 //! runs and the external judges' verdicts on them (`evaluation/
-//! external.jsonl`). With [`Spec::key`] set, that key is planted in every
+//! external.jsonl`). Every episode leaves its workspace where the reference
+//! leaves it (`reference/`, `workspaces/v{K}/`, `pool/workspaces/`,
+//! `evaluation/workspaces/`): results, a report, a script and an empty
+//! folder. With [`Spec::key`] set, that key is planted in every
 //! file type and place a credential can be: JSON body fields, URLs (query
-//! and userinfo), response headers, quoted headers and free text.
+//! and userinfo), response headers, quoted headers, free text and the
+//! workspaces' files.
 
 use std::io::Write;
 use std::path::Path;
@@ -107,12 +111,22 @@ pub fn write_run(dir: &Path, spec: &Spec) -> std::io::Result<()> {
     }
     put_json(dir, "config.json", &config)?;
     episode(dir, "logs/reference/query51", "t51_bare", spec, 0)?;
+    workspace(dir, "reference/query51", "t51_bare", spec, 0)?;
     episode(dir, "logs/search/v0/query51_ourTeam", "t51_v0", spec, 1)?;
+    workspace(dir, "workspaces/v0/query51_ourTeam", "t51_v0", spec, 1)?;
     episode(dir, "logs/search/v1/query51_ourTeam", "t51_v1", spec, 2)?;
+    workspace(dir, "workspaces/v1/query51_ourTeam", "t51_v1", spec, 2)?;
     let mut pool = Vec::new();
     for i in 0..4u32 {
         let name = format!("t51_L0_s{}", 10100 + i);
         episode(dir, &format!("pool/runlogs/{name}"), "t51_L0", spec, 10 + i)?;
+        workspace(
+            dir,
+            &format!("pool/workspaces/{name}"),
+            "t51_L0",
+            spec,
+            10 + i,
+        )?;
         pool.push(
             json!({"episode": name, "task": 51, "condition": "t51_L0", "seed": 10100 + i,
             "workspace": format!("/abs/runs/demo/pool/workspaces/{name}"),
@@ -127,6 +141,13 @@ pub fn write_run(dir: &Path, spec: &Spec) -> std::io::Result<()> {
         &json!({"beats_reference": true, "version": 1}),
     )?;
     episode(dir, "evaluation/logs/query60_r0", "t60_bare", spec, 20)?;
+    workspace(
+        dir,
+        "evaluation/workspaces/query60_r0",
+        "t60_bare",
+        spec,
+        20,
+    )?;
     if spec.external {
         external(dir, spec, &key)?;
     }
@@ -140,7 +161,21 @@ pub fn write_run(dir: &Path, spec: &Spec) -> std::io::Result<()> {
 /// them (`pair_id` is a stand-in: the reference hashes the pair).
 fn external(dir: &Path, spec: &Spec, key: &str) -> std::io::Result<()> {
     episode(dir, "evaluation/logs/query60_r1", "t60_bare", spec, 21)?;
+    workspace(
+        dir,
+        "evaluation/workspaces/query60_r1",
+        "t60_bare",
+        spec,
+        21,
+    )?;
     episode(dir, "evaluation/logs/query51_r0", "t51_bare", spec, 22)?;
+    workspace(
+        dir,
+        "evaluation/workspaces/query51_r0",
+        "t51_bare",
+        spec,
+        22,
+    )?;
     let runs = [(60, 0), (60, 1), (51, 0)];
     let ws = |root: &str, (q, i): (u32, u32)| format!("{root}/evaluation/workspaces/query{q}_r{i}");
     let manifest: Vec<Value> = runs
@@ -289,6 +324,31 @@ fn episode(dir: &Path, rel: &str, condition: &str, spec: &Spec, n: u32) -> std::
         &gzip(&jsonl(&log)),
     )?;
     put(dir, &format!("{rel}/proxy.log"), b"READY proxy\n")
+}
+
+/// The files of one episode's workspace, as the agent would leave them:
+/// results, a report and a script in a subfolder (an empty folder too);
+/// with [`Spec::key`], a `.env` holding the key and the report quoting it.
+fn workspace(dir: &Path, rel: &str, condition: &str, spec: &Spec, n: u32) -> std::io::Result<()> {
+    let results =
+        json!({"condition": condition, "episode": n, "sharpe": 1.25 + f64::from(n) / 8.0});
+    put_json(dir, &format!("{rel}/results.json"), &results)?;
+    let mut report = format!("# Report of {condition}\n\nSharpe ratio in results.json.\n");
+    if let Some(key) = &spec.key {
+        report.push_str(&format!("Called the service with {key}.\n"));
+        put(
+            dir,
+            &format!("{rel}/.env"),
+            format!("OPENAI_API_KEY={key}\n").as_bytes(),
+        )?;
+    }
+    put(dir, &format!("{rel}/report.md"), report.as_bytes())?;
+    put(
+        dir,
+        &format!("{rel}/src/solve.py"),
+        b"import json\nprint(json.load(open('results.json')))\n",
+    )?;
+    std::fs::create_dir_all(dir.join(rel).join("out"))
 }
 
 /// The proxy's records of one episode.

@@ -15,12 +15,20 @@
 //! (a gzip bomb stops at the cap, not after filling memory). A log is
 //! parsed line by line as it decompresses, never held as raw lines, blank
 //! lines skipped; records in the whole folder are capped at [`Caps::rows`].
+//!
+//! An episode's workspace folder is read whole ([`Root::snapshot`]) by the
+//! ledger's own snapshot walk, started from the folder's descriptor opened
+//! as above, so its tree is the one the engine makes of a workspace (links
+//! recorded as links, never followed), within [`Caps::workspace`].
 
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
+
+use ledger::{Id, ObjectKind};
 
 use crate::error::{ImportError, Result};
 
@@ -46,6 +54,10 @@ pub struct Caps {
     /// Secrets learnt from the folder (each searched for in everything
     /// recorded).
     pub secrets: u64,
+    /// One episode's workspace folder: entries and bytes of file content,
+    /// the engine's snapshot limits by default (a workspace past them is
+    /// refused, naming it: its tree would be a part of it).
+    pub workspace: ledger::tree::SnapshotLimits,
 }
 
 impl Default for Caps {
@@ -59,6 +71,7 @@ impl Default for Caps {
             episodes: 100_000,
             objects: 20_000_000,
             secrets: crate::secrets::MAX_SECRETS,
+            workspace: ledger::tree::SnapshotLimits::default(),
         }
     }
 }
@@ -413,6 +426,104 @@ impl Root {
         }
         out.sort();
         Ok(Some(out))
+    }
+}
+
+/// A workspace folder as read: its tree in the ledger's format, each
+/// blob the bytes as they lie in the folder (`contents`, by blob id).
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub tree: ledger::Tree,
+    pub contents: HashMap<Id, Vec<u8>>,
+}
+
+impl Root {
+    /// Directory `rel` as a tree, by the walk every snapshot of the ledger
+    /// takes (`ledger::tree::snapshot_with`: links recorded as links, never
+    /// followed; a FIFO, socket or device refused; files read with
+    /// `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`), within `limits`;
+    /// `None` when it does not exist. The walk starts at the directory
+    /// opened here one component at a time without following links, named
+    /// through this process's own descriptor, so a link on the way to it
+    /// is refused by name as everywhere in the folder. A file with other
+    /// hard links is refused as `read` refuses one; every byte counts
+    /// against the folder's total cap; `seen` gets each file's path (from
+    /// the run folder) and bytes, and may refuse them.
+    pub fn snapshot(
+        &self,
+        rel: &str,
+        limits: ledger::tree::SnapshotLimits,
+        mut seen: impl FnMut(&str, &[u8]) -> Result<()>,
+    ) -> Result<Option<Snapshot>> {
+        let Some(dir) = self.dir(rel)? else {
+            return Ok(None);
+        };
+        let base = format!("/proc/self/fd/{}/.", dir.as_raw_fd());
+        let mut contents = HashMap::new();
+        // The first refusal of ours, carried out of the ledger's walk.
+        let mut refused: Option<ImportError> = None;
+        let walked = ledger::tree::snapshot_with(Path::new(&base), limits, |item, content| {
+            let shown = format!("{rel}/{}", item.rel);
+            let ours = self
+                .single_name(item, &shown)
+                .and_then(|()| self.count(&shown, content.len() as u64))
+                .and_then(|()| seen(&shown, &content));
+            if let Err(e) = ours {
+                refused = Some(e);
+                return Err(ledger::LedgerError::Snapshot {
+                    path: item.abs.clone(),
+                    reason: "refused by the import".into(),
+                });
+            }
+            let id = Id::of(ObjectKind::Blob, &content);
+            let size = content.len() as u64;
+            contents.entry(id).or_insert(content);
+            Ok((id, size))
+        });
+        match walked {
+            Ok(tree) => Ok(Some(Snapshot { tree, contents })),
+            Err(e) => Err(refused.unwrap_or_else(|| walk_error(rel, &base, e))),
+        }
+    }
+
+    /// Refuses a regular file with other hard links (see `open_file`).
+    fn single_name(&self, item: &ledger::tree::WalkItem, shown: &str) -> Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        if item.kind != ledger::EntryKind::File {
+            return Ok(());
+        }
+        let md = std::fs::symlink_metadata(&item.abs).map_err(|e| ImportError::io(shown, e))?;
+        if md.nlink() > 1 {
+            return Err(ImportError::io(
+                shown,
+                "has other hard links (it may be a file outside the run folder); replace it by a copy",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A refusal of the ledger's walk, named by its path in the run folder
+/// (the walk saw it beneath this process's descriptor path `base`).
+fn walk_error(rel: &str, base: &str, e: ledger::LedgerError) -> ImportError {
+    match e {
+        ledger::LedgerError::Snapshot { path, reason } => {
+            let sub = path
+                .strip_prefix(base)
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
+            let shown = if sub.is_empty() {
+                rel.to_string()
+            } else {
+                format!("{rel}/{sub}")
+            };
+            ImportError::io(&shown, format!("cannot snapshot the workspace: {reason}"))
+        }
+        ledger::LedgerError::BadPath { path, reason } => ImportError::io(
+            &format!("{rel}/{path}"),
+            format!("cannot snapshot the workspace: {reason}"),
+        ),
+        other => ImportError::Ledger(other),
     }
 }
 

@@ -35,8 +35,9 @@ pub struct Objects {
     limit: u64,
 }
 
-/// The zero hash: a field the reference did not record (no workspace
-/// snapshot, no checks output, no judge conversation).
+/// The zero hash: a field the reference did not record (no checks
+/// output, no judge conversation; no workspace where the run folder holds
+/// none for the episode).
 pub const ABSENT: Hash32 = Hash32([0; 32]);
 
 /// When a step happened, as far as the reference's files tell.
@@ -128,6 +129,20 @@ impl Objects {
         id
     }
 
+    /// Adds a tree (its blobs must be added first); its id.
+    pub fn tree(&mut self, t: &ledger::Tree) -> Result<Id> {
+        let raw = t.to_bytes()?;
+        let id = Id::of(ObjectKind::Tree, &raw);
+        if self.seen.insert(id) {
+            self.objs.push(Obj {
+                kind: ObjectKind::Tree,
+                raw,
+                meta: Vec::new(),
+            });
+        }
+        Ok(id)
+    }
+
     /// Adds the canonical JSON of `v` as a blob.
     pub fn json(&mut self, v: &Value) -> Id {
         self.blob(&replay::canonical_json(v))
@@ -213,12 +228,31 @@ impl Objects {
                 rkyv::api::high::HighValidator<'a, rkyv::rancor::Error>,
             > + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rkyv::rancor::Error>>,
     {
+        self.marked(rel, r, parents, at, missing, BTreeMap::new())
+    }
+
+    /// As `partial`, with more metadata `extra` (a rollout's stand-in
+    /// tree, `ledger::TREE_FROM`).
+    pub fn marked<T>(
+        &mut self,
+        rel: &str,
+        r: &T,
+        parents: Vec<Id>,
+        at: When,
+        missing: &[&str],
+        mut extra: BTreeMap<String, String>,
+    ) -> Result<Id>
+    where
+        T: Record,
+        T::Archived: for<'a> rkyv::bytecheck::CheckBytes<
+                rkyv::api::high::HighValidator<'a, rkyv::rancor::Error>,
+            > + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rkyv::rancor::Error>>,
+    {
         let ev = schemas::to_event(r)
             .map_err(|e| ledger::LedgerError::Index {
                 detail: format!("cannot encode {}: {e}", T::KIND),
             })?
             .with_parents(parents);
-        let mut extra = BTreeMap::new();
         if !missing.is_empty() {
             extra.insert(NOT_RECORDED.to_string(), missing.join(","));
         }

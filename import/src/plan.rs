@@ -14,7 +14,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::error::{ImportError, Result};
-use crate::fsread::{Caps, Root};
+use crate::fsread::{Caps, Root, Snapshot};
 use crate::reference::{list_rows, str_field, EpisodeFiles, JsonFile, Reader, Row};
 use crate::secrets::Scrubber;
 
@@ -29,6 +29,17 @@ pub struct Episode {
     pub task: String,
     pub index: u32,
     pub files: EpisodeFiles,
+    /// Its workspace as the run folder holds it at import (`None`: the
+    /// folder has none for it).
+    pub workspace: Option<Workspace>,
+}
+
+/// An episode's workspace folder, read whole (`fsread::Root::snapshot`).
+#[derive(Debug, Clone)]
+pub struct Workspace {
+    /// The folder, relative to the run folder.
+    pub dir: String,
+    pub snapshot: Snapshot,
 }
 
 /// One self-judged comparison (`task{Q}_matches.jsonl`).
@@ -131,6 +142,9 @@ pub fn plan(dir: &Path, caps: Caps) -> Result<Plan> {
     episodes.extend(collect_episodes(&mut r)?);
     episodes.extend(eval_episodes(&mut r)?);
     distinct(&episodes)?;
+    for e in &mut episodes {
+        e.workspace = workspace(&mut r, e)?;
+    }
     if episodes.is_empty() {
         return Err(not_run(
             "no episode folders (logs/, pool/ or evaluation/logs/)",
@@ -228,6 +242,34 @@ fn distinct_steps(rows: &[Row]) -> Result<()> {
     Ok(())
 }
 
+/// Where the reference leaves episode `e`'s workspace, relative to the
+/// run folder (`mass/pipeline.py`: `search` and `collect`; the evaluation
+/// runs' `evaluation/workspaces/`). Found by this layout, never by a
+/// manifest's absolute path, which names the machine that ran it.
+fn workspace_dir(e: &Episode) -> String {
+    match e.purpose {
+        "reference" => format!("reference/{}", e.name),
+        "inner" => format!("workspaces/{}", e.name),
+        "collect" => format!("pool/workspaces/{}", e.name),
+        _ => format!("evaluation/workspaces/{}", e.name),
+    }
+}
+
+/// Episode `e`'s workspace, read whole, every file's credentials learnt
+/// (a key the agent wrote into a file is taken out wherever it appears);
+/// `None` when the folder holds no workspace for it.
+fn workspace(r: &mut Reader, e: &Episode) -> Result<Option<Workspace>> {
+    let dir = workspace_dir(e);
+    let scrub = &mut *r.scrub;
+    let snap = r
+        .root
+        .snapshot(&dir, r.root.caps.workspace, |file, bytes| {
+            scrub.learn_text(bytes);
+            scrub.check(file)
+        })?;
+    Ok(snap.map(|snapshot| Workspace { dir, snapshot }))
+}
+
 /// Two folders of one (task, purpose, index) would be one stream
 /// (`query1_r1` and `query1_r01`): refused, not merged.
 fn distinct(episodes: &[Episode]) -> Result<()> {
@@ -312,6 +354,7 @@ fn search_episodes(r: &mut Reader) -> Result<Vec<Episode>> {
                 task: format!("query{q}"),
                 index: 0,
                 files,
+                workspace: None,
             });
         }
     }
@@ -340,6 +383,7 @@ fn search_episodes(r: &mut Reader) -> Result<Vec<Episode>> {
                     task: format!("query{q}"),
                     index: k,
                     files,
+                    workspace: None,
                 });
             }
         }
@@ -386,6 +430,7 @@ fn collect_episodes(r: &mut Reader) -> Result<Vec<Episode>> {
                 format!("episode {name:?} is listed twice"),
             ));
         }
+        own_workspace(&row, &name)?;
         let seed = row.value.get("seed").and_then(Value::as_i64).unwrap_or(0);
         rows.push((task, seed, name, row.line));
     }
@@ -413,9 +458,42 @@ fn collect_episodes(r: &mut Reader) -> Result<Vec<Episode>> {
             task,
             index,
             files,
+            workspace: None,
         });
     }
     Ok(out)
+}
+
+/// A `pool.json` row's `workspace`, when it has one, must be this
+/// episode's folder in the reference's layout (`.../pool/workspaces/
+/// {episode}`, by whole components; the rest is the machine that ran it).
+/// The self-judge read the folder the row names: one naming another
+/// episode's is refused, since the workspace recorded for this episode
+/// would not be the one judged.
+fn own_workspace(row: &Row, name: &str) -> Result<()> {
+    let w = match row.value.get("workspace") {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::String(w)) => w,
+        Some(_) => {
+            return Err(ImportError::invalid(
+                &row.file,
+                row.line,
+                "workspace is not a path",
+            ))
+        }
+    };
+    let tail: Vec<&str> = w.trim_end_matches('/').rsplit('/').take(3).collect();
+    if tail != [name, "workspaces", "pool"] {
+        return Err(ImportError::invalid(
+            &row.file,
+            row.line,
+            format!(
+                "episode {name:?} names workspace {w:?}, not its own (pool/workspaces/{name}): \
+                 refused, the workspace recorded would not be the one its judge read"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Evaluation runs (`evaluation/logs/query{Q}_r{I}`).
@@ -432,6 +510,7 @@ fn eval_episodes(r: &mut Reader) -> Result<Vec<Episode>> {
                 task: format!("query{q}"),
                 index: i,
                 files,
+                workspace: None,
             });
         }
     }

@@ -391,7 +391,10 @@ fn absent_stays_absent_and_times_are_the_references() {
     let orch = l.head("ref/c1/query51/collect/00/orch").unwrap().unwrap();
     let ev = l.get_event(&orch).unwrap();
     let ro: Rollout = schemas::decode_event(&ev).unwrap();
-    assert_eq!((ro.tree.0, ro.validation.0), ([0; 32], [0; 32]));
+    // No checks ran: absent. The workspace is the folder's (see
+    // each_rollouts_tree_is_its_workspace_as_the_folder_holds_it).
+    assert_eq!(ro.validation.0, [0; 32]);
+    assert_ne!(ro.tree.0, [0; 32]);
     // 120 + 160 prompt tokens: the subagent's reply reported none and adds none.
     assert_eq!((ro.prompt_tokens, ro.completion_tokens), (280, 38));
     let mut nulls = 0;
@@ -1296,4 +1299,286 @@ fn an_import_by_an_older_mass_without_the_marks_is_reported() {
     // A ledger the current mass wrote: nothing unmarked.
     let again = import::import(&marked, dir.path(), "ref", &Options::default()).unwrap();
     assert_eq!(again, Outcome::AlreadyImported { head, unmarked: 0 });
+}
+
+/// Every episode's rollout stream and the workspace folder the fixture
+/// wrote for it (the reference's layout).
+const WORKSPACES: [(&str, &str); 8] = [
+    ("c1/query51/reference/00/orch", "reference/query51"),
+    ("c1/query51/inner/00/orch", "workspaces/v0/query51_ourTeam"),
+    ("c1/query51/inner/01/orch", "workspaces/v1/query51_ourTeam"),
+    (
+        "c1/query51/collect/00/orch",
+        "pool/workspaces/t51_L0_s10100",
+    ),
+    (
+        "c1/query51/collect/01/orch",
+        "pool/workspaces/t51_L0_s10101",
+    ),
+    (
+        "c1/query51/collect/02/orch",
+        "pool/workspaces/t51_L0_s10102",
+    ),
+    (
+        "c1/query51/collect/03/orch",
+        "pool/workspaces/t51_L0_s10103",
+    ),
+    (
+        "c1/query60/eval/00/orch",
+        "evaluation/workspaces/query60_r0",
+    ),
+];
+
+/// The rollout ending stream `rel` of run `ref`, and its metadata.
+fn rollout_at(l: &Ledger, rel: &str) -> (Rollout, ledger::Meta) {
+    let id = l.head(&format!("ref/{rel}")).unwrap().unwrap();
+    let ro: Rollout = schemas::decode_event(&l.get_event(&id).unwrap()).unwrap();
+    (ro, l.get_meta(&id).unwrap())
+}
+
+/// Everything beneath `dir` as the test sees it with std::fs (no link
+/// followed): path -> ("file", bytes) / ("link", target) / ("dir", empty).
+fn listing(dir: &Path) -> BTreeMap<String, (&'static str, Vec<u8>)> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(dir).unwrap().to_str().unwrap().to_string();
+            let t = std::fs::symlink_metadata(&p).unwrap().file_type();
+            let v = if t.is_symlink() {
+                (
+                    "link",
+                    std::fs::read_link(&p)
+                        .unwrap()
+                        .as_os_str()
+                        .as_bytes()
+                        .to_vec(),
+                )
+            } else if t.is_dir() {
+                todo.push(p.clone());
+                ("dir", Vec::new())
+            } else {
+                ("file", std::fs::read(&p).unwrap())
+            };
+            out.insert(rel, v);
+        }
+    }
+    out
+}
+
+/// Part 1 of issue #31: each rollout's tree is its workspace, file for
+/// file (a checkout gives back exactly what the test wrote), the same tree
+/// the engine's own snapshot of that folder makes, marked as the run
+/// folder's at import. Fails with workspaces not imported (zero trees).
+#[test]
+fn each_rollouts_tree_is_its_workspace_as_the_folder_holds_it() {
+    let dir = fixture_dir(&Spec::default());
+    let (_d, l, r) = import(dir.path());
+    head_of(&r);
+    let (_e, engine) = ledger();
+    for (rel, ws) in WORKSPACES {
+        let (ro, meta) = rollout_at(&l, rel);
+        assert_ne!(ro.tree.0, [0; 32], "{rel}: no tree");
+        assert_eq!(ro.validation.0, [0; 32], "{rel}: checks stay absent");
+        let written = dir.path().join(ws);
+        let out = tempfile::tempdir().unwrap();
+        let dest = out.path().join("co");
+        l.checkout(&Id(ro.tree.0), &dest).unwrap();
+        assert_eq!(listing(&dest), listing(&written), "{rel}");
+        assert!(listing(&written).contains_key("src/solve.py"));
+        let oracle = engine.snapshot_dir(&written).unwrap();
+        assert_eq!(Id(ro.tree.0), oracle, "{rel}: not the engine's tree");
+        assert_eq!(meta.tree_from(), Some("run folder at import"), "{rel}");
+        assert!(meta.tree_scrubbed().is_empty(), "{rel}");
+        assert!(meta.not_recorded("score_passed"), "{rel}");
+    }
+}
+
+/// A workspace the folder lacks leaves that rollout's tree not recorded
+/// (the zero id, no mark) and the others recorded.
+#[test]
+fn a_missing_workspace_leaves_only_its_rollout_not_recorded() {
+    let dir = fixture_dir(&Spec::default());
+    std::fs::remove_dir_all(dir.path().join("pool/workspaces/t51_L0_s10102")).unwrap();
+    let (_d, l, r) = import(dir.path());
+    head_of(&r);
+    for (rel, _) in WORKSPACES {
+        let (ro, meta) = rollout_at(&l, rel);
+        if rel == "c1/query51/collect/02/orch" {
+            assert_eq!(ro.tree.0, [0; 32], "{rel}");
+            assert_eq!(meta.tree_from(), None, "{rel}");
+        } else {
+            assert_ne!(ro.tree.0, [0; 32], "{rel}");
+            assert!(meta.tree_from().is_some(), "{rel}");
+        }
+    }
+}
+
+/// A link in a workspace is recorded as a link (its target text), never
+/// followed: the file it points to outside the folder is in no object,
+/// nor a folder's files behind a linked folder. A link on the way to a
+/// workspace (the workspace folder itself, or `pool/workspaces`) is
+/// refused by name, as every link in the run folder is.
+#[test]
+fn a_link_in_a_workspace_is_recorded_as_a_link_and_never_followed() {
+    const OUTSIDE: &str = "OUTSIDE-THE-RUN-FOLDER-7d1c";
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret.txt"), OUTSIDE).unwrap();
+    let dir = fixture_dir(&Spec::default());
+    let ws = dir.path().join("pool/workspaces/t51_L0_s10101");
+    let target = outside.path().join("secret.txt");
+    link(&target, &ws.join("data.txt"));
+    link(outside.path(), &ws.join("src/linked"));
+    let (_d, l, r) = import(dir.path());
+    head_of(&r);
+    assert_eq!(holds(&everything(&l), OUTSIDE), 0, "a link was followed");
+    let (ro, _) = rollout_at(&l, "c1/query51/collect/01/orch");
+    let t = l.get_tree(&Id(ro.tree.0)).unwrap();
+    for (path, to) in [
+        ("data.txt", &target),
+        ("src/linked", &outside.path().to_path_buf()),
+    ] {
+        let e = t
+            .get(path)
+            .unwrap_or_else(|| panic!("{path} not in the tree"));
+        assert_eq!(e.kind, ledger::EntryKind::Symlink, "{path}");
+        let blob = l.get_blob(&e.blob_id().unwrap()).unwrap();
+        assert_eq!(blob, to.to_str().unwrap().as_bytes(), "{path}");
+    }
+    assert!(t.get("src/linked/secret.txt").is_none());
+    for rel in ["pool/workspaces/t51_L0_s10101", "pool/workspaces"] {
+        let dir = fixture_dir(&Spec::default());
+        link(outside.path(), &dir.path().join(rel));
+        let (_d, l, r) = import(dir.path());
+        match r {
+            Err(ImportError::Symlink { file }) => assert_eq!(file, rel),
+            other => panic!("{rel}: {other:?}"),
+        }
+        assert!(l.refs().unwrap().is_empty());
+    }
+}
+
+/// A key the agent wrote only into its workspace (`api_key = ...` in a
+/// script, bare in a note) is learnt from the workspace and reaches no
+/// object, and the rollout names the files recorded with it replaced; with
+/// scrubbing off it lands, so the scan would see it.
+#[test]
+fn a_key_only_in_a_workspace_reaches_no_object_and_its_files_are_named() {
+    const WS_KEY: &str = "wsonly9f8e7d6c5b4a3210";
+    let dir = fixture_dir(&Spec::default());
+    let ws = dir.path().join("pool/workspaces/t51_L0_s10101");
+    std::fs::write(
+        ws.join("src/config.py"),
+        format!("api_key = \"{WS_KEY}\"\n"),
+    )
+    .unwrap();
+    std::fs::write(ws.join("notes.txt"), format!("used {WS_KEY} once\n")).unwrap();
+    let (_d, l, r) = import(dir.path());
+    head_of(&r);
+    let all = everything(&l);
+    assert_eq!(
+        holds(&all, WS_KEY),
+        0,
+        "the workspace's key is in the ledger"
+    );
+    let (ro, meta) = rollout_at(&l, "c1/query51/collect/01/orch");
+    assert_eq!(meta.tree_scrubbed(), ["notes.txt", "src/config.py"]);
+    let t = l.get_tree(&Id(ro.tree.0)).unwrap();
+    let note = l
+        .get_blob(&t.get("notes.txt").unwrap().blob_id().unwrap())
+        .unwrap();
+    assert_eq!(note, b"used REDACTED once\n");
+    assert_eq!(t.get("notes.txt").unwrap().size, note.len() as u64);
+    let (_o, other) = rollout_at(&l, "c1/query51/collect/00/orch");
+    assert!(other.tree_scrubbed().is_empty());
+    let (_d2, l2) = ledger();
+    let off = Options {
+        unscrubbed_for_tests: true,
+        ..Options::default()
+    };
+    import::import(&l2, dir.path(), "ref", &off).unwrap();
+    assert_eq!(
+        holds(&everything(&l2), WS_KEY),
+        2,
+        "the scan would not see it"
+    );
+}
+
+/// What the import refuses in a workspace, each named by its path: a FIFO
+/// (never opened), a file with another hard link, a workspace past the
+/// snapshot limits, and a `pool.json` row whose workspace is another
+/// episode's. Nothing is written.
+#[test]
+fn hostile_workspaces_are_refused_by_path_and_nothing_is_written() {
+    let ws = "pool/workspaces/t51_L0_s10101";
+    let fifo = move |d: &Path| {
+        let p = std::ffi::CString::new(d.join(ws).join("pipe").to_str().unwrap()).unwrap();
+        // SAFETY: a valid path string; the result is checked.
+        assert_eq!(unsafe { libc::mkfifo(p.as_ptr(), 0o600) }, 0);
+    };
+    let hard = move |d: &Path| {
+        std::fs::hard_link(d.join(ws).join("report.md"), d.join("elsewhere.md")).unwrap();
+    };
+    let pool = |d: &Path| {
+        let p = d.join("pool.json");
+        let text = std::fs::read_to_string(&p).unwrap();
+        let swapped = text.replacen(
+            "pool/workspaces/t51_L0_s10101\"",
+            "pool/workspaces/t51_L0_s10100\"",
+            1,
+        );
+        assert_ne!(swapped, text);
+        std::fs::write(&p, swapped).unwrap();
+    };
+    type Plant = Box<dyn Fn(&Path)>;
+    let cases: [(Plant, &str, &str); 3] = [
+        (Box::new(fifo), "/pipe", "special file"),
+        (Box::new(hard), "/report.md", "hard links"),
+        (Box::new(pool), "pool.json:", "not its own"),
+    ];
+    for (plant, file, why) in cases {
+        let dir = fixture_dir(&Spec::default());
+        plant(dir.path());
+        let (msg, l, _d) = expect_err(dir.path(), Caps::default());
+        assert!(msg.contains(file) && msg.contains(why), "{msg}");
+        assert!(l.refs().unwrap().is_empty());
+    }
+    let dir = fixture_dir(&Spec::default());
+    let limits = ledger::tree::SnapshotLimits {
+        max_entries: 3,
+        max_bytes: 1 << 30,
+    };
+    let caps = Caps {
+        workspace: limits,
+        ..Caps::default()
+    };
+    let (msg, _l, _d) = expect_err(dir.path(), caps);
+    assert!(
+        msg.contains("reference/query51") && msg.contains("more than 3 entries"),
+        "{msg}"
+    );
+}
+
+/// A workspace with more files holding a key than its rollout's metadata
+/// can name (over 1 MiB of paths) is refused, naming the workspace, rather
+/// than marked in part.
+#[test]
+fn a_workspace_whose_scrubbed_files_cannot_all_be_named_is_refused() {
+    let dir = fixture_dir(&Spec {
+        key: Some(KEY.into()),
+        ..Spec::default()
+    });
+    let many = dir.path().join("pool/workspaces/t51_L0_s10102/many");
+    std::fs::create_dir_all(&many).unwrap();
+    for i in 0..9_000 {
+        let name = format!("{i:05}-{}", "n".repeat(110));
+        std::fs::write(many.join(name), KEY).unwrap();
+    }
+    let (msg, _l, _d) = expect_err(dir.path(), Caps::default());
+    assert!(
+        msg.contains("pool/workspaces/t51_L0_s10102") && msg.contains("9002 files recorded"),
+        "{msg}"
+    );
 }

@@ -49,7 +49,8 @@ pub use id::{Id, IdPrefix, ObjectKind, ID_LEN, MIN_PREFIX_HEX};
 pub use index::ObjLoc;
 pub use migrate::{is_v1, migrate_v1, Migrated};
 pub use object::{
-    check_ref_name, Event, EventEnvelope, Meta, NewEvent, NOT_RECORDED, WALL_MS_FROM,
+    check_ref_name, Event, EventEnvelope, Meta, NewEvent, NOT_RECORDED, TREE_FROM, TREE_SCRUBBED,
+    WALL_MS_FROM,
 };
 pub use recovery::{Damage, DamageKind};
 pub use store::{

@@ -195,7 +195,36 @@ pub const WALL_MS_FROM: &str = "wall_ms_from";
 /// (`null`), never as the placeholder.
 pub const NOT_RECORDED: &str = "not_recorded";
 
+/// The `extra` key a rollout event's metadata carries when its `tree` is
+/// not the workspace as the run left it but a stand-in, with where it came
+/// from (`mass import sakana` gives `run folder at import`: the reference
+/// leaves each episode's workspace in its run folder, where anything may
+/// have changed it after the episode ended). Readers say so wherever they
+/// show the final workspace.
+pub const TREE_FROM: &str = "tree_from";
+
+/// The `extra` key naming, as a JSON list, the paths of a rollout's `tree`
+/// whose recorded bytes are not the source's: a credential in them was
+/// replaced by `REDACTED` (`mass import sakana` scrubs workspace files as
+/// it scrubs everything it records). Absent when no file was changed.
+pub const TREE_SCRUBBED: &str = "tree_scrubbed";
+
 impl Meta {
+    /// Where a stand-in `tree` came from (`TREE_FROM`); `None` for a tree
+    /// the run recorded itself.
+    pub fn tree_from(&self) -> Option<&str> {
+        self.extra.get(TREE_FROM).map(String::as_str)
+    }
+
+    /// The tree's paths whose bytes were scrubbed (`TREE_SCRUBBED`); a
+    /// value that is no JSON list of strings is given back whole, as one.
+    pub fn tree_scrubbed(&self) -> Vec<String> {
+        let Some(v) = self.extra.get(TREE_SCRUBBED) else {
+            return Vec::new();
+        };
+        serde_json::from_str(v).unwrap_or_else(|_| vec![v.clone()])
+    }
+
     /// Whether `extra` lists `field` as not recorded (`NOT_RECORDED`).
     pub fn not_recorded(&self, field: &str) -> bool {
         self.extra

@@ -2220,30 +2220,16 @@ impl<'a> Batch<'a> {
             },
             None => HashMap::new(),
         };
-        let mut entries = Vec::new();
-        for item in tree::walk_limited(dir, limits)? {
-            let content = tree::read_item_beneath(dir, &item)?;
-            let (blob, size) = match item.kind {
-                tree::EntryKind::Dir => ([0u8; 32], 0),
-                _ => {
-                    let id = self.put_blob(&content)?;
-                    if let Some(p) = self.objects.last_mut() {
-                        if p.id == id && parent.get(&item.rel) != Some(&id) {
-                            p.similar = parent.get(&item.rel).copied();
-                        }
-                    }
-                    (id.0, content.len() as u64)
+        let t = tree::snapshot_with(dir, limits, |item, content| {
+            let id = self.put_blob(&content)?;
+            if let Some(p) = self.objects.last_mut() {
+                if p.id == id && parent.get(&item.rel) != Some(&id) {
+                    p.similar = parent.get(&item.rel).copied();
                 }
-            };
-            entries.push(TreeEntry {
-                path: item.rel,
-                kind: item.kind,
-                mode: item.mode,
-                size,
-                blob,
-            });
-        }
-        self.put_tree(&Tree::new(entries)?)
+            }
+            Ok((id, content.len() as u64))
+        })?;
+        self.put_tree(&t)
     }
 
     /// Adds an event at the head of `ref_name`, which must be `expected` when the

@@ -386,6 +386,39 @@ fn walk_into(dir: &Path, prefix: &str, out: &mut Vec<WalkItem>, budget: &mut Bud
     Ok(())
 }
 
+/// The tree of `dir` within `limits`: the walk and the entries of every
+/// snapshot (`Batch::snapshot_dir`, and `mass import sakana`'s workspaces),
+/// in one place so both give the same tree for the same directory. Each
+/// file's bytes or link's target is handed to `put`, which stores it and
+/// returns its blob id and the length of what it stored (the entry's
+/// size: a caller that records other bytes than the file's, an import
+/// that scrubs a credential, records their length).
+pub fn snapshot_with(
+    dir: &Path,
+    limits: SnapshotLimits,
+    mut put: impl FnMut(&WalkItem, Vec<u8>) -> Result<(Id, u64)>,
+) -> Result<Tree> {
+    let mut entries = Vec::new();
+    for item in walk_limited(dir, limits)? {
+        let (blob, size) = match item.kind {
+            EntryKind::Dir => ([0u8; 32], 0),
+            _ => {
+                let content = read_item_beneath(dir, &item)?;
+                let (id, size) = put(&item, content)?;
+                (id.0, size)
+            }
+        };
+        entries.push(TreeEntry {
+            path: item.rel,
+            kind: item.kind,
+            mode: item.mode,
+            size,
+            blob,
+        });
+    }
+    Tree::new(entries)
+}
+
 /// Reads the content a [`WalkItem`] contributes: file bytes or the link
 /// target. A file is opened below `root` without following symlinks and
 /// must still be a regular file (see [`open_beneath`]).

@@ -251,19 +251,56 @@ fn rollout_lines(r: &audit::RolloutFacts) -> Vec<String> {
             r.orchestrator_model,
             r.subagent_model
         ),
-        // The zero id: not recorded (a run imported from a reference
-        // run folder has no workspace snapshots and no checks).
-        if r.tree.bytes().all(|b| b == b'0') {
+        workspace_line(r),
+    ]
+}
+
+/// Where the rollout's final workspace is. The zero id is not recorded (a
+/// run imported from a reference run folder without the episode's
+/// workspace, and an import's checks); a stand-in tree (`tree_from`) says
+/// where it came from, and which of its files were scrubbed.
+fn workspace_line(r: &audit::RolloutFacts) -> String {
+    let zero = |h: &str| h.bytes().all(|b| b == b'0');
+    let checks = if zero(&r.validation) {
+        "not recorded".to_string()
+    } else {
+        short(&r.validation).to_string()
+    };
+    if zero(&r.tree) {
+        return if zero(&r.validation) {
             "  final workspace and checks output not recorded (imported run)".to_string()
         } else {
-            format!(
-                "  final workspace tree {} (`mass checkout {} DIR`), checks output {}",
-                short(&r.tree),
-                short(&r.tree),
-                short(&r.validation)
-            )
-        },
-    ]
+            format!("  final workspace not recorded, checks output {checks}")
+        };
+    }
+    let from = match &r.tree_from {
+        Some(from) => {
+            format!(" from the {from}, not proven to be the workspace at the episode's end")
+        }
+        None => String::new(),
+    };
+    let scrubbed = match r.tree_scrubbed.len() {
+        0 => String::new(),
+        n => {
+            // The first few named; `why --json` lists them all.
+            let mut names = r.tree_scrubbed[..n.min(10)].join(", ");
+            if n > 10 {
+                names.push_str(&format!(" and {} more (`why --json`)", n - 10));
+            }
+            format!("; {n} file(s) recorded with a credential replaced by REDACTED, not as the folder holds them: {names}")
+        }
+    };
+    // A recorded tree keeps the line it always had; marks end in `;`.
+    let sep = if from.is_empty() && scrubbed.is_empty() {
+        ","
+    } else {
+        ";"
+    };
+    format!(
+        "  final workspace tree {} (`mass checkout {} DIR`){from}{scrubbed}{sep} checks output {checks}",
+        short(&r.tree),
+        short(&r.tree),
+    )
 }
 
 /// The guards' finding, the workflow (and the search step that made it

@@ -144,6 +144,15 @@ fn show_event(l: &Ledger, id: &ledger::Id, json: bool, out: &mut impl Write) -> 
             v["meta"]["pid"]
         )?;
     }
+    // A stand-in final workspace (`ledger::TREE_FROM`, an import's run
+    // folder) is said to be one on its own line, as a stand-in time is.
+    if let Some(from) = v["meta"]["extra"][ledger::TREE_FROM].as_str() {
+        writeln!(
+            out,
+            "tree    {} from the {from}, not proven to be the workspace at the episode's end",
+            v["payload"]["tree"].as_str().unwrap_or("(the payload's)")
+        )?;
+    }
     if let Some(extra) = v["meta"]["extra"].as_object() {
         for (k, val) in extra {
             writeln!(out, "meta    {k}={}", val.as_str().unwrap_or(""))?;

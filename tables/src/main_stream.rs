@@ -338,6 +338,7 @@ pub(crate) fn finish(
     w: &mut Writers,
 ) -> Result<()> {
     let seconds = audit::report::stage_seconds(l, &ctx.main)?;
+    let unclosed = audit::report::unclosed_stage_seconds(&ctx.main);
     for c in &ctx.status.cycles {
         for stage in audit::report::STAGES {
             let (calls, prompt, completion) = counts
@@ -351,11 +352,12 @@ pub(crate) fn finish(
                     run.into(),
                     c.cycle.into(),
                     stage.into(),
-                    // No step closed it: no recorded time (as `report`).
+                    // No step closed it: as `report` (0, or unknown for
+                    // an import).
                     seconds
                         .get(&(c.cycle, stage))
                         .copied()
-                        .unwrap_or(Some(0.0))
+                        .unwrap_or(unclosed)
                         .into(),
                     calls.into(),
                     prompt.into(),
