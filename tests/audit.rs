@@ -1074,3 +1074,48 @@ fn the_report_sets_the_chosen_checkpoint_beside_the_starting_model() {
         assert!(text.contains(&line), "no {line:?} in:\n{text}");
     }
 }
+
+/// A run keeps its report facts as it ends (the report projection), so its
+/// first report reads them; whatever becomes of the file, `mass report`
+/// gives what `--fresh` (every stream folded again) gives, over seeds.
+#[test]
+fn a_finished_run_keeps_its_report_facts_and_any_file_gives_the_fresh_report() {
+    for seed in [2u64, 5, 9] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let ledger = smoke(tmp.path(), seed);
+        let cache = ledger.join("cache/report");
+        let files: Vec<PathBuf> = std::fs::read_dir(&cache)
+            .expect("the run kept its report facts")
+            .map(|e| e.expect("entry").path())
+            .collect();
+        assert_eq!(files.len(), 1, "seed {seed}: {files:?}");
+        let kept = std::fs::read(&files[0]).expect("read");
+        let report = json(&ledger, &["report", "smoke", "--json"]);
+        assert_eq!(
+            std::fs::read(&files[0]).expect("read"),
+            kept,
+            "read, not rewritten"
+        );
+        assert_eq!(
+            json(&ledger, &["report", "smoke", "--fresh", "--json"]),
+            report,
+            "seed {seed}"
+        );
+        // Cut short, emptied, removed: each is folded again, never a failure.
+        for bytes in [&kept[..kept.len() / 2], &[][..]] {
+            std::fs::write(&files[0], bytes).expect("write");
+            assert_eq!(
+                json(&ledger, &["report", "smoke", "--json"]),
+                report,
+                "seed {seed}"
+            );
+        }
+        std::fs::remove_dir_all(&cache).expect("remove");
+        assert_eq!(
+            json(&ledger, &["report", "smoke", "--json"]),
+            report,
+            "seed {seed}"
+        );
+        assert!(cache.is_dir(), "kept again");
+    }
+}

@@ -692,6 +692,7 @@ fn dataset_lines_of(l: &Ledger, dev: &Event, ds: &Dataset, id: &Id) -> Result<Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rollouts::RunMembers;
 
     fn note(text: String) -> ledger::NewEvent {
         schemas::to_event(&schemas::Note { text })

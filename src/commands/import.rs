@@ -64,6 +64,7 @@ pub fn sakana(ledger_dir: &Path, run_dir: &Path, name: Option<&str>) -> Result<E
                 run_dir.display(),
                 head.to_hex()
             )?;
+            super::runs::keep_report_facts(&l, &run);
             unmarked
         }
         Outcome::AlreadyImported { head, unmarked } => {

@@ -813,9 +813,11 @@ fn go_with(
         run = req.run
     ));
     let start = Instant::now();
+    let run = req.run.clone();
     let s =
         engine::driver::drive_with(ledger.clone(), req, Some(&settings)).map_err(engine_error)?;
     print_summary(&s, start.elapsed().as_secs_f64());
+    keep_report_facts(&ledger, &run);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -825,7 +827,18 @@ fn go(ledger: Arc<Ledger>, req: RunRequest<'_>) -> Result<ExitCode> {
         run = req.run
     ));
     let start = Instant::now();
+    let run = req.run.clone();
     let s = drive(ledger.clone(), req).map_err(engine_error)?;
     print_summary(&s, start.elapsed().as_secs_f64());
+    keep_report_facts(&ledger, &run);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Folds a run's report facts as it ends and keeps them (the report
+/// projection, `audit/src/facts.rs`), so its first `mass report` reads
+/// them instead of every stream (at 1M events: 5.7 s folding, 1.6 s
+/// reading). Only a shortcut: a report that fails here is not this
+/// command's failure, and `mass report` says what is wrong.
+pub(crate) fn keep_report_facts(ledger: &Ledger, run: &str) {
+    let _ = audit::report::report_with(ledger, run, audit::report::Mode::Kept);
 }
