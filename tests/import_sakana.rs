@@ -188,10 +188,12 @@ fn check_two_runs_tables(tables: &Path) {
             .unwrap_or_else(|| panic!("{name} column"))
     };
     let (tree, validation) = (column("tree"), column("validation"));
+    let tree_from = column("tree_from");
     for row in rollouts.lines().skip(1) {
         let cells: Vec<&str> = row.split(',').collect();
         assert_eq!(cells[validation], "", "{row}");
         assert_eq!(cells[tree].len(), 64, "{row}");
+        assert_eq!(cells[tree_from], "run folder at import", "{row}");
     }
     let judgments = std::fs::read_to_string(tables.join("judgments.csv")).expect("judgments.csv");
     assert_eq!(judgments.lines().count(), 1 + 8);

@@ -339,6 +339,8 @@ fn check_rollouts(t: &Tables, run: &str, listed: &Value) {
         assert_eq!(r["rank"], l["rank"], "{l}");
         assert_eq!(r["selection"], l["selection"], "{l}");
         assert_eq!(r["checks_passed"], l["checks_passed"], "{l}");
+        // The engine snapshots the workspace the run ended with: no stand-in.
+        assert_eq!(r["tree_from"], Value::Null, "{l}");
     }
 }
 

@@ -216,6 +216,7 @@ pub const ROLLOUTS: TableDef = TableDef {
             "completion tokens over all its model calls",
         ),
         s("tree", "the final workspace (`mass checkout TREE DIR`); of an imported run, its run folder's at import (`tree_from` in the rollout's metadata), not proven to be the workspace at the episode's end; null: not recorded"),
+        s("tree_from", "where a stand-in `tree` came from (`run folder at import`: an imported run); null: the workspace the run ended with, as the engine snapshots it"),
         s("validation", "blob of the checks' output"),
         s("orchestrator", "the orchestrator stream's head"),
         i("subagents", "subagent streams"),

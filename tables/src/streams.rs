@@ -285,6 +285,7 @@ fn rollout_row(l: &Ledger, ev: &Event, ctx: &RunContext, s: &StreamCtx) -> Resul
         r.prompt_tokens.into(),
         r.completion_tokens.into(),
         hex_or_null(&r.tree).into(),
+        meta.tree_from().map(str::to_string).into(),
         hex_or_null(&r.validation).into(),
         hex(&r.orchestrator).into(),
         (r.subagents.len() as u64).into(),
