@@ -350,7 +350,9 @@ impl<'k> Projection<'k> {
     /// for the same stream at the same head.
     pub(crate) fn run_streams(&mut self, l: &Ledger, run: &str) -> Result<Vec<(String, Id)>> {
         let prefix = format!("{run}/");
-        let mut out = Vec::new();
+        // Each ref: its kept facts, or the number of its fold (`todo`).
+        let mut slots: Vec<(String, Id, Result<&'k ArchivedStreamFacts, usize>)> = Vec::new();
+        let mut todo = Vec::new();
         let mut kept = self.kept.iter().peekable();
         for (mut name, head) in l.refs_under(&prefix)? {
             if !name.starts_with(&prefix) {
@@ -359,19 +361,31 @@ impl<'k> Projection<'k> {
             name.drain(..prefix.len());
             let rel = name.as_str();
             while kept.next_if(|e| e.facts.stream.as_str() < rel).is_some() {}
-            let f = match kept.next_if(|e| e.facts.stream == rel && e.id == head.0) {
-                Some(e) => {
-                    self.reused += 1;
-                    Facts::Kept(&e.facts)
-                }
+            let slot = match kept.next_if(|e| e.facts.stream == rel && e.id == head.0) {
+                Some(e) => Ok(&e.facts),
                 None => {
-                    let ev = l.get_event(&head)?;
-                    if ev.stream != rel {
-                        continue;
-                    }
-                    self.folded += 1;
-                    Facts::Folded(Box::new(fold(l, &ev)?))
+                    todo.push((rel.to_string(), head));
+                    Err(todo.len() - 1)
                 }
+            };
+            slots.push((name, head, slot));
+        }
+        let mut folded = fold_all(l, &todo)?;
+        let mut out = Vec::with_capacity(slots.len());
+        for (name, head, slot) in slots {
+            let f = match slot {
+                Ok(k) => {
+                    self.reused += 1;
+                    Facts::Kept(k)
+                }
+                // A head naming another stream: not a stream of the run.
+                Err(j) => match folded.get_mut(j).and_then(Option::take) {
+                    Some(f) => {
+                        self.folded += 1;
+                        Facts::Folded(Box::new(f))
+                    }
+                    None => continue,
+                },
             };
             out.push((name, head));
             self.used.push((head, f));
@@ -394,6 +408,70 @@ impl<'k> Projection<'k> {
         }
         let _ = store(&path, &self.used);
     }
+}
+
+/// Folds the streams `todo` names (relative name, head) on as many threads
+/// as there are cores, each taking the next batch of streams as it
+/// finishes one: streams are independent, and the first report of a run
+/// folds all of them (1M events: 5.7 s on one thread). In `todo`'s order;
+/// `None` for a head that names another stream (no stream of the run).
+fn fold_all(l: &Ledger, todo: &[(String, Id)]) -> Result<Vec<Option<StreamFacts>>> {
+    const BATCH: usize = 256;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads == 1 || todo.len() <= BATCH {
+        return todo
+            .iter()
+            .map(|(rel, head)| fold_named(l, rel, *head))
+            .collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let batches: Vec<_> = todo.chunks(BATCH).collect();
+    type Folded = Result<Vec<Option<StreamFacts>>>;
+    let mut done: Vec<(usize, Folded)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads.min(batches.len()))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let b = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(batch) = batches.get(b) else {
+                            return mine;
+                        };
+                        let facts: Folded = batch
+                            .iter()
+                            .map(|(rel, head)| fold_named(l, rel, *head))
+                            .collect();
+                        mine.push((b, facts));
+                    }
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for w in workers {
+            all.extend(w.join().map_err(|_| {
+                EngineError::Invalid("a thread folding report facts panicked".into())
+            })?);
+        }
+        Ok::<_, EngineError>(all)
+    })?;
+    // In `todo`'s order, so a damaged stream's error is the first one's,
+    // as a fold on one thread would meet it.
+    done.sort_by_key(|(b, _)| *b);
+    let mut out = Vec::with_capacity(todo.len());
+    for (_, facts) in done {
+        out.extend(facts?);
+    }
+    Ok(out)
+}
+
+/// The facts of stream `rel` at `head`; `None` when the head names
+/// another stream.
+fn fold_named(l: &Ledger, rel: &str, head: Id) -> Result<Option<StreamFacts>> {
+    let ev = l.get_event(&head)?;
+    if ev.stream != rel {
+        return Ok(None);
+    }
+    fold(l, &ev).map(Some)
 }
 
 /// `LEDGER/cache/report/HEX.facts`, HEX the first 16 bytes of the BLAKE3

@@ -394,3 +394,69 @@ fn another_runs_file_and_another_builds_facts_are_not_used() {
         "another ledger's run r"
     );
 }
+
+/// What the report must count in the collect stage of `run`, read here
+/// without the report's code: every successful `model`/`judge`/
+/// `optimizer` effect on a collect stream, and the usage its output gives.
+fn collect_calls(l: &Ledger, run: &str) -> (u64, u64, u64) {
+    let (mut calls, mut prompt, mut completion) = (0, 0, 0);
+    for (name, head) in l.refs().expect("refs") {
+        if !(name.starts_with(&format!("{run}/c1/")) && name.contains("/collect/")) {
+            continue;
+        }
+        for ev in l.chain(head) {
+            let ev = ev.expect("event");
+            let Ok(e) = schemas::decode_event::<Effect>(&ev) else {
+                continue;
+            };
+            if ev.kind != "effect" || e.status != EffectStatus::Ok || e.effect == "tool" {
+                continue;
+            }
+            let out: serde_json::Value = serde_json::from_slice(
+                &l.get_blob(&Id(e.output.expect("output").0)).expect("blob"),
+            )
+            .expect("json");
+            calls += 1;
+            prompt += out["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+            completion += out["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+        }
+    }
+    (calls, prompt, completion)
+}
+
+/// A run with more streams than one batch of the fold's threads: the
+/// facts folded on several threads are those of every stream, in order,
+/// checked against counts taken here from the events and against the
+/// rollouts `mass runs` lists (each read on one thread).
+#[test]
+fn facts_folded_on_several_threads_are_every_streams() {
+    for seed in [11u64, 12] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let l = Ledger::init(&tmp.path().join("l")).expect("init");
+        build(&l, "r", seed, 90);
+        let r = json(&l, "r", Mode::Off);
+        let collect = r["cycles"][0]["stages"]
+            .as_array()
+            .expect("stages")
+            .iter()
+            .find(|s| s["stage"] == "collect")
+            .expect("collect")
+            .clone();
+        let (calls, prompt, completion) = collect_calls(&l, "r");
+        let streams = l.refs_under("r/").expect("refs").len();
+        assert!(streams > 2 * 256, "{streams} streams: several batches");
+        assert_eq!(collect["model_calls"], calls, "seed {seed}");
+        assert_eq!(collect["prompt_tokens"], prompt, "seed {seed}");
+        assert_eq!(collect["completion_tokens"], completion, "seed {seed}");
+        let listed = audit::rollouts(&l, "r").expect("rollouts");
+        let scored: usize = r["cycles"][0]["scores"]
+            .as_array()
+            .expect("scores")
+            .iter()
+            .map(|t| t["runs"].as_array().expect("runs").len())
+            .sum();
+        assert_eq!(scored, listed.iter().filter(|x| x.score.is_some()).count());
+        assert_eq!(json(&l, "r", Mode::Kept), r, "seed {seed}: kept");
+        assert_eq!(json(&l, "r", Mode::Kept), r, "seed {seed}: read");
+    }
+}
