@@ -691,6 +691,7 @@ fn dataset_lines_of(l: &Ledger, dev: &Event, ds: &Dataset, id: &Id) -> Result<Ve
 
 #[cfg(test)]
 mod tests {
+    use super::rollouts::RunMembers;
     use super::*;
 
     fn note(text: String) -> ledger::NewEvent {

@@ -301,7 +301,7 @@ struct Walk {
 }
 
 impl<'a> RunMembers<'a> {
-    fn new(l: &'a Ledger, run: &'a str) -> Self {
+    pub(crate) fn new(l: &'a Ledger, run: &'a str) -> Self {
         RunMembers {
             l,
             run,
@@ -310,7 +310,7 @@ impl<'a> RunMembers<'a> {
     }
 
     /// Whether `ev` is on one of the run's streams (as [`in_run`] says).
-    fn holds(&mut self, ev: &Event) -> Result<bool> {
+    pub(crate) fn holds(&mut self, ev: &Event) -> Result<bool> {
         let name = stream_ref(self.run, &ev.stream);
         let w = match self.walks.entry(name) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
