@@ -15,8 +15,10 @@
 //! of the run's current heads only. A file that fails any check (magic,
 //! the fold's key, the BLAKE3 footer, rkyv's validation) is ignored and
 //! folded again, never trusted in part; one that cannot be written (a
-//! read-only ledger) is skipped. The key covers this module's source, so a
-//! build that folds differently never reads another build's facts.
+//! read-only ledger) is skipped. The key covers the source of every file
+//! a fold runs code from (this module, `lib.rs`, `report.rs`, the schemas
+//! crate, `ledger`'s `object.rs`: [`FOLD_SOURCES`]), so a build that folds
+//! differently never reads another build's facts.
 //! `mass report --fresh` folds every stream again from the ledger (a kept
 //! fact never hides damage a fresh fold would meet).
 
@@ -411,12 +413,60 @@ fn path_of(dir: &Path, run: &str) -> PathBuf {
 
 const MAGIC: &[u8; 8] = b"MASSFCT1";
 
-/// The fold's key: this module's source and the format's name, so facts
-/// folded by other code are never read.
+/// Every source file whose code a fold runs, by path from the workspace
+/// root, sorted: this module (the fold, the file's layout), `lib.rs`
+/// (`decode`, `recorded`), `report.rs` (`OutputFigures::of`: a call's
+/// usage), `ledger`'s `object.rs` (`Meta::not_recorded`) and every file of
+/// the schemas crate (each record's decoding, older versions upgraded). A
+/// change to any of them may change what a fold gives, so it changes the
+/// key (a test reads the schemas crate's files: one added there must be
+/// listed here).
+const FOLD_SOURCES: [(&str, &[u8]); 10] = [
+    ("audit/src/facts.rs", include_bytes!("facts.rs")),
+    ("audit/src/lib.rs", include_bytes!("lib.rs")),
+    ("audit/src/report.rs", include_bytes!("report.rs")),
+    (
+        "ledger/src/object.rs",
+        include_bytes!("../../ledger/src/object.rs"),
+    ),
+    (
+        "schemas/src/hash.rs",
+        include_bytes!("../../schemas/src/hash.rs"),
+    ),
+    (
+        "schemas/src/lib.rs",
+        include_bytes!("../../schemas/src/lib.rs"),
+    ),
+    (
+        "schemas/src/mass.rs",
+        include_bytes!("../../schemas/src/mass.rs"),
+    ),
+    (
+        "schemas/src/mass/outcomes.rs",
+        include_bytes!("../../schemas/src/mass/outcomes.rs"),
+    ),
+    (
+        "schemas/src/records.rs",
+        include_bytes!("../../schemas/src/records.rs"),
+    ),
+    (
+        "schemas/src/registry.rs",
+        include_bytes!("../../schemas/src/registry.rs"),
+    ),
+];
+
+/// The fold's key: the format's name and every source a fold runs
+/// ([`FOLD_SOURCES`]: each path, a zero byte, its length as a u64 LE, its
+/// bytes), so facts folded by other code are never read.
 fn fold_key() -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     h.update(b"mass report facts, format 1\n");
-    h.update(include_bytes!("facts.rs"));
+    for (path, bytes) in FOLD_SOURCES {
+        h.update(path.as_bytes());
+        h.update(&[0]);
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    }
     *h.finalize().as_bytes()
 }
 

@@ -394,3 +394,60 @@ fn another_runs_file_and_another_builds_facts_are_not_used() {
         "another ledger's run r"
     );
 }
+
+/// Every `.rs` file under `dir` (relative to `root`, `/`-separated).
+fn rust_sources(root: &Path, dir: &str, out: &mut Vec<String>) {
+    for e in std::fs::read_dir(root.join(dir)).expect("read dir") {
+        let name = e.expect("entry").file_name();
+        let rel = format!("{dir}/{}", name.to_str().expect("utf-8 name"));
+        if root.join(&rel).is_dir() {
+            rust_sources(root, &rel, out);
+        } else if rel.ends_with(".rs") {
+            out.push(rel);
+        }
+    }
+}
+
+/// Regression: the fold key covered `facts.rs` alone, yet a fold runs code
+/// elsewhere: `report.rs` (`OutputFigures::of`, a call's usage), `lib.rs`
+/// (`decode`, `recorded`), the schemas crate (each record's decoding, older
+/// versions upgraded) and `ledger/src/object.rs` (`Meta::not_recorded`). A
+/// build that changed any of them read an older build's facts as its own
+/// (a finished run's heads never move, so for good). The key written must
+/// be the one over all of them, each schemas file included (one added
+/// there fails this test until the fold key lists it).
+#[test]
+fn regression_the_fold_key_covers_every_source_a_fold_runs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace");
+    let mut sources: Vec<String> = [
+        "audit/src/facts.rs",
+        "audit/src/lib.rs",
+        "audit/src/report.rs",
+        "ledger/src/object.rs",
+    ]
+    .map(String::from)
+    .to_vec();
+    rust_sources(root, "schemas/src", &mut sources);
+    sources.sort();
+    let mut h = blake3::Hasher::new();
+    h.update(b"mass report facts, format 1\n");
+    for s in &sources {
+        let bytes = std::fs::read(root.join(s)).expect("read source");
+        h.update(s.as_bytes());
+        h.update(&[0]);
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(&bytes);
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let l = Ledger::init(&tmp.path().join("l")).expect("init");
+    build(&l, "r", 1, 1);
+    json(&l, "r", Mode::Kept);
+    let written = std::fs::read(kept_file(l.dir())).expect("read");
+    assert_eq!(
+        &written[8..40],
+        h.finalize().as_bytes(),
+        "the fold key is not the one over {sources:?}"
+    );
+}
