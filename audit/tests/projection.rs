@@ -410,8 +410,8 @@ fn rust_sources(root: &Path, dir: &str, out: &mut Vec<String>) {
 
 /// Regression: the fold key covered `facts.rs` alone, yet a fold runs code
 /// elsewhere: `report.rs` (`OutputFigures::of`, a call's usage), `lib.rs`
-/// (`decode`, `recorded`), the schemas crate (each record's decoding, older
-/// versions upgraded) and `ledger/src/object.rs` (`Meta::not_recorded`). A
+/// (`decode`), the schemas crate (each record's decoding, older versions
+/// upgraded) and `ledger/src/object.rs` (events as decoded). A
 /// build that changed any of them read an older build's facts as its own
 /// (a finished run's heads never move, so for good). The key written must
 /// be the one over all of them, each schemas file included (one added
@@ -449,5 +449,99 @@ fn regression_the_fold_key_covers_every_source_a_fold_runs() {
         &written[8..40],
         h.finalize().as_bytes(),
         "the fold key is not the one over {sources:?}"
+    );
+}
+
+/// Run `run` of one ranked collected rollout that scored 0 of 0, its
+/// counts marked not recorded (as an import marks them) or not (as an
+/// older mass imported them): the same ids either way (metadata is outside
+/// them).
+fn zero_of_zero(l: &Ledger, run: &str, marked: bool) {
+    let mut b = l.batch();
+    let tree = b.put_blob(b"tree").expect("blob");
+    let rel = "c1/task-0/collect/00/orch";
+    let r = Rollout {
+        task: "task-0".into(),
+        purpose: "collect".into(),
+        cycle: 1,
+        index: 0,
+        workflow: h(tree),
+        orchestrator_model: "m".into(),
+        subagent_model: "m".into(),
+        status: "finished".into(),
+        detail: String::new(),
+        tree: h(tree),
+        validation: h(tree),
+        score_passed: 0,
+        score_total: 0,
+        orchestrator: h(tree),
+        subagents: vec![],
+        delegations: 0,
+        turns: 1,
+        prompt_tokens: 1,
+        completion_tokens: 1,
+        report: String::new(),
+    };
+    let mut r = schemas::to_event(&r).expect("encode").in_stream(rel);
+    if marked {
+        r = r.with_meta(ledger::NOT_RECORDED, "score_passed,score_total");
+    }
+    let rollout = b.append(&format!("{run}/{rel}"), None, r).expect("append");
+    let ranking = Ranking {
+        task: "task-0".into(),
+        cycle: 1,
+        prior: 0.5,
+        iterations: 1,
+        converged: true,
+        runs: vec![RankedRun {
+            rollout: h(rollout),
+            score: 0.5,
+            rank: 1,
+            wins: 0,
+            losses: 0,
+            ties: 0,
+        }],
+        judgments: vec![],
+    };
+    let ranking = schemas::to_event(&ranking)
+        .expect("encode")
+        .in_stream("main");
+    let main = b.append(run, None, ranking).expect("append");
+    b.commit().expect("commit");
+    close(l, run, main);
+}
+
+/// Regression: a rollout's kept facts held whether its 0 of 0 was
+/// recorded, read from its metadata, which its id does not cover: two
+/// ledgers can hold the same rollout with and without the marks (one
+/// imported by an older mass, see `import::Outcome::AlreadyImported`), and
+/// one ledger can get a copy with other metadata (stored again after its
+/// record was damaged). Kept facts must be a function of the head's id
+/// alone, so a file holding the same stream at the same head, whatever
+/// ledger wrote it, gives this ledger's report.
+#[test]
+fn regression_kept_facts_do_not_hold_what_metadata_says() {
+    let (a, b) = (
+        tempfile::tempdir().expect("tmp"),
+        tempfile::tempdir().expect("tmp"),
+    );
+    let marked = Ledger::init(&a.path().join("l")).expect("init");
+    let unmarked = Ledger::init(&b.path().join("l")).expect("init");
+    zero_of_zero(&marked, "r", true);
+    zero_of_zero(&unmarked, "r", false);
+    assert_eq!(
+        marked.head("r").expect("head"),
+        unmarked.head("r").expect("head")
+    );
+    let oracle = json(&marked, "r", Mode::Off);
+    let run = &oracle["cycles"][0]["scores"][0]["runs"][0];
+    assert!(run["checks_total"].is_null(), "not recorded: {oracle}");
+    assert_ne!(json(&unmarked, "r", Mode::Kept), oracle, "recorded there");
+    let theirs = std::fs::read(kept_file(unmarked.dir())).expect("read");
+    json(&marked, "r", Mode::Kept);
+    let file = kept_file(marked.dir());
+    assert!(
+        report_over(&marked, &file, &theirs, Mode::Kept, &oracle),
+        "the same stream at the same head, kept by a ledger whose metadata differs"
     );
 }
