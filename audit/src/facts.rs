@@ -5,7 +5,9 @@
 //! calls and their usage, its judgments' verdicts, and, when its head is a
 //! rollout, what `mass runs` shows of it) are a function of the head's id
 //! alone: events are immutable and content-addressed, and so is everything
-//! a chain reaches. So they can be kept, keyed by that id, and reused
+//! a chain reaches; nothing kept is read from metadata, which ids do not
+//! cover (whether a rollout's 0 of 0 was recorded is read at each
+//! listing). So they can be kept, keyed by that id, and reused
 //! until the head moves. Reading a 1M-event run's streams took ~15 s
 //! (`cargo bench --bench why`); reading its kept facts is a file read.
 //!
@@ -15,8 +17,10 @@
 //! of the run's current heads only. A file that fails any check (magic,
 //! the fold's key, the BLAKE3 footer, rkyv's validation) is ignored and
 //! folded again, never trusted in part; one that cannot be written (a
-//! read-only ledger) is skipped. The key covers this module's source, so a
-//! build that folds differently never reads another build's facts.
+//! read-only ledger) is skipped. The key covers the source of every file
+//! a fold runs code from (this module, `lib.rs`, `report.rs`, the schemas
+//! crate, `ledger`'s `object.rs`: [`FOLD_SOURCES`]), so a build that folds
+//! differently never reads another build's facts.
 //! `mass report --fresh` folds every stream again from the ledger (a kept
 //! fact never hides damage a fresh fold would meet).
 
@@ -27,7 +31,7 @@ use ledger::{Event, Id, Ledger};
 use rkyv::rancor;
 use schemas::{Decodable, Effect, EffectStatus, GuardCheck, Judgment, Rollout};
 
-use super::{decode, id_of, recorded};
+use super::{decode, id_of};
 use engine::error::{EngineError, Result};
 
 /// What a rollout event says of itself, as `mass runs` lists it (before
@@ -39,9 +43,12 @@ pub(crate) struct RolloutHead {
     pub(crate) index: u32,
     pub(crate) purpose: String,
     pub(crate) status: String,
-    /// `None`: not recorded (`ledger::NOT_RECORDED`, an imported run).
-    pub(crate) checks_passed: Option<u32>,
-    pub(crate) checks_total: Option<u32>,
+    /// The hidden checks' counts as the event holds them. Whether a 0 of 0
+    /// was recorded is the event's metadata, which its id does not cover
+    /// (two ledgers may hold one rollout with and without the mark), so it
+    /// is read at each listing, never kept.
+    pub(crate) score_passed: u32,
+    pub(crate) score_total: u32,
     pub(crate) model: String,
     /// A guard flagged it and the experiment excluded such runs.
     pub(crate) guard_excluded: bool,
@@ -158,13 +165,6 @@ pub(crate) fn rollout_head(l: &Ledger, ev: &Event) -> Result<Option<RolloutHead>
         return Ok(None);
     }
     let r: Rollout = decode(ev)?;
-    // Only a 0 of 0 can be a placeholder (an import lists it as not
-    // recorded): other counts were measured, and their metadata is
-    // not read (a read per rollout of a large run's report).
-    let meta = match r.score_total {
-        0 => l.get_meta(&ev.id)?,
-        _ => ledger::Meta::default(),
-    };
     let mut guard_excluded = false;
     for p in &ev.parents {
         let p = l.get_event(p)?;
@@ -174,8 +174,8 @@ pub(crate) fn rollout_head(l: &Ledger, ev: &Event) -> Result<Option<RolloutHead>
         }
     }
     Ok(Some(RolloutHead {
-        checks_passed: recorded(&meta, "score_passed", r.score_passed),
-        checks_total: recorded(&meta, "score_total", r.score_total),
+        score_passed: r.score_passed,
+        score_total: r.score_total,
         task: r.task,
         cycle: r.cycle,
         index: r.index,
@@ -489,12 +489,60 @@ fn path_of(dir: &Path, run: &str) -> PathBuf {
 
 const MAGIC: &[u8; 8] = b"MASSFCT1";
 
-/// The fold's key: this module's source and the format's name, so facts
-/// folded by other code are never read.
+/// Every source file whose code a fold runs, by path from the workspace
+/// root, sorted: this module (the fold, the file's layout), `lib.rs`
+/// (`decode`), `report.rs` (`OutputFigures::of`: a call's usage),
+/// `ledger`'s `object.rs` (events as decoded) and every file of
+/// the schemas crate (each record's decoding, older versions upgraded). A
+/// change to any of them may change what a fold gives, so it changes the
+/// key (a test reads the schemas crate's files: one added there must be
+/// listed here).
+const FOLD_SOURCES: [(&str, &[u8]); 10] = [
+    ("audit/src/facts.rs", include_bytes!("facts.rs")),
+    ("audit/src/lib.rs", include_bytes!("lib.rs")),
+    ("audit/src/report.rs", include_bytes!("report.rs")),
+    (
+        "ledger/src/object.rs",
+        include_bytes!("../../ledger/src/object.rs"),
+    ),
+    (
+        "schemas/src/hash.rs",
+        include_bytes!("../../schemas/src/hash.rs"),
+    ),
+    (
+        "schemas/src/lib.rs",
+        include_bytes!("../../schemas/src/lib.rs"),
+    ),
+    (
+        "schemas/src/mass.rs",
+        include_bytes!("../../schemas/src/mass.rs"),
+    ),
+    (
+        "schemas/src/mass/outcomes.rs",
+        include_bytes!("../../schemas/src/mass/outcomes.rs"),
+    ),
+    (
+        "schemas/src/records.rs",
+        include_bytes!("../../schemas/src/records.rs"),
+    ),
+    (
+        "schemas/src/registry.rs",
+        include_bytes!("../../schemas/src/registry.rs"),
+    ),
+];
+
+/// The fold's key: the format's name and every source a fold runs
+/// ([`FOLD_SOURCES`]: each path, a zero byte, its length as a u64 LE, its
+/// bytes), so facts folded by other code are never read.
 fn fold_key() -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     h.update(b"mass report facts, format 1\n");
-    h.update(include_bytes!("facts.rs"));
+    for (path, bytes) in FOLD_SOURCES {
+        h.update(path.as_bytes());
+        h.update(&[0]);
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    }
     *h.finalize().as_bytes()
 }
 

@@ -691,8 +691,8 @@ fn dataset_lines_of(l: &Ledger, dev: &Event, ds: &Dataset, id: &Id) -> Result<Ve
 
 #[cfg(test)]
 mod tests {
+    use super::rollouts::RunMembers;
     use super::*;
-    use crate::rollouts::RunMembers;
 
     fn note(text: String) -> ledger::NewEvent {
         schemas::to_event(&schemas::Note { text })

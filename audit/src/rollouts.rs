@@ -10,7 +10,7 @@ use ledger::{Event, Id, Ledger};
 use schemas::{Decodable, Ranking, Selection};
 use serde::Serialize;
 
-use super::{decode, facts, hex, id_of, selection_facts};
+use super::{decode, facts, hex, id_of, recorded, selection_facts};
 use engine::error::{EngineError, Result};
 
 /// Rankings and selections met while listing a run's rollouts, each read
@@ -192,6 +192,13 @@ pub(crate) fn rollouts_of<'a>(
     let mut decisions = Decisions::new(l);
     for (head, r) in heads {
         let guard_excluded = r.guard_excluded;
+        // Only a 0 of 0 can be a placeholder (an import lists it as not
+        // recorded): other counts were measured, and their metadata is
+        // not read (a read per rollout of a large run's report).
+        let meta = match r.score_total {
+            0 => l.get_meta(&head)?,
+            _ => ledger::Meta::default(),
+        };
         // A rollout shared with another run (a fork, a re-judge) may be
         // ranked and selected there too: only this run's decisions count.
         let mut ranked = None;
@@ -247,8 +254,8 @@ pub(crate) fn rollouts_of<'a>(
                 }
                 .to_string()
             },
-            checks_passed: r.checks_passed,
-            checks_total: r.checks_total,
+            checks_passed: recorded(&meta, "score_passed", r.score_passed),
+            checks_total: recorded(&meta, "score_total", r.score_total),
             model: r.model.clone(),
             score: me.as_ref().map(|m| m.score),
             rank: me.as_ref().map(|m| m.rank),

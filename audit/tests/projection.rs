@@ -460,3 +460,154 @@ fn facts_folded_on_several_threads_are_every_streams() {
         assert_eq!(json(&l, "r", Mode::Kept), r, "seed {seed}: read");
     }
 }
+
+/// Every `.rs` file under `dir` (relative to `root`, `/`-separated).
+fn rust_sources(root: &Path, dir: &str, out: &mut Vec<String>) {
+    for e in std::fs::read_dir(root.join(dir)).expect("read dir") {
+        let name = e.expect("entry").file_name();
+        let rel = format!("{dir}/{}", name.to_str().expect("utf-8 name"));
+        if root.join(&rel).is_dir() {
+            rust_sources(root, &rel, out);
+        } else if rel.ends_with(".rs") {
+            out.push(rel);
+        }
+    }
+}
+
+/// Regression: the fold key covered `facts.rs` alone, yet a fold runs code
+/// elsewhere: `report.rs` (`OutputFigures::of`, a call's usage), `lib.rs`
+/// (`decode`), the schemas crate (each record's decoding, older versions
+/// upgraded) and `ledger/src/object.rs` (events as decoded). A
+/// build that changed any of them read an older build's facts as its own
+/// (a finished run's heads never move, so for good). The key written must
+/// be the one over all of them, each schemas file included (one added
+/// there fails this test until the fold key lists it).
+#[test]
+fn regression_the_fold_key_covers_every_source_a_fold_runs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace");
+    let mut sources: Vec<String> = [
+        "audit/src/facts.rs",
+        "audit/src/lib.rs",
+        "audit/src/report.rs",
+        "ledger/src/object.rs",
+    ]
+    .map(String::from)
+    .to_vec();
+    rust_sources(root, "schemas/src", &mut sources);
+    sources.sort();
+    let mut h = blake3::Hasher::new();
+    h.update(b"mass report facts, format 1\n");
+    for s in &sources {
+        let bytes = std::fs::read(root.join(s)).expect("read source");
+        h.update(s.as_bytes());
+        h.update(&[0]);
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(&bytes);
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let l = Ledger::init(&tmp.path().join("l")).expect("init");
+    build(&l, "r", 1, 1);
+    json(&l, "r", Mode::Kept);
+    let written = std::fs::read(kept_file(l.dir())).expect("read");
+    assert_eq!(
+        &written[8..40],
+        h.finalize().as_bytes(),
+        "the fold key is not the one over {sources:?}"
+    );
+}
+
+/// Run `run` of one ranked collected rollout that scored 0 of 0, its
+/// counts marked not recorded (as an import marks them) or not (as an
+/// older mass imported them): the same ids either way (metadata is outside
+/// them).
+fn zero_of_zero(l: &Ledger, run: &str, marked: bool) {
+    let mut b = l.batch();
+    let tree = b.put_blob(b"tree").expect("blob");
+    let rel = "c1/task-0/collect/00/orch";
+    let r = Rollout {
+        task: "task-0".into(),
+        purpose: "collect".into(),
+        cycle: 1,
+        index: 0,
+        workflow: h(tree),
+        orchestrator_model: "m".into(),
+        subagent_model: "m".into(),
+        status: "finished".into(),
+        detail: String::new(),
+        tree: h(tree),
+        validation: h(tree),
+        score_passed: 0,
+        score_total: 0,
+        orchestrator: h(tree),
+        subagents: vec![],
+        delegations: 0,
+        turns: 1,
+        prompt_tokens: 1,
+        completion_tokens: 1,
+        report: String::new(),
+    };
+    let mut r = schemas::to_event(&r).expect("encode").in_stream(rel);
+    if marked {
+        r = r.with_meta(ledger::NOT_RECORDED, "score_passed,score_total");
+    }
+    let rollout = b.append(&format!("{run}/{rel}"), None, r).expect("append");
+    let ranking = Ranking {
+        task: "task-0".into(),
+        cycle: 1,
+        prior: 0.5,
+        iterations: 1,
+        converged: true,
+        runs: vec![RankedRun {
+            rollout: h(rollout),
+            score: 0.5,
+            rank: 1,
+            wins: 0,
+            losses: 0,
+            ties: 0,
+        }],
+        judgments: vec![],
+    };
+    let ranking = schemas::to_event(&ranking)
+        .expect("encode")
+        .in_stream("main");
+    let main = b.append(run, None, ranking).expect("append");
+    b.commit().expect("commit");
+    close(l, run, main);
+}
+
+/// Regression: a rollout's kept facts held whether its 0 of 0 was
+/// recorded, read from its metadata, which its id does not cover: two
+/// ledgers can hold the same rollout with and without the marks (one
+/// imported by an older mass, see `import::Outcome::AlreadyImported`), and
+/// one ledger can get a copy with other metadata (stored again after its
+/// record was damaged). Kept facts must be a function of the head's id
+/// alone, so a file holding the same stream at the same head, whatever
+/// ledger wrote it, gives this ledger's report.
+#[test]
+fn regression_kept_facts_do_not_hold_what_metadata_says() {
+    let (a, b) = (
+        tempfile::tempdir().expect("tmp"),
+        tempfile::tempdir().expect("tmp"),
+    );
+    let marked = Ledger::init(&a.path().join("l")).expect("init");
+    let unmarked = Ledger::init(&b.path().join("l")).expect("init");
+    zero_of_zero(&marked, "r", true);
+    zero_of_zero(&unmarked, "r", false);
+    assert_eq!(
+        marked.head("r").expect("head"),
+        unmarked.head("r").expect("head")
+    );
+    let oracle = json(&marked, "r", Mode::Off);
+    let run = &oracle["cycles"][0]["scores"][0]["runs"][0];
+    assert!(run["checks_total"].is_null(), "not recorded: {oracle}");
+    assert_ne!(json(&unmarked, "r", Mode::Kept), oracle, "recorded there");
+    let theirs = std::fs::read(kept_file(unmarked.dir())).expect("read");
+    json(&marked, "r", Mode::Kept);
+    let file = kept_file(marked.dir());
+    assert!(
+        report_over(&marked, &file, &theirs, Mode::Kept, &oracle),
+        "the same stream at the same head, kept by a ledger whose metadata differs"
+    );
+}

@@ -1041,9 +1041,18 @@ impl Ledger {
     /// walk backwards ("which judgments name this rollout").
     pub fn referrers(&self, id: &Id) -> Result<Vec<Id>> {
         // In log order, by the ordinal the index keeps beside each link (a
-        // lookup of each referrer's location was most of the cost).
+        // lookup of each referrer's location was most of the cost). An id
+        // listed more than once (stored again after its record was damaged:
+        // an older table still lists the damaged copy) takes its newest
+        // ordinal, the copy `locate` and every read use.
         let mut with_ord = self.idx.referrers(id);
-        with_ord.sort();
+        with_ord.sort_unstable_by_key(|&(ord, c)| (c, std::cmp::Reverse(ord)));
+        for i in 1..with_ord.len() {
+            if with_ord[i].1 == with_ord[i - 1].1 {
+                with_ord[i].0 = with_ord[i - 1].0;
+            }
+        }
+        with_ord.sort_unstable();
         Ok(with_ord.into_iter().map(|(_, c)| c).collect())
     }
 

@@ -551,3 +551,49 @@ fn a_refused_open_keeps_the_evidence_that_refused_it() {
         .log_behind_index
         .is_some());
 }
+
+/// Regression (3fbdbb6): `referrers` sorted each link by the ordinal its
+/// own table keeps, where it had sorted by `locate` (an id's newest
+/// location). An event stored again after its record was damaged (an
+/// older table still lists the damaged copy, a newer part of the index the
+/// copy read from) came first at the damaged copy's place, out of the log
+/// order every read of it sees. Each referrer sorts where it is read from.
+#[test]
+fn regression_an_event_stored_again_is_a_referrer_where_it_is_read_from() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("l");
+    let (p, a, b, raw_a) = {
+        let l = Ledger::init(&dir).unwrap();
+        let p = l
+            .append("p", None, NewEvent::new("demo.p", 1, b"p".to_vec()))
+            .unwrap();
+        let linked = |name: &str| {
+            let ev = NewEvent::new("demo.link", 1, name.repeat(40).into_bytes());
+            l.append(name, None, ev.with_parents(vec![p])).unwrap()
+        };
+        let (a, b) = (linked("a"), linked("b"));
+        let raw = l.raw_object(&a).unwrap().1;
+        (p, a, b, raw)
+    }; // closed: its index is a table
+    let loc = Ledger::open(&dir).unwrap().locate(&a).unwrap().unwrap();
+    xor(
+        &seg(&dir, loc.seg),
+        loc.offset + format::RECORD_HEADER_LEN as u64 + 5,
+        0x20,
+    );
+    let l = Ledger::open(&dir).unwrap();
+    assert!(l.get_event(&a).is_err(), "a's record is damaged");
+    let mut batch = l.batch();
+    batch.put_raw(ObjectKind::Event, raw_a, Vec::new()).unwrap();
+    batch.commit().unwrap();
+    assert!(l.get_event(&a).is_ok(), "a is stored again");
+    let ord = |id: &Id| l.locate(id).unwrap().unwrap().ordinal;
+    assert!(ord(&a) > ord(&b), "a's copy is after b");
+    let got = l.referrers(&p).unwrap();
+    let ords: Vec<u64> = got.iter().map(ord).collect();
+    assert!(
+        ords.windows(2).all(|w| w[0] <= w[1]),
+        "not in the log order reads see: {got:?} at {ords:?} (a {a}, b {b})"
+    );
+    assert_eq!(got.last(), Some(&a));
+}
