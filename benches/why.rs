@@ -216,6 +216,19 @@ fn decisions(
             }),
         )
         .expect("append");
+    dataset_and_training(b, task, tree, rollouts, selection)
+}
+
+/// The task's dataset (with its provenance blob) after `selection`, and the
+/// training on it; returns the training.
+fn dataset_and_training(
+    b: &mut ledger::Batch<'_>,
+    task: &str,
+    tree: Id,
+    rollouts: &[Id],
+    selection: Id,
+) -> Id {
+    let main = "bench";
     let provenance: String = rollouts[..16]
         .iter()
         .enumerate()
@@ -248,33 +261,31 @@ fn decisions(
             }),
         )
         .expect("append");
-    let training = b
-        .append(
-            main,
-            Some(dataset),
-            ev!(Training {
-                cycle: 1,
-                dataset: h(dataset),
-                base_model: "m".into(),
-                new_model: format!("m+{task}"),
-                command: "sim".into(),
-                exit_status: 0,
-                output: h(tree),
-                log: h(tree),
-                checkpoint: "checkpoint-3".into(),
-                validation_loss: 0.9,
-                base_validation_loss: Some(1.1),
-                effect: h(dataset),
-                hyperparameters: h(tree),
-                checkpoint_reason: "lowest".into(),
-                adapter: h(tree),
-                trainer_version: String::new(),
-                steps: 0,
-            })
-            .in_stream("main"),
-        )
-        .expect("append");
-    training
+    b.append(
+        main,
+        Some(dataset),
+        ev!(Training {
+            cycle: 1,
+            dataset: h(dataset),
+            base_model: "m".into(),
+            new_model: format!("m+{task}"),
+            command: "sim".into(),
+            exit_status: 0,
+            output: h(tree),
+            log: h(tree),
+            checkpoint: "checkpoint-3".into(),
+            validation_loss: 0.9,
+            base_validation_loss: Some(1.1),
+            effect: h(dataset),
+            hyperparameters: h(tree),
+            checkpoint_reason: "lowest".into(),
+            adapter: h(tree),
+            trainer_version: String::new(),
+            steps: 0,
+        })
+        .in_stream("main"),
+    )
+    .expect("append")
 }
 
 /// A recorded model call: its request and its output (a message and the
@@ -392,7 +403,9 @@ fn scan_judgments(l: &Ledger, id: Id) -> usize {
     n
 }
 
-fn main() {
+/// The sizes asked for (`--sizes=N,M`, `--quick`, the smoke run's), and
+/// whether this is the smoke run.
+fn sizes() -> (Vec<usize>, bool) {
     let args: Vec<String> = std::env::args().collect();
     // `cargo test --all-targets` runs this binary without `--bench`: a smoke run.
     let smoke = !args.iter().any(|a| a == "--bench");
@@ -402,15 +415,83 @@ fn main() {
         .filter_map(|a| a.strip_prefix("--sizes="))
         .flat_map(|v| v.split(',').filter_map(|n| n.parse().ok()))
         .collect();
-    let sizes: &[usize] = if !given.is_empty() {
-        &given
+    let sizes = if !given.is_empty() {
+        given
     } else if smoke {
-        &[2_000, 10_000]
+        vec![2_000, 10_000]
     } else if quick {
-        &[10_000, 100_000]
+        vec![10_000, 100_000]
     } else {
-        &[10_000, 1_000_000]
+        vec![10_000, 1_000_000]
     };
+    (sizes, smoke)
+}
+
+/// A ledger of at least `size` events, reopened read-only: the ledger,
+/// every rollout, the events written and the seconds it took.
+fn build(dir: &std::path::Path, size: usize) -> (Ledger, Vec<Id>, usize, f64) {
+    let l = Ledger::init(&dir.join("l")).expect("init");
+    let t0 = Instant::now();
+    let (mut all, mut events, mut t, mut head) = (Vec::new(), 0, 0, None);
+    while events < size {
+        let (r, n, h) = task_block(&l, t, head);
+        all.extend(r);
+        events += n;
+        t += 1;
+        head = Some(h);
+    }
+    close_run(&l, head);
+    drop(l);
+    let l = Ledger::open_read_only(&dir.join("l")).expect("open");
+    (l, all, events, t0.elapsed().as_secs_f64())
+}
+
+/// `why`'s median and p90 over the queries, and the scan's median (ms).
+fn time_why(l: &Ledger, all: &[Id]) -> (f64, f64, f64) {
+    let (mut why_ms, mut scan_ms) = (Vec::new(), Vec::new());
+    for q in 0..QUERIES {
+        let id = all[(q * 7919) % all.len()];
+        let t = Instant::now();
+        let w = audit::why(l, id).expect("why");
+        why_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(w.judgments.len(), 2 * OPPONENTS, "every judgment found");
+        assert!(w.ranking.is_some() && w.training.is_some());
+        if q < 5 {
+            let t = Instant::now();
+            assert_eq!(scan_judgments(l, id), 2 * OPPONENTS);
+            scan_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    (median(why_ms.clone()), p90(why_ms), median(scan_ms))
+}
+
+/// Builds a ledger of `size` events, times `why` and `report` on it, prints
+/// the row and returns it.
+fn measure(size: usize) -> serde_json::Value {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (l, all, events, build) = build(dir.path(), size);
+    let (m, p, s) = time_why(&l, &all);
+    let (cold, fresh, kept) = time_report(&l, (all.len() * 3) as u32);
+    println!(
+        "{events:>9}  {build:>9.1}  {m:>10.3}  {p:>9.3}  {s:>12.1}  {:>10.5}  {cold:>13.2}  {fresh:>8.2}  {kept:>8.3}",
+        m / s
+    );
+    serde_json::json!({
+        "events": events,
+        "build_s": build,
+        "why_median_ms": m,
+        "why_p90_ms": p,
+        "scan_median_ms": s,
+        "why_vs_scan": m / s,
+        "report_cold_s": cold,
+        "report_fresh_s": fresh,
+        "report_kept_s": kept,
+        "kept_vs_cold": kept / cold,
+    })
+}
+
+fn main() {
+    let (sizes, smoke) = sizes();
     println!(
         "mass why: the evidence chain of one rollout, {QUERIES} queries per ledger (medians, ms); mass report of the run (s: folding every stream; --fresh, which keeps the facts; median of 3 reading them)"
     );
@@ -426,67 +507,23 @@ fn main() {
         "fresh s",
         "kept s"
     );
-    let mut first = None;
-    let (mut rows, mut flatness) = (Vec::new(), None);
-    for &size in sizes {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let l = Ledger::init(&dir.path().join("l")).expect("init");
-        let t0 = Instant::now();
-        let (mut all, mut events, mut t, mut head) = (Vec::new(), 0, 0, None);
-        while events < size {
-            let (r, n, h) = task_block(&l, t, head);
-            all.extend(r);
-            events += n;
-            t += 1;
-            head = Some(h);
+    let (mut rows, mut flatness) = (Vec::<serde_json::Value>::new(), None);
+    for &size in &sizes {
+        let row = measure(size);
+        let m = row["why_median_ms"].as_f64().unwrap_or(f64::NAN);
+        if let Some(first) = rows.first() {
+            let (e0, m0) = (
+                &first["events"],
+                first["why_median_ms"].as_f64().unwrap_or(f64::NAN),
+            );
+            flatness = Some(m / m0);
+            println!(
+                "median at {} events / median at {e0} events: {:.2}x (flat = 1; goal: <= 10 ms at 1M)",
+                row["events"],
+                m / m0
+            )
         }
-        close_run(&l, head);
-        drop(l);
-        let l = Ledger::open_read_only(&dir.path().join("l")).expect("open");
-        let build = t0.elapsed().as_secs_f64();
-        let (mut why_ms, mut scan_ms) = (Vec::new(), Vec::new());
-        for q in 0..QUERIES {
-            let id = all[(q * 7919) % all.len()];
-            let t = Instant::now();
-            let w = audit::why(&l, id).expect("why");
-            why_ms.push(t.elapsed().as_secs_f64() * 1e3);
-            assert_eq!(w.judgments.len(), 2 * OPPONENTS, "every judgment found");
-            assert!(w.ranking.is_some() && w.training.is_some());
-            if q < 5 {
-                let t = Instant::now();
-                assert_eq!(scan_judgments(&l, id), 2 * OPPONENTS);
-                scan_ms.push(t.elapsed().as_secs_f64() * 1e3);
-            }
-        }
-        let (m, p) = (median(why_ms.clone()), p90(why_ms));
-        let s = median(scan_ms);
-        let (cold, fresh, kept) = time_report(&l, (all.len() * 3) as u32);
-        println!(
-            "{events:>9}  {build:>9.1}  {m:>10.3}  {p:>9.3}  {s:>12.1}  {:>10.5}  {cold:>13.2}  {fresh:>8.2}  {kept:>8.3}",
-            m / s
-        );
-        rows.push(serde_json::json!({
-            "events": events,
-            "build_s": build,
-            "why_median_ms": m,
-            "why_p90_ms": p,
-            "scan_median_ms": s,
-            "why_vs_scan": m / s,
-            "report_cold_s": cold,
-            "report_fresh_s": fresh,
-            "report_kept_s": kept,
-            "kept_vs_cold": kept / cold,
-        }));
-        match first {
-            None => first = Some((events, m)),
-            Some((e0, m0)) => {
-                flatness = Some(m / m0);
-                println!(
-                    "median at {events} events / median at {e0} events: {:.2}x (flat = 1; goal: <= 10 ms at 1M)",
-                    m / m0
-                )
-            }
-        }
+        rows.push(row);
     }
     if let Some(last) = rows.last() {
         println!(
