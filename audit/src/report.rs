@@ -320,6 +320,19 @@ pub fn report(l: &Ledger, run: &str) -> Result<Report> {
     report_with(l, run, Mode::Off)
 }
 
+/// Brings run `run`'s kept stream facts (the report projection) up to its
+/// current heads, folding only the streams that moved, without computing
+/// a report: what a command that ends a run does, so the run's first
+/// report reads them.
+pub fn keep_facts(l: &Ledger, run: &str) -> Result<()> {
+    let file = KeptFile::read(l, run, Mode::Kept);
+    let kept = file.as_ref().and_then(|f| f.entries()).unwrap_or_default();
+    let mut projection = Projection::open(l, run, Mode::Kept, kept);
+    projection.run_streams(l, run)?;
+    projection.close();
+    Ok(())
+}
+
 /// [`report`], reading and keeping the run's stream facts as `mode` says
 /// (the report projection, `facts`).
 pub fn report_with(l: &Ledger, run: &str, mode: Mode) -> Result<Report> {
