@@ -231,12 +231,12 @@ pub fn check_run_start(run: &str, first: &Event) -> Result<()> {
     let rs: RunStarted = schemas::decode_event(first)?;
     if rs.driver.starts_with("sakana-import/") {
         return Err(EngineError::Invalid(format!(
-            "run {run} was imported from a run folder of the reference implementation ({}): \
-             it can be read (why, report, diff, export) but not re-judged, resumed, replayed or forked: \
-             no engine made its requests, so no prefix of it can be replayed; its workspaces are the run \
-             folder's at import, not snapshots taken when each episode ended (a re-judge shows the judge \
-             each run's final workspace); and it holds no task suite and no experiment definition this \
-             engine can drive",
+            "run {run} starts as a run imported from a run folder of the reference implementation ({}): \
+             it can be read (why, report, diff, export), and the imported run's cycle re-judged \
+             (`mass rejudge IMPORTED --cycle C --judge FILE`; the same command again continues an \
+             interrupted re-judge), but it cannot be resumed, replayed or forked: no engine made its \
+             requests, so no prefix of it can be replayed, and it holds no task suite and no experiment \
+             definition this engine can drive",
             rs.driver
         )));
     }

@@ -76,22 +76,43 @@ pub struct RunRef {
     pub violations: Vec<String>,
 }
 
+/// What a judge is told of the task: its id, its statement, and the files
+/// it asks for (none known: a run imported from the reference
+/// implementation, whose folder holds the task's statement only).
+#[derive(Debug, Clone, Copy)]
+pub struct Brief<'t> {
+    pub id: &'t str,
+    pub prompt: &'t str,
+    pub deliverables: &'t [String],
+}
+
+impl<'t> From<&'t Task> for Brief<'t> {
+    fn from(t: &'t Task) -> Brief<'t> {
+        Brief {
+            id: &t.id,
+            prompt: &t.prompt,
+            deliverables: &t.deliverables,
+        }
+    }
+}
+
 /// Judges `a` against `b` in stream `rel`; `swapped` shows `b` as Workspace A.
-pub async fn judge_pair(
+pub async fn judge_pair<'t>(
     session: &replay::Session,
     rel: &str,
-    task: &Task,
+    task: impl Into<Brief<'t>>,
     a: &RunRef,
     b: &RunRef,
     swapped: bool,
     judge: &Judge,
 ) -> Result<(Id, Judgment)> {
+    let task: Brief<'t> = task.into();
     let ledger = session.ledger();
     let (first, second) = if swapped { (b, a) } else { (a, b) };
     let prompt = format!(
         "{}\n{}\n\n{}\n\n{}\n\n{}\n\nWhich workspace better accomplishes the task? Reply with only the JSON verdict.",
         prompts::TASK_HEADER,
-        task_text(task),
+        task_text(&task),
         workspace_section(ledger, prompts::WORKSPACE_A, &first.record, judge.shown)?,
         workspace_section(ledger, prompts::WORKSPACE_B, &second.record, judge.shown)?,
         "Remember: position must not matter."
@@ -137,7 +158,7 @@ pub async fn judge_pair(
         }
     }
     let record = Judgment {
-        task: task.id.clone(),
+        task: task.id.to_string(),
         a: a.event.into(),
         b: b.event.into(),
         swapped,
@@ -152,7 +173,13 @@ pub async fn judge_pair(
     Ok((id, record))
 }
 
-fn task_text(task: &Task) -> String {
+fn task_text(task: &Brief<'_>) -> String {
+    // No deliverables only for a task whose list was never recorded (every
+    // suite task names at least one): the judge is not told of an empty
+    // list it would read as "nothing asked for".
+    if task.deliverables.is_empty() {
+        return format!("{}\n\nTask id: {}.", task.prompt.trim_end(), task.id);
+    }
     format!(
         "{}\n\nTask id: {}. Deliverables: {}.",
         task.prompt.trim_end(),

@@ -1,7 +1,8 @@
 //! `import`: run folders of the reference implementation of MASS
 //! (SakanaAI/mass, Python) become runs in the ledger, in the event shapes
 //! the engine records, so `mass why`, `report`, `diff` and `export tables`
-//! read them unchanged.
+//! read them unchanged, and an imported cycle can be judged again by
+//! another judge (`rejudge.rs`).
 //!
 //! An import has three steps, and only the last writes:
 //!
@@ -29,6 +30,7 @@ mod fsread;
 mod objects;
 mod plan;
 mod reference;
+pub mod rejudge;
 mod secrets;
 mod stages;
 

@@ -11,6 +11,7 @@ mod maintain;
 mod objects;
 mod proxy;
 mod rank;
+mod rejudge;
 mod remote;
 mod run_file;
 mod runs;

@@ -29,7 +29,7 @@ struct Bars {
 /// How a run reports progress: bars on a terminal, plain lines (stage
 /// started, stage done with its count and time) when stderr is a file or a
 /// pipe, nothing with `--quiet`.
-fn progress(quiet: bool) -> Box<dyn Progress> {
+pub(crate) fn progress(quiet: bool) -> Box<dyn Progress> {
     use std::io::IsTerminal;
     if quiet {
         Box::new(engine::context::NoProgress)
@@ -337,18 +337,21 @@ pub fn rejudge(
             "no run named {source:?} (`mass status` lists runs)"
         ))
     })?;
-    if ledger.head(name)?.is_some() {
-        return Err(CliError::Conflict(format!(
-            "run {name} exists already (a re-judge that was interrupted or failed?): continue it with `mass resume {name}`, or remove it with `mass runs rm {name}` and re-judge again"
-        ))
-        .into());
-    }
     let main: Vec<ledger::Event> = {
         let mut v = ledger.chain(head).collect::<ledger::Result<Vec<_>>>()?;
         v.reverse();
         v
     };
     let start = main.first().context("empty run")?.clone();
+    if import::rejudge::is_imported(&start) {
+        return super::rejudge::imported(&ledger, source, name, opts, quiet);
+    }
+    if ledger.head(name)?.is_some() {
+        return Err(CliError::Conflict(format!(
+            "run {name} exists already (a re-judge that was interrupted or failed?): continue it with `mass resume {name}`, or remove it with `mass runs rm {name}` and re-judge again"
+        ))
+        .into());
+    }
     engine::driver::check_run_start(source, &start).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut overrides = parse_sets(&opts.set)?;
     refuse_execution_overrides(&overrides)?;
@@ -425,7 +428,12 @@ type Rankings = BTreeMap<(u32, String), schemas::Ranking>;
 
 /// Per re-judged cycle: runs entering and leaving the training set, rank
 /// changes, and how often the two judges agreed on the pairs both judged.
-fn what_moved(l: &Ledger, source: &str, rejudged: &str, from: u32) -> Result<Vec<String>> {
+pub(crate) fn what_moved(
+    l: &Ledger,
+    source: &str,
+    rejudged: &str,
+    from: u32,
+) -> Result<Vec<String>> {
     let (src_sel, src_rk) = recorded_choices(l, source)?;
     let (new_sel, new_rk) = recorded_choices(l, rejudged)?;
     let mut out = Vec::new();

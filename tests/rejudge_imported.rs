@@ -1,0 +1,512 @@
+//! `mass rejudge IMPORTED --cycle 1 --judge FILE` through the binary,
+//! against a scripted OpenAI-compatible judge: the reference's own pairs
+//! judged again (each once, `a` shown first, the task's bare prompt and
+//! both workspaces in the request, no planted key), the ranking and
+//! selection made again from the new verdicts, what moved printed; an
+//! interrupted re-judge continued by the same command to the head an
+//! uninterrupted one reaches, asking only for what it had not recorded;
+//! refusals (no judge file, a simulated judge, `--set`, a cycle the run
+//! does not hold, a name taken) write nothing.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use import::fixture::{self, Spec};
+
+const KEY: &str = "sk-planted-REJUDGE-SECRET-0123456789abcdef";
+
+fn mass(ledger: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mass"))
+        .arg("--ledger")
+        .arg(ledger)
+        .args(args)
+        .env_remove("MASS_LEDGER")
+        .stdin(Stdio::null())
+        .output()
+        .expect("mass runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn ok(o: Output) -> String {
+    assert!(o.status.success(), "{}", text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A scripted judge: prefers the workspace whose `results.json` names the
+/// higher episode (the reverse of the reference's ranking in the fixture);
+/// answers HTTP 500 once `fail_after` verdicts were given, if set.
+struct Judge {
+    url: String,
+    bodies: Arc<Mutex<Vec<String>>>,
+    fail_after: Arc<AtomicUsize>,
+    /// Milliseconds before each answer.
+    delay_ms: Arc<AtomicUsize>,
+}
+
+impl Judge {
+    fn start() -> Judge {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}/v1", l.local_addr().expect("addr"));
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let fail_after = Arc::new(AtomicUsize::new(usize::MAX));
+        let delay_ms = Arc::new(AtomicUsize::new(0));
+        let (b, f, d) = (bodies.clone(), fail_after.clone(), delay_ms.clone());
+        std::thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                let (b, f, d) = (b.clone(), f.clone(), d.clone());
+                std::thread::spawn(move || serve(s, &b, &f, &d));
+            }
+        });
+        Judge {
+            url,
+            bodies,
+            fail_after,
+            delay_ms,
+        }
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.bodies.lock().expect("bodies").clone()
+    }
+
+    fn file(&self, dir: &Path) -> PathBuf {
+        let p = dir.join("judge.toml");
+        std::fs::write(
+            &p,
+            format!(
+                "[backends.judge2]\nkind = \"openai\"\nbase_url = \"{}\"\nmodel = \"judge-2\"\nmax_retries = 0\nmax_concurrency = 2\n",
+                self.url
+            ),
+        )
+        .expect("judge file");
+        p
+    }
+}
+
+fn serve(s: TcpStream, bodies: &Mutex<Vec<String>>, fail_after: &AtomicUsize, delay: &AtomicUsize) {
+    let mut r = BufReader::new(s.try_clone().expect("clone"));
+    let mut w = s;
+    loop {
+        let mut len = 0usize;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            if line == "\r\n" {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0u8; len];
+        if r.read_exact(&mut body).is_err() {
+            return;
+        }
+        let body = String::from_utf8_lossy(&body).into_owned();
+        let given = {
+            let mut b = bodies.lock().expect("bodies");
+            b.push(body.clone());
+            b.len() - 1
+        };
+        std::thread::sleep(std::time::Duration::from_millis(
+            delay.load(Ordering::SeqCst) as u64,
+        ));
+        let (status, reply) = if given >= fail_after.load(Ordering::SeqCst) {
+            (
+                "500 Internal Server Error",
+                r#"{"error":"down"}"#.to_string(),
+            )
+        } else {
+            ("200 OK", completion(verdict(&body)))
+        };
+        let resp = format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{reply}",
+            reply.len()
+        );
+        if w.write_all(resp.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// "A" when Workspace A's episode is the higher one, else "B".
+fn verdict(body: &str) -> &'static str {
+    let v: serde_json::Value = serde_json::from_str(body).expect("request JSON");
+    let prompt = v["messages"][1]["content"].as_str().expect("user prompt");
+    let eps: Vec<u64> = prompt
+        .split("\"episode\":")
+        .skip(1)
+        .map(|t| {
+            t.trim_start()
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse()
+                .expect("episode number")
+        })
+        .collect();
+    assert_eq!(
+        eps.len(),
+        2,
+        "both workspaces' results.json shown: {prompt}"
+    );
+    if eps[0] > eps[1] {
+        "A"
+    } else {
+        "B"
+    }
+}
+
+fn completion(winner: &str) -> String {
+    let content =
+        format!(r#"{{"winner": "{winner}", "rationale": "Workspace {winner} went further."}}"#);
+    serde_json::json!({
+        "id": "cmpl-judge", "object": "chat.completion", "model": "judge-2",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": 900, "completion_tokens": 20}
+    })
+    .to_string()
+}
+
+struct Setup {
+    tmp: tempfile::TempDir,
+    ledger: PathBuf,
+    folder: PathBuf,
+}
+
+/// A fixture run folder (key planted) imported as `ref`.
+fn setup() -> Setup {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let ledger = tmp.path().join("ledger");
+    let folder = tmp.path().join("run");
+    let spec = Spec {
+        key: Some(KEY.to_string()),
+        ..Spec::default()
+    };
+    fixture::write_run(&folder, &spec).expect("fixture");
+    ok(mass(
+        &ledger,
+        &[
+            "import",
+            "sakana",
+            folder.to_str().unwrap(),
+            "--name",
+            "ref",
+        ],
+    ));
+    Setup {
+        tmp,
+        ledger,
+        folder,
+    }
+}
+
+fn refs(l: &Path) -> String {
+    ok(mass(l, &["refs"]))
+}
+
+fn head(l: &Path, run: &str) -> String {
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(mass(l, &["refs", "--json"]))).expect("refs JSON");
+    v.as_array()
+        .expect("refs")
+        .iter()
+        .find(|r| r["name"] == run)
+        .and_then(|r| r["head"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The rollout id of each collected episode, by its pool index (0..4).
+fn collected(l: &Path) -> Vec<String> {
+    (0..4)
+        .map(|i| head(l, &format!("ref/c1/query51/collect/{i:02}/orch")))
+        .collect()
+}
+
+/// The selection `run` recorded: (train, validation) rollout ids.
+fn selection(l: &Path, run: &str) -> (Vec<String>, Vec<String>) {
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(mass(l, &["log", run, "--json"]))).expect("log JSON");
+    let sel = v
+        .as_array()
+        .expect("events")
+        .iter()
+        .find(|e| e["kind"] == "mass.selection")
+        .expect("a selection")
+        .clone();
+    let ids = |k: &str| -> Vec<String> {
+        sel["payload"][k]
+            .as_array()
+            .expect("ids")
+            .iter()
+            .map(|x| x.as_str().expect("id").to_string())
+            .collect()
+    };
+    (ids("train"), ids("validation"))
+}
+
+fn rejudge(s: &Setup, judge: &Path, name: &str) -> Output {
+    mass(
+        &s.ledger,
+        &[
+            "rejudge",
+            "ref",
+            "--cycle",
+            "1",
+            "--judge",
+            judge.to_str().unwrap(),
+            "--name",
+            name,
+        ],
+    )
+}
+
+#[test]
+fn an_imported_cycle_is_rejudged_on_the_references_pairs() {
+    let s = setup();
+    let j = Judge::start();
+    let file = j.file(s.tmp.path());
+    let source_head = head(&s.ledger, "ref");
+    let out = ok(rejudge(&s, &file, "rj"));
+    assert!(
+        out.contains("4 comparison(s) of 1 task(s) judged by judge2 (0 served"),
+        "{out}"
+    );
+    // The reference ranked episodes 0 > 1 > 2 > 3 and trained on 0 and 1;
+    // the new judge prefers the higher episode: 3 > 2 > 1 > 0.
+    assert!(
+        out.contains("cycle 1 query51: training set 2 [") && out.contains("entering, 2 ["),
+        "{out}"
+    );
+    let ids = collected(&s.ledger);
+    let (train, validation) = selection(&s.ledger, "rj");
+    assert_eq!(train, vec![ids[3].clone(), ids[2].clone()]);
+    assert_eq!(validation, vec![ids[1].clone()]);
+    let (old_train, _) = selection(&s.ledger, "ref");
+    assert_eq!(old_train, vec![ids[0].clone(), ids[1].clone()]);
+    // The reference's four pairs, each asked once, with the bare task
+    // prompt (the reference episode's prompt.txt, key scrubbed) and no key.
+    let reqs = j.requests();
+    assert_eq!(reqs.len(), 4, "one request per pair");
+    let bare = std::fs::read_to_string(s.folder.join("logs/reference/query51/prompt.txt"))
+        .expect("prompt.txt");
+    let first_line = bare.lines().next().expect("a line");
+    for r in &reqs {
+        assert!(r.contains(first_line), "the task's statement: {r}");
+        assert!(!r.contains(KEY), "a planted key reached the judge");
+        assert!(!r.contains("Deliverables"), "none recorded: {r}");
+    }
+    assert_eq!(head(&s.ledger, "ref"), source_head, "the source moved");
+    // Again: everything served, nothing asked, the same head.
+    let rj = head(&s.ledger, "rj");
+    let again = ok(rejudge(&s, &file, "rj"));
+    assert!(again.contains("(4 served"), "{again}");
+    assert_eq!(j.requests().len(), 4);
+    assert_eq!(head(&s.ledger, "rj"), rj);
+    // Read like any run: its report and why.
+    let report = ok(mass(&s.ledger, &["report", "rj", "--json"]));
+    assert!(report.contains("query51"), "{report}");
+    let why = ok(mass(&s.ledger, &["why", &ids[3], "--run", "rj"]));
+    assert!(why.contains("c1/query51/pair/00"), "{why}");
+    // Not an engine's run: resume says how to continue instead.
+    let o = mass(&s.ledger, &["resume", "rj"]);
+    assert!(
+        !o.status.success()
+            && String::from_utf8_lossy(&o.stderr).contains("the same command again continues"),
+        "{}",
+        text(&o)
+    );
+    // Another judge under the same name is refused, nothing written.
+    let other = s.tmp.path().join("other.toml");
+    let def = std::fs::read_to_string(&file).expect("judge file");
+    std::fs::write(&other, def.replace("judge-2", "judge-3")).expect("other judge");
+    let o = rejudge(&s, &other, "rj");
+    assert_eq!(o.status.code(), Some(5), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("another judge"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(head(&s.ledger, "rj"), rj);
+    assert_eq!(j.requests().len(), 4);
+    assert!(why.contains("rank 1"), "{why}");
+}
+
+/// A re-judge whose process is killed mid-way, continued by the same
+/// command, ends at the head an uninterrupted one reaches (verdicts not yet
+/// recorded are asked again; recorded ones are served); one stopped by a
+/// failing judge (exit 7) keeps the failed attempts it recorded, and ends
+/// with the same rankings and selection.
+#[test]
+fn an_interrupted_rejudge_continues_where_it_stopped() {
+    let whole = setup();
+    let j = Judge::start();
+    ok(rejudge(&whole, &j.file(whole.tmp.path()), "rj"));
+    let expected = head(&whole.ledger, "rj");
+    let expected_selection = selection(&whole.ledger, "rj");
+
+    // Killed: after the judge has been asked three times (two at a time).
+    let s = setup();
+    let j = Judge::start();
+    let file = j.file(s.tmp.path());
+    j.delay_ms.store(300, Ordering::SeqCst);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mass"))
+        .arg("--ledger")
+        .arg(&s.ledger)
+        .args(["rejudge", "ref", "--cycle", "1", "--judge"])
+        .arg(&file)
+        .args(["--name", "rj", "--quiet"])
+        .env_remove("MASS_LEDGER")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let t0 = std::time::Instant::now();
+    while j.requests().len() < 3 && t0.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().expect("kill");
+    child.wait().expect("wait");
+    let asked = j.requests().len();
+    // Two at a time: the third and fourth were asked together.
+    assert!((3..=4).contains(&asked), "killed mid-way: {asked}");
+    j.delay_ms.store(0, Ordering::SeqCst);
+    let out = ok(rejudge(&s, &file, "rj"));
+    let served: usize = out
+        .split("judged by judge2 (")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("served count");
+    // A slot frees only once its verdict is recorded: the first two are.
+    assert_eq!(served, 2, "the recorded verdicts served: {out}");
+    assert_eq!(
+        j.requests().len(),
+        asked + 4 - served,
+        "only the rest asked"
+    );
+    assert_eq!(head(&s.ledger, "rj"), expected);
+
+    // Failed: the judge answers 500 after two verdicts.
+    let s = setup();
+    let j = Judge::start();
+    let file = j.file(s.tmp.path());
+    j.fail_after.store(2, Ordering::SeqCst);
+    let o = rejudge(&s, &file, "rj");
+    assert_eq!(
+        o.status.code(),
+        Some(7),
+        "an unreachable judge: {}",
+        text(&o)
+    );
+    let asked = j.requests().len();
+    j.fail_after.store(usize::MAX, Ordering::SeqCst);
+    let out = ok(rejudge(&s, &file, "rj"));
+    assert!(out.contains("(2 served"), "{out}");
+    assert_eq!(j.requests().len(), asked + 2, "only the two not recorded");
+    assert_eq!(selection(&s.ledger, "rj"), expected_selection);
+}
+
+#[test]
+fn refusals_write_nothing() {
+    let s = setup();
+    let j = Judge::start();
+    let file = j.file(s.tmp.path());
+    let before = refs(&s.ledger);
+    let sim = s.tmp.path().join("sim.toml");
+    std::fs::write(&sim, "[backends.simj]\nkind = \"sim\"\n").expect("sim file");
+    let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+        (vec!["--cycle", "1", "--name", "x"], 2, "--judge FILE"),
+        (
+            vec!["--cycle", "1", "--judge", "judge2", "--name", "x"],
+            2,
+            "cannot read it as a file",
+        ),
+        (
+            vec![
+                "--cycle",
+                "1",
+                "--judge",
+                sim.to_str().unwrap(),
+                "--name",
+                "x",
+            ],
+            2,
+            "simulated",
+        ),
+        (
+            vec!["--judge", file.to_str().unwrap(), "--name", "x"],
+            2,
+            "--cycle C",
+        ),
+        (
+            vec![
+                "--cycle",
+                "2",
+                "--judge",
+                file.to_str().unwrap(),
+                "--name",
+                "x",
+            ],
+            2,
+            "no collection in cycle 2",
+        ),
+        (
+            vec![
+                "--cycle",
+                "1",
+                "--judge",
+                file.to_str().unwrap(),
+                "--set",
+                "outer.prior=1",
+                "--name",
+                "x",
+            ],
+            2,
+            "--set",
+        ),
+        (
+            vec![
+                "--cycle",
+                "1",
+                "--judge",
+                file.to_str().unwrap(),
+                "--name",
+                "ref",
+            ],
+            5,
+            "is not this re-judge",
+        ),
+    ];
+    for (args, code, says) in cases {
+        let mut all = vec!["rejudge", "ref"];
+        all.extend(args.iter().copied());
+        let o = mass(&s.ledger, &all);
+        assert_eq!(o.status.code(), Some(code), "{all:?}: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(says),
+            "{all:?}: {}",
+            text(&o)
+        );
+        assert_eq!(refs(&s.ledger), before, "{all:?} wrote");
+    }
+    assert!(j.requests().is_empty());
+}
