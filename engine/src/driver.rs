@@ -229,7 +229,10 @@ pub fn check_run_start(run: &str, first: &Event) -> Result<()> {
         )));
     }
     let rs: RunStarted = schemas::decode_event(first)?;
-    if rs.driver.starts_with("sakana-import/") {
+    if rs
+        .driver
+        .starts_with(crate::rejudge_imported::IMPORT_DRIVER_PREFIX)
+    {
         return Err(EngineError::Invalid(format!(
             "run {run} starts as a run imported from a run folder of the reference implementation ({}): \
              it can be read (why, report, diff, export), and the imported run's cycle re-judged \

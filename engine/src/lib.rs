@@ -24,6 +24,7 @@ pub mod milestone;
 pub mod optimizer;
 pub mod places;
 pub mod prompts;
+pub mod rejudge_imported;
 pub mod stages;
 pub mod status;
 pub mod suite;

@@ -2,7 +2,7 @@
 //! (SakanaAI/mass, Python) become runs in the ledger, in the event shapes
 //! the engine records, so `mass why`, `report`, `diff` and `export tables`
 //! read them unchanged, and an imported cycle can be judged again by
-//! another judge (`rejudge.rs`).
+//! another judge (`engine::rejudge_imported`: an import drives nothing).
 //!
 //! An import has three steps, and only the last writes:
 //!
@@ -30,7 +30,6 @@ mod fsread;
 mod objects;
 mod plan;
 mod reference;
-pub mod rejudge;
 mod secrets;
 mod stages;
 

@@ -1,5 +1,5 @@
 //! `mass rejudge` of a run imported from the reference implementation
-//! (`import::rejudge`): the `--judge` file alone defines the judge (the
+//! (`engine::rejudge_imported`): the `--judge` file alone defines the judge (the
 //! run defines no backends), one cycle is re-judged, and nothing after it
 //! runs. Prints what moved, as a re-judge of the engine's own runs does.
 
@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Result;
-use import::rejudge::{JudgeDef, RejudgeError, Request};
+use engine::rejudge_imported::{JudgeDef, RejudgeError, Request};
 use ledger::Ledger;
 
 use super::runs::{keep_report_facts, progress, what_moved, RejudgeOptions};
@@ -53,7 +53,7 @@ pub fn imported(
     let progress = progress(quiet);
     let stage = format!("cycle {cycle}: judging");
     progress.stage(&stage, 0);
-    let done = import::rejudge::rejudge(ledger, &req, || progress.tick(&stage));
+    let done = engine::rejudge_imported::rejudge(ledger, &req, || progress.tick(&stage));
     progress.done(&stage);
     let done = done.map_err(rejudge_error)?;
     keep_report_facts(ledger, name);

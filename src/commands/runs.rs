@@ -343,7 +343,7 @@ pub fn rejudge(
         v
     };
     let start = main.first().context("empty run")?.clone();
-    if import::rejudge::is_imported(&start) {
+    if engine::rejudge_imported::is_imported(&start) {
         return super::rejudge::imported(&ledger, source, name, opts, quiet);
     }
     if ledger.head(name)?.is_some() {

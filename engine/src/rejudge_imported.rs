@@ -40,9 +40,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use engine::config::{Backend as BackendCfg, OuterConfig, SamplingRoles};
-use engine::judge::{judge_pair, Brief, Judge, RunRef, Shown};
-use engine::milestone::{last_step, Stage};
+use crate::config::{Backend as BackendCfg, OuterConfig, SamplingRoles};
+use crate::judge::{judge_pair, Brief, Judge, RunRef, Shown};
+use crate::milestone::{last_step, Stage};
 use ledger::{Event, Id, Ledger, NewEvent};
 use schemas::{
     Cycle, Exclusion, Hash32, Judgment, Note, RankedRun, Ranking, Rollout, RunForked, RunStarted,
@@ -50,8 +50,13 @@ use schemas::{
 };
 use serde_json::Value;
 
-use crate::objects::ABSENT;
-use crate::stages::DRIVER;
+/// The zero id: what the import records for what the folder lacks.
+const ABSENT: Hash32 = Hash32([0; 32]);
+
+/// The driver name prefix of an imported run's `run.started`
+/// (`import::DRIVER` is `sakana-import/1`; the engine does not depend on
+/// the import, as `driver::check_run_start` does not).
+pub const IMPORT_DRIVER_PREFIX: &str = "sakana-import/";
 
 /// The reference's Bradley-Terry fit (`mass/ranking.py`): 0.5 virtual wins
 /// and losses per run, 500 iterations.
@@ -73,7 +78,7 @@ pub enum RejudgeError {
         why: String,
     },
     #[error(transparent)]
-    Engine(#[from] engine::error::EngineError),
+    Engine(#[from] crate::error::EngineError),
     #[error(transparent)]
     Replay(#[from] replay::ReplayError),
     #[error(transparent)]
@@ -118,7 +123,8 @@ pub struct Rejudged {
 /// Whether `first` (a run's first event) starts a run this crate imported.
 pub fn is_imported(first: &Event) -> bool {
     first.kind == <RunStarted as schemas::Record>::KIND
-        && schemas::decode_event::<RunStarted>(first).is_ok_and(|rs| rs.driver == DRIVER)
+        && schemas::decode_event::<RunStarted>(first)
+            .is_ok_and(|rs| rs.driver.starts_with(IMPORT_DRIVER_PREFIX))
 }
 
 /// One task of the cycle as the source holds it.
@@ -344,7 +350,7 @@ fn build_judge(def: &JudgeDef) -> Result<(Judge, usize)> {
     }
     let mut map = BTreeMap::new();
     map.insert(def.name.clone(), def.backend.clone());
-    let built = engine::backend::Backends::build(&map, std::path::Path::new(""))
+    let built = crate::backend::Backends::build(&map, std::path::Path::new(""))
         .map_err(|e| refused(e.to_string()))?;
     let backend = built.get(&def.name).map_err(|e| refused(e.to_string()))?;
     let judge = Judge {
@@ -434,7 +440,7 @@ fn judge_all(
             .map(|t| (t.task.clone(), t.prompt.clone(), t.runs.clone()))
             .collect(),
     );
-    let done = engine::exec::all(
+    let done = crate::exec::all(
         limit,
         items,
         |(t, p, a, b)| {
