@@ -53,6 +53,8 @@ struct Judge {
     fail_after: Arc<AtomicUsize>,
     /// Milliseconds before each answer.
     delay_ms: Arc<AtomicUsize>,
+    /// When set, the answer to every request ("A", "B" or "tie").
+    fixed: Arc<Mutex<Option<&'static str>>>,
 }
 
 impl Judge {
@@ -62,11 +64,17 @@ impl Judge {
         let bodies = Arc::new(Mutex::new(Vec::new()));
         let fail_after = Arc::new(AtomicUsize::new(usize::MAX));
         let delay_ms = Arc::new(AtomicUsize::new(0));
-        let (b, f, d) = (bodies.clone(), fail_after.clone(), delay_ms.clone());
+        let fixed = Arc::new(Mutex::new(None));
+        let (b, f, d, x) = (
+            bodies.clone(),
+            fail_after.clone(),
+            delay_ms.clone(),
+            fixed.clone(),
+        );
         std::thread::spawn(move || {
             for s in l.incoming().flatten() {
-                let (b, f, d) = (b.clone(), f.clone(), d.clone());
-                std::thread::spawn(move || serve(s, &b, &f, &d));
+                let (b, f, d, x) = (b.clone(), f.clone(), d.clone(), x.clone());
+                std::thread::spawn(move || serve(s, &b, &f, &d, &x));
             }
         });
         Judge {
@@ -74,6 +82,7 @@ impl Judge {
             bodies,
             fail_after,
             delay_ms,
+            fixed,
         }
     }
 
@@ -95,7 +104,13 @@ impl Judge {
     }
 }
 
-fn serve(s: TcpStream, bodies: &Mutex<Vec<String>>, fail_after: &AtomicUsize, delay: &AtomicUsize) {
+fn serve(
+    s: TcpStream,
+    bodies: &Mutex<Vec<String>>,
+    fail_after: &AtomicUsize,
+    delay: &AtomicUsize,
+    fixed: &Mutex<Option<&'static str>>,
+) {
     let mut r = BufReader::new(s.try_clone().expect("clone"));
     let mut w = s;
     loop {
@@ -132,7 +147,11 @@ fn serve(s: TcpStream, bodies: &Mutex<Vec<String>>, fail_after: &AtomicUsize, de
                 r#"{"error":"down"}"#.to_string(),
             )
         } else {
-            ("200 OK", completion(verdict(&body)))
+            let fixed = *fixed.lock().expect("fixed");
+            (
+                "200 OK",
+                completion(fixed.unwrap_or_else(|| verdict(&body))),
+            )
         };
         let resp = format!(
             "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{reply}",
@@ -192,6 +211,11 @@ struct Setup {
 
 /// A fixture run folder (key planted) imported as `ref`.
 fn setup() -> Setup {
+    setup_with(|_| {})
+}
+
+/// A fixture run folder (key planted), changed by `edit`, imported as `ref`.
+fn setup_with(edit: impl FnOnce(&Path)) -> Setup {
     let tmp = tempfile::tempdir().expect("tempdir");
     let ledger = tmp.path().join("ledger");
     let folder = tmp.path().join("run");
@@ -200,6 +224,7 @@ fn setup() -> Setup {
         ..Spec::default()
     };
     fixture::write_run(&folder, &spec).expect("fixture");
+    edit(&folder);
     ok(mass(
         &ledger,
         &[
@@ -507,6 +532,29 @@ fn refusals_write_nothing() {
             text(&o)
         );
         assert_eq!(refs(&s.ledger), before, "{all:?} wrote");
+    }
+    assert!(j.requests().is_empty());
+}
+
+/// `--name` is a run's name, not a stream of another run: `ref/x` would put
+/// the re-judge's refs under the source's (so `mass runs rm ref` would
+/// remove it, and the source would list its streams). Refused, exit 2,
+/// nothing written and nothing asked.
+#[test]
+fn review_a_name_under_another_run_is_refused() {
+    let s = setup();
+    let j = Judge::start();
+    let file = j.file(s.tmp.path());
+    let before = refs(&s.ledger);
+    for name in ["ref/x", "other/x"] {
+        let o = rejudge(&s, &file, name);
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("may not hold '/'"),
+            "{}",
+            text(&o)
+        );
+        assert_eq!(refs(&s.ledger), before, "{name}: written");
     }
     assert!(j.requests().is_empty());
 }

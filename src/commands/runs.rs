@@ -331,6 +331,14 @@ pub fn rejudge(
     opts: &RejudgeOptions,
     quiet: bool,
 ) -> Result<ExitCode> {
+    // A name under another run's (`RUN/x`) would put the re-judge's refs
+    // among that run's streams: `mass runs rm RUN` would remove it too.
+    if name.contains('/') {
+        return Err(CliError::Usage(format!(
+            "--name {name:?}: a run name may not hold '/' (names under RUN/ are its streams); nothing was written"
+        ))
+        .into());
+    }
     let ledger = Arc::new(open(dir)?);
     let head = ledger.head(source)?.ok_or_else(|| {
         CliError::NotFound(format!(
