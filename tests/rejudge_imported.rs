@@ -558,3 +558,29 @@ fn review_a_name_under_another_run_is_refused() {
     }
     assert!(j.requests().is_empty());
 }
+
+/// Runs the new judge cannot tell apart (every verdict a tie) are ordered
+/// as the engine's rank stage orders them, by collection index, never by
+/// the reference's ranking: the reference's verdicts must not decide what
+/// trains under the new judge. The reference here ranked episode 3 first.
+#[test]
+fn review_ties_are_not_broken_by_the_references_ranking() {
+    let s = setup_with(|folder| {
+        let p = folder.join("selection/task51_ranked.json");
+        let mut rows: Vec<serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(&p).expect("ranked")).expect("JSON");
+        rows.reverse();
+        for (i, r) in rows.iter_mut().enumerate() {
+            r["rank"] = serde_json::json!(i + 1);
+            r["score"] = serde_json::json!(1.0 - 0.5 * i as f64);
+        }
+        std::fs::write(&p, serde_json::to_string_pretty(&rows).expect("JSON")).expect("write");
+    });
+    let j = Judge::start();
+    *j.fixed.lock().expect("fixed") = Some("tie");
+    let out = ok(rejudge(&s, &j.file(s.tmp.path()), "rj"));
+    let ids = collected(&s.ledger);
+    let (train, validation) = selection(&s.ledger, "rj");
+    assert_eq!(train, vec![ids[0].clone(), ids[1].clone()], "{out}");
+    assert_eq!(validation, vec![ids[2].clone()], "{out}");
+}

@@ -22,7 +22,9 @@
 //!   `engine::judge::judge_pair`, so an interrupted re-judge serves what it
 //!   recorded and asks only for the rest), the note closing the judge
 //!   stage, per task a `mass.ranking` (Bradley-Terry, the reference's 0.5
-//!   virtual wins and losses, at most its 500 iterations) and a
+//!   virtual wins and losses, at most its 500 iterations; runs the new
+//!   verdicts cannot tell apart in collection order, as the rank stage
+//!   orders them, never in the reference's rank order) and a
 //!   `mass.selection` (ranks 1..`train_ranks` to training, rank
 //!   `validation_rank` to validation, as the run's config says; the
 //!   source's exclusions of episodes that did not finish), then a note
@@ -132,7 +134,9 @@ struct TaskPlan {
     task: String,
     /// The reference episode's `prompt.txt`.
     prompt: String,
-    /// The runs the source ranked, in its rank order.
+    /// The runs the source ranked, in collection order (as the engine's
+    /// rank stage holds them: runs the new verdicts cannot tell apart keep
+    /// that order, never the reference's ranking).
     runs: Vec<RunRef>,
     /// The reference's pairs: indexes into `runs`, `a` shown first.
     pairs: Vec<(usize, usize)>,
@@ -281,6 +285,9 @@ fn task_plan(
             violations: Vec::new(),
         });
     }
+    // Bradley-Terry ranks equal scores by item order: in the source's rank
+    // order, the reference's verdicts would order what the new judge ties.
+    runs.sort_by_key(|r| (r.record.index, r.event.0));
     let index = |h: Hash32| runs.iter().position(|r| r.event.0 == h.0);
     let mut pairs = Vec::new();
     for j in &ranking.judgments {
