@@ -584,3 +584,73 @@ fn review_ties_are_not_broken_by_the_references_ranking() {
     assert_eq!(train, vec![ids[0].clone(), ids[1].clone()], "{out}");
     assert_eq!(validation, vec![ids[2].clone()], "{out}");
 }
+
+/// A judge that cannot be reached stops the re-judge (exit 7) with what
+/// continues it: the same command, not `mass resume` (which refuses a run
+/// that starts as an imported one).
+#[test]
+fn review_a_failed_judge_says_to_run_the_same_command_again() {
+    let s = setup();
+    let j = Judge::start();
+    let file = j.file(s.tmp.path());
+    j.fail_after.store(0, Ordering::SeqCst);
+    let o = rejudge(&s, &file, "rj");
+    assert_eq!(o.status.code(), Some(7), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !err.contains("mass resume") && err.contains("the same `mass rejudge"),
+        "{}",
+        text(&o)
+    );
+    // What it says works: the same command continues it.
+    j.fail_after.store(usize::MAX, Ordering::SeqCst);
+    ok(rejudge(&s, &file, "rj"));
+    let st = ok(mass(&s.ledger, &["status"]));
+    assert!(!st.contains("unfinished"), "{st}");
+}
+
+/// Ctrl-C during a re-judge of an imported run says that what it recorded
+/// is kept and what continues it (the same command; `mass resume` refuses
+/// the run), as Ctrl-C during any run does.
+#[test]
+fn review_ctrl_c_says_the_same_command_continues() {
+    use std::os::unix::process::ExitStatusExt;
+    let s = setup();
+    let j = Judge::start();
+    let file = j.file(s.tmp.path());
+    j.delay_ms.store(2000, Ordering::SeqCst);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mass"))
+        .arg("--ledger")
+        .arg(&s.ledger)
+        .args(["rejudge", "ref", "--cycle", "1", "--judge"])
+        .arg(&file)
+        .args(["--name", "rj", "--quiet"])
+        .env_remove("MASS_LEDGER")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let t0 = std::time::Instant::now();
+    while j.requests().is_empty() && t0.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("stderr");
+    let status = child.wait().expect("wait");
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{err}");
+    assert!(
+        err.contains("interrupted: re-judge rj stops here")
+            && err.contains("the same `mass rejudge ref"),
+        "{err}"
+    );
+    j.delay_ms.store(0, Ordering::SeqCst);
+    ok(rejudge(&s, &file, "rj"));
+}

@@ -40,6 +40,10 @@ pub enum CliError {
     /// Input refused: damaged, invalid or not what the command reads.
     #[error("{0}")]
     BadInput(String),
+    /// An infrastructure failure stopped the command, said with what
+    /// continues it where that is not `mass resume`.
+    #[error("{0}")]
+    Stopped(String),
 }
 
 impl CliError {
@@ -49,6 +53,7 @@ impl CliError {
             CliError::Usage(_) => 2,
             CliError::Conflict(_) => 5,
             CliError::BadInput(_) => 3,
+            CliError::Stopped(_) => 7,
         }
     }
 }

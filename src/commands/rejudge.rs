@@ -50,12 +50,21 @@ pub fn imported(
         cycle,
         judge,
     };
+    // What continues this re-judge: the same command (`mass resume`
+    // refuses a run that starts as an imported one).
+    let again = format!(
+        "the same `mass rejudge {source} --cycle {cycle} --judge {} --name {name}` continues it (recorded verdicts served, the rest asked)",
+        opts.judge.as_deref().unwrap_or_default()
+    );
+    crate::interrupt::say_on_sigint(format!(
+        "\ninterrupted: re-judge {name} stops here; everything it recorded is kept. {again}\n"
+    ));
     let progress = progress(quiet);
     let stage = format!("cycle {cycle}: judging");
     progress.stage(&stage, 0);
     let done = engine::rejudge_imported::rejudge(ledger, &req, || progress.tick(&stage));
     progress.done(&stage);
-    let done = done.map_err(rejudge_error)?;
+    let done = done.map_err(|e| rejudge_error(e, &again))?;
     keep_report_facts(ledger, name);
     let mut out = crate::output::stdout();
     writeln!(
@@ -95,10 +104,19 @@ fn judge_def(source: &str, judge: Option<&str>) -> std::result::Result<JudgeDef,
     Ok(JudgeDef { name, backend })
 }
 
-fn rejudge_error(e: RejudgeError) -> anyhow::Error {
+/// `again`: what continues the re-judge, said where the engine's own
+/// message would say `mass resume`.
+fn rejudge_error(e: RejudgeError, again: &str) -> anyhow::Error {
+    use engine::error::EngineError;
     match e {
         RejudgeError::Refused(why) => CliError::Usage(why).into(),
         e @ RejudgeError::NameTaken { .. } => CliError::Conflict(e.to_string()).into(),
+        RejudgeError::Engine(EngineError::Infrastructure { what, detail }) => {
+            CliError::Stopped(format!(
+                "{what} failed: {detail} (an infrastructure failure: the attempt is recorded; fix the cause, then {again})"
+            ))
+            .into()
+        }
         RejudgeError::Engine(e) => engine_error(e),
         RejudgeError::Replay(replay::ReplayError::Ledger(le)) | RejudgeError::Ledger(le) => {
             anyhow::Error::new(le)
