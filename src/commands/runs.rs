@@ -316,6 +316,19 @@ fn refuse_execution_overrides(overrides: &[(String, String)]) -> Result<()> {
     Ok(())
 }
 
+/// A new run's `--name`: a name under another run's (`RUN/x`) would put
+/// the new run's refs among that run's streams, and `mass runs rm RUN`
+/// would remove it too. Refused (exit 2).
+fn new_run_name(name: &str) -> Result<()> {
+    if name.contains('/') {
+        return Err(CliError::Usage(format!(
+            "--name {name:?}: a run name may not hold '/' (names under RUN/ are its streams); nothing was written"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
 /// What to re-judge (`mass rejudge`).
 pub struct RejudgeOptions {
     pub cycle: Option<u32>,
@@ -331,14 +344,7 @@ pub fn rejudge(
     opts: &RejudgeOptions,
     quiet: bool,
 ) -> Result<ExitCode> {
-    // A name under another run's (`RUN/x`) would put the re-judge's refs
-    // among that run's streams: `mass runs rm RUN` would remove it too.
-    if name.contains('/') {
-        return Err(CliError::Usage(format!(
-            "--name {name:?}: a run name may not hold '/' (names under RUN/ are its streams); nothing was written"
-        ))
-        .into());
-    }
+    new_run_name(name)?;
     let ledger = Arc::new(open(dir)?);
     let head = ledger.head(source)?.ok_or_else(|| {
         CliError::NotFound(format!(
