@@ -8,8 +8,8 @@
 //! run (nothing of it can be replayed or re-run):
 //! - **kept**: the collected episodes, as imported, and the reference's own
 //!   pairs (the judgments its ranking names, in their order, each as
-//!   recorded: `a` shown first). The run folder holds no tournament seed,
-//!   so a schedule of our own could not be the reference's.
+//!   recorded: `a` shown first). A schedule drawn here, even from the
+//!   config's `ranking.seed`, would not be the reference's Python draw.
 //! - **the task**: the judge reads the task's statement from the
 //!   reference episode's `prompt.txt` (the bare task, recorded in that
 //!   rollout's workflow blob); the folder names no deliverables, so the
@@ -155,8 +155,13 @@ struct Source {
 }
 
 /// Re-judges `req.cycle` of the imported run `req.source` as run
-/// `req.name`; `tick` is called once per verdict.
-pub fn rejudge(ledger: &Arc<Ledger>, req: &Request<'_>, tick: impl Fn()) -> Result<Rejudged> {
+/// `req.name`; the judging is reported to `progress` as one stage, once
+/// every check has passed.
+pub fn rejudge(
+    ledger: &Arc<Ledger>,
+    req: &Request<'_>,
+    progress: &dyn crate::context::Progress,
+) -> Result<Rejudged> {
     let src = source(ledger, req.source, req.cycle)?;
     let (judge, limit) = build_judge(&req.judge)?;
     let overrides = overrides(req)?;
@@ -165,7 +170,14 @@ pub fn rejudge(ledger: &Arc<Ledger>, req: &Request<'_>, tick: impl Fn()) -> Resu
     // The reference records no root seed (imported as 0, not recorded): the
     // judge's sampling seeds derive from 0, the same on every attempt.
     session.set_seed(0);
-    let verdicts = judge_all(&session, &src, &judge, req.cycle, limit, tick)?;
+    let stage = format!("cycle {}: judging", req.cycle);
+    let pairs: usize = src.tasks.iter().map(|t| t.pairs.len()).sum();
+    progress.stage(&stage, pairs as u64);
+    let judged = judge_all(&session, &src, &judge, req.cycle, limit, || {
+        progress.tick(&stage)
+    });
+    progress.done(&stage);
+    let verdicts = judged?;
     let served = session
         .counts()
         .iter()

@@ -60,11 +60,8 @@ pub fn imported(
         "\ninterrupted: re-judge {name} stops here; everything it recorded is kept. {again}\n"
     ));
     let progress = progress(quiet);
-    let stage = format!("cycle {cycle}: judging");
-    progress.stage(&stage, 0);
-    let done = engine::rejudge_imported::rejudge(ledger, &req, || progress.tick(&stage));
-    progress.done(&stage);
-    let done = done.map_err(|e| rejudge_error(e, &again))?;
+    let done = engine::rejudge_imported::rejudge(ledger, &req, progress.as_ref())
+        .map_err(|e| rejudge_error(e, &again))?;
     keep_report_facts(ledger, name);
     let mut out = crate::output::stdout();
     writeln!(
