@@ -287,6 +287,23 @@ fn selection(l: &Path, run: &str) -> (Vec<String>, Vec<String>) {
     (ids("train"), ids("validation"))
 }
 
+/// `mass rejudge ref --cycle 1 --judge FILE --name rj --quiet` started in
+/// the background, its standard error to `stderr`.
+fn spawn_rejudge(s: &Setup, judge: &Path, stderr: Stdio) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_mass"))
+        .arg("--ledger")
+        .arg(&s.ledger)
+        .args(["rejudge", "ref", "--cycle", "1", "--judge"])
+        .arg(judge)
+        .args(["--name", "rj", "--quiet"])
+        .env_remove("MASS_LEDGER")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn")
+}
+
 fn rejudge(s: &Setup, judge: &Path, name: &str) -> Output {
     mass(
         &s.ledger,
@@ -392,18 +409,7 @@ fn an_interrupted_rejudge_continues_where_it_stopped() {
     let j = Judge::start();
     let file = j.file(s.tmp.path());
     j.delay_ms.store(300, Ordering::SeqCst);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mass"))
-        .arg("--ledger")
-        .arg(&s.ledger)
-        .args(["rejudge", "ref", "--cycle", "1", "--judge"])
-        .arg(&file)
-        .args(["--name", "rj", "--quiet"])
-        .env_remove("MASS_LEDGER")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
+    let mut child = spawn_rejudge(&s, &file, Stdio::null());
     let t0 = std::time::Instant::now();
     while j.requests().len() < 3 && t0.elapsed().as_secs() < 60 {
         std::thread::sleep(std::time::Duration::from_millis(5));
@@ -619,18 +625,7 @@ fn review_ctrl_c_says_the_same_command_continues() {
     let j = Judge::start();
     let file = j.file(s.tmp.path());
     j.delay_ms.store(2000, Ordering::SeqCst);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mass"))
-        .arg("--ledger")
-        .arg(&s.ledger)
-        .args(["rejudge", "ref", "--cycle", "1", "--judge"])
-        .arg(&file)
-        .args(["--name", "rj", "--quiet"])
-        .env_remove("MASS_LEDGER")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
+    let mut child = spawn_rejudge(&s, &file, Stdio::piped());
     let t0 = std::time::Instant::now();
     while j.requests().is_empty() && t0.elapsed().as_secs() < 60 {
         std::thread::sleep(std::time::Duration::from_millis(5));

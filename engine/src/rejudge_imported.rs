@@ -47,8 +47,7 @@ use crate::judge::{judge_pair, Brief, Judge, RunRef, Shown};
 use crate::milestone::{last_step, Stage};
 use ledger::{Event, Id, Ledger, NewEvent};
 use schemas::{
-    Cycle, Exclusion, Hash32, Judgment, Note, RankedRun, Ranking, Rollout, RunForked, RunStarted,
-    Selection,
+    Cycle, Exclusion, Hash32, Judgment, Note, Ranking, Rollout, RunForked, RunStarted, Selection,
 };
 use serde_json::Value;
 
@@ -610,16 +609,7 @@ fn ranking(plan: &TaskPlan, cycle: u32, verdicts: &[(Id, Judgment)]) -> Result<R
         .pairs
         .iter()
         .zip(verdicts)
-        .filter_map(|(&(a, b), (_, j))| {
-            let outcome = match j.winner.as_str() {
-                "a" => rank::bt::Outcome::AWins,
-                "b" => rank::bt::Outcome::BWins,
-                "tie" => rank::bt::Outcome::Tie,
-                // No valid verdict: left out, as the rank stage does.
-                _ => return None,
-            };
-            Some(rank::bt::Comparison { a, b, outcome })
-        })
+        .filter_map(|(&(a, b), (_, j))| crate::stages::rank::comparison(a, b, &j.winner))
         .collect();
     let opts = rank::bt::FitOptions {
         prior: rank::bt::Prior::Virtual(PRIOR),
@@ -628,18 +618,7 @@ fn ranking(plan: &TaskPlan, cycle: u32, verdicts: &[(Id, Judgment)]) -> Result<R
     };
     let fit = rank::bt::fit(plan.runs.len(), &comparisons, &opts)
         .map_err(|e| refused(format!("Bradley-Terry for {}: {e}", plan.task)))?;
-    let runs: Vec<RankedRun> = fit
-        .by_rank()
-        .iter()
-        .map(|r| RankedRun {
-            rollout: plan.runs[r.item].event.into(),
-            score: r.score,
-            rank: r.rank as u32,
-            wins: r.wins,
-            losses: r.losses,
-            ties: r.ties,
-        })
-        .collect();
+    let runs = crate::stages::rank::ranked_runs(&fit, &plan.runs);
     Ok(Ranking {
         task: plan.task.clone(),
         cycle,

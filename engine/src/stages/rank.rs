@@ -32,18 +32,7 @@ pub(crate) fn run(
     let mine: Vec<&Verdict> = judged.of_task(task_id).collect();
     let fit = fit(exp.outer.prior, runs.len(), &mine)
         .map_err(|e| EngineError::Invalid(format!("Bradley-Terry for {task_id}: {e}")))?;
-    let ranked: Vec<RankedRun> = fit
-        .by_rank()
-        .iter()
-        .map(|r| RankedRun {
-            rollout: runs[r.item].event.into(),
-            score: r.score,
-            rank: r.rank as u32,
-            wins: r.wins,
-            losses: r.losses,
-            ties: r.ties,
-        })
-        .collect();
+    let ranked = ranked_runs(&fit, runs);
     let ranking = Ranking {
         task: task_id.to_string(),
         cycle,
@@ -70,19 +59,7 @@ fn fit(
 ) -> std::result::Result<rank::bt::Fit, rank::RankError> {
     let comparisons: Vec<rank::bt::Comparison> = verdicts
         .iter()
-        .filter_map(|v| {
-            let outcome = match v.winner.as_str() {
-                "a" => rank::bt::Outcome::AWins,
-                "b" => rank::bt::Outcome::BWins,
-                "tie" => rank::bt::Outcome::Tie,
-                _ => return None,
-            };
-            Some(rank::bt::Comparison {
-                a: v.a,
-                b: v.b,
-                outcome,
-            })
-        })
+        .filter_map(|v| comparison(v.a, v.b, &v.winner))
         .collect();
     let prior = if prior > 0.0 {
         rank::bt::Prior::Virtual(prior)
@@ -94,4 +71,31 @@ fn fit(
         ..Default::default()
     };
     rank::bt::fit(n, &comparisons, &opts)
+}
+
+/// Runs `a` and `b`'s comparison for the fit, from a judgment's winner;
+/// `None` when it names none (the judge failed): left out of the fit.
+pub(crate) fn comparison(a: usize, b: usize, winner: &str) -> Option<rank::bt::Comparison> {
+    let outcome = match winner {
+        "a" => rank::bt::Outcome::AWins,
+        "b" => rank::bt::Outcome::BWins,
+        "tie" => rank::bt::Outcome::Tie,
+        _ => return None,
+    };
+    Some(rank::bt::Comparison { a, b, outcome })
+}
+
+/// The fitted `runs`, best first, as a `mass.ranking` lists them.
+pub(crate) fn ranked_runs(fit: &rank::bt::Fit, runs: &[RunRef]) -> Vec<RankedRun> {
+    fit.by_rank()
+        .iter()
+        .map(|r| RankedRun {
+            rollout: runs[r.item].event.into(),
+            score: r.score,
+            rank: r.rank as u32,
+            wins: r.wins,
+            losses: r.losses,
+            ties: r.ties,
+        })
+        .collect()
 }
