@@ -114,6 +114,10 @@
 #[path = "common/report.rs"]
 mod report;
 
+// The allocator `mass proxy` runs with, so the bench measures it.
+#[path = "../src/alloc.rs"]
+mod alloc;
+
 use std::convert::Infallible;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

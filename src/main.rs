@@ -9,6 +9,7 @@
 //! stopped on an infrastructure failure (`mass resume` retries it) · 8 the
 //! sandbox level the experiment asks for is unavailable on this machine.
 
+mod alloc;
 mod cli;
 mod commands;
 mod interrupt;
