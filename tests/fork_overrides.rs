@@ -61,6 +61,57 @@ fn fork_overrides_are_validated_before_anything_is_written() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// Regression (named after the bug): `mass fork RUN --name RUN/x` and
+/// `mass run --ref RUN/x` made a run whose refs sat among RUN's streams, so
+/// `mass runs rm RUN` removed it too, and `mass runs` did not list it. A
+/// new run's name with '/' is refused (exit 2, nothing written), however
+/// it is named: `--name`, `--ref`, or an experiment's own `name`. (A plain
+/// ref may still be hierarchical: `experiments/alt` in tests/cli.rs.)
+#[test]
+fn regression_a_run_named_under_another_runs_streams_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let l = d.path().join("ledger");
+    let o = mass(&l, &["run", "examples/smoke.toml", "--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let before = refs(&l);
+    let exp = d.path().join("nested.toml");
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/smoke.toml"))
+            .unwrap();
+    assert!(text.contains("name = \"smoke\""), "{text}");
+    std::fs::write(
+        &exp,
+        text.replace("name = \"smoke\"", "name = \"smoke/nested\""),
+    )
+    .unwrap();
+    let exp = exp.to_string_lossy().into_owned();
+    for cmd in [
+        &["fork", "smoke", "--name", "smoke/x"][..],
+        &["run", "examples/smoke.toml", "--ref", "smoke/x", "--quiet"],
+        &["run", &exp, "--quiet"],
+    ] {
+        let o = mass(&l, cmd);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "mass {cmd:?}: {err}");
+        assert!(err.contains("may not hold '/'"), "mass {cmd:?}: {err}");
+        assert!(err.contains("nothing was written"), "mass {cmd:?}: {err}");
+        assert_eq!(refs(&l), before, "mass {cmd:?} wrote a ref");
+    }
+    // A fresh ledger is not even made for such a run.
+    let fresh = d.path().join("fresh");
+    let o = mass(
+        &fresh,
+        &["run", "examples/smoke.toml", "--ref", "a/b", "--quiet"],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!fresh.exists(), "a ledger was made for a refused run");
+}
+
 /// Regression (#25, item 7): overrides were applied and validated one at a
 /// time, so `--set roles.judge=j2 --set backends.j2.kind=sim` was refused
 /// ("unknown backend j2") while the same two flags the other way round were

@@ -127,7 +127,20 @@ pub fn run(dir: &Path, o: &RunOptions<'_>) -> Result<ExitCode> {
     // a bad --set writes nothing.
     let given = super::run_file::given(o.experiment, o.set)?;
     let run = o.name.map(str::to_string).unwrap_or(given.exp.name.clone());
+    // Only a new run's name is checked, before a ledger is made for it: a
+    // run an earlier version made under such a name stays resumable.
+    let from = if o.name.is_some() {
+        "--ref"
+    } else {
+        "the experiment's name"
+    };
+    if !dir.join("FORMAT").exists() {
+        new_run_name(from, &run)?;
+    }
     let ledger = open_arc(dir)?;
+    if ledger.head(&run)?.is_none() {
+        new_run_name(from, &run)?;
+    }
     if let Some(head) = ledger.head(&run)? {
         let first = ledger.chain(head).last().transpose()?;
         let Some(first) = first.filter(|e| e.kind == "run.started") else {
@@ -319,10 +332,14 @@ fn refuse_execution_overrides(overrides: &[(String, String)]) -> Result<()> {
 /// A new run's `--name`: a name under another run's (`RUN/x`) would put
 /// the new run's refs among that run's streams, and `mass runs rm RUN`
 /// would remove it too. Refused (exit 2).
-fn new_run_name(name: &str) -> Result<()> {
+/// Refuses a new run's name holding `/`: the refs under `RUN/` are run
+/// RUN's streams, so a run named `a/b` would be listed, removed
+/// (`mass runs rm a`) and pushed as part of run `a`. `given` says where the
+/// name came from (`--name`, `--ref`, the experiment's `name`).
+fn new_run_name(given: &str, name: &str) -> Result<()> {
     if name.contains('/') {
         return Err(CliError::Usage(format!(
-            "--name {name:?}: a run name may not hold '/' (names under RUN/ are its streams); nothing was written"
+            "{given} {name:?}: a run name may not hold '/' (names under RUN/ are its streams); nothing was written"
         ))
         .into());
     }
@@ -344,7 +361,7 @@ pub fn rejudge(
     opts: &RejudgeOptions,
     quiet: bool,
 ) -> Result<ExitCode> {
-    new_run_name(name)?;
+    new_run_name("--name", name)?;
     let ledger = Arc::new(open(dir)?);
     let head = ledger.head(source)?.ok_or_else(|| {
         CliError::NotFound(format!(
@@ -709,6 +726,7 @@ pub fn fork(
         None => candidates.into_iter().next(),
     };
     if let Some(run) = source {
+        new_run_name("--name", name)?;
         let run_head = l.head(&run)?.context("the run vanished")?;
         let first = l.chain(run_head).last().transpose()?.context("empty run")?;
         engine::driver::check_run_start(&run, &first).map_err(|e| anyhow::anyhow!("{e}"))?;
