@@ -21,7 +21,13 @@
 //!   i.e. encoding, hashing, compression, index updates and write/fsync
 //!   system calls; measuring costs two system calls per ledger call, so it
 //!   is off by default and the column shows `-`);
-//! - peak resident memory of each phase (VmHWM, reset between phases).
+//! - peak resident memory of each phase (VmHWM, reset between phases);
+//! - where the wall time beyond the ideal goes, from the stub's clock: by
+//!   when every rollout's first call had arrived (`first calls in`), and
+//!   how long after the last rollout's last reply the run ended (`tail`:
+//!   the rollouts' final steps, the checks among them). All rollouts start
+//!   at once, so fixed costs per rollout (a workspace made, a check run)
+//!   show there, as bursts, and not in the calls' own latency.
 //!
 //! Medians over repetitions.
 //!
@@ -44,11 +50,14 @@
 //! `{"calls_per_rollout", "delay_ms", "level", "reps", "ledger_dir", "scratch_dir",
 //! "cores", "rows": [{"rollouts",
 //! "ideal", "transport", "engine", "vs_ideal", "vs_transport", "cpu_ms_per_call",
-//! "transport_cpu_ms_per_call", "ledger_share", "peak_mib", "transport_peak_mib"}]}`:
+//! "transport_cpu_ms_per_call", "ledger_share", "peak_mib", "transport_peak_mib",
+//! "first_calls_ms", "transport_first_calls_ms", "tail_ms", "transport_tail_ms"}]}`:
 //! `ideal`, `transport` and `engine` in calls per second, `vs_*` their
 //! ratios, `cpu_ms_per_call` the engine run's process CPU per call (the
 //! transport's beside it), `ledger_share` the fraction of the engine run's
-//! CPU in ledger work (`null` without `--ledger-share`), peaks in MiB; medians over the repetitions.
+//! CPU in ledger work (`null` without `--ledger-share`), peaks in MiB,
+//! `*first_calls_ms` and `*tail_ms` the phases above in milliseconds;
+//! medians over the repetitions.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -128,6 +137,34 @@ fn parse_args() -> Cfg {
 // ---------------------------------------------------------------------------
 // The stub server: HTTP/1.1 with keep-alive, one task per connection.
 
+/// When the stub saw each rollout's first call (turn 0) arrive and wrote
+/// each rollout's last reply (the `finish` turn), for the phase columns.
+/// One phase runs at a time; `timeline_reset` starts one.
+static TIMELINE: std::sync::Mutex<(Vec<Instant>, Vec<Instant>)> =
+    std::sync::Mutex::new((Vec::new(), Vec::new()));
+
+fn timeline_reset() {
+    let mut t = TIMELINE.lock().unwrap_or_else(|e| e.into_inner());
+    t.0.clear();
+    t.1.clear();
+}
+
+/// (ms from `t0` until the last first call arrived, ms from the last
+/// final reply until `end`).
+fn timeline_phases(t0: Instant, end: Instant) -> (f64, f64) {
+    let t = TIMELINE.lock().unwrap_or_else(|e| e.into_inner());
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let first =
+        t.0.iter()
+            .max()
+            .map_or(f64::NAN, |i| ms(i.duration_since(t0)));
+    let tail =
+        t.1.iter()
+            .max()
+            .map_or(f64::NAN, |i| ms(end.duration_since(*i)));
+    (first, tail)
+}
+
 /// What the stub answers at turn `t` (the number of assistant messages so
 /// far in the request) of a rollout of `calls` calls.
 fn reply_for(t: usize, calls: usize) -> String {
@@ -195,6 +232,13 @@ async fn serve_conn(mut sock: tokio::net::TcpStream, calls: usize, delay: Durati
         // stays small beside the engine's.
         let turn = count(&buf[header_end..header_end + len], br#""role":"assistant""#);
         buf.drain(..header_end + len);
+        if turn == 0 {
+            TIMELINE
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .0
+                .push(Instant::now());
+        }
         tokio::time::sleep(delay).await;
         let reply = reply_for(turn, calls);
         let resp = format!(
@@ -204,6 +248,13 @@ async fn serve_conn(mut sock: tokio::net::TcpStream, calls: usize, delay: Durati
         );
         if sock.write_all(resp.as_bytes()).await.is_err() {
             return;
+        }
+        if turn + 1 >= calls {
+            TIMELINE
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .1
+                .push(Instant::now());
         }
     }
 }
@@ -278,6 +329,8 @@ struct Sample {
     cpu: Duration,
     ledger_cpu: Duration,
     peak_mib: f64,
+    /// `timeline_phases` of the run.
+    phases: (f64, f64),
 }
 
 fn backend(url: &str, n: usize) -> OpenAiBackend {
@@ -308,6 +361,7 @@ fn transport_only(url: &str, n: usize, calls: usize) -> Sample {
     let b = Arc::new(backend(url, n));
     reset_peak();
     let cpu0 = cpu_time();
+    timeline_reset();
     let t0 = Instant::now();
     let done = engine::exec::all(
         n,
@@ -340,12 +394,14 @@ fn transport_only(url: &str, n: usize, calls: usize) -> Sample {
         || {},
     )
     .expect("transport run");
+    let end = Instant::now();
     Sample {
-        wall: t0.elapsed(),
+        wall: end - t0,
         calls: done.iter().sum(),
         cpu: cpu_time() - cpu0,
         ledger_cpu: Duration::ZERO,
         peak_mib: peak_rss_mib(),
+        phases: timeline_phases(t0, end),
     }
 }
 
@@ -405,6 +461,7 @@ fn engine_run(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg, rep: usi
     reset_peak();
     let ledger0 = engine::exec::ledger_cpu();
     let cpu0 = cpu_time();
+    timeline_reset();
     let t0 = Instant::now();
     let outcomes = engine::exec::all(
         n,
@@ -427,7 +484,8 @@ fn engine_run(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg, rep: usi
         || {},
     )
     .expect("engine run");
-    let wall = t0.elapsed();
+    let end = Instant::now();
+    let wall = end - t0;
     for o in &outcomes {
         assert_eq!(o.record.status, "finished", "{}", o.record.detail);
         assert_eq!(o.record.turns as usize, calls);
@@ -438,6 +496,7 @@ fn engine_run(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg, rep: usi
         cpu: cpu_time() - cpu0,
         ledger_cpu: engine::exec::ledger_cpu() - ledger0,
         peak_mib: peak_rss_mib(),
+        phases: timeline_phases(t0, end),
     };
     // The ledger closed first: closing writes (its index), and a directory
     // removed under an open ledger came back, so a second run with the same
@@ -534,11 +593,15 @@ fn measure_size(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg) -> ser
     let ideal = (n * cfg.calls) as f64 / (cfg.calls as f64 * cfg.delay.as_secs_f64());
     let (mut tr_rate, mut en_rate, mut tr_cpu, mut en_cpu, mut share, mut tr_mem, mut en_mem) =
         (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    // (first calls in, tail) of each repetition: transport, engine.
+    let mut phases: [Vec<f64>; 4] = Default::default();
     for rep in 0..cfg.reps {
         let t = transport_only(url, n, cfg.calls);
         tr_rate.push(t.calls as f64 / t.wall.as_secs_f64());
         tr_cpu.push(t.cpu.as_secs_f64() * 1e3 / t.calls as f64);
         tr_mem.push(t.peak_mib);
+        phases[0].push(t.phases.0);
+        phases[1].push(t.phases.1);
         let e = engine_run(url, root, task, n, cfg, rep);
         en_rate.push(e.calls as f64 / e.wall.as_secs_f64());
         en_cpu.push(e.cpu.as_secs_f64() * 1e3 / e.calls as f64);
@@ -546,7 +609,10 @@ fn measure_size(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg) -> ser
             share.push(100.0 * e.ledger_cpu.as_secs_f64() / e.cpu.as_secs_f64().max(1e-9));
         }
         en_mem.push(e.peak_mib);
+        phases[2].push(e.phases.0);
+        phases[3].push(e.phases.1);
     }
+    let [tr_first, tr_tail, en_first, en_tail] = phases.map(median);
     let (tr, en) = (median(tr_rate), median(en_rate));
     let share = (!share.is_empty()).then(|| median(share));
     let (tr_cpu, en_cpu, tr_mem, en_mem) = (
@@ -569,6 +635,10 @@ fn measure_size(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg) -> ser
         tr_mem,
         en_mem
     );
+    println!(
+        "{:>9} phases: every first call in by {en_first:.0} ms (transport {tr_first:.0} ms); the last rollout ended {en_tail:.0} ms after the last reply (transport {tr_tail:.0} ms)",
+        ""
+    );
     serde_json::json!({
         "rollouts": n,
         "ideal": ideal,
@@ -581,5 +651,9 @@ fn measure_size(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg) -> ser
         "ledger_share": share.map(|s| s / 100.0),
         "peak_mib": en_mem,
         "transport_peak_mib": tr_mem,
+        "first_calls_ms": en_first,
+        "transport_first_calls_ms": tr_first,
+        "tail_ms": en_tail,
+        "transport_tail_ms": tr_tail,
     })
 }
