@@ -21,12 +21,18 @@ fn refs(l: &Path) -> String {
     String::from_utf8(mass(l, &["refs", "--json"]).stdout).unwrap()
 }
 
-#[test]
-fn fork_overrides_are_validated_before_anything_is_written() {
+/// A ledger in a fresh directory holding the finished smoke run.
+fn smoke_run() -> (tempfile::TempDir, std::path::PathBuf) {
     let d = tempfile::tempdir().unwrap();
     let l = d.path().join("ledger");
     let o = mass(&l, &["run", "examples/smoke.toml", "--quiet"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    (d, l)
+}
+
+#[test]
+fn fork_overrides_are_validated_before_anything_is_written() {
+    let (_d, l) = smoke_run();
     let before = refs(&l);
     for bad in [
         "no_such_key=1",
@@ -69,10 +75,7 @@ fn fork_overrides_are_validated_before_anything_is_written() {
 /// ref may still be hierarchical: `experiments/alt` in tests/cli.rs.)
 #[test]
 fn regression_a_run_named_under_another_runs_streams_is_refused() {
-    let d = tempfile::tempdir().unwrap();
-    let l = d.path().join("ledger");
-    let o = mass(&l, &["run", "examples/smoke.toml", "--quiet"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (d, l) = smoke_run();
     let before = refs(&l);
     let exp = d.path().join("nested.toml");
     let text =
@@ -119,10 +122,7 @@ fn regression_a_run_named_under_another_runs_streams_is_refused() {
 /// the same fork, and a key given twice is refused, whatever the order.
 #[test]
 fn override_validation_does_not_depend_on_the_order_of_the_flags() {
-    let d = tempfile::tempdir().unwrap();
-    let l = d.path().join("ledger");
-    let o = mass(&l, &["run", "examples/smoke.toml", "--quiet"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (_d, l) = smoke_run();
     let (role, backend) = ("roles.judge=j2", "backends.j2.kind=sim");
     for (name, first, second) in [("a", role, backend), ("b", backend, role)] {
         let o = mass(
@@ -193,10 +193,7 @@ fn override_validation_does_not_depend_on_the_order_of_the_flags() {
 /// the plan the fork set.
 #[test]
 fn backend_override_after_the_start_is_honoured_from_the_fork_point() {
-    let d = tempfile::tempdir().unwrap();
-    let l = d.path().join("ledger");
-    let o = mass(&l, &["run", "examples/smoke.toml", "--quiet"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (d, l) = smoke_run();
     let sets = [
         "cycles=2",
         "backends.sim.sim.skill=0.3",
@@ -245,10 +242,7 @@ fn backend_override_after_the_start_is_honoured_from_the_fork_point() {
 /// already has (which other roles play) is refused with nothing written.
 #[test]
 fn rejudge_with_a_judge_defined_in_a_file() {
-    let d = tempfile::tempdir().unwrap();
-    let l = d.path().join("ledger");
-    let o = mass(&l, &["run", "examples/smoke.toml", "--quiet"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (d, l) = smoke_run();
     let before = refs(&l);
     let clash = d.path().join("clash.toml");
     std::fs::write(
