@@ -100,6 +100,28 @@ fn regression_a_run_named_under_another_runs_streams_is_refused() {
         assert!(err.contains("nothing was written"), "mass {cmd:?}: {err}");
         assert_eq!(refs(&l), before, "mass {cmd:?} wrote a ref");
     }
+    // A step no run holds any more (its run removed) forks as a plain ref,
+    // but a ref at a main-stream step is a run: named as one.
+    let o = mass(&l, &["fork", "smoke", "--name", "gone"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let said = String::from_utf8_lossy(&o.stdout).into_owned();
+    let step = said
+        .split("(fork event ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .unwrap_or_else(|| panic!("no fork event in {said:?}"))
+        .to_string();
+    let o = mass(&l, &["runs", "rm", "gone"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let before = refs(&l);
+    let o = mass(&l, &["fork", &step, "--name", "smoke/orphan"]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(refs(&l), before, "a ref was written");
     // A fresh ledger is not even made for such a run.
     let fresh = d.path().join("fresh");
     let o = mass(

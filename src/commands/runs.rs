@@ -725,8 +725,12 @@ pub fn fork(
         }
         None => candidates.into_iter().next(),
     };
-    if let Some(run) = source {
+    // A ref at a main-stream step is a run (`runs`), also when no run holds
+    // that step any more (its run removed), so it is named as a run is.
+    if source.is_some() || ev.stream == MAIN {
         new_run_name("--name", name)?;
+    }
+    if let Some(run) = source {
         let run_head = l.head(&run)?.context("the run vanished")?;
         let first = l.chain(run_head).last().transpose()?.context("empty run")?;
         engine::driver::check_run_start(&run, &first).map_err(|e| anyhow::anyhow!("{e}"))?;
