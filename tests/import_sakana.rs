@@ -7,36 +7,14 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
 
 use import::fixture::{self, Spec};
 
+#[path = "common/cli.rs"]
+mod cli;
+use cli::{mass, ok, text};
+
 const KEY: &str = "sk-planted-CLI-SECRET-abcdef0123456789";
-
-fn mass(ledger: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mass"))
-        .arg("--ledger")
-        .arg(ledger)
-        .args(args)
-        .env_remove("MASS_LEDGER")
-        .stdin(Stdio::null())
-        .output()
-        .expect("mass runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn ok(o: Output) -> String {
-    assert!(o.status.success(), "{}", text(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 struct Setup {
     _tmp: tempfile::TempDir,

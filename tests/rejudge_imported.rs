@@ -17,32 +17,11 @@ use std::sync::{Arc, Mutex};
 
 use import::fixture::{self, Spec};
 
+#[path = "common/cli.rs"]
+mod cli;
+use cli::{mass, ok, text};
+
 const KEY: &str = "sk-planted-REJUDGE-SECRET-0123456789abcdef";
-
-fn mass(ledger: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mass"))
-        .arg("--ledger")
-        .arg(ledger)
-        .args(args)
-        .env_remove("MASS_LEDGER")
-        .stdin(Stdio::null())
-        .output()
-        .expect("mass runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn ok(o: Output) -> String {
-    assert!(o.status.success(), "{}", text(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// A scripted judge: prefers the workspace whose `results.json` names the
 /// higher episode (the reverse of the reference's ranking in the fixture);
