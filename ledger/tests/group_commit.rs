@@ -29,8 +29,9 @@ struct Shared {
     synced: Mutex<HashMap<PathBuf, u64>>,
     /// Each sync sleeps this long before syncing.
     sync_delay: Duration,
-    /// The Nth sync (1-based) fails.
-    fail_sync_at: Option<u64>,
+    /// The Nth sync (1-based) fails; 0 for none. Tests may set it while
+    /// running, to fail the sync after one they hold at the gate.
+    fail_sync_at: AtomicU64,
     /// The bytes the failed sync should have made durable.
     failed_bytes: Mutex<Option<Vec<u8>>>,
     /// While `Some(false)`, syncs wait.
@@ -78,7 +79,7 @@ impl AppendFile for CountingFile {
         }
         std::thread::sleep(s.sync_delay);
         let n = s.syncs.fetch_add(1, Ordering::SeqCst) + 1;
-        if s.fail_sync_at == Some(n) {
+        if s.fail_sync_at.load(Ordering::SeqCst) == n {
             *s.failed_bytes.lock().unwrap() = Some(std::mem::take(&mut self.unsynced));
             return Err(std::io::Error::other("injected fsync failure"));
         }
@@ -142,7 +143,7 @@ impl Counting {
     fn new(sync_delay: Duration, fail_sync_at: Option<u64>) -> Counting {
         Counting(Arc::new(Shared {
             sync_delay,
-            fail_sync_at,
+            fail_sync_at: AtomicU64::new(fail_sync_at.unwrap_or(0)),
             ..Default::default()
         }))
     }
@@ -387,65 +388,93 @@ fn records(bytes: &[u8]) -> Vec<(u8, Id)> {
 #[test]
 fn a_failed_fsync_fails_every_commit_of_its_group_and_poisons_the_writer() {
     const THREADS: usize = 12;
+    const FREE: usize = 5;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("l");
-    // Segment creation at init is not a sync of an appended file; the
-    // second group sync fails. The first is held at the gate until every
-    // other thread has joined the next group, so the failed group holds
-    // many commits (timing alone made it hold one, now and then).
-    let files = Counting::new(Duration::from_millis(5), Some(2));
+    let files = Counting::new(Duration::from_millis(2), None);
     let l = Ledger::init_with(&dir, opts(&files, 64 << 20)).unwrap();
-    let start = Barrier::new(THREADS);
-    files.close_gate();
+    // Every thread first commits FREE batches (acknowledged, in groups as
+    // timing makes them), then waits. One commit is then held at the gate
+    // in its sync, every thread makes one more commit (all of them join the
+    // next open group, as no group can be written while one is held), and
+    // that group's sync fails. Which commits share the failed group is
+    // known by construction, not by timing (a sleep made it hold one
+    // commit, now and then, on a loaded machine).
+    let free_done = Barrier::new(THREADS + 1);
+    let go = Barrier::new(THREADS + 1);
+    let entered = AtomicU64::new(0);
     type Outcome = (Id, Id, Result<(), String>);
-    let outcomes: Vec<Vec<Outcome>> = std::thread::scope(|s| {
+    let commit = |stream: &str, head: Option<Id>, payload: String| -> Outcome {
+        let mut b = l.batch();
+        let blob = b.put_blob(payload.as_bytes()).unwrap();
+        let ev = b
+            .append(
+                stream,
+                head,
+                NewEvent::new("k", 1, payload.into_bytes()).with_refs(vec![blob]),
+            )
+            .unwrap();
+        let r = b.commit().map_err(|e| e.to_string());
+        if r.is_ok() {
+            files.assert_synced(&l, &ev);
+            files.assert_synced(&l, &blob);
+        }
+        (ev, blob, r)
+    };
+    let (outcomes, held): (Vec<Vec<Outcome>>, Outcome) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..THREADS)
             .map(|t| {
-                let (l, files, start) = (&l, &files, &start);
+                let (commit, free_done, go, entered) = (&commit, &free_done, &go, &entered);
                 s.spawn(move || {
                     let stream = format!("r/{t}");
                     let mut head = None;
                     let mut out = Vec::new();
-                    start.wait();
-                    for i in 0..20 {
-                        let mut b = l.batch();
-                        let blob = b.put_blob(format!("{t}/{i}").as_bytes()).unwrap();
-                        let ev = b
-                            .append(
-                                &stream,
-                                head,
-                                NewEvent::new("k", 1, vec![i]).with_refs(vec![blob]),
-                            )
-                            .unwrap();
-                        match b.commit() {
-                            Ok(()) => {
-                                files.assert_synced(l, &ev);
-                                files.assert_synced(l, &blob);
-                                head = Some(ev);
-                                out.push((ev, blob, Ok(())));
-                            }
-                            Err(e) => {
-                                out.push((ev, blob, Err(e.to_string())));
-                                break;
-                            }
-                        }
+                    for i in 0..FREE {
+                        let o = commit(&stream, head, format!("{t}/{i}"));
+                        assert!(o.2.is_ok(), "{:?}", o.2);
+                        head = Some(o.0);
+                        out.push(o);
                     }
+                    free_done.wait();
+                    go.wait();
+                    entered.fetch_add(1, Ordering::SeqCst);
+                    out.push(commit(&stream, head, format!("{t}/last")));
                     out
                 })
             })
             .collect();
+        free_done.wait();
+        // Nothing else is syncing now: the next sync is the held commit's,
+        // the one after it the workers' group.
+        files.close_gate();
+        files
+            .0
+            .fail_sync_at
+            .store(files.syncs() + 2, Ordering::SeqCst);
+        let holder = s.spawn(|| commit("held", None, "held".into()));
         files.wait_at_gate(1);
-        std::thread::sleep(Duration::from_millis(200));
+        go.wait();
+        while entered.load(Ordering::SeqCst) < THREADS as u64 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Each worker has entered its commit; placing it in the open group
+        // takes microseconds.
+        std::thread::sleep(Duration::from_millis(100));
         files.open_gate();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+        let held = holder.join().unwrap();
+        (
+            handles.into_iter().map(|h| h.join().unwrap()).collect(),
+            held,
+        )
     });
+    assert!(held.2.is_ok(), "the held commit failed: {:?}", held.2);
     let failed_bytes = files.0.failed_bytes.lock().unwrap().clone().unwrap();
     let in_failed_group: HashSet<Id> = records(&failed_bytes)
         .into_iter()
         .filter(|(t, _)| *t == 3)
         .map(|(_, id)| id)
         .collect();
-    let all: Vec<&Outcome> = outcomes.iter().flatten().collect();
+    let all: Vec<&Outcome> = outcomes.iter().flatten().chain([&held]).collect();
     let errors: Vec<&Outcome> = all.iter().copied().filter(|o| o.2.is_err()).collect();
     eprintln!(
         "{} commits, {} failed, {} in the failed group",
