@@ -44,9 +44,9 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 use std::process::Command;
 
-type RlimitTable = [(libc::__rlimit_resource_t, libc::rlim_t); 6];
+pub(crate) type RlimitTable = [(libc::__rlimit_resource_t, libc::rlim_t); 6];
 
-fn rlimit_table(l: &Limits) -> RlimitTable {
+pub(crate) fn rlimit_table(l: &Limits) -> RlimitTable {
     const MIB: u64 = 1024 * 1024;
     [
         (libc::RLIMIT_CPU, l.cpu_secs as libc::rlim_t),
@@ -66,14 +66,14 @@ fn rlimit_table(l: &Limits) -> RlimitTable {
 
 /// Lowers the process's priority to `nice` (inherited by every child). A
 /// process may always lower its own priority.
-fn set_nice(nice: u8) -> io::Result<()> {
+pub(crate) fn set_nice(nice: u8) -> io::Result<()> {
     // SAFETY: plain syscall.
     cvt(unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, libc::c_int::from(nice.min(19))) })
         .map(|_| ())
         .inspect_err(|_| note(b"sandbox: setpriority failed\n"))
 }
 
-fn set_rlimits(table: &RlimitTable) -> io::Result<()> {
+pub(crate) fn set_rlimits(table: &RlimitTable) -> io::Result<()> {
     for &(res, v) in table {
         // soft = hard: the command cannot raise them back.
         let lim = libc::rlimit {
@@ -169,7 +169,7 @@ fn drop_root_step(drop: bool, parent: u32) -> io::Result<()> {
 /// armed) ends it at once. The signal survives `execve`; credential
 /// changes clear it, so it is armed again after each (`drop_root_step`,
 /// the relay after the namespaces).
-fn die_with_parent(parent: u32) {
+pub(crate) fn die_with_parent(parent: u32) {
     // SAFETY: plain prctl/getppid; _exit is always safe.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
@@ -196,6 +196,26 @@ fn die_with_parent(parent: u32) {
 /// path is relative. A step that fails later, in the launcher, is named on
 /// the command's stderr and the command exits with status 126.
 pub fn command(program: impl AsRef<OsStr>, policy: &Policy) -> Result<Command, SandboxError> {
+    let avail = check(policy)?;
+    // Keeps the launcher's constructor in every binary that spawns one.
+    std::hint::black_box(&launch::LAUNCH_HOOK);
+    let spec = LaunchSpec {
+        policy: policy.clone(),
+        landlock_abi: avail.landlock_abi.unwrap_or(0),
+        drop_root: avail.root,
+        parent: std::process::id(),
+    };
+    let spec = serde_json::to_string(&spec).map_err(|e| SandboxError::Launch(e.to_string()))?;
+    let mut cmd = Command::new(LAUNCHER);
+    cmd.arg(launch::FLAG).arg(spec).arg(program);
+    Ok(cmd)
+}
+
+/// What `command` (and `Spawn`) check in the caller before anything runs:
+/// the platform, absolute paths, the combinations the levels allow, the
+/// places, that this machine offers the level and (above `Level::None`)
+/// that every policy path exists. Returns the probe's findings.
+pub(crate) fn check(policy: &Policy) -> Result<crate::probe::Availability, SandboxError> {
     if !cfg!(all(target_os = "linux", target_env = "gnu")) {
         // The launcher's constructor needs glibc's (argc, argv, envp).
         return Err(SandboxError::Launch(
@@ -239,18 +259,7 @@ pub fn command(program: impl AsRef<OsStr>, policy: &Policy) -> Result<Command, S
         // one here, to the caller, rather than as a failed command.
         check_paths(policy)?;
     }
-    // Keeps the launcher's constructor in every binary that spawns one.
-    std::hint::black_box(&launch::LAUNCH_HOOK);
-    let spec = LaunchSpec {
-        policy: policy.clone(),
-        landlock_abi: avail.landlock_abi.unwrap_or(0),
-        drop_root: avail.root,
-        parent: std::process::id(),
-    };
-    let spec = serde_json::to_string(&spec).map_err(|e| SandboxError::Launch(e.to_string()))?;
-    let mut cmd = Command::new(LAUNCHER);
-    cmd.arg(launch::FLAG).arg(spec).arg(program);
-    Ok(cmd)
+    Ok(avail)
 }
 
 /// Each place names a policy path and a distinct `at` strictly below a

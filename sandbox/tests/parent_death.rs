@@ -9,15 +9,16 @@
 //! itself as marked `sleep`s (`exec -a MARK`), and waits. The test
 //! SIGKILLs that child program and checks, by the marks in `/proc`, that
 //! within a few seconds nothing it started is left: at `Level::Full` none of
-//! the three; at `Level::Landlock` the command itself (no PID namespace
-//! there: its background processes are documented to survive a call).
+//! the three; at `Level::Landlock` and `Level::None` the command itself (no
+//! PID namespace there: its background processes are documented to survive
+//! a call). At `Level::None` the command is started without the launcher.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sandbox::{command, prepare, probe, Level, Policy};
+use sandbox::{command, prepare, probe, Level, Policy, Spawn};
 
 const CHILD: &str = "MASS_TEST_PARENT_DEATH_CHILD";
 
@@ -45,16 +46,26 @@ fn child_program_starts_a_confined_command_and_waits() {
     };
     let parts: Vec<&str> = args.splitn(3, ' ').collect();
     let (mark, level, ws) = (parts[0], parts[1], Path::new(parts[2]));
-    let level = if level == "full" {
-        Level::Full
-    } else {
-        Level::Landlock
+    let level = match level {
+        "full" => Level::Full,
+        "none" => Level::None,
+        _ => Level::Landlock,
     };
     let p = Policy::new(level, ws);
     prepare(&p).unwrap();
     let script = format!(
         "(exec -a {mark}-bg sleep 1000) & setsid bash -c 'exec -a {mark}-daemon sleep 1000' & exec -a {mark}-cmd sleep 1000"
     );
+    if level == Level::None {
+        // Started directly, without the launcher (`Spawn`).
+        let mut s = Spawn::new("bash", &p).unwrap();
+        s.arg("-c")
+            .arg(script)
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .current_dir(ws);
+        let _ = s.spawn().unwrap().wait();
+        return;
+    }
     let mut c = command("bash", &p)
         .unwrap()
         .arg("-c")
@@ -144,6 +155,17 @@ fn a_killed_parent_takes_its_confined_command_with_it_at_full() {
         return;
     }
     run("full", &["-bg", "-daemon", "-cmd"]);
+}
+
+/// At `Level::None` the command is started without the launcher; it still
+/// dies with the thread that started it (its background processes are
+/// documented to survive, as at `Level::Landlock`).
+#[test]
+fn a_killed_parent_takes_its_command_with_it_at_none() {
+    if std::env::var(CHILD).is_ok() {
+        return;
+    }
+    run("none", &["-cmd"]);
 }
 
 #[test]

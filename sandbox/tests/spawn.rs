@@ -1,7 +1,7 @@
-//! How a confined command is started: through the launcher, without
-//! forking the caller.
+//! How a confined command is started: through the launcher (or, at
+//! `Level::None`, directly), without forking the caller.
 
-use sandbox::{command, probe, Level, Policy};
+use sandbox::{command, probe, Level, Policy, Spawn};
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 
@@ -60,4 +60,32 @@ fn spawning_a_confined_command_does_not_fork_the_caller() {
             "{level:?}: {faults} page faults writing {PAGES} pages after a spawn: the caller was forked"
         );
     }
+}
+
+/// The same for a command started without the launcher (`Spawn::new` at
+/// `Level::None`): the clone shares the caller's memory, copying none of it.
+#[test]
+fn starting_a_command_directly_does_not_fork_the_caller() {
+    const PAGES: usize = 16 * 1024; // 64 MiB of 4 KiB pages
+    let mut mem = vec![0u8; PAGES * 4096];
+    let touch = |mem: &mut Vec<u8>, v: u8| {
+        for p in 0..PAGES {
+            mem[p * 4096] = v;
+        }
+    };
+    let ws = tempfile::tempdir().unwrap();
+    let ws = ws.path().canonicalize().unwrap();
+    let _ = probe();
+    touch(&mut mem, 1);
+    let mut s = Spawn::new("true", &Policy::new(Level::None, &ws)).unwrap();
+    s.env("PATH", "/usr/bin:/bin").current_dir(&ws);
+    let before = minor_faults();
+    let status = s.spawn().unwrap().wait().unwrap();
+    assert!(status.success(), "{status}");
+    touch(&mut mem, 2);
+    let faults = minor_faults() - before;
+    assert!(
+        faults < (PAGES / 8) as i64,
+        "{faults} page faults writing {PAGES} pages after a direct start: the caller was forked"
+    );
 }

@@ -7,9 +7,9 @@
 
 use std::fs;
 use std::io::{self, Read};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
@@ -322,33 +322,29 @@ impl Workspace {
     }
 
     /// `bash -c command` in the workspace root, confined by `policy`, with
-    /// the environment cleared and rebuilt from constants, null stdin, piped
-    /// output, and its own process group.
+    /// the environment rebuilt from constants, null stdin, piped output,
+    /// and its own process group (all four are what `sandbox::Spawn` does).
     fn bash_command(
         &self,
         command: &str,
         opts: &BashOptions,
         policy: &sandbox::Policy,
         tmp: &Path,
-    ) -> Result<std::process::Command, ToolError> {
-        let mut cmd = sandbox::command("bash", policy)?;
+    ) -> Result<sandbox::Spawn, ToolError> {
+        let mut cmd = sandbox::Spawn::new("bash", policy)?;
         cmd.arg("-c")
             .arg(command)
             .current_dir(&self.root)
-            .env_clear()
             .env("PATH", BASH_PATH)
             .env("HOME", policy.seen(&self.root))
             .env("LANG", "C.UTF-8")
             .env("LC_ALL", "C.UTF-8")
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env("PYTHONHASHSEED", "0")
-            .env("TMPDIR", policy.seen(tmp))
-            .envs(opts.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // setpgid(0, 0) in the child before exec: its pid becomes the pgid.
-            .process_group(0);
+            .env("TMPDIR", policy.seen(tmp));
+        for (k, v) in &opts.env {
+            cmd.env(k, v);
+        }
         Ok(cmd)
     }
 }
@@ -364,7 +360,7 @@ fn kill_and_fail(pgid: i32, op: &'static str, source: io::Error) -> ToolError {
 /// expires; returns its status (if it could be had) and whether it timed
 /// out.
 fn wait_or_kill(
-    mut child: std::process::Child,
+    mut child: sandbox::Child,
     pgid: i32,
     timeout: Duration,
 ) -> Result<(Option<ExitStatus>, bool), ToolError> {
@@ -405,11 +401,7 @@ struct Captures {
 impl Captures {
     /// Takes the child's pipes and starts a reader on each, keeping at
     /// most `cap` bytes of each. On failure the group `pgid` is killed.
-    fn start(
-        child: &mut std::process::Child,
-        cap: usize,
-        pgid: i32,
-    ) -> Result<Captures, ToolError> {
+    fn start(child: &mut sandbox::Child, cap: usize, pgid: i32) -> Result<Captures, ToolError> {
         let missing_pipe = || io::Error::other("pipe was not set up");
         let out_pipe = child.stdout.take().ok_or_else(missing_pipe);
         let err_pipe = child.stderr.take().ok_or_else(missing_pipe);
