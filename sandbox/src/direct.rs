@@ -23,22 +23,34 @@
 //! stdin from `/dev/null`, stdout and stderr on pipes, its own process
 //! group, the given environment only, the given directory.
 //!
-//! A step that fails in the child is named on the command's stderr and the
-//! command exits with 126 (127 when the program is not found), as the
-//! launcher does.
+//! Failures look as they do through the launcher: a step std's
+//! `posix_spawn` takes (process group, stdio, directory) is `spawn`'s
+//! error; a step of the launcher (limits, priority) is named on the
+//! command's stderr and it exits 126; the program is looked up and run as
+//! `execvp` does (its `PATH` order and errors, a file without `#!` through
+//! `/bin/sh`), and when that fails the caller writes the launcher's note
+//! to the command's stderr and it exits 127 (not found) or 126. The child
+//! reports those errnos through the memory it shares with the caller.
+//!
+//! It relies on immediate binding (rustc links with `-z now`): a lazily
+//! bound libc function would run the dynamic loader, which takes locks,
+//! in the child. It knows the kernel's signal structures of x86-64 and
+//! aarch64 only; elsewhere `Spawn` uses the launcher at every level.
 
+use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
-use std::io;
+use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::confine::{die_with_parent, rlimit_table, set_nice, set_rlimits, RlimitTable};
 use crate::policy::{Layer, Policy};
-use crate::sys::{cvt, note, wait_pid};
+use crate::sys::{cvt, wait_pid};
 
 /// The child's stack while it runs in the caller's memory: its frames are
 /// a few hundred bytes; the rest is margin.
@@ -49,10 +61,14 @@ const CHILD_STACK: usize = 64 * 1024;
 pub(crate) struct Plan {
     pub(crate) program: OsString,
     pub(crate) args: Vec<OsString>,
-    pub(crate) env: Vec<(OsString, OsString)>,
+    /// Sorted by name, as `std::process::Command` passes its environment.
+    pub(crate) env: BTreeMap<OsString, OsString>,
     pub(crate) cwd: Option<PathBuf>,
     pub(crate) limits: Option<RlimitTable>,
     pub(crate) nice: u8,
+    /// The launcher's note about layers the test switch leaves out, for
+    /// the command's stderr (as the launcher writes it), if any.
+    pub(crate) switch_note: Option<String>,
 }
 
 impl Plan {
@@ -60,10 +76,16 @@ impl Plan {
         Plan {
             program: program.to_os_string(),
             args: Vec::new(),
-            env: Vec::new(),
+            env: BTreeMap::new(),
             cwd: None,
             limits: (!policy.off(Layer::Rlimits)).then(|| rlimit_table(&policy.limits)),
             nice: policy.limits.nice,
+            switch_note: (!policy.unprotected.is_empty()).then(|| {
+                format!(
+                    "sandbox: TEST SWITCH: layers left out: {:?}\n",
+                    policy.unprotected
+                )
+            }),
         }
     }
 }
@@ -84,11 +106,18 @@ pub(crate) fn wait(pid: u32) -> io::Result<ExitStatus> {
 }
 
 /// Everything the child reads, prepared by the caller: pointers into C
-/// strings and arrays that outlive the clone, fds, the limits.
+/// strings and arrays that outlive the clone, fds, the limits; and the two
+/// results it reports back through the memory it shares with the caller.
 struct ChildArgs {
-    /// The program's resolved path; null when `PATH` held none.
-    program: *const libc::c_char,
+    /// The paths `execvp` would try, in its order (one when the program
+    /// names a path; none when the program is empty).
+    candidates: *const *const libc::c_char,
+    candidates_len: usize,
     argv: *const *const libc::c_char,
+    /// `[/bin/sh, <candidate>, argv[1..]..., null]`: slot 1 is written by
+    /// the child before running a file without `#!` through sh, as
+    /// `execvp` does (ENOEXEC).
+    sh_argv: *mut *const libc::c_char,
     envp: *const *const libc::c_char,
     /// Null: stay in the caller's directory.
     cwd: *const libc::c_char,
@@ -97,53 +126,109 @@ struct ChildArgs {
     limits: Option<RlimitTable>,
     nice: u8,
     parent: u32,
+    /// errno of a step std's `posix_spawn` takes (setpgid, stdio, chdir):
+    /// `spawn` then fails with it, as `Command::spawn` does.
+    setup_errno: AtomicI32,
+    /// errno of the failed exec: the caller writes the launcher's note.
+    exec_errno: AtomicI32,
 }
 
-/// Starts the command of `plan`; returns once it runs the program (or has
-/// exited, naming the failed step on its stderr).
-pub(crate) fn spawn(plan: &Plan) -> io::Result<Started> {
-    let c = |s: &OsStr| {
-        CString::new(s.as_bytes()).map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "an argument, variable or path contains a NUL byte",
-            )
+/// The C strings and pointer arrays a [`ChildArgs`] points into.
+struct CStrings {
+    candidates: Vec<CString>,
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+    cwd: Option<CString>,
+}
+
+impl CStrings {
+    fn of(plan: &Plan) -> io::Result<CStrings> {
+        let c = |s: &OsStr| {
+            CString::new(s.as_bytes()).map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "an argument, variable or path contains a NUL byte",
+                )
+            })
+        };
+        let mut argv = vec![c(&plan.program)?];
+        for a in &plan.args {
+            argv.push(c(a)?);
+        }
+        let mut envp = Vec::with_capacity(plan.env.len());
+        for (k, v) in &plan.env {
+            let mut kv = k.clone();
+            kv.push("=");
+            kv.push(v);
+            envp.push(c(&kv)?);
+        }
+        let candidates = candidates(&plan.program, &plan.env)
+            .iter()
+            .map(|p| c(p.as_os_str()))
+            .collect::<io::Result<Vec<_>>>()?;
+        let cwd = plan.cwd.as_deref().map(|d| c(d.as_os_str())).transpose()?;
+        Ok(CStrings {
+            candidates,
+            argv,
+            envp,
+            cwd,
         })
-    };
-    let program = resolve(&plan.program, &plan.env, plan.cwd.as_deref())
-        .map(|p| c(p.as_os_str()))
-        .transpose()?;
-    let mut argv = vec![c(&plan.program)?];
-    for a in &plan.args {
-        argv.push(c(a)?);
     }
-    let mut envp = Vec::with_capacity(plan.env.len());
-    for (k, v) in &plan.env {
-        let mut kv = k.clone();
-        kv.push("=");
-        kv.push(v);
-        envp.push(c(&kv)?);
-    }
-    let cwd = plan.cwd.as_deref().map(|d| c(d.as_os_str())).transpose()?;
-    let argv_ptrs = null_terminated(&argv);
-    let envp_ptrs = null_terminated(&envp);
+}
+
+/// Starts the command of `plan`; returns once it runs the program, or
+/// has exited with 126 or 127 after a step of the launcher's failed
+/// (named on its stderr, as the launcher names it). A step std's spawn
+/// would take failing (the process group, stdio, the directory) is this
+/// function's error, as it is `Command::spawn`'s.
+pub(crate) fn spawn(plan: &Plan) -> io::Result<Started> {
+    let strings = CStrings::of(plan)?;
+    let candidate_ptrs: Vec<*const libc::c_char> =
+        strings.candidates.iter().map(|c| c.as_ptr()).collect();
+    let argv_ptrs = null_terminated(&strings.argv);
+    let mut sh_argv: Vec<*const libc::c_char> = vec![c"/bin/sh".as_ptr(), std::ptr::null()];
+    sh_argv.extend_from_slice(&argv_ptrs[1..]);
+    let envp_ptrs = null_terminated(&strings.envp);
     let stdin = above_stdio(open_dev_null()?)?;
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
-    let (out_w, err_w) = (above_stdio(out_w)?, above_stdio(err_w)?);
+    let (out_w, mut err_w) = (above_stdio(out_w)?, File::from(above_stdio(err_w)?));
+    if let Some(n) = &plan.switch_note {
+        // Before the command writes anything, as the launcher writes it.
+        err_w.write_all(n.as_bytes())?;
+    }
     let args = ChildArgs {
-        program: program.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()),
+        candidates: candidate_ptrs.as_ptr(),
+        candidates_len: candidate_ptrs.len(),
         argv: argv_ptrs.as_ptr(),
+        sh_argv: sh_argv.as_mut_ptr(),
         envp: envp_ptrs.as_ptr(),
-        cwd: cwd.as_ref().map_or(std::ptr::null(), |d| d.as_ptr()),
+        cwd: strings
+            .cwd
+            .as_ref()
+            .map_or(std::ptr::null(), |d| d.as_ptr()),
         stdio: [stdin.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
         limits: plan.limits,
         nice: plan.nice,
         parent: std::process::id(),
+        setup_errno: AtomicI32::new(0),
+        exec_errno: AtomicI32::new(0),
     };
     let pid = clone_vfork(&args)?;
-    // The child has exec'd or exited: its ends of the pipes and stdin are
-    // closed here (dropped), the strings and arrays may go.
+    // The child has exec'd or exited (CLONE_VFORK): what it reported is
+    // written, and the strings and arrays may go.
+    let setup = args.setup_errno.load(Ordering::SeqCst);
+    if setup != 0 {
+        drop(wait(pid));
+        return Err(io::Error::from_raw_os_error(setup));
+    }
+    let exec = args.exec_errno.load(Ordering::SeqCst);
+    if exec != 0 {
+        let e = io::Error::from_raw_os_error(exec);
+        // The launcher's note, word for word (`launch::launch`).
+        let note = format!("sandbox: cannot execute the command: {e}\n");
+        drop(err_w.write_all(note.as_bytes()));
+    }
     drop((stdin, out_w, err_w));
     Ok(Started {
         pid,
@@ -161,7 +246,7 @@ fn clone_vfork(args: &ChildArgs) -> io::Result<u32> {
     let top = (stack.as_mut_ptr() as usize + CHILD_STACK) & !15;
     // Every signal, glibc's internal ones included (its pthread_sigmask
     // leaves those out), as glibc's posix_spawn blocks them.
-    let old = set_mask(!0);
+    let old = set_mask(!0)?;
     // SAFETY: the child runs `child_main` on `stack`, which outlives it in
     // this memory (CLONE_VFORK suspends this thread until the child execs
     // or exits), and reads only `args`, which outlives it the same way.
@@ -174,7 +259,8 @@ fn clone_vfork(args: &ChildArgs) -> io::Result<u32> {
         )
     };
     let err = io::Error::last_os_error();
-    set_mask(old);
+    // Restoring a mask read a moment ago cannot fail.
+    drop(set_mask(old));
     drop(stack);
     if pid < 0 {
         return Err(err);
@@ -188,54 +274,101 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the `ChildArgs` the suspended caller keeps alive.
     let a = unsafe { &*(arg as *const ChildArgs) };
     default_signals();
+    let setup_failed = || {
+        let e = io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
+        a.setup_errno.store(e, Ordering::SeqCst);
+        // SAFETY: _exit is always safe.
+        unsafe { libc::_exit(127) }
+    };
     // SAFETY: plain system calls on prepared values.
     unsafe {
         if libc::setpgid(0, 0) != 0 {
-            fail(b"sandbox: setpgid failed\n", 126);
+            setup_failed();
         }
         for (target, &fd) in a.stdio.iter().enumerate() {
             // Every fd is above 2, so no dup2 here overwrites a later source.
             if libc::dup2(fd, target as libc::c_int) < 0 {
-                fail(b"sandbox: setting up stdio failed\n", 126);
+                setup_failed();
             }
         }
         if !a.cwd.is_null() && libc::chdir(a.cwd) != 0 {
-            fail(b"sandbox: cannot enter the working directory\n", 126);
+            setup_failed();
         }
     }
+    // The launcher's steps at `Level::None`, which name their failure.
     die_with_parent(a.parent);
     if let Some(t) = &a.limits {
         if set_rlimits(t).is_err() {
-            fail(b"", 126);
+            exit(126);
         }
     }
     if set_nice(a.nice).is_err() {
-        fail(b"", 126);
+        exit(126);
     }
-    if a.program.is_null() {
-        fail(
-            b"sandbox: cannot execute the command: No such file or directory (not in PATH)\n",
-            127,
-        );
+    if set_mask(0).is_err() {
+        exit(126);
     }
-    set_mask(0);
-    // SAFETY: NUL-terminated strings and null-terminated arrays that
-    // outlive the call.
-    unsafe { libc::execve(a.program, a.argv, a.envp) };
-    let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
-    note(b"sandbox: cannot execute the command (errno ");
-    note(decimal(errno).as_slice());
-    note(b")\n");
-    fail(b"", if errno == libc::ENOENT { 127 } else { 126 })
+    let errno = exec_like_execvp(a);
+    a.exec_errno.store(errno, Ordering::SeqCst);
+    exit(if errno == libc::ENOENT { 127 } else { 126 })
+}
+
+/// Tries each candidate as glibc's `execvp` does: a file without `#!`
+/// (ENOEXEC) runs through `/bin/sh`; ENOENT, ENOTDIR, ESTALE, ENODEV,
+/// ETIMEDOUT and EACCES go on to the next one; any other error stops.
+/// Returns only on failure: the errno to report (EACCES if any candidate
+/// gave it and none ran).
+fn exec_like_execvp(a: &ChildArgs) -> libc::c_int {
+    let mut eacces = false;
+    for i in 0..a.candidates_len {
+        // SAFETY: `candidates` holds `candidates_len` valid C strings;
+        // `sh_argv` is the caller's array with a free slot 1 (the caller is
+        // suspended and does not read it until the child is gone); execve
+        // gets NUL-terminated strings and null-terminated arrays.
+        let errno = unsafe {
+            let path = *a.candidates.add(i);
+            libc::execve(path, a.argv, a.envp);
+            let mut e = errno();
+            if e == libc::ENOEXEC {
+                *a.sh_argv.add(1) = path;
+                libc::execve(*a.sh_argv, a.sh_argv as *const _, a.envp);
+                e = errno();
+            }
+            e
+        };
+        match errno {
+            libc::EACCES => eacces = true,
+            libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
+            other => return other,
+        }
+    }
+    if eacces {
+        libc::EACCES
+    } else {
+        libc::ENOENT
+    }
+}
+
+fn errno() -> libc::c_int {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+fn exit(code: libc::c_int) -> ! {
+    // SAFETY: _exit is always safe; nothing of the caller's is flushed.
+    unsafe { libc::_exit(code) }
 }
 
 /// Sets this thread's signal mask to `mask` (bit n-1 for signal n) with
 /// the system call itself; returns the mask before.
-fn set_mask(mask: u64) -> u64 {
+fn set_mask(mask: u64) -> io::Result<u64> {
     let mut old: u64 = 0;
     // SAFETY: rt_sigprocmask with pointers to two local 8-byte masks and
     // the kernel's sigset size.
-    unsafe {
+    let r = unsafe {
         libc::syscall(
             libc::SYS_rt_sigprocmask,
             libc::SIG_SETMASK,
@@ -244,16 +377,10 @@ fn set_mask(mask: u64) -> u64 {
             8usize,
         )
     };
-    old
-}
-
-/// Names the failed step (unless the step already did) and exits.
-fn fail(msg: &[u8], code: libc::c_int) -> ! {
-    if !msg.is_empty() {
-        note(msg);
+    if r != 0 {
+        return Err(io::Error::last_os_error());
     }
-    // SAFETY: _exit is always safe; nothing of the caller's is flushed.
-    unsafe { libc::_exit(code) }
+    Ok(old)
 }
 
 /// The kernel's `struct sigaction` (x86-64 and aarch64 layout), for
@@ -308,69 +435,28 @@ fn default_signals() {
     }
 }
 
-/// `n` in decimal, in a fixed buffer (no allocation in the child).
-fn decimal(n: i32) -> DecimalBuf {
-    let mut buf = [0u8; 12];
-    let mut at = buf.len();
-    let mut v = n.unsigned_abs();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
+/// The paths `execvp` would try for `program`, in order: the program
+/// itself when it names a path ('/' in it), else each `PATH` directory
+/// joined with it (an empty entry is the current directory, and without a
+/// `PATH` glibc's default, `/bin:/usr/bin`); none for an empty name.
+fn candidates(program: &OsStr, env: &BTreeMap<OsString, OsString>) -> Vec<PathBuf> {
+    if program.is_empty() {
+        return Vec::new();
     }
-    if n < 0 {
-        at -= 1;
-        buf[at] = b'-';
-    }
-    DecimalBuf { buf, at }
-}
-
-struct DecimalBuf {
-    buf: [u8; 12],
-    at: usize,
-}
-
-impl DecimalBuf {
-    fn as_slice(&self) -> &[u8] {
-        &self.buf[self.at..]
-    }
-}
-
-/// The program's path: as given when it holds a '/', else the first
-/// executable file of that name in the command's own `PATH` (as `execvp`
-/// would search it in the launcher, from the command's directory).
-fn resolve(program: &OsStr, env: &[(OsString, OsString)], cwd: Option<&Path>) -> Option<PathBuf> {
     if program.as_bytes().contains(&b'/') {
-        return Some(PathBuf::from(program));
+        return vec![PathBuf::from(program)];
     }
-    let path = env.iter().rev().find(|(k, _)| k == "PATH").map_or_else(
-        || OsString::from("/usr/local/bin:/usr/bin:/bin"),
-        |(_, v)| v.clone(),
-    );
-    path.as_bytes()
-        .split(|&b| b == b':')
+    let path = env
+        .get(OsStr::new("PATH"))
+        .map_or(b"/bin:/usr/bin".as_slice(), |v| v.as_bytes());
+    path.split(|&b| b == b':')
         .map(|d| {
-            // A relative entry (empty is ".") is relative to the command's
-            // directory, where execvp would look.
-            let d = Path::new(OsStr::from_bytes(if d.is_empty() { b"." } else { d }));
-            match cwd {
-                Some(c) if d.is_relative() => c.join(d).join(program),
-                _ => d.join(program),
-            }
+            // Relative entries are relative to the command's directory,
+            // where the child is when it execs.
+            let d = if d.is_empty() { b".".as_slice() } else { d };
+            Path::new(OsStr::from_bytes(d)).join(program)
         })
-        .find(|p| is_executable(p))
-}
-
-fn is_executable(p: &Path) -> bool {
-    let Ok(c) = CString::new(p.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: a valid C string.
-    let x = unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0;
-    x && p.is_file()
+        .collect()
 }
 
 fn null_terminated(v: &[CString]) -> Vec<*const libc::c_char> {
@@ -413,15 +499,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn decimal_writes_errno_values() {
-        for (n, s) in [
-            (0, "0"),
-            (2, "2"),
-            (13, "13"),
-            (-1, "-1"),
-            (i32::MIN, "-2147483648"),
-        ] {
-            assert_eq!(decimal(n).as_slice(), s.as_bytes());
-        }
+    fn candidates_follow_execvp() {
+        let env = |p: Option<&str>| {
+            p.map(|p| (OsString::from("PATH"), OsString::from(p)))
+                .into_iter()
+                .collect::<BTreeMap<_, _>>()
+        };
+        let c = |prog: &str, p: Option<&str>| candidates(OsStr::new(prog), &env(p));
+        assert_eq!(
+            c("sh", None),
+            [Path::new("/bin/sh"), Path::new("/usr/bin/sh")]
+        );
+        assert_eq!(
+            c("sh", Some("/a::b")),
+            [Path::new("/a/sh"), Path::new("./sh"), Path::new("b/sh")]
+        );
+        assert_eq!(c("./x", Some("/a")), [Path::new("./x")]);
+        assert!(c("", Some("/a")).is_empty());
     }
 }

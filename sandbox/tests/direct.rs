@@ -7,6 +7,7 @@
 //! policy's values where the policy sets them.
 
 use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::time::Duration;
@@ -50,13 +51,25 @@ fn policy(ws: &Path) -> Policy {
 
 /// Runs `sh -c script` (sh, not bash: bash sets up signals of its own),
 /// started by `s`; returns (exit code, stdout, stderr).
-fn run(mut s: Spawn, ws: &Path, script: &str) -> (Option<i32>, String, String) {
+fn run(s: Spawn, ws: &Path, script: &str) -> (Option<i32>, String, String) {
+    run_with_path(s, ws, script, Some("/usr/local/bin:/usr/bin:/bin"))
+}
+
+/// `run` with `PATH` set to `path` (`None`: no `PATH` at all).
+fn run_with_path(
+    mut s: Spawn,
+    ws: &Path,
+    script: &str,
+    path: Option<&str>,
+) -> (Option<i32>, String, String) {
     s.arg("-c")
         .arg(script)
         .current_dir(ws)
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("CALLER", std::process::id().to_string())
         .env("MARK", "a value");
+    if let Some(p) = path {
+        s.env("PATH", p);
+    }
     let mut child = s.spawn().unwrap();
     // A command that outlives its limits (as one would with a limit left
     // unset) is killed after 20 s, so the test fails instead of hanging.
@@ -138,53 +151,108 @@ fn a_direct_start_gives_the_command_what_the_launcher_gives_it() {
     }
 }
 
+/// The program is looked up and run as `execvp` runs it in the launcher,
+/// failures included: the same exit code, output and note, byte for byte.
 #[test]
-fn a_program_that_cannot_start_exits_127_or_126_with_a_note_either_way() {
+fn a_program_is_found_and_run_as_execvp_would_and_fails_the_same_way() {
     let _serial = serial();
     let ws = tempfile::tempdir().unwrap();
     let ws = ws.path().canonicalize().unwrap();
+    let mode =
+        |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    let (bin, noexec) = (ws.join("bin"), ws.join("noexec"));
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&noexec).unwrap();
+    // No `#!`: execve says ENOEXEC, and execvp runs it through /bin/sh.
+    std::fs::write(bin.join("script"), "echo ran-by-sh $0\n").unwrap();
+    mode(&bin.join("script"), 0o755);
+    std::fs::write(noexec.join("script"), "echo not-executable\n").unwrap();
+    mode(&noexec.join("script"), 0o644);
+    std::fs::write(noexec.join("only"), "echo not-executable\n").unwrap();
+    mode(&noexec.join("only"), 0o644);
+    let (b, n) = (bin.display(), noexec.display());
     let p = policy(&ws);
-    for (program, code) in [
-        ("no-such-program-anywhere", 127),
-        ("/nonexistent/prog", 127),
-        (ws.to_str().unwrap(), 126),
-    ] {
-        let d = run(Spawn::new(program, &p).unwrap(), &ws, "true");
-        let l = run(Spawn::via_launcher(program, &p).unwrap(), &ws, "true");
-        assert_eq!(d.0, Some(code), "direct {program}: {d:?}");
-        assert_eq!(l.0, Some(code), "launcher {program}: {l:?}");
-        assert!(
-            d.2.starts_with("sandbox: cannot execute the command"),
-            "direct {program}: {d:?}"
+    let ws_s = ws.to_str().unwrap();
+    let cases: Vec<(&str, Option<String>, i32)> = vec![
+        (
+            "no-such-program-anywhere",
+            Some("/usr/bin:/bin".into()),
+            127,
+        ),
+        ("/nonexistent/prog", Some("/usr/bin:/bin".into()), 127),
+        (ws_s, Some("/usr/bin:/bin".into()), 126),
+        ("script", Some(format!("{b}")), 0),
+        // A file that is not executable is stepped over (EACCES kept)...
+        ("script", Some(format!("{n}:{b}")), 0),
+        // ...and reported when nothing else runs.
+        ("only", Some(format!("{n}:{b}")), 126),
+        // An empty entry is the command's directory.
+        ("script", Some(format!("/nonexistent::{b}")), 0),
+        // Without PATH, glibc's default (/bin:/usr/bin).
+        ("sh", None, 0),
+        ("", Some("/usr/bin:/bin".into()), 127),
+    ];
+    for (program, path, code) in cases {
+        let d = run_with_path(
+            Spawn::new(program, &p).unwrap(),
+            &ws,
+            "true",
+            path.as_deref(),
         );
+        let l = run_with_path(
+            Spawn::via_launcher(program, &p).unwrap(),
+            &ws,
+            "true",
+            path.as_deref(),
+        );
+        assert_eq!(d.0, Some(code), "direct {program:?} {path:?}: {d:?}");
+        assert_eq!(
+            d, l,
+            "direct (left) and launcher (right) differ: {program:?} {path:?}"
+        );
+        if code != 0 {
+            assert!(
+                d.2.starts_with("sandbox: cannot execute the command: "),
+                "{d:?}"
+            );
+        }
     }
 }
 
 #[test]
-fn a_missing_working_directory_is_named_and_nothing_runs() {
+fn a_missing_working_directory_fails_the_start_either_way() {
     let _serial = serial();
     let ws = tempfile::tempdir().unwrap();
     let ws = ws.path().canonicalize().unwrap();
-    let mut s = Spawn::new("sh", &policy(&ws)).unwrap();
-    s.arg("-c").arg("echo ran").current_dir(ws.join("gone"));
-    let mut child = s.spawn().unwrap();
-    let mut out = String::new();
-    let mut err = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    assert_eq!(child.wait().unwrap().code(), Some(126));
-    assert_eq!(out, "");
-    assert!(err.contains("working directory"), "{err}");
+    let p = policy(&ws);
+    for mut s in [
+        Spawn::new("sh", &p).unwrap(),
+        Spawn::via_launcher("sh", &p).unwrap(),
+    ] {
+        s.arg("-c").arg("echo ran").current_dir(ws.join("gone"));
+        let e = s
+            .spawn()
+            .err()
+            .expect("a start in a missing directory succeeded");
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+    }
+}
+
+/// With the test switch leaving the rlimits out, the direct start says so
+/// as the launcher does, and applies none.
+#[test]
+fn the_rlimit_switch_is_named_and_leaves_the_limits_out_either_way() {
+    let _serial = serial();
+    let ws = tempfile::tempdir().unwrap();
+    let ws = ws.path().canonicalize().unwrap();
+    let mut p = policy(&ws);
+    p.unprotected = vec![sandbox::Layer::Rlimits];
+    let script = "ulimit -n; ulimit -t";
+    let d = run(Spawn::new("sh", &p).unwrap(), &ws, script);
+    let l = run(Spawn::via_launcher("sh", &p).unwrap(), &ws, script);
+    assert_eq!(d, l);
+    assert!(d.2.contains("TEST SWITCH"), "{d:?}");
+    assert!(!d.1.contains("111"), "{d:?}");
 }
 
 /// Open fds of this process.
@@ -209,15 +277,11 @@ fn concurrent_direct_starts_keep_their_own_arguments_and_leak_nothing() {
             let (p, ws) = (&p, &ws);
             s.spawn(move || {
                 for i in 0..EACH {
-                    // Garbage between starts, so a child reading freed or
-                    // reused memory would show.
-                    let noise: Vec<String> = (0..64).map(|k| format!("{t}-{i}-{k}")).collect();
                     let (code, out, err) = run(
                         Spawn::new("sh", p).unwrap(),
                         ws,
                         &format!("echo {t} {i} $MARK; exit {}", (t + i) % 7),
                     );
-                    drop(noise);
                     assert_eq!(code, Some(((t + i) % 7) as i32), "{err}");
                     assert_eq!(out, format!("{t} {i} a value\n"));
                 }
@@ -256,4 +320,96 @@ fn the_cpu_limit_stops_a_command_that_cannot_raise_it() {
         "signal {code:?}: {err}"
     );
     assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+}
+
+const SIGRACE: &str = "MASS_TEST_DIRECT_SIGRACE";
+static CALLER: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+static HANDLER_RAN_IN_CHILD: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_usr1(_: libc::c_int) {
+    // SAFETY: getpid is async-signal-safe.
+    if unsafe { libc::getpid() } != CALLER.load(std::sync::atomic::Ordering::SeqCst) {
+        // The child shares this memory until it execs: the caller sees it.
+        HANDLER_RAN_IN_CHILD.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The child program of the next test: starts commands while a thread
+/// signals its whole process group (the commands are in it until their
+/// setpgid), with a SIGUSR1 handler of its own installed.
+#[test]
+fn sigrace_child_program() {
+    if std::env::var(SIGRACE).is_err() {
+        return;
+    }
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // SAFETY: getpid; installing a handler that only makes async-signal-safe calls.
+    unsafe {
+        CALLER.store(libc::getpid(), Ordering::SeqCst);
+        libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t);
+    }
+    let ws = tempfile::tempdir().unwrap();
+    let ws = ws.path().canonicalize().unwrap();
+    let p = policy(&ws);
+    let stop = AtomicBool::new(false);
+    let (mut ok, mut killed) = (0, 0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::SeqCst) {
+                // SAFETY: a signal to this test's own process group.
+                unsafe { libc::kill(0, libc::SIGUSR1) };
+            }
+        });
+        for _ in 0..400 {
+            let mut sp = Spawn::new("true", &p).unwrap();
+            sp.env("PATH", "/usr/bin:/bin");
+            let st = sp.spawn().unwrap().wait().unwrap();
+            if st.success() {
+                ok += 1;
+            } else if st.signal() == Some(libc::SIGUSR1) {
+                killed += 1;
+            }
+        }
+        stop.store(true, Ordering::SeqCst);
+    });
+    println!(
+        "ok={ok} killed={killed} handler_ran_in_child={}",
+        HANDLER_RAN_IN_CHILD.load(Ordering::SeqCst)
+    );
+}
+
+/// A signal that reaches a command between the clone and its exec (sent
+/// to the caller's process group, the command still in it, or pending
+/// when the child unblocks signals) meets the default disposition, never
+/// a handler of the caller running in the child's copy of the world.
+#[test]
+fn no_handler_of_the_caller_runs_in_a_command_being_started() {
+    let _serial = serial();
+    if std::env::var(SIGRACE).is_ok() {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "sigrace_child_program",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(SIGRACE, "1")
+        // Its own group: the flood stays inside it.
+        .process_group(0)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("handler_ran_in_child=false"),
+        "a handler of the caller ran in a child: {text}"
+    );
 }
