@@ -383,6 +383,7 @@ fn transport_only(url: &str, n: usize, calls: usize) -> Sample {
                         tool_choice: None,
                         response_format: None,
                         tools_json: None,
+                        messages_json: Default::default(),
                     };
                     let r = b.complete(&req).await?;
                     messages.push(r.message);

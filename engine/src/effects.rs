@@ -9,7 +9,7 @@ use ledger::{Id, ObjectKind};
 use replay::{Begin, EffectError, EffectOutput, EffectRequest, Stream};
 use serde_json::{json, Value};
 
-use crate::backend::{Backend, ChatRequest, ChatResponse, ToolsJson};
+use crate::backend::{Backend, ChatRequest, ChatResponse, MessagesJson, ToolsJson};
 use crate::chat::{Message, ToolDef};
 use crate::error::{EngineError, Result};
 use crate::exec;
@@ -30,6 +30,8 @@ pub struct Conversation {
     tools_stored: bool,
     /// The reply's required shape (`ChatRequest::response_format`).
     pub response_format: Option<Value>,
+    /// The messages as the wire sends them, made once each.
+    wire: MessagesJson,
 }
 
 /// The conversation's tools as the blob its requests name (canonical JSON),
@@ -67,6 +69,7 @@ impl Conversation {
             tools_blob,
             tools_stored: false,
             response_format: None,
+            wire: MessagesJson::default(),
         }
     }
 }
@@ -145,6 +148,7 @@ pub async fn call_model(
     // The request owns the conversation while the call is in flight (a
     // conversation is sent whole on every turn: no copy of it per call) and
     // hands it back afterwards, whatever the outcome.
+    conv.wire.extend(&conv.messages);
     let chat = ChatRequest {
         model: model.to_string(),
         messages: std::mem::take(&mut conv.messages),
@@ -157,10 +161,12 @@ pub async fn call_model(
         tool_choice: s.tool_choice.clone(),
         response_format: conv.response_format.clone(),
         tools_json: conv.tools_blob.as_ref().and_then(|t| t.json.clone()),
+        messages_json: std::mem::take(&mut conv.wire),
     };
     let attempts = attempts(st, backend, req, &chat).await;
     conv.messages = chat.messages;
     conv.tools = chat.tools;
+    conv.wire = chat.messages_json;
     let rec = attempts?;
     conv.tools_stored |= rec.source == replay::Served::Live;
     let transient = rec.failure == Some(replay::FailureClass::Transient);

@@ -69,6 +69,7 @@ fn request(text: &str, max_tokens: u64) -> ChatRequest {
         tool_choice: None,
         response_format: None,
         tools_json: None,
+        messages_json: Default::default(),
     }
 }
 

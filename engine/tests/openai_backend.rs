@@ -232,6 +232,7 @@ fn request() -> ChatRequest {
         tool_choice: None,
         response_format: None,
         tools_json: None,
+        messages_json: Default::default(),
     }
 }
 
@@ -250,6 +251,43 @@ fn tools_sent_as_json_text_are_the_same_request_as_the_definitions() {
         b.body(&cached)["tools"].as_array().map(Vec::len),
         Some(plain.tools.len())
     );
+}
+
+/// Messages sent from the conversation's cache (one JSON text per message,
+/// grown turn by turn as `call_model` grows it) are the request the
+/// messages make serialised whole; a cache made from other messages (other
+/// lengths, or the same lengths in other strings) is not used for them.
+#[test]
+fn messages_sent_from_the_cache_are_the_same_request_and_a_stale_cache_is_not_used() {
+    use engine::backend::MessagesJson;
+    use engine::chat::ToolCall;
+    let b = OpenAiBackend::new("srv", &params("http://127.0.0.1:9")).expect("backend");
+    let mut plain = request();
+    plain.messages.push(Message::tool_calls(vec![ToolCall::new(
+        "call_1",
+        "read_file",
+        "{\"path\":\"a \\\"b\\\".txt\"}",
+    )]));
+    plain.messages.push(Message::tool_result(
+        "call_1",
+        "line \"quoted\"\n\ttab \u{1F600} \u{7}",
+    ));
+    let mut cached = request();
+    cached.messages = plain.messages.clone();
+    let mut wire = MessagesJson::default();
+    wire.extend(&cached.messages[..2]);
+    wire.extend(&cached.messages);
+    cached.messages_json = wire;
+    assert_eq!(b.body(&cached), b.body(&plain));
+    for other in ["something else", "BE BRIEF"] {
+        let made_from = vec![Message::system(other), Message::user("hi")];
+        let mut stale = MessagesJson::default();
+        stale.extend(&made_from);
+        let mut wrong = request();
+        wrong.messages_json = stale;
+        assert_eq!(b.body(&wrong), b.body(&request()), "{other}");
+        assert_eq!(b.body(&wrong)["messages"][0]["content"], "be brief");
+    }
 }
 
 #[test]
@@ -533,6 +571,7 @@ fn sim_reply(sim: &SimBackend, body: &Value, down: &AtomicBool) -> Reply {
         tool_choice: None,
         response_format: None,
         tools_json: None,
+        messages_json: Default::default(),
     };
     match sim.reply(&req) {
         Ok(ChatResponse {

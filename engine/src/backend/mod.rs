@@ -47,6 +47,10 @@ pub struct ChatRequest {
     /// part of the request's value: never recorded, never compared.
     #[serde(skip)]
     pub tools_json: Option<ToolsJson>,
+    /// `messages` as JSON text, cached by the conversation
+    /// ([`MessagesJson`]); empty when the caller has none.
+    #[serde(skip)]
+    pub messages_json: MessagesJson,
 }
 
 /// Tool definitions already serialised (a JSON array equal in value to the
@@ -66,6 +70,119 @@ impl ToolsJson {
 }
 
 impl PartialEq for ToolsJson {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// A message in the OpenAI chat wire shape: role, content, tool_calls and tool_call_id
+/// when present. An assistant turn that only calls tools is sent with empty
+/// content, not null: OpenAI and vLLM accept both, but servers that render
+/// the conversation through the model's chat template fail on null
+/// (measured: llama-cpp-python 0.3.36 answers HTTP 500). What is recorded is
+/// the message as the model sent it.
+///
+/// An earlier turn's reasoning (`Message::reasoning`) is never sent back,
+/// deliberately: the chat templates of the reasoning models these servers
+/// run (Qwen3, DeepSeek-R1 and their distills) drop the reasoning of earlier
+/// turns anyway; DeepSeek's API answers HTTP 400 to a request whose
+/// messages carry `reasoning_content`; vLLM reads `reasoning` and newer
+/// releases ignore `reasoning_content`, so no one name would do; and every
+/// request stays byte for byte what the driver sent before reasoning was
+/// kept, so recorded runs replay and a server that returns reasoning sees
+/// the conversation it saw before. The recorded conversation keeps it (the
+/// message blobs), for transcripts and training. Models that want their
+/// reasoning back between tool calls (interleaved thinking) get none.
+pub struct WireMessage<'a>(pub &'a Message);
+
+impl Serialize for WireMessage<'_> {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let m = self.0;
+        let mut map = ser.serialize_map(None)?;
+        map.serialize_entry("role", &m.role)?;
+        match (&m.content, m.tool_calls.is_empty()) {
+            (None, false) => map.serialize_entry("content", "")?,
+            (c, _) => map.serialize_entry("content", c)?,
+        }
+        if !m.tool_calls.is_empty() {
+            map.serialize_entry("tool_calls", &m.tool_calls)?;
+        }
+        if let Some(id) = &m.tool_call_id {
+            map.serialize_entry("tool_call_id", id)?;
+        }
+        map.end()
+    }
+}
+
+/// A conversation's messages as [`WireMessage`] JSON text, one per
+/// message, made once for a conversation (`effects::Conversation`) and
+/// extended as it grows: a backend that sends messages as JSON copies them
+/// instead of serialising the whole conversation again on every turn
+/// (`serde_json`'s string escaping was 7% of the engine's CPU in
+/// `benches/orchestration.rs`). Each entry keeps the shape of the message
+/// it was made from (role, lengths, where its content lives) and is used
+/// only for a message of that shape at that position, so a request whose
+/// messages are not the ones it was made from (a copy, an edit) falls back
+/// to serialising them. Not part of the
+/// request's value: never recorded, never compared.
+#[derive(Debug, Clone, Default)]
+pub struct MessagesJson(Vec<(MessageShape, Box<serde_json::value::RawValue>)>);
+
+/// What a cached entry is checked against before it stands in for a
+/// message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MessageShape {
+    role: crate::chat::Role,
+    /// The content's length and where its text lives: an edited content
+    /// is a new string (or a different length).
+    content: Option<(usize, usize)>,
+    calls: usize,
+    call_id: Option<usize>,
+}
+
+impl MessageShape {
+    fn of(m: &Message) -> MessageShape {
+        MessageShape {
+            role: m.role,
+            content: m.content.as_ref().map(|c| (c.len(), c.as_ptr() as usize)),
+            calls: m.tool_calls.len(),
+            call_id: m.tool_call_id.as_ref().map(String::len),
+        }
+    }
+}
+
+impl MessagesJson {
+    /// Covers every message of `messages`: those past the entries made so
+    /// far are serialised now. Messages the entries no longer match (a
+    /// conversation that was not only appended to) start the cache again.
+    pub fn extend(&mut self, messages: &[Message]) {
+        let kept = self
+            .0
+            .iter()
+            .zip(messages)
+            .take_while(|((shape, _), m)| *shape == MessageShape::of(m))
+            .count();
+        self.0.truncate(kept);
+        for m in &messages[kept..] {
+            match serde_json::value::to_raw_value(&WireMessage(m)) {
+                Ok(raw) => self.0.push((MessageShape::of(m), raw)),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// The JSON text of message `i`, if the cache holds one made from a
+    /// message of `m`'s shape.
+    pub fn get(&self, i: usize, m: &Message) -> Option<&serde_json::value::RawValue> {
+        self.0
+            .get(i)
+            .filter(|(shape, _)| *shape == MessageShape::of(m))
+            .map(|(_, raw)| raw.as_ref())
+    }
+}
+
+impl PartialEq for MessagesJson {
     fn eq(&self, _: &Self) -> bool {
         true
     }

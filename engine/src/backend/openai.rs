@@ -142,7 +142,7 @@ impl OpenAiBackend {
         });
         WireRequest {
             model: &req.model,
-            messages: WireMessages(&req.messages),
+            messages: WireMessages(&req.messages, &req.messages_json),
             tools: with_tools.then(|| match &req.tools_json {
                 Some(j) => WireTools::Json(&j.0),
                 None => WireTools::Defs(req.tools.as_slice()),
@@ -473,51 +473,20 @@ pub fn parse_response(v: &Value) -> Result<ChatResponse, String> {
     })
 }
 
-/// Messages in the wire shape: role, content, tool_calls and tool_call_id
-/// when present. An assistant turn that only calls tools is sent with empty
-/// content, not null: OpenAI and vLLM accept both, but servers that render
-/// the conversation through the model's chat template fail on null
-/// (measured: llama-cpp-python 0.3.36 answers HTTP 500). What is recorded is
-/// the message as the model sent it.
-///
-/// An earlier turn's reasoning (`Message::reasoning`) is never sent back,
-/// deliberately: the chat templates of the reasoning models these servers
-/// run (Qwen3, DeepSeek-R1 and their distills) drop the reasoning of earlier
-/// turns anyway; DeepSeek's API answers HTTP 400 to a request whose
-/// messages carry `reasoning_content`; vLLM reads `reasoning` and newer
-/// releases ignore `reasoning_content`, so no one name would do; and every
-/// request stays byte for byte what the driver sent before reasoning was
-/// kept, so recorded runs replay and a server that returns reasoning sees
-/// the conversation it saw before. The recorded conversation keeps it (the
-/// message blobs), for transcripts and training. Models that want their
-/// reasoning back between tool calls (interleaved thinking) get none.
-struct WireMessages<'a>(&'a [Message]);
+/// The request's messages on the wire (see [`super::WireMessage`]): the
+/// conversation's cached JSON text for each message it covers, the rest
+/// serialised now.
+struct WireMessages<'a>(&'a [Message], &'a super::MessagesJson);
 
 impl serde::Serialize for WireMessages<'_> {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::{SerializeMap, SerializeSeq};
+        use serde::ser::SerializeSeq;
         let mut seq = ser.serialize_seq(Some(self.0.len()))?;
-        for m in self.0 {
-            struct One<'m>(&'m Message);
-            impl serde::Serialize for One<'_> {
-                fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
-                    let m = self.0;
-                    let mut map = ser.serialize_map(None)?;
-                    map.serialize_entry("role", &m.role)?;
-                    match (&m.content, m.tool_calls.is_empty()) {
-                        (None, false) => map.serialize_entry("content", "")?,
-                        (c, _) => map.serialize_entry("content", c)?,
-                    }
-                    if !m.tool_calls.is_empty() {
-                        map.serialize_entry("tool_calls", &m.tool_calls)?;
-                    }
-                    if let Some(id) = &m.tool_call_id {
-                        map.serialize_entry("tool_call_id", id)?;
-                    }
-                    map.end()
-                }
+        for (i, m) in self.0.iter().enumerate() {
+            match self.1.get(i, m) {
+                Some(raw) => seq.serialize_element(raw)?,
+                None => seq.serialize_element(&super::WireMessage(m))?,
             }
-            seq.serialize_element(&One(m))?;
         }
         seq.end()
     }

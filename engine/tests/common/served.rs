@@ -42,6 +42,7 @@ pub fn request(model: &str, text: &str) -> ChatRequest {
         tool_choice: None,
         response_format: None,
         tools_json: None,
+        messages_json: Default::default(),
     }
 }
 

@@ -415,6 +415,7 @@ mod tests {
             tool_choice: None,
             response_format: None,
             tools_json: None,
+            messages_json: Default::default(),
         }
     }
 
