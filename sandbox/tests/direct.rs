@@ -37,6 +37,14 @@ echo "cwd $(pwd)"
 env | sort
 "#;
 
+/// A fresh workspace directory (kept while the first value lives) and its
+/// canonical path.
+fn workspace() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap();
+    (dir, ws)
+}
+
 fn policy(ws: &Path) -> Policy {
     let mut p = Policy::new(Level::None, ws);
     // Values unlike the defaults, so a limit left unset shows.
@@ -101,8 +109,7 @@ fn run_with_path(
 #[test]
 fn a_direct_start_gives_the_command_what_the_launcher_gives_it() {
     let _serial = serial();
-    let ws = tempfile::tempdir().unwrap();
-    let ws = ws.path().canonicalize().unwrap();
+    let (_dir, ws) = workspace();
     let p = policy(&ws);
     let direct = run(Spawn::new("sh", &p).unwrap(), &ws, PROBE);
     let launched = run(Spawn::via_launcher("sh", &p).unwrap(), &ws, PROBE);
@@ -156,8 +163,7 @@ fn a_direct_start_gives_the_command_what_the_launcher_gives_it() {
 #[test]
 fn a_program_is_found_and_run_as_execvp_would_and_fails_the_same_way() {
     let _serial = serial();
-    let ws = tempfile::tempdir().unwrap();
-    let ws = ws.path().canonicalize().unwrap();
+    let (_dir, ws) = workspace();
     let mode =
         |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
     let (bin, noexec) = (ws.join("bin"), ws.join("noexec"));
@@ -222,8 +228,7 @@ fn a_program_is_found_and_run_as_execvp_would_and_fails_the_same_way() {
 #[test]
 fn a_missing_working_directory_fails_the_start_either_way() {
     let _serial = serial();
-    let ws = tempfile::tempdir().unwrap();
-    let ws = ws.path().canonicalize().unwrap();
+    let (_dir, ws) = workspace();
     let p = policy(&ws);
     for mut s in [
         Spawn::new("sh", &p).unwrap(),
@@ -243,8 +248,7 @@ fn a_missing_working_directory_fails_the_start_either_way() {
 #[test]
 fn the_rlimit_switch_is_named_and_leaves_the_limits_out_either_way() {
     let _serial = serial();
-    let ws = tempfile::tempdir().unwrap();
-    let ws = ws.path().canonicalize().unwrap();
+    let (_dir, ws) = workspace();
     let mut p = policy(&ws);
     p.unprotected = vec![sandbox::Layer::Rlimits];
     let script = "ulimit -n; ulimit -t";
@@ -268,8 +272,7 @@ fn concurrent_direct_starts_keep_their_own_arguments_and_leak_nothing() {
     let _serial = serial();
     const THREADS: usize = 8;
     const EACH: usize = 40;
-    let ws = tempfile::tempdir().unwrap();
-    let ws = ws.path().canonicalize().unwrap();
+    let (_dir, ws) = workspace();
     let p = policy(&ws);
     let before = fds();
     std::thread::scope(|s| {
@@ -301,8 +304,7 @@ fn concurrent_direct_starts_keep_their_own_arguments_and_leak_nothing() {
 #[test]
 fn the_cpu_limit_stops_a_command_that_cannot_raise_it() {
     let _serial = serial();
-    let ws = tempfile::tempdir().unwrap();
-    let ws = ws.path().canonicalize().unwrap();
+    let (_dir, ws) = workspace();
     let mut p = policy(&ws);
     p.limits.cpu_secs = 1;
     let t = std::time::Instant::now();
@@ -349,8 +351,7 @@ fn sigrace_child_program() {
         CALLER.store(libc::getpid(), Ordering::SeqCst);
         libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t);
     }
-    let ws = tempfile::tempdir().unwrap();
-    let ws = ws.path().canonicalize().unwrap();
+    let (_dir, ws) = workspace();
     let p = policy(&ws);
     let stop = AtomicBool::new(false);
     let (mut ok, mut killed) = (0, 0);

@@ -13,6 +13,25 @@ fn minor_faults() -> i64 {
     u.ru_minflt
 }
 
+/// 64 MiB of 4 KiB pages.
+const PAGES: usize = 16 * 1024;
+
+/// Writes one byte of every page of `mem`.
+fn touch(mem: &mut [u8], v: u8) {
+    for p in 0..PAGES {
+        mem[p * 4096] = v;
+    }
+}
+
+/// Minor faults this thread takes running `start` (which starts and waits
+/// for a command) and then writing every page of `mem` once more.
+fn faults_after(mem: &mut [u8], start: impl FnOnce()) -> i64 {
+    let before = minor_faults();
+    start();
+    touch(mem, 2);
+    minor_faults() - before
+}
+
 /// Regression (the orchestration benchmark at 256 rollouts spent a quarter
 /// of its CPU in fork): a fork write-protects every page of the caller, so
 /// each page it writes afterwards takes a copy-on-write fault. Spawning
@@ -21,13 +40,7 @@ fn minor_faults() -> i64 {
 /// command ran.
 #[test]
 fn spawning_a_confined_command_does_not_fork_the_caller() {
-    const PAGES: usize = 16 * 1024; // 64 MiB of 4 KiB pages
     let mut mem = vec![0u8; PAGES * 4096];
-    let touch = |mem: &mut Vec<u8>, v: u8| {
-        for p in 0..PAGES {
-            mem[p * 4096] = v;
-        }
-    };
     let ws = tempfile::tempdir().unwrap();
     let ws = ws.path().canonicalize().unwrap();
     // The probe forks a throwaway child once per process: before the baseline.
@@ -50,11 +63,10 @@ fn spawning_a_confined_command_does_not_fork_the_caller() {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let before = minor_faults();
-        let status = cmd.status().unwrap();
-        assert!(status.success(), "{level:?}: {status}");
-        touch(&mut mem, 2);
-        let faults = minor_faults() - before;
+        let faults = faults_after(&mut mem, || {
+            let status = cmd.status().unwrap();
+            assert!(status.success(), "{level:?}: {status}");
+        });
         assert!(
             faults < (PAGES / 8) as i64,
             "{level:?}: {faults} page faults writing {PAGES} pages after a spawn: the caller was forked"
@@ -66,24 +78,17 @@ fn spawning_a_confined_command_does_not_fork_the_caller() {
 /// `Level::None`): the clone shares the caller's memory, copying none of it.
 #[test]
 fn starting_a_command_directly_does_not_fork_the_caller() {
-    const PAGES: usize = 16 * 1024; // 64 MiB of 4 KiB pages
     let mut mem = vec![0u8; PAGES * 4096];
-    let touch = |mem: &mut Vec<u8>, v: u8| {
-        for p in 0..PAGES {
-            mem[p * 4096] = v;
-        }
-    };
     let ws = tempfile::tempdir().unwrap();
     let ws = ws.path().canonicalize().unwrap();
     let _ = probe();
     touch(&mut mem, 1);
     let mut s = Spawn::new("true", &Policy::new(Level::None, &ws)).unwrap();
     s.env("PATH", "/usr/bin:/bin").current_dir(&ws);
-    let before = minor_faults();
-    let status = s.spawn().unwrap().wait().unwrap();
-    assert!(status.success(), "{status}");
-    touch(&mut mem, 2);
-    let faults = minor_faults() - before;
+    let faults = faults_after(&mut mem, || {
+        let status = s.spawn().unwrap().wait().unwrap();
+        assert!(status.success(), "{status}");
+    });
     assert!(
         faults < (PAGES / 8) as i64,
         "{faults} page faults writing {PAGES} pages after a direct start: the caller was forked"
