@@ -256,7 +256,8 @@ fn tools_sent_as_json_text_are_the_same_request_as_the_definitions() {
 /// Messages sent from the conversation's cache (one JSON text per message,
 /// grown turn by turn as `call_model` grows it) are the request the
 /// messages make serialised whole; a cache made from other messages (other
-/// lengths, or the same lengths in other strings) is not used for them.
+/// text, text of the same length, other tool-call arguments of the same
+/// length) is not used for them; compared as the bytes sent.
 #[test]
 fn messages_sent_from_the_cache_are_the_same_request_and_a_stale_cache_is_not_used() {
     use engine::backend::MessagesJson;
@@ -278,15 +279,26 @@ fn messages_sent_from_the_cache_are_the_same_request_and_a_stale_cache_is_not_us
     wire.extend(&cached.messages[..2]);
     wire.extend(&cached.messages);
     cached.messages_json = wire;
-    assert_eq!(b.body(&cached), b.body(&plain));
-    for other in ["something else", "BE BRIEF"] {
-        let made_from = vec![Message::system(other), Message::user("hi")];
+    let bytes = |r: &ChatRequest| b.body_bytes(r).expect("body");
+    assert_eq!(bytes(&cached), bytes(&plain));
+    // Made from other messages: other text, the same text in another
+    // string, a tool call with other arguments of the same length.
+    let mut edited_call = plain.messages.clone();
+    edited_call[2] = Message::tool_calls(vec![ToolCall::new(
+        "call_1",
+        "read_file",
+        "{\"path\":\"a \\\"c\\\".txt\"}",
+    )]);
+    for made_from in [
+        vec![Message::system("something else"), Message::user("hi")],
+        vec![Message::system("BE BRIEF"), Message::user("hi")],
+        edited_call,
+    ] {
         let mut stale = MessagesJson::default();
         stale.extend(&made_from);
-        let mut wrong = request();
+        let mut wrong = plain.clone();
         wrong.messages_json = stale;
-        assert_eq!(b.body(&wrong), b.body(&request()), "{other}");
-        assert_eq!(b.body(&wrong)["messages"][0]["content"], "be brief");
+        assert_eq!(bytes(&wrong), bytes(&plain), "{made_from:?}");
     }
 }
 

@@ -42,9 +42,9 @@ use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -318,10 +318,12 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
 /// Tries each candidate as glibc's `execvp` does: a file without `#!`
 /// (ENOEXEC) runs through `/bin/sh`; ENOENT, ENOTDIR, ESTALE, ENODEV,
 /// ETIMEDOUT and EACCES go on to the next one; any other error stops.
-/// Returns only on failure: the errno to report (EACCES if any candidate
-/// gave it and none ran).
+/// Returns only on failure: the errno to report, as `execvp` reports it
+/// (EACCES if any candidate gave it, else the last candidate's; ENOENT
+/// when there was none).
 fn exec_like_execvp(a: &ChildArgs) -> libc::c_int {
     let mut eacces = false;
+    let mut last = libc::ENOENT;
     for i in 0..a.candidates_len {
         // SAFETY: `candidates` holds `candidates_len` valid C strings;
         // `sh_argv` is the caller's array with a free slot 1 (the caller is
@@ -338,6 +340,7 @@ fn exec_like_execvp(a: &ChildArgs) -> libc::c_int {
             }
             e
         };
+        last = errno;
         match errno {
             libc::EACCES => eacces = true,
             libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
@@ -347,7 +350,7 @@ fn exec_like_execvp(a: &ChildArgs) -> libc::c_int {
     if eacces {
         libc::EACCES
     } else {
-        libc::ENOENT
+        last
     }
 }
 
@@ -436,9 +439,11 @@ fn default_signals() {
 }
 
 /// The paths `execvp` would try for `program`, in order: the program
-/// itself when it names a path ('/' in it), else each `PATH` directory
-/// joined with it (an empty entry is the current directory, and without a
-/// `PATH` glibc's default, `/bin:/usr/bin`); none for an empty name.
+/// itself when it names a path ('/' in it), else each `PATH` entry, a '/'
+/// and the name, byte for byte as glibc builds them (an empty entry is the
+/// bare name, in the current directory; without a `PATH`, glibc's default
+/// `/bin:/usr/bin`); none for an empty name. (A script without `#!` sees
+/// that path as `$0`.)
 fn candidates(program: &OsStr, env: &BTreeMap<OsString, OsString>) -> Vec<PathBuf> {
     if program.is_empty() {
         return Vec::new();
@@ -449,12 +454,16 @@ fn candidates(program: &OsStr, env: &BTreeMap<OsString, OsString>) -> Vec<PathBu
     let path = env
         .get(OsStr::new("PATH"))
         .map_or(b"/bin:/usr/bin".as_slice(), |v| v.as_bytes());
+    // Relative entries are relative to the command's directory, where the
+    // child is when it execs.
     path.split(|&b| b == b':')
         .map(|d| {
-            // Relative entries are relative to the command's directory,
-            // where the child is when it execs.
-            let d = if d.is_empty() { b".".as_slice() } else { d };
-            Path::new(OsStr::from_bytes(d)).join(program)
+            let mut p = d.to_vec();
+            if !d.is_empty() {
+                p.push(b'/');
+            }
+            p.extend_from_slice(program.as_bytes());
+            PathBuf::from(OsString::from_vec(p))
         })
         .collect()
 }
@@ -505,16 +514,16 @@ mod tests {
                 .into_iter()
                 .collect::<BTreeMap<_, _>>()
         };
-        let c = |prog: &str, p: Option<&str>| candidates(OsStr::new(prog), &env(p));
-        assert_eq!(
-            c("sh", None),
-            [Path::new("/bin/sh"), Path::new("/usr/bin/sh")]
-        );
-        assert_eq!(
-            c("sh", Some("/a::b")),
-            [Path::new("/a/sh"), Path::new("./sh"), Path::new("b/sh")]
-        );
-        assert_eq!(c("./x", Some("/a")), [Path::new("./x")]);
+        // Compared as bytes: `Path` equality would take "b//sh" for "b/sh".
+        let c = |prog: &str, p: Option<&str>| -> Vec<String> {
+            candidates(OsStr::new(prog), &env(p))
+                .iter()
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect()
+        };
+        assert_eq!(c("sh", None), ["/bin/sh", "/usr/bin/sh"]);
+        assert_eq!(c("sh", Some("/a::b/")), ["/a/sh", "sh", "b//sh"]);
+        assert_eq!(c("./x", Some("/a")), ["./x"]);
         assert!(c("", Some("/a")).is_empty());
     }
 }

@@ -175,6 +175,7 @@ fn a_program_is_found_and_run_as_execvp_would_and_fails_the_same_way() {
     std::fs::write(noexec.join("script"), "echo not-executable\n").unwrap();
     mode(&noexec.join("script"), 0o644);
     std::fs::write(noexec.join("only"), "echo not-executable\n").unwrap();
+    std::fs::write(ws.join("file"), "a plain file\n").unwrap();
     mode(&noexec.join("only"), 0o644);
     let (b, n) = (bin.display(), noexec.display());
     let p = policy(&ws);
@@ -197,6 +198,16 @@ fn a_program_is_found_and_run_as_execvp_would_and_fails_the_same_way() {
         // Without PATH, glibc's default (/bin:/usr/bin).
         ("sh", None, 0),
         ("", Some("/usr/bin:/bin".into()), 127),
+        // The last candidate's error is reported (ENOTDIR: 126), as execvp
+        // reports it, not "not found".
+        (
+            "no-such-program-anywhere",
+            Some("/bin:/etc/passwd".into()),
+            126,
+        ),
+        ("./file/x", Some("/usr/bin:/bin".into()), 126),
+        // $0 of a script run through sh is the path as glibc builds it.
+        ("script", Some(format!(":{b}/")), 0),
     ];
     for (program, path, code) in cases {
         let d = run_with_path(

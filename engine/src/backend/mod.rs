@@ -120,64 +120,42 @@ impl Serialize for WireMessage<'_> {
 /// extended as it grows: a backend that sends messages as JSON copies them
 /// instead of serialising the whole conversation again on every turn
 /// (`serde_json`'s string escaping was 7% of the engine's CPU in
-/// `benches/orchestration.rs`). Each entry keeps the shape of the message
-/// it was made from (role, lengths, where its content lives) and is used
-/// only for a message of that shape at that position, so a request whose
-/// messages are not the ones it was made from (a copy, an edit) falls back
-/// to serialising them. Not part of the
+/// `benches/orchestration.rs`). Each entry keeps the message it was made
+/// from and stands in only for an equal message at its position (a
+/// comparison of bytes, far cheaper than escaping them again), so a
+/// request whose messages are not the ones it was made from (edited,
+/// replaced, reordered) is serialised from its messages. Not part of the
 /// request's value: never recorded, never compared.
 #[derive(Debug, Clone, Default)]
-pub struct MessagesJson(Vec<(MessageShape, Box<serde_json::value::RawValue>)>);
-
-/// What a cached entry is checked against before it stands in for a
-/// message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct MessageShape {
-    role: crate::chat::Role,
-    /// The content's length and where its text lives: an edited content
-    /// is a new string (or a different length).
-    content: Option<(usize, usize)>,
-    calls: usize,
-    call_id: Option<usize>,
-}
-
-impl MessageShape {
-    fn of(m: &Message) -> MessageShape {
-        MessageShape {
-            role: m.role,
-            content: m.content.as_ref().map(|c| (c.len(), c.as_ptr() as usize)),
-            calls: m.tool_calls.len(),
-            call_id: m.tool_call_id.as_ref().map(String::len),
-        }
-    }
-}
+pub struct MessagesJson(Vec<(Message, Box<serde_json::value::RawValue>)>);
 
 impl MessagesJson {
     /// Covers every message of `messages`: those past the entries made so
-    /// far are serialised now. Messages the entries no longer match (a
-    /// conversation that was not only appended to) start the cache again.
+    /// far are serialised now. From the first entry that no longer equals
+    /// its message (a conversation that was not only appended to), the
+    /// cache starts again.
     pub fn extend(&mut self, messages: &[Message]) {
         let kept = self
             .0
             .iter()
             .zip(messages)
-            .take_while(|((shape, _), m)| *shape == MessageShape::of(m))
+            .take_while(|((made_from, _), m)| made_from == *m)
             .count();
         self.0.truncate(kept);
         for m in &messages[kept..] {
             match serde_json::value::to_raw_value(&WireMessage(m)) {
-                Ok(raw) => self.0.push((MessageShape::of(m), raw)),
+                Ok(raw) => self.0.push((m.clone(), raw)),
                 Err(_) => break,
             }
         }
     }
 
     /// The JSON text of message `i`, if the cache holds one made from a
-    /// message of `m`'s shape.
+    /// message equal to `m`.
     pub fn get(&self, i: usize, m: &Message) -> Option<&serde_json::value::RawValue> {
         self.0
             .get(i)
-            .filter(|(shape, _)| *shape == MessageShape::of(m))
+            .filter(|(made_from, _)| made_from == m)
             .map(|(_, raw)| raw.as_ref())
     }
 }

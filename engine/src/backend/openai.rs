@@ -121,6 +121,13 @@ impl OpenAiBackend {
         serde_json::to_value(self.wire(req)).unwrap_or(Value::Null)
     }
 
+    /// The request body's bytes for `req`, as `attempt` writes them to a
+    /// server it did not start (a started one's route may add its adapter).
+    pub fn body_bytes(&self, req: &ChatRequest) -> Result<Vec<u8>, BackendError> {
+        encode(req, &self.wire(req))
+            .map_err(|e| self.failed(format!("cannot encode the request: {e}"), None))
+    }
+
     /// The request in wire shape, borrowing from `req`: serialised straight
     /// to bytes, with no JSON tree built per call (a conversation is sent
     /// whole on every turn).
@@ -178,8 +185,7 @@ impl OpenAiBackend {
             }
             None => (self.url.clone(), None),
         };
-        let mut body = Vec::with_capacity(body_estimate(req));
-        serde_json::to_writer(&mut body, &wire)
+        let body = encode(req, &wire)
             .map_err(|e| self.failed(format!("cannot encode the request: {e}"), None))?;
         let mut rb = self
             .client
@@ -490,6 +496,13 @@ impl serde::Serialize for WireMessages<'_> {
         }
         seq.end()
     }
+}
+
+/// `wire` (made from `req`) as the body's bytes, in one allocation.
+fn encode(req: &ChatRequest, wire: &WireRequest<'_>) -> serde_json::Result<Vec<u8>> {
+    let mut body = Vec::with_capacity(body_estimate(req));
+    serde_json::to_writer(&mut body, wire)?;
+    Ok(body)
 }
 
 /// A request body's size, from the strings it will carry, so the body is
