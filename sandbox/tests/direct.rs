@@ -80,13 +80,14 @@ fn run_with_path(
     }
     let mut child = s.spawn().unwrap();
     // A command that outlives its limits (as one would with a limit left
-    // unset) is killed after 20 s, so the test fails instead of hanging.
+    // unset) is stopped with SIGTERM after 60 s (a signal no limit sends),
+    // so the test fails instead of hanging.
     let pgid = child.id() as i32;
     let (done, watch) = std::sync::mpsc::channel::<()>();
     let watchdog = std::thread::spawn(move || {
-        if watch.recv_timeout(Duration::from_secs(20)).is_err() {
+        if watch.recv_timeout(Duration::from_secs(60)).is_err() {
             // SAFETY: a plain signal to the process group this test started.
-            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            unsafe { libc::kill(-pgid, libc::SIGTERM) };
         }
     });
     let (mut out, mut err) = (String::new(), String::new());
@@ -326,13 +327,13 @@ fn the_cpu_limit_stops_a_command_that_cannot_raise_it() {
     );
     assert!(!err.contains("raised"), "{err}");
     // soft = hard: the kernel sends SIGKILL at once (SIGXCPU comes first
-    // only while soft < hard); the watchdog's SIGKILL would come at 20 s.
+    // only while soft < hard); the watchdog would send SIGTERM.
     let code = code.and_then(|c| c.checked_sub(128));
     assert!(
         code == Some(libc::SIGKILL) || code == Some(libc::SIGXCPU),
-        "signal {code:?}: {err}"
+        "signal {code:?} after {:?}: {err}",
+        t.elapsed()
     );
-    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
 }
 
 const SIGRACE: &str = "MASS_TEST_DIRECT_SIGRACE";
