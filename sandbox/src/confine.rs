@@ -413,6 +413,17 @@ fn failed(what: &'static [u8]) -> impl Fn(SandboxError) -> io::Error {
     }
 }
 
+/// What a command started under the test switch says first on its stderr
+/// (the layers left out), or `None` when no layer is.
+pub(crate) fn switch_note(policy: &Policy) -> Option<String> {
+    (!policy.unprotected.is_empty()).then(|| {
+        format!(
+            "sandbox: TEST SWITCH: layers left out: {:?}\n",
+            policy.unprotected
+        )
+    })
+}
+
 /// In the launcher: applies every layer of `spec` to this process, in the
 /// order of the module docs. Returns in the process that is to exec the
 /// command (under `Level::Full`, PID 2 of the new PID namespace; the relay
@@ -421,9 +432,8 @@ pub(crate) fn confine_self(spec: &LaunchSpec) -> io::Result<()> {
     die_with_parent(spec.parent);
     let policy = &spec.policy;
     let s = Steps::of(spec);
-    if !policy.unprotected.is_empty() {
-        note(b"sandbox: TEST SWITCH: layers left out: ");
-        note(format!("{:?}\n", policy.unprotected).as_bytes());
+    if let Some(n) = switch_note(policy) {
+        note(n.as_bytes());
     }
     match policy.level {
         Level::None => s.limit(),

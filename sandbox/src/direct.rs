@@ -48,7 +48,10 @@ use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use crate::confine::{die_with_parent, rlimit_table, set_nice, set_rlimits, RlimitTable};
+use crate::confine::{
+    die_with_parent, rlimit_table, set_nice, set_rlimits, switch_note, RlimitTable,
+};
+use crate::launch::{exec_failure_code, exec_failure_note};
 use crate::policy::{Layer, Policy};
 use crate::sys::{cvt, wait_pid};
 
@@ -80,12 +83,7 @@ impl Plan {
             cwd: None,
             limits: (!policy.off(Layer::Rlimits)).then(|| rlimit_table(&policy.limits)),
             nice: policy.limits.nice,
-            switch_note: (!policy.unprotected.is_empty()).then(|| {
-                format!(
-                    "sandbox: TEST SWITCH: layers left out: {:?}\n",
-                    policy.unprotected
-                )
-            }),
+            switch_note: switch_note(policy),
         }
     }
 }
@@ -224,9 +222,8 @@ pub(crate) fn spawn(plan: &Plan) -> io::Result<Started> {
     }
     let exec = args.exec_errno.load(Ordering::SeqCst);
     if exec != 0 {
-        let e = io::Error::from_raw_os_error(exec);
-        // The launcher's note, word for word (`launch::launch`).
-        let note = format!("sandbox: cannot execute the command: {e}\n");
+        // The launcher's note; the child exited with the launcher's code.
+        let note = exec_failure_note(&io::Error::from_raw_os_error(exec));
         drop(err_w.write_all(note.as_bytes()));
     }
     drop((stdin, out_w, err_w));
@@ -312,7 +309,8 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     }
     let errno = exec_like_execvp(a);
     a.exec_errno.store(errno, Ordering::SeqCst);
-    exit(if errno == libc::ENOENT { 127 } else { 126 })
+    // (An `io::Error` of an errno is a plain value: no allocation.)
+    exit(exec_failure_code(&io::Error::from_raw_os_error(errno)))
 }
 
 /// Tries each candidate as glibc's `execvp` does: a file without `#!`

@@ -91,9 +91,19 @@ fn launch(args: &[OsString]) -> libc::c_int {
     // that outlive the call; execvp returns only on failure.
     unsafe { libc::execvp(prog.as_ptr(), ptrs.as_ptr()) };
     let err = std::io::Error::last_os_error();
-    note(b"sandbox: cannot execute the command: ");
-    note(err.to_string().as_bytes());
-    note(b"\n");
+    note(exec_failure_note(&err).as_bytes());
+    exec_failure_code(&err)
+}
+
+/// What a command that could not be executed says on its stderr (the
+/// launcher's words, also written for a direct start, `direct::spawn`).
+pub(crate) fn exec_failure_note(err: &std::io::Error) -> String {
+    format!("sandbox: cannot execute the command: {err}\n")
+}
+
+/// Its exit code, as a shell's: 127 when the program was not found, else
+/// 126.
+pub(crate) fn exec_failure_code(err: &std::io::Error) -> libc::c_int {
     if err.kind() == std::io::ErrorKind::NotFound {
         127
     } else {

@@ -329,11 +329,8 @@ fn refuse_execution_overrides(overrides: &[(String, String)]) -> Result<()> {
     Ok(())
 }
 
-/// A new run's `--name`: a name under another run's (`RUN/x`) would put
-/// the new run's refs among that run's streams, and `mass runs rm RUN`
-/// would remove it too. Refused (exit 2).
-/// Refuses a new run's name holding `/`: the refs under `RUN/` are run
-/// RUN's streams, so a run named `a/b` would be listed, removed
+/// Refuses a new run's name holding `/` (exit 2): the refs under `RUN/`
+/// are run RUN's streams, so a run named `a/b` would be listed, removed
 /// (`mass runs rm a`) and pushed as part of run `a`. `given` says where the
 /// name came from (`--name`, `--ref`, the experiment's `name`).
 fn new_run_name(given: &str, name: &str) -> Result<()> {

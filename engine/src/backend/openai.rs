@@ -124,8 +124,15 @@ impl OpenAiBackend {
     /// The request body's bytes for `req`, as `attempt` writes them to a
     /// server it did not start (a started one's route may add its adapter).
     pub fn body_bytes(&self, req: &ChatRequest) -> Result<Vec<u8>, BackendError> {
-        encode(req, &self.wire(req))
-            .map_err(|e| self.failed(format!("cannot encode the request: {e}"), None))
+        self.encode(req, &self.wire(req))
+    }
+
+    /// `wire` (made from `req`) as the body's bytes, in one allocation.
+    fn encode(&self, req: &ChatRequest, wire: &WireRequest<'_>) -> Result<Vec<u8>, BackendError> {
+        let mut body = Vec::with_capacity(body_estimate(req));
+        serde_json::to_writer(&mut body, wire)
+            .map_err(|e| self.failed(format!("cannot encode the request: {e}"), None))?;
+        Ok(body)
     }
 
     /// The request in wire shape, borrowing from `req`: serialised straight
@@ -185,8 +192,7 @@ impl OpenAiBackend {
             }
             None => (self.url.clone(), None),
         };
-        let body = encode(req, &wire)
-            .map_err(|e| self.failed(format!("cannot encode the request: {e}"), None))?;
+        let body = self.encode(req, &wire)?;
         let mut rb = self
             .client
             .post(&url)
@@ -496,13 +502,6 @@ impl serde::Serialize for WireMessages<'_> {
         }
         seq.end()
     }
-}
-
-/// `wire` (made from `req`) as the body's bytes, in one allocation.
-fn encode(req: &ChatRequest, wire: &WireRequest<'_>) -> serde_json::Result<Vec<u8>> {
-    let mut body = Vec::with_capacity(body_estimate(req));
-    serde_json::to_writer(&mut body, wire)?;
-    Ok(body)
 }
 
 /// A request body's size, from the strings it will carry, so the body is
