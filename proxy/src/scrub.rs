@@ -374,21 +374,15 @@ pub fn request(path: &str, body: &[u8], known: &Needles) -> (String, Body, Needl
     }
 }
 
-/// The first position of `needle` in `hay`.
+/// The first position of `needle` in `hay` (`memchr`'s vectorised
+/// substring search: a recorded request is scanned once per secret, and a
+/// byte-at-a-time scan of 100+ KiB conversations was 6% of the recording
+/// thread's time with 256 clients).
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    let (&first, rest) = needle.split_first()?;
-    let mut at = 0;
-    while at + needle.len() <= hay.len() {
-        let i = hay[at..=hay.len() - needle.len()]
-            .iter()
-            .position(|b| *b == first)?;
-        let s = at + i;
-        if &hay[s + 1..s + needle.len()] == rest {
-            return Some(s);
-        }
-        at = s + 1;
+    if needle.is_empty() {
+        return None;
     }
-    None
+    memchr::memmem::find(hay, needle)
 }
 
 fn hex_val(b: u8) -> Option<u8> {
@@ -569,6 +563,39 @@ pub fn header_secrets<'a>(headers: impl Iterator<Item = (&'a str, &'a [u8])>) ->
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// `find` against the plainest search there is, over every needle of
+    /// up to 4 bytes from a 3-letter alphabet in every haystack of up to 7
+    /// (overlaps, repeats, needles longer than the haystack): the
+    /// vectorised search must agree at every one.
+    #[test]
+    fn find_agrees_with_a_window_scan_everywhere() {
+        fn all(max: usize) -> Vec<Vec<u8>> {
+            let mut out = vec![vec![]];
+            let mut layer = vec![vec![]];
+            for _ in 0..max {
+                layer = layer
+                    .iter()
+                    .flat_map(|w: &Vec<u8>| {
+                        b"abz".iter().map(move |c| [w.as_slice(), &[*c]].concat())
+                    })
+                    .collect();
+                out.extend(layer.iter().cloned());
+            }
+            out
+        }
+        let (hays, needles) = (all(7), all(4));
+        for hay in &hays {
+            for n in &needles {
+                let want = if n.is_empty() {
+                    None
+                } else {
+                    hay.windows(n.len()).position(|w| w == n.as_slice())
+                };
+                assert_eq!(find(hay, n), want, "{hay:?} {n:?}");
+            }
+        }
+    }
 
     #[test]
     fn secret_names_are_recognised_case_insensitively() {
