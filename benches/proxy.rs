@@ -72,7 +72,11 @@
 //! through the client's route (B), the order alternating by turn and
 //! client so drift cancels; the figures are the per-request differences
 //! B - A of the time to the first body byte and to the end of the body.
-//! Printed: p50, p90, p99 and max of A, B and B - A, the wall time, how
+//! Before that the same clients run once with both paths going straight to
+//! the stub (the null run: no proxy, nothing recorded), so the figures
+//! come with what the pairing reads when nothing is added, at that load on
+//! that machine. Printed: p50, p90, p99 and max of A, B and B - A, the
+//! null run's direct - direct TTFT, the wall time, how
 //! long the recordings took to be durable after the last client finished,
 //! and verdict lines against the goal. Then the ledger is closed and
 //! reopened: every client's stream must hold its models listing and every
@@ -99,8 +103,9 @@
 //! first body byte), `"added_total_p50_us"`, `"added_total_p99_us"` (the
 //! same to the end of the body), `"direct_ttft_p50_us"`,
 //! `"direct_ttft_p99_us"`, `"proxied_ttft_p50_us"`,
-//! `"proxied_ttft_p99_us"` and `"wall_s"` (first turn sent to last turn
-//! done).
+//! `"proxied_ttft_p99_us"`, `"null_ttft_p50_us"`, `"null_ttft_p99_us"`
+//! (the null run's paired TTFT difference), `"null_wall_s"` and `"wall_s"`
+//! (first turn sent to last turn done, in the null run and the proxied one).
 //!
 //! Other options: `--sse-turns=N --sse-reps=N --ttft-ms=F --chunks=N
 //! --chunk-ms=F --dir=PATH` (where the ledgers go; a temporary directory by
@@ -857,7 +862,10 @@ fn start_stub(scripts: Vec<Arc<Script>>, timing: Timing) -> String {
         for s in l.incoming().flatten() {
             s.set_nodelay(true).ok();
             let scripts = scripts.clone();
-            std::thread::spawn(move || serve_conn(s, scripts, timing));
+            // Named, so a profile tells the stub from the proxy and the clients.
+            let _ = std::thread::Builder::new()
+                .name("bench-stub".into())
+                .spawn(move || serve_conn(s, scripts, timing));
         }
     });
     format!("http://{addr}/v1")
@@ -1146,6 +1154,7 @@ struct RepOut {
 fn runtimes(cfg: &Cfg) -> (tokio::runtime::Runtime, tokio::runtime::Runtime) {
     let proxy = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.workers)
+        .thread_name("bench-proxy")
         .enable_all()
         .build()
         .expect("proxy runtime");
@@ -1704,6 +1713,12 @@ struct ClientsOut {
     finish_wait: Duration,
     /// Exchanges found on the clients' streams in the reopened ledger.
     recorded: usize,
+    /// The same clients with both paths going directly to the stub (no
+    /// proxy, nothing recorded): what the pairing reads when nothing is
+    /// added, at this load on this machine.
+    null: Vec<ClientTurn>,
+    /// The null run's wall time (as `wall`).
+    null_wall: Duration,
 }
 
 /// Client `i`'s stream of the run, and its route (`/s/<route>/v1`).
@@ -1799,6 +1814,7 @@ fn drive_clients(
     let n = scripts.len();
     let crt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cores().max(2))
+        .thread_name("bench-client")
         .enable_all()
         .build()
         .expect("client runtime");
@@ -1836,6 +1852,10 @@ fn run_clients(cfg: &Cfg, base: &Script, root: &Path) -> ClientsOut {
         .map(|i| Arc::new(Script::for_client(base, i, cfg.clients_turns, cfg.chunks)))
         .collect();
     let stub = start_stub(scripts.clone(), timing(cfg));
+    // The null run first: the same load with "B" sent straight to the stub.
+    let null_runs = drive_clients(cfg, &scripts, &stub, &vec![stub.clone(); n]);
+    let null_wall = span(&null_runs);
+    let null = null_runs.into_iter().flat_map(|r| r.2).collect();
     let dir = root.join("clients");
     let ledger = Arc::new(ledger::Ledger::init(&dir).expect("init the ledger"));
     let (prt, _) = runtimes(cfg);
@@ -1860,14 +1880,21 @@ fn run_clients(cfg: &Cfg, base: &Script, root: &Path) -> ClientsOut {
     }
     let recorded = check_recording(&dir, &scripts, cfg.clients_turns);
     let _ = std::fs::remove_dir_all(&dir);
-    let first = runs.iter().map(|r| r.0).min().expect("a client");
-    let last = runs.iter().map(|r| r.1).max().expect("a client");
     ClientsOut {
+        wall: span(&runs),
         turns: runs.into_iter().flat_map(|r| r.2).collect(),
-        wall: last - first,
         finish_wait,
         recorded,
+        null,
+        null_wall,
     }
+}
+
+/// From the first client's first turn to the last one's last.
+fn span(runs: &[(Instant, Instant, Vec<ClientTurn>)]) -> Duration {
+    let first = runs.iter().map(|r| r.0).min().expect("a client");
+    let last = runs.iter().map(|r| r.1).max().expect("a client");
+    last - first
 }
 
 /// Reopens the concurrent run's ledger and checks every client's stream:
@@ -1956,6 +1983,17 @@ fn report_clients(cfg: &Cfg, out: &ClientsOut) -> Value {
         qrow("B through the proxy, recording", b);
         qrow("B - A paired: added by the proxy", d);
     }
+    let null_d1: Vec<f64> = out
+        .null
+        .iter()
+        .map(|c| us(c.proxied.0) - us(c.direct.0))
+        .collect();
+    qrow("null run, TTFT: direct - direct", &null_d1);
+    println!(
+        "  (null run: the same clients with both paths straight to the stub, wall {:.2} s: \
+         what the pairing reads at this load when nothing is added)",
+        out.null_wall.as_secs_f64()
+    );
     println!(
         "  wall {:.2} s; every route's recording durable {:.0} ms after the last client finished; \
          the reopened ledger holds {} exchanges on {} streams (models + turns each), every \
@@ -1988,6 +2026,9 @@ fn report_clients(cfg: &Cfg, out: &ClientsOut) -> Value {
         "direct_ttft_p99_us": quantile(&a1, 0.99),
         "proxied_ttft_p50_us": median(&b1),
         "proxied_ttft_p99_us": quantile(&b1, 0.99),
+        "null_ttft_p50_us": median(&null_d1),
+        "null_ttft_p99_us": quantile(&null_d1, 0.99),
+        "null_wall_s": out.null_wall.as_secs_f64(),
         "wall_s": out.wall.as_secs_f64(),
     })
 }
