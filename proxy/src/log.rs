@@ -553,7 +553,7 @@ fn outcome_record(
     let mut out = json!({"http": h.http_json(), "raw_body": raw.to_hex()});
     if chat {
         let es = h.event_stream();
-        let problem = wire::reply_problem(&h.body, es);
+        let (problem, reply) = wire::read_reply(&h.body, es);
         if let Some(wire::Problem::InBandError(_)) = problem {
             return Ok((
                 EffectStatus::Retriable,
@@ -561,7 +561,7 @@ fn outcome_record(
                 http_failure(b, links, &h, failure::IN_BAND_ERROR)?,
             ));
         }
-        let Some(reply) = wire::reply_of(&h.body, es) else {
+        let Some(reply) = reply else {
             return Ok((
                 EffectStatus::Failed,
                 None,
