@@ -13,11 +13,13 @@
 //! error's `failure` class (`failure::*`). The record format is `wire`
 //! version 1, documented in SCHEMAS.md.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use ledger::{Id, Ledger, ObjectKind};
 use schemas::{Effect, EffectStatus, Hash32};
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::scrub::{self, Needles};
@@ -279,6 +281,63 @@ pub struct WireLog {
     rel: String,
     head: Option<Id>,
     requests: HashMap<[u8; 32], Id>,
+    /// The canonical blob id of every message this log has seen, by the
+    /// BLAKE3 hash of its bytes as sent. A conversation resends its whole
+    /// history on every turn: with this, only its new messages are parsed
+    /// and re-encoded (parsing and re-encoding every message was a third
+    /// of the recording's time, and grows with the conversation).
+    seen: HashMap<[u8; 32], Id>,
+    /// Test-only: every request taken apart whole, as `scrub::request` does.
+    #[doc(hidden)]
+    pub unremembered: bool,
+}
+
+/// Entries kept in [`WireLog::seen`] before it starts again.
+const SEEN_MAX: usize = 1 << 16;
+
+/// A request taken apart for its record.
+enum Parts<'a> {
+    /// Not a chat request: its (scrubbed) bytes.
+    Opaque(Vec<u8>),
+    /// A chat request: everything but the messages, each message's
+    /// canonical blob id, and where its canonical bytes come from.
+    Chat {
+        head: scrub::RawChat<'a>,
+        ids: Vec<Id>,
+        messages: Messages,
+    },
+}
+
+/// Where a chat request's messages' canonical bytes come from.
+enum Messages {
+    /// Made for every message (`scrub::request` took it apart whole).
+    Canonical(Vec<Vec<u8>>),
+    /// Made for the messages not seen before (`None`: seen; made again
+    /// from the bytes as sent if it has to be stored).
+    Made(Vec<Option<Vec<u8>>>),
+}
+
+impl Messages {
+    /// Message `i`'s canonical bytes (`raw`: the messages as sent).
+    fn canonical<'m>(&'m self, raw: &[&RawValue], i: usize) -> Option<Cow<'m, [u8]>> {
+        match self {
+            Messages::Canonical(blobs) => blobs.get(i).map(|b| Cow::Borrowed(b.as_slice())),
+            Messages::Made(made) => match made.get(i)? {
+                Some(b) => Some(Cow::Borrowed(b.as_slice())),
+                None => canonical_raw(raw.get(i)?).map(Cow::Owned),
+            },
+        }
+    }
+}
+
+/// The canonical JSON of a message as sent (`None`: serde_json does not
+/// take it apart, or it nests too deep for `scrub::request_raw`).
+fn canonical_raw(raw: &RawValue) -> Option<Vec<u8>> {
+    if !scrub::shallow(raw) {
+        return None;
+    }
+    let v: Value = serde_json::from_str(raw.get()).ok()?;
+    Some(replay::canonical_json(&v))
 }
 
 impl WireLog {
@@ -316,6 +375,8 @@ impl WireLog {
             rel: rel.to_string(),
             head,
             requests,
+            seen: HashMap::new(),
+            unremembered: false,
         })
     }
 
@@ -341,12 +402,12 @@ impl WireLog {
     /// (`scrub.rs`): the path's query, the request body, the response body,
     /// headers and error texts, the metadata.
     pub fn record_with(&mut self, ex: &Exchange, known: &Needles) -> Result<Id, ProxyError> {
-        let (path, body, needles) = scrub::request(&ex.path, &ex.body, known);
+        let (path, parts, needles) = self.take_apart(ex, known);
         let ledger = self.ledger.clone();
         let mut b = ledger.batch();
         let mut links: Vec<Id> = Vec::new();
         let (request, full_chain) =
-            self.request_record(&mut b, &mut links, &ex.method, &path, body)?;
+            self.request_record(&mut b, &mut links, &ex.method, &path, parts)?;
         let request_id = b.put_blob(&replay::canonical_json(&request))?;
         let (status, output, error) = outcome_record(
             &mut b,
@@ -405,6 +466,76 @@ impl WireLog {
         Ok(id)
     }
 
+    /// The request scrubbed and taken apart: by `scrub::request_raw` and
+    /// the messages seen before when that can be done, else by
+    /// `scrub::request` (both give the same record).
+    fn take_apart<'a>(
+        &mut self,
+        ex: &'a Exchange,
+        known: &Needles,
+    ) -> (String, Parts<'a>, Needles) {
+        if !self.unremembered {
+            if let Some((path, chat, needles)) = scrub::request_raw(&ex.path, &ex.body, known) {
+                if let Some(parts) = self.remembered(chat) {
+                    return (path, parts, needles);
+                }
+            }
+        }
+        let (path, body, needles) = scrub::request(&ex.path, &ex.body, known);
+        let parts = match body {
+            scrub::Body::Opaque(bytes) => Parts::Opaque(bytes),
+            scrub::Body::Chat(chat) => {
+                let blobs: Vec<Vec<u8>> =
+                    chat.messages.iter().map(replay::canonical_json).collect();
+                let head = scrub::RawChat {
+                    model: chat.model,
+                    tools: chat.tools,
+                    params: chat.params,
+                    messages: Vec::new(),
+                };
+                Parts::Chat {
+                    head,
+                    ids: blobs.iter().map(|m| Id::of(ObjectKind::Blob, m)).collect(),
+                    messages: Messages::Canonical(blobs),
+                }
+            }
+        };
+        (path, parts, needles)
+    }
+
+    /// A chat request's messages by their ids, parsing only those not
+    /// seen before (`None`: one of them is not taken apart here).
+    fn remembered<'a>(&mut self, chat: scrub::RawChat<'a>) -> Option<Parts<'a>> {
+        let n = chat.messages.len();
+        let (mut ids, mut made, mut fresh) = (Vec::with_capacity(n), Vec::with_capacity(n), vec![]);
+        for raw in &chat.messages {
+            let h: [u8; 32] = blake3::hash(raw.get().as_bytes()).into();
+            match self.seen.get(&h) {
+                Some(id) => {
+                    ids.push(*id);
+                    made.push(None);
+                }
+                None => {
+                    let bytes = canonical_raw(raw)?;
+                    let id = Id::of(ObjectKind::Blob, &bytes);
+                    fresh.push((h, id));
+                    ids.push(id);
+                    made.push(Some(bytes));
+                }
+            }
+        }
+        // Ids only: an entry never says its blob is stored.
+        if self.seen.len() + fresh.len() > SEEN_MAX {
+            self.seen.clear();
+        }
+        self.seen.extend(fresh);
+        Some(Parts::Chat {
+            head: chat,
+            ids,
+            messages: Messages::Made(made),
+        })
+    }
+
     /// The request record (scrubbed already) and, for a chat request, the
     /// chain hash of its whole message list.
     fn request_record(
@@ -413,11 +544,15 @@ impl WireLog {
         links: &mut Vec<Id>,
         method: &str,
         path: &str,
-        body: scrub::Body,
+        parts: Parts<'_>,
     ) -> Result<(Value, Option<[u8; 32]>), ProxyError> {
-        let chat = match body {
-            scrub::Body::Chat(chat) => chat,
-            scrub::Body::Opaque(bytes) => {
+        let (chat, ids, messages) = match parts {
+            Parts::Chat {
+                head,
+                ids,
+                messages,
+            } => (head, ids, messages),
+            Parts::Opaque(bytes) => {
                 let body = put(b, links, &bytes)?;
                 return Ok((
                     json!({"wire": WIRE_VERSION, "method": method, "path": path, "body": body.to_hex()}),
@@ -425,8 +560,6 @@ impl WireLog {
                 ));
             }
         };
-        let blobs: Vec<Vec<u8>> = chat.messages.iter().map(replay::canonical_json).collect();
-        let ids: Vec<Id> = blobs.iter().map(|m| Id::of(ObjectKind::Blob, m)).collect();
         // The longest earlier request this one extends.
         let mut hashes = Vec::with_capacity(ids.len() + 1);
         let mut h = [0u8; 32];
@@ -440,8 +573,15 @@ impl WireLog {
             .find_map(|i| self.requests.get(&hashes[i]).map(|e| (i, Some(*e))))
             .unwrap_or((0, None));
         let mut new = Vec::new();
-        for blob in &blobs[covered..] {
-            new.push(put(b, links, blob)?.to_hex());
+        for i in covered..ids.len() {
+            let blob =
+                messages
+                    .canonical(&chat.messages, i)
+                    .ok_or_else(|| ProxyError::Recording {
+                        stream: self.ref_name.clone(),
+                        detail: format!("message {i} of a request read before no longer parses"),
+                    })?;
+            new.push(put(b, links, &blob)?.to_hex());
         }
         let tools = match &chat.tools {
             Some(t) => Some(put(b, links, &replay::canonical_json(t))?.to_hex()),

@@ -20,6 +20,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::wire::ChatBody;
@@ -372,6 +373,100 @@ pub fn request(path: &str, body: &[u8], known: &Needles) -> (String, Body, Needl
         Err(v) if changed => (path, Body::Opaque(replay::canonical_json(&v)), found),
         Err(_) => (path, Body::Opaque(body.to_vec()), found),
     }
+}
+
+/// A chat request as [`request`] scrubs it when no secret is to be masked
+/// in its body: everything but the messages parsed and scrubbed, the
+/// messages left as sent (raw JSON), so a recorder that has seen a
+/// message's bytes before need not parse and re-encode it again.
+#[derive(Debug)]
+pub struct RawChat<'a> {
+    pub model: String,
+    pub tools: Option<Value>,
+    pub params: Map<String, Value>,
+    pub messages: Vec<&'a RawValue>,
+}
+
+/// [`request`] for a chat request in which no secret is to be masked
+/// (the common case): the same path, needles and, with each message
+/// parsed, the same `ChatBody`. `None` when that is not so (not a JSON
+/// object with a `messages` array, or a secret known by then occurs in the
+/// body); [`request`] then gives the answer.
+pub fn request_raw<'a>(
+    path: &str,
+    body: &'a [u8],
+    known: &Needles,
+) -> Option<(String, RawChat<'a>, Needles)> {
+    let mut found = known.clone();
+    let path = query(path, &mut found).into_owned();
+    let top: std::collections::BTreeMap<String, &RawValue> = serde_json::from_slice(body).ok()?;
+    let mut messages = None;
+    let mut params = Map::new();
+    for (k, raw) in top {
+        if k == "messages" {
+            messages = Some(serde_json::from_str::<Vec<&RawValue>>(raw.get()).ok()?);
+            continue;
+        }
+        if !shallow(raw) {
+            return None;
+        }
+        let mut x: Value = serde_json::from_str(raw.get()).ok()?;
+        entry(&k, &mut x, &mut found);
+        params.insert(k, x);
+    }
+    if !found.is_empty() && found.any_in(body) {
+        return None;
+    }
+    let model = match params.remove("model") {
+        Some(Value::String(s)) => s,
+        Some(other) => other.to_string(),
+        None => String::new(),
+    };
+    let tools = params.remove("tools");
+    let chat = RawChat {
+        model,
+        tools,
+        params,
+        messages: messages?,
+    };
+    Some((path, chat, found))
+}
+
+/// How deep a part of a body may nest for [`request_raw`] to take it.
+/// serde_json refuses to parse a value nested deeper than 128 levels; a
+/// part parsed alone starts at level 0, inside the whole body at level 2
+/// (a message: the body's object, then `messages`). Parts far below the
+/// limit parse the same either way; deeper ones go to [`request`], so a
+/// body it refuses as too deep is never taken apart here.
+pub const RAW_DEPTH_MAX: usize = 100;
+
+/// Whether `raw` (valid JSON) nests no deeper than [`RAW_DEPTH_MAX`]
+/// (brackets inside strings not counted).
+pub fn shallow(raw: &RawValue) -> bool {
+    let (mut depth, mut in_str, mut escaped) = (0usize, false, false);
+    for &b in raw.get().as_bytes() {
+        if in_str {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > RAW_DEPTH_MAX {
+                    return false;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    true
 }
 
 /// The first position of `needle` in `hay` (`memchr`'s vectorised
