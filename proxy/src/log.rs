@@ -287,6 +287,9 @@ pub struct WireLog {
     /// and re-encoded (parsing and re-encoding every message was a third
     /// of the recording's time, and grows with the conversation).
     seen: HashMap<[u8; 32], Id>,
+    /// The `tools` field of the last request taken apart by
+    /// `scrub::request_raw`.
+    seen_tools: Option<scrub::SeenTools>,
     /// Test-only: every request taken apart whole, as `scrub::request` does.
     #[doc(hidden)]
     pub unremembered: bool,
@@ -376,6 +379,7 @@ impl WireLog {
             head,
             requests,
             seen: HashMap::new(),
+            seen_tools: None,
             unremembered: false,
         })
     }
@@ -475,7 +479,9 @@ impl WireLog {
         known: &Needles,
     ) -> (String, Parts<'a>, Needles) {
         if !self.unremembered {
-            if let Some((path, chat, needles)) = scrub::request_raw(&ex.path, &ex.body, known) {
+            if let Some((path, chat, needles)) =
+                scrub::request_raw(&ex.path, &ex.body, known, &mut self.seen_tools)
+            {
                 if let Some(parts) = self.remembered(chat) {
                     return (path, parts, needles);
                 }
@@ -489,7 +495,7 @@ impl WireLog {
                     chat.messages.iter().map(replay::canonical_json).collect();
                 let head = scrub::RawChat {
                     model: chat.model,
-                    tools: chat.tools,
+                    tools: chat.tools.as_ref().map(replay::canonical_json),
                     params: chat.params,
                     messages: Vec::new(),
                 };
@@ -584,7 +590,7 @@ impl WireLog {
             new.push(put(b, links, &blob)?.to_hex());
         }
         let tools = match &chat.tools {
-            Some(t) => Some(put(b, links, &replay::canonical_json(t))?.to_hex()),
+            Some(t) => Some(put(b, links, t)?.to_hex()),
             None => None,
         };
         if let Some(p) = prefix {

@@ -382,29 +382,53 @@ pub fn request(path: &str, body: &[u8], known: &Needles) -> (String, Body, Needl
 #[derive(Debug)]
 pub struct RawChat<'a> {
     pub model: String,
-    pub tools: Option<Value>,
+    /// The `tools` field scrubbed, as canonical JSON.
+    pub tools: Option<Vec<u8>>,
     pub params: Map<String, Value>,
     pub messages: Vec<&'a RawValue>,
+}
+
+/// A body's `tools` field as [`request`] scrubs it: kept by a recorder
+/// for the next request, which sends the same tools (10-20 KiB of schemas
+/// an agent resends on every turn).
+#[derive(Debug, Clone)]
+pub struct SeenTools {
+    /// BLAKE3 of the field's bytes as sent.
+    hash: [u8; 32],
+    /// The field scrubbed, as canonical JSON.
+    canonical: Vec<u8>,
+    /// The secrets scrubbing it found (key-like fields), in order.
+    found: Needles,
 }
 
 /// [`request`] for a chat request in which no secret is to be masked
 /// (the common case): the same path, needles and, with each message
 /// parsed, the same `ChatBody`. `None` when that is not so (not a JSON
 /// object with a `messages` array, or a secret known by then occurs in the
-/// body); [`request`] then gives the answer.
+/// body); [`request`] then gives the answer. `tools` is the `tools` field
+/// of the caller's previous request, used when this one's bytes are the
+/// same, and replaced when they are not.
 pub fn request_raw<'a>(
     path: &str,
     body: &'a [u8],
     known: &Needles,
+    tools: &mut Option<SeenTools>,
 ) -> Option<(String, RawChat<'a>, Needles)> {
     let mut found = known.clone();
     let path = query(path, &mut found).into_owned();
     let top: std::collections::BTreeMap<String, &RawValue> = serde_json::from_slice(body).ok()?;
-    let mut messages = None;
+    let (mut messages, mut these_tools) = (None, None);
     let mut params = Map::new();
     for (k, raw) in top {
         if k == "messages" {
             messages = Some(serde_json::from_str::<Vec<&RawValue>>(raw.get()).ok()?);
+            continue;
+        }
+        if k == "tools" {
+            let t = tools_field(raw, tools)?;
+            // As `entry` would have added them to `found` here.
+            found.extend(&t.found);
+            these_tools = Some(t.canonical);
             continue;
         }
         if !shallow(raw) {
@@ -422,14 +446,35 @@ pub fn request_raw<'a>(
         Some(other) => other.to_string(),
         None => String::new(),
     };
-    let tools = params.remove("tools");
     let chat = RawChat {
         model,
-        tools,
+        tools: these_tools,
         params,
         messages: messages?,
     };
     Some((path, chat, found))
+}
+
+/// The `tools` field scrubbed: `seen` when its bytes are the same, else
+/// parsed, scrubbed as [`entry`] does, and kept in `seen`.
+fn tools_field(raw: &RawValue, seen: &mut Option<SeenTools>) -> Option<SeenTools> {
+    let hash: [u8; 32] = blake3::hash(raw.get().as_bytes()).into();
+    if let Some(t) = seen.as_ref().filter(|t| t.hash == hash) {
+        return Some(t.clone());
+    }
+    if !shallow(raw) {
+        return None;
+    }
+    let mut x: Value = serde_json::from_str(raw.get()).ok()?;
+    let mut found = Needles::new();
+    entry("tools", &mut x, &mut found);
+    let t = SeenTools {
+        hash,
+        canonical: replay::canonical_json(&x),
+        found,
+    };
+    *seen = Some(t.clone());
+    Some(t)
 }
 
 /// How deep a part of a body may nest for [`request_raw`] to take it.

@@ -12,7 +12,8 @@
 //! proxy learns only later (in a header, a key-like body field or the
 //! query) turning up in a message it has already seen; duplicate keys;
 //! numbers serde_json rewrites; nesting on both sides of serde_json's
-//! depth limit; invalid escapes; bodies that are not chat requests.
+//! depth limit; invalid escapes; bodies that are not chat requests; the
+//! `tools` field kept, respelt, changed, or holding key-like fields.
 
 use std::sync::Arc;
 
@@ -38,11 +39,24 @@ impl Rng {
 
 const SECRET: &str = "sk-remembered-0123456789abcdef";
 
+/// `tools` fields: the same schema spelt two ways, another one, and ones
+/// with key-like fields (a short value the scrubber replaces without
+/// learning it, a long one it learns, a number).
+const TOOLS: &[&str] = &[
+    r#"[{"type":"function","function":{"name":"bash","parameters":{"type":"object"}}}]"#,
+    r#"[ {"function":{"parameters":{"type":"object"},"name":"bash"},"type":"function"} ]"#,
+    r#"[{"type":"function","function":{"name":"read","parameters":{"type":"object","properties":{"path":{"type":"string"}}}}}]"#,
+    r#"[{"type":"function","function":{"name":"bash","api_key":"abc","parameters":{"type":"object"}}}]"#,
+    r#"[{"type":"function","function":{"name":"bash","token":"tok-0123456789abcdefghij","parameters":{}}}]"#,
+    r#"[{"type":"function","function":{"name":"bash","secret":1234567890123,"parameters":{}}}]"#,
+    r#"{"not":"a list"}"#,
+];
+
 /// One message as sent, in one of several spellings of the same JSON or
 /// one of several awkward messages.
 fn message(rng: &mut Rng, i: usize) -> String {
     let text = format!("turn {i}: look at src/lib.rs line {}", i * 7);
-    match rng.below(14) {
+    match rng.below(15) {
         0 => format!(r#"{{"role":"user","content":"{text}"}}"#),
         1 => format!(r#"{{ "content" : "{text}" , "role" : "user" }}"#),
         2 => format!("{{\n  \"role\": \"user\",\n  \"content\": \"{text}\"\n}}"),
@@ -63,6 +77,8 @@ fn message(rng: &mut Rng, i: usize) -> String {
         }
         8 => format!(r#"{{"role":"user","content":"{text} \ud800 lone"}}"#),
         9 => format!(r#"{{"role":"user","content":"{text} ]]]}}}}{{{{[[ in a string"}}"#),
+        // A secret the scrubber learns from the `tools` field.
+        11 => format!(r#"{{"role":"user","content":"{text} tok-0123456789abcdefghij"}}"#),
         10 => format!(
             r#"{{"role":"assistant","content":null,"tool_calls":[{{"id":"c{i}","type":"function","function":{{"name":"bash","arguments":"{{\"cmd\":\"ls\"}}"}}}}]}}"#
         ),
@@ -72,13 +88,12 @@ fn message(rng: &mut Rng, i: usize) -> String {
 
 /// A request body around `messages`, with the top-level fields in some
 /// order, sometimes a key-like field or a duplicate key.
-fn body(rng: &mut Rng, messages: &[String]) -> Vec<u8> {
+fn body(rng: &mut Rng, messages: &[String], tools: &str) -> Vec<u8> {
     let list = format!("[{}]", messages.join(","));
     let mut fields = vec![
         r#""model":"m""#.to_string(),
         format!(r#""messages":{list}"#),
-        r#""tools":[{"type":"function","function":{"name":"bash","parameters":{"type":"object"}}}]"#
-            .to_string(),
+        format!(r#""tools":{tools}"#),
         r#""temperature":0.5"#.to_string(),
     ];
     match rng.below(12) {
@@ -131,7 +146,11 @@ fn conversation(seed: u64, turns: usize) {
     whole.unremembered = true;
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let mut history: Vec<String> = Vec::new();
+    let mut tools = TOOLS[rng.below(TOOLS.len())];
     for t in 0..turns {
+        if rng.below(6) == 0 {
+            tools = TOOLS[rng.below(TOOLS.len())];
+        }
         match rng.below(10) {
             // Retry: the same history again.
             0 => {}
@@ -159,7 +178,7 @@ fn conversation(seed: u64, turns: usize) {
         } else {
             "/v1/chat/completions".to_string()
         };
-        let ex = exchange(&path, body(&mut rng, &history));
+        let ex = exchange(&path, body(&mut rng, &history, tools));
         let a = fast.record_with(&ex, &known).unwrap();
         let b = whole.record_with(&ex, &known).unwrap();
         assert_eq!(
@@ -173,7 +192,7 @@ fn conversation(seed: u64, turns: usize) {
 
 #[test]
 fn the_fast_path_records_what_taking_every_request_apart_records() {
-    for seed in 0..60 {
+    for seed in 0..48 {
         conversation(seed, 30);
     }
 }
