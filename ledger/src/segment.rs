@@ -787,8 +787,29 @@ pub fn delta_body(base: &Id, generation: u16, frame: &[u8]) -> Vec<u8> {
 /// [`dict_of`] names).
 pub fn decode_body_with_dict(id: &Id, raw_len: u32, body: &[u8], dict: &[u8]) -> Result<Vec<u8>> {
     let frame = body.get(DELTA_PREFIX_LEN..).unwrap_or_default();
-    let out = zstd::bulk::Decompressor::with_dictionary(dict)
-        .and_then(|mut d| d.decompress(frame, raw_len as usize))
+    // One context per thread, its dictionary replaced on every use (a
+    // loaded dictionary is sticky): creating a context per delta read was
+    // 1% of a rollout's CPU (each creation probes the CPU, which traps to
+    // the hypervisor on VMs). Never the plain decoder's context, which
+    // must stay without one.
+    thread_local! {
+        static DICT_DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let out = DICT_DCTX
+        .with(|cell| {
+            let mut slot = cell.borrow_mut();
+            if slot.is_none() {
+                *slot = Some(zstd::bulk::Decompressor::new()?);
+            }
+            match slot.as_mut() {
+                Some(d) => {
+                    d.set_dictionary(dict)?;
+                    d.decompress(frame, raw_len as usize)
+                }
+                None => Err(std::io::Error::other("no zstd decompressor")),
+            }
+        })
         .map_err(|e| LedgerError::Corruption {
             id: *id,
             detail: format!("zstd (delta): {e}"),
@@ -852,6 +873,50 @@ pub fn decode_body(id: &Id, flags: u8, raw_len: u32, body: &[u8]) -> Result<Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The dictionary decoder's context is kept per thread: every delta must
+    /// decode against its own dictionary, whatever the thread decoded
+    /// before (another dictionary, a damaged frame, a plain body).
+    #[test]
+    fn a_kept_dictionary_context_never_decodes_with_the_last_dictionary() {
+        let dicts: Vec<Vec<u8>> = (0..3u8)
+            .map(|d| {
+                (0..4000u32)
+                    .map(|i| ((i * 7 + d as u32 * 13) % 251) as u8)
+                    .collect()
+            })
+            .collect();
+        let delta = |d: &[u8], raw: &[u8]| {
+            let frame = zstd::bulk::Compressor::with_dictionary(3, d)
+                .and_then(|mut c| c.compress(raw))
+                .unwrap();
+            delta_body(&Id([1; 32]), 1, &frame)
+        };
+        let id = Id([2; 32]);
+        for round in 0..3 {
+            for (k, d) in dicts.iter().enumerate() {
+                let mut raw = d.clone();
+                raw[100 + round] ^= 0x55;
+                raw.extend_from_slice(format!("round {round} dict {k}").as_bytes());
+                let body = delta(d, &raw);
+                let len = raw.len() as u32;
+                assert_eq!(decode_body_with_dict(&id, len, &body, d).unwrap(), raw);
+                // The wrong dictionary never yields the bytes.
+                let other = &dicts[(k + 1) % dicts.len()];
+                let wrong = decode_body_with_dict(&id, len, &body, other);
+                assert!(wrong.map_or(true, |o| o != raw), "round {round}, dict {k}");
+                // A damaged frame fails, and leaves the context usable.
+                let mut bad = body.clone();
+                let at = bad.len() / 2;
+                bad[at] ^= 0xff;
+                let _ = decode_body_with_dict(&id, len, &bad, d);
+                assert_eq!(decode_body_with_dict(&id, len, &body, d).unwrap(), raw);
+                // A plain frame on the same thread is not read with it.
+                let plain = zstd::bulk::compress(&raw, 3).unwrap();
+                assert_eq!(decode_body(&id, FLAG_ZSTD, len, &plain).unwrap(), raw);
+            }
+        }
+    }
 
     fn placed(salt: &Salt, seg: u32, off: u64, h: &RecordHeader, body: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
