@@ -403,9 +403,10 @@ pub struct SeenTools {
 
 /// [`request`] for a chat request in which no secret is to be masked
 /// (the common case): the same path, needles and, with each message
-/// parsed, the same `ChatBody`. `None` when that is not so (not a JSON
-/// object with a `messages` array, or a secret known by then occurs in the
-/// body); [`request`] then gives the answer. `tools` is the `tools` field
+/// parsed, the same `ChatBody`. `None` when that is not so or cannot be
+/// told without parsing the whole body (not a JSON object with a
+/// `messages` array, a key given twice, a part nested deep, a secret known
+/// by then in the body); [`request`] then gives the answer. `tools` is the `tools` field
 /// of the caller's previous request, used when this one's bytes are the
 /// same, and replaced when they are not.
 pub fn request_raw<'a>(
@@ -416,7 +417,9 @@ pub fn request_raw<'a>(
 ) -> Option<(String, RawChat<'a>, Needles)> {
     let mut found = known.clone();
     let path = query(path, &mut found).into_owned();
-    let top: std::collections::BTreeMap<String, &RawValue> = serde_json::from_slice(body).ok()?;
+    // A key given twice: the whole-body parse also reads the value the
+    // later one replaces (and may refuse it), so `request` decides.
+    let Unique(top) = serde_json::from_slice(body).ok()?;
     let (mut messages, mut these_tools) = (None, None);
     let mut params = Map::new();
     for (k, raw) in top {
@@ -453,6 +456,34 @@ pub fn request_raw<'a>(
         messages: messages?,
     };
     Some((path, chat, found))
+}
+
+/// A JSON object's fields as sent, refused when a key occurs twice.
+struct Unique<'a>(std::collections::BTreeMap<String, &'a RawValue>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Unique<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Fields<'a> {
+            type Value = Unique<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object with distinct keys")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<Unique<'a>, A::Error> {
+                let mut out = std::collections::BTreeMap::new();
+                while let Some((k, v)) = m.next_entry::<String, &'a RawValue>()? {
+                    if out.insert(k, v).is_some() {
+                        return Err(serde::de::Error::custom("a key occurs twice"));
+                    }
+                }
+                Ok(Unique(out))
+            }
+        }
+        d.deserialize_map(Fields(std::marker::PhantomData))
+    }
 }
 
 /// The `tools` field scrubbed: `seen` when its bytes are the same, else

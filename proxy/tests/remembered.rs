@@ -105,6 +105,19 @@ fn body(rng: &mut Rng, messages: &[String], tools: &str) -> Vec<u8> {
     }
     let swap = rng.below(fields.len());
     fields.swap(0, swap);
+    // A field given twice, the first holding what serde_json's `Value`
+    // refuses but `RawValue` skips over: the whole-body parse reads it
+    // (and refuses the body), a map of raw fields would only keep the
+    // second. (Found by review.)
+    if rng.below(6) == 0 {
+        let dropped = [
+            r#""temperature":1e400"#.to_string(),
+            format!(r#""temperature":{}{}"#, "[".repeat(130), "]".repeat(130)),
+            r#""model":"\ud800""#.to_string(),
+            r#""messages":[{"content":1e999}]"#.to_string(),
+        ];
+        fields.insert(0, dropped[rng.below(dropped.len())].clone());
+    }
     let b = format!("{{{}}}", fields.join(","));
     match rng.below(40) {
         0 => format!("[{b}]").into_bytes(),
@@ -194,5 +207,45 @@ fn conversation(seed: u64, turns: usize) {
 fn the_fast_path_records_what_taking_every_request_apart_records() {
     for seed in 0..48 {
         conversation(seed, 30);
+    }
+}
+
+/// Records `bodies` in order on a fast and a whole log; panics naming the
+/// first body recorded differently.
+fn same_events(bodies: &[&str]) {
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let mut logs: Vec<WireLog> = dirs
+        .iter()
+        .map(|d| WireLog::open(Arc::new(Ledger::init(d.path()).unwrap()), "r", "s").unwrap())
+        .collect();
+    logs[1].unremembered = true;
+    for (i, body) in bodies.iter().enumerate() {
+        let ex = exchange("/v1/chat/completions", body.as_bytes().to_vec());
+        let ids: Vec<_> = logs
+            .iter_mut()
+            .map(|l| l.record_with(&ex, &Needles::new()).unwrap())
+            .collect();
+        assert_eq!(ids[0], ids[1], "body {i}: {body}");
+    }
+}
+
+/// The bug (found by review): a map of the body's raw fields kept only the
+/// last of a repeated key, so a first value serde_json's `Value` refuses
+/// (too deep, a number out of range, a lone surrogate) went unread: the
+/// whole-body parse refused the body (recorded as opaque HTTP), the fast
+/// path recorded a chat request, and every later turn's prefix differed.
+#[test]
+fn regression_a_repeated_key_hiding_a_refused_value_is_taken_apart_whole() {
+    let msgs = r#"[{"role":"user","content":"hi"}]"#;
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    let next = r#"{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"ok"},{"role":"user","content":"more"}]}"#;
+    for first in [
+        format!(r#"{{"model":"m","x":{deep},"x":1,"messages":{msgs}}}"#),
+        format!(r#"{{"model":"m","messages":[{deep}],"messages":{msgs}}}"#),
+        format!(r#"{{"model":"m","temperature":1e400,"temperature":0.5,"messages":{msgs}}}"#),
+        format!(r#"{{"model":"\ud800","model":"m","messages":{msgs}}}"#),
+    ] {
+        assert!(serde_json::from_str::<serde_json::Value>(&first).is_err());
+        same_events(&[&first, next]);
     }
 }
