@@ -722,6 +722,10 @@ fn outcome_record(
             ));
         }
         let mut v = reply.to_value();
+        // The reassembled message is decoded text: a secret the upstream
+        // sent with escapes (`\u0073k-...`) is whole in it, though not in
+        // the raw body the needles masked.
+        needles.value(&mut v);
         v["raw_body"] = out["raw_body"].take();
         v["http"] = out["http"].take();
         out = v;

@@ -324,6 +324,9 @@ impl Needles {
     pub fn value(&self, v: &mut Value) -> bool {
         match v {
             Value::String(s) => {
+                if !self.any_in(s.as_bytes()) {
+                    return false;
+                }
                 let t = self.text(s);
                 let changed = t != *s;
                 *s = t;
@@ -365,7 +368,9 @@ pub fn request(path: &str, body: &[u8], known: &Needles) -> (String, Body, Needl
             .fold(false, |c, (k, x)| entry(k, x, &mut found) | c),
         other => json(other, &mut found),
     };
-    if !found.is_empty() && found.any_in(body) {
+    // Every string is searched as decoded, not only the body's bytes: a
+    // secret written with escapes (`\u0073k-...`, `\/`) is not in them.
+    if !found.is_empty() {
         changed |= found.value(&mut v);
     }
     match ChatBody::from_value(v) {
@@ -406,7 +411,8 @@ pub struct SeenTools {
 /// parsed, the same `ChatBody`. `None` when that is not so or cannot be
 /// told without parsing the whole body (not a JSON object with a
 /// `messages` array, a key given twice, a part nested deep, a secret known
-/// by then in the body); [`request`] then gives the answer. `tools` is the `tools` field
+/// by then in the body or an escape that could spell one); [`request`]
+/// then gives the answer. `tools` is the `tools` field
 /// of the caller's previous request, used when this one's bytes are the
 /// same, and replaced when they are not.
 pub fn request_raw<'a>(
@@ -441,7 +447,7 @@ pub fn request_raw<'a>(
         entry(&k, &mut x, &mut found);
         params.insert(k, x);
     }
-    if !found.is_empty() && found.any_in(body) {
+    if !found.is_empty() && (found.any_in(body) || may_hide(body)) {
         return None;
     }
     let model = match params.remove("model") {
@@ -456,6 +462,15 @@ pub fn request_raw<'a>(
         messages: messages?,
     };
     Some((path, chat, found))
+}
+
+/// Whether a JSON text has an escape that can spell a secret's characters
+/// otherwise than the needles do (`\u` for any character, `\/`). Without
+/// one, a secret in a decoded string is in the bytes as one of its needles
+/// (the rest of JSON's escapes each have the one spelling `Needles::add`
+/// keeps), so searching the bytes finds every secret.
+fn may_hide(json: &[u8]) -> bool {
+    memchr::memmem::find(json, b"\\u").is_some() || memchr::memmem::find(json, b"\\/").is_some()
 }
 
 /// A JSON object's fields as sent, refused when a key occurs twice.

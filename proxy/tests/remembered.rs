@@ -56,7 +56,7 @@ const TOOLS: &[&str] = &[
 /// one of several awkward messages.
 fn message(rng: &mut Rng, i: usize) -> String {
     let text = format!("turn {i}: look at src/lib.rs line {}", i * 7);
-    match rng.below(15) {
+    match rng.below(16) {
         0 => format!(r#"{{"role":"user","content":"{text}"}}"#),
         1 => format!(r#"{{ "content" : "{text}" , "role" : "user" }}"#),
         2 => format!("{{\n  \"role\": \"user\",\n  \"content\": \"{text}\"\n}}"),
@@ -77,6 +77,11 @@ fn message(rng: &mut Rng, i: usize) -> String {
         }
         8 => format!(r#"{{"role":"user","content":"{text} \ud800 lone"}}"#),
         9 => format!(r#"{{"role":"user","content":"{text} ]]]}}}}{{{{[[ in a string"}}"#),
+        // A known secret spelt with an escape: not in the body's bytes.
+        12 => format!(
+            r#"{{"role":"user","content":"{text} \u0073{} and \/"}}"#,
+            &SECRET[1..]
+        ),
         // A secret the scrubber learns from the `tools` field.
         11 => format!(r#"{{"role":"user","content":"{text} tok-0123456789abcdefghij"}}"#),
         10 => format!(

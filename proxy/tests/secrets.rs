@@ -753,3 +753,52 @@ async fn a_key_echoed_across_a_chunk_boundary_never_reaches_the_client() {
     assert!(h.is_empty(), "{h:?}");
     assert!(n > 10, "{n} objects");
 }
+
+/// The bug (found by review): the recorder searched a request for its
+/// known secrets in the body's bytes only, so a secret spelt with JSON
+/// escapes (`\u0073k-...`, or `\/` for a slash) was not found there,
+/// and the message blobs, which hold the decoded text, held the secret
+/// whole; so did the reassembled reply of an upstream that echoed it so.
+/// Now decoded strings are searched, on both of the recorder's paths.
+#[test]
+fn regression_a_known_secret_spelt_with_json_escapes_never_reaches_the_ledger() {
+    use proxy::log::{Exchange, HttpReply, Outcome, Timing};
+    let a = secret("sk-");
+    let b = format!("{}/{}", secret("sk-"), secret(""));
+    let escaped_a = format!("\\u0073{}", &a[1..]);
+    let escaped_b = b.replace('/', "\\/");
+    let body = format!(
+        r#"{{"model":"m","user":"{escaped_a}","messages":[{{"role":"system","content":"key {escaped_a}"}},{{"role":"user","content":"path {escaped_b}"}}]}}"#
+    );
+    let reply = format!(
+        r#"{{"choices":[{{"index":0,"message":{{"role":"assistant","content":"it is {escaped_a} and {escaped_b}"}},"finish_reason":"stop"}}]}}"#
+    );
+    let mut known = proxy::scrub::Needles::new();
+    known.add(a.as_bytes());
+    known.add(b.as_bytes());
+    for unremembered in [false, true] {
+        let d = tempfile::tempdir().unwrap();
+        let l = Arc::new(Ledger::init(d.path()).unwrap());
+        let mut w = WireLog::open(l.clone(), "r", "s").unwrap();
+        w.unremembered = unremembered;
+        let ex = Exchange {
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            body: body.clone().into_bytes(),
+            user_agent: None,
+            outcome: Outcome::Http(HttpReply {
+                status: 200,
+                headers: vec![("content-type".into(), "application/json".into())],
+                body: reply.clone().into_bytes(),
+                chunks: vec![reply.len()],
+                cut: None,
+            }),
+            timing: Timing::default(),
+            served_by: "http://upstream.test".into(),
+        };
+        w.record_with(&ex, &known).unwrap();
+        let (found, objects) = scan_ledger(&l, &[("a", a.clone()), ("b", b.clone())]);
+        assert!(objects > 3, "nothing recorded");
+        assert!(found.is_empty(), "unremembered {unremembered}: {found:?}");
+    }
+}
