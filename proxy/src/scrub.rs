@@ -304,6 +304,24 @@ impl Needles {
         keep
     }
 
+    /// Whether a secret that JSON spells otherwise (one holding `"`, `\\`
+    /// or a control character, and so each escaped variant `add` keeps)
+    /// occurs in `json` spelt as JSON spells it: a decoded string then
+    /// holds the secret as `value` searches for it, though `json`'s bytes
+    /// hold no needle.
+    pub fn escaped_in(&self, json: &[u8]) -> bool {
+        self.0.iter().any(|n| {
+            let Some(j) = std::str::from_utf8(n)
+                .ok()
+                .and_then(|s| serde_json::to_string(s).ok())
+            else {
+                return false;
+            };
+            let e = &j.as_bytes()[1..j.len() - 1];
+            e != n.as_slice() && find(json, e).is_some()
+        })
+    }
+
     /// Whether any of the secrets occurs in `bytes`.
     pub fn any_in(&self, bytes: &[u8]) -> bool {
         self.0.iter().any(|n| find(bytes, n).is_some())
@@ -447,7 +465,7 @@ pub fn request_raw<'a>(
         entry(&k, &mut x, &mut found);
         params.insert(k, x);
     }
-    if !found.is_empty() && (found.any_in(body) || may_hide(body)) {
+    if !found.is_empty() && (found.any_in(body) || may_hide(body) || found.escaped_in(body)) {
         return None;
     }
     let model = match params.remove("model") {

@@ -218,6 +218,11 @@ fn the_fast_path_records_what_taking_every_request_apart_records() {
 /// Records `bodies` in order on a fast and a whole log; panics naming the
 /// first body recorded differently.
 fn same_events(bodies: &[&str]) {
+    same_events_knowing(bodies, &Needles::new());
+}
+
+/// [`same_events`] with `known` secrets.
+fn same_events_knowing(bodies: &[&str], known: &Needles) {
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let mut logs: Vec<WireLog> = dirs
         .iter()
@@ -228,7 +233,7 @@ fn same_events(bodies: &[&str]) {
         let ex = exchange("/v1/chat/completions", body.as_bytes().to_vec());
         let ids: Vec<_> = logs
             .iter_mut()
-            .map(|l| l.record_with(&ex, &Needles::new()).unwrap())
+            .map(|l| l.record_with(&ex, known).unwrap())
             .collect();
         assert_eq!(ids[0], ids[1], "body {i}: {body}");
     }
@@ -252,5 +257,33 @@ fn regression_a_repeated_key_hiding_a_refused_value_is_taken_apart_whole() {
     ] {
         assert!(serde_json::from_str::<serde_json::Value>(&first).is_err());
         same_events(&[&first, next]);
+    }
+}
+
+/// The bug (found by review): a secret holding `\\`, `"` or a newline is
+/// also kept JSON-escaped (`pass\\word`); a decoded string holding that
+/// spelling is masked when taken apart whole, but the body's bytes spell
+/// it escaped once more, so no needle was in them and the fast path kept
+/// the string as sent. It now hands such a body over.
+#[test]
+fn regression_a_secret_spelt_escaped_inside_a_string_is_taken_apart_whole() {
+    for (secret, spelt) in [
+        ("pass\\word-0123456789", r#"pass\\\\word-0123456789"#),
+        ("pass\"word-0123456789", r#"pass\\\"word-0123456789"#),
+        ("pass\nword-0123456789", r#"pass\\nword-0123456789"#),
+    ] {
+        let mut known = Needles::new();
+        known.add(secret.as_bytes());
+        for body in [
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"it is {spelt}"}}]}}"#),
+            format!(
+                r#"{{"model":"m","user":"{spelt}","messages":[{{"role":"user","content":"hi"}}]}}"#
+            ),
+            format!(
+                r#"{{"model":"m","tools":[{{"type":"function","function":{{"name":"x","description":"{spelt}"}}}}],"messages":[{{"role":"user","content":"hi"}}]}}"#
+            ),
+        ] {
+            same_events_knowing(&[&body], &known);
+        }
     }
 }
