@@ -257,24 +257,31 @@ impl Needles {
         found
     }
 
-    /// Replaces every occurrence with [`REDACTED`].
+    /// Replaces every occurrence with [`REDACTED`]: each run of bytes that
+    /// some secret covers becomes one `REDACTED`. The occurrences are found
+    /// in the bytes as given (`cover`), so a secret that overlaps another
+    /// (one the prefix of another) is hidden whole whatever their order;
+    /// replacing one secret after another left the longer one's tail.
     pub fn replace<'a>(&self, bytes: &'a [u8]) -> Cow<'a, [u8]> {
-        let mut cur = Cow::Borrowed(bytes);
-        for n in &self.0 {
-            if find(&cur, n).is_none() {
-                continue;
-            }
-            let mut out = Vec::with_capacity(cur.len());
-            let mut at = 0;
-            while let Some(i) = find(&cur[at..], n) {
-                out.extend_from_slice(&cur[at..at + i]);
-                out.extend_from_slice(REDACTED.as_bytes());
-                at += i + n.len();
-            }
-            out.extend_from_slice(&cur[at..]);
-            cur = Cow::Owned(out);
+        if !self.any_in(bytes) {
+            return Cow::Borrowed(bytes);
         }
-        cur
+        let mut hide = vec![false; bytes.len()];
+        self.cover(bytes, &mut hide);
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            if hide[i] {
+                out.extend_from_slice(REDACTED.as_bytes());
+                while i < bytes.len() && hide[i] {
+                    i += 1;
+                }
+            } else {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+        Cow::Owned(out)
     }
 
     /// A text with every occurrence replaced with [`REDACTED`].
@@ -372,6 +379,13 @@ pub enum Body {
 /// the request itself carried there) replaced by [`REDACTED`]. Returns the
 /// path, the body and every secret known by then (for the response).
 pub fn request(path: &str, body: &[u8], known: &Needles) -> (String, Body, Needles) {
+    let (path, body, found) = request_parts(path, body, known);
+    // Known secrets anywhere in the path (a value under any name).
+    (found.text(&path), body, found)
+}
+
+/// [`request`] but the path's known secrets.
+fn request_parts(path: &str, body: &[u8], known: &Needles) -> (String, Body, Needles) {
     let mut found = known.clone();
     let path = query(path, &mut found).into_owned();
     let Ok(mut v) = serde_json::from_slice::<Value>(body) else {
@@ -479,7 +493,7 @@ pub fn request_raw<'a>(
         params,
         messages: messages?,
     };
-    Some((path, chat, found))
+    Some((found.text(&path), chat, found))
 }
 
 /// Whether a JSON text has an escape that can spell a secret's characters
@@ -767,6 +781,31 @@ pub fn header_secrets<'a>(headers: impl Iterator<Item = (&'a str, &'a [u8])>) ->
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The bug (found by review): secrets were replaced one after another,
+    /// so with a secret that is the prefix of another the longer one's
+    /// tail was left (`REDACTED-TAILSECRET-...`). Occurrences are now found
+    /// in the text as given, in either order of the secrets.
+    #[test]
+    fn regression_overlapping_secrets_are_replaced_whole() {
+        let short = "sk-abcdefgh";
+        let long = "sk-abcdefgh-TAILSECRET-0123456789";
+        for order in [[short, long], [long, short]] {
+            let mut n = Needles::new();
+            for s in order {
+                n.add(s.as_bytes());
+            }
+            assert_eq!(
+                n.text(&format!("x {long} y {short}.")),
+                "x REDACTED y REDACTED."
+            );
+        }
+        let mut n = Needles::new();
+        n.add(b"aaaa-bbbb-cccc");
+        n.add(b"cccc-dddd-eeee");
+        assert_eq!(n.text("<aaaa-bbbb-cccc-dddd-eeee>"), "<REDACTED>");
+        assert_eq!(n.text("no secret here"), "no secret here");
+    }
 
     /// `find` against the plainest search there is, over every needle of
     /// up to 4 bytes from a 3-letter alphabet in every haystack of up to 7

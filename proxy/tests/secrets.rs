@@ -802,3 +802,42 @@ fn regression_a_known_secret_spelt_with_json_escapes_never_reaches_the_ledger() 
         assert!(found.is_empty(), "unremembered {unremembered}: {found:?}");
     }
 }
+
+/// The bug (found by review): only query values under key-like names were
+/// redacted in the recorded path, so a known secret under any other name
+/// (`?q=sk-...`) was recorded as sent. Known secrets are now masked
+/// anywhere in the path, on both of the recorder's paths.
+#[test]
+fn regression_a_known_secret_under_any_query_name_is_masked_in_the_path() {
+    use proxy::log::{Exchange, HttpReply, Outcome, Timing};
+    let a = secret("sk-");
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let reply = r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#;
+    let mut known = proxy::scrub::Needles::new();
+    known.add(a.as_bytes());
+    for unremembered in [false, true] {
+        let d = tempfile::tempdir().unwrap();
+        let l = Arc::new(Ledger::init(d.path()).unwrap());
+        let mut w = WireLog::open(l.clone(), "r", "s").unwrap();
+        w.unremembered = unremembered;
+        let ex = Exchange {
+            method: "POST".into(),
+            path: format!("/v1/chat/completions?q={a}&x=1"),
+            body: body.as_bytes().to_vec(),
+            user_agent: None,
+            outcome: Outcome::Http(HttpReply {
+                status: 200,
+                headers: vec![("content-type".into(), "application/json".into())],
+                body: reply.as_bytes().to_vec(),
+                chunks: vec![reply.len()],
+                cut: None,
+            }),
+            timing: Timing::default(),
+            served_by: "http://upstream.test".into(),
+        };
+        w.record_with(&ex, &known).unwrap();
+        let (found, objects) = scan_ledger(&l, &[("a", a.clone())]);
+        assert!(objects > 3, "nothing recorded");
+        assert!(found.is_empty(), "unremembered {unremembered}: {found:?}");
+    }
+}
