@@ -783,37 +783,49 @@ pub fn delta_body(base: &Id, generation: u16, frame: &[u8]) -> Vec<u8> {
     body
 }
 
+/// A decompression context kept by a thread, made on first use.
+type KeptDctx = std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>>;
+
+// One decompression context per thread and use: creating one per object
+// was more than half of a verify scan's CPU time, and per delta read 1% of
+// a rollout's (each creation probes the CPU, which traps to the hypervisor
+// on VMs). Plain bodies and deltas have a context each, so a dictionary
+// never stays loaded in the plain one.
+thread_local! {
+    static DCTX: KeptDctx = const { std::cell::RefCell::new(None) };
+    static DICT_DCTX: KeptDctx = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with the thread's context kept in `key`.
+fn with_dctx<T>(
+    key: &'static std::thread::LocalKey<KeptDctx>,
+    f: impl FnOnce(&mut zstd::bulk::Decompressor<'static>) -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    key.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(zstd::bulk::Decompressor::new()?);
+        }
+        match slot.as_mut() {
+            Some(d) => f(d),
+            None => Err(std::io::Error::other("no zstd decompressor")),
+        }
+    })
+}
+
 /// Decodes a body compressed against `dict` (the canonical bytes of the object
 /// [`dict_of`] names).
 pub fn decode_body_with_dict(id: &Id, raw_len: u32, body: &[u8], dict: &[u8]) -> Result<Vec<u8>> {
     let frame = body.get(DELTA_PREFIX_LEN..).unwrap_or_default();
-    // One context per thread, its dictionary replaced on every use (a
-    // loaded dictionary is sticky): creating a context per delta read was
-    // 1% of a rollout's CPU (each creation probes the CPU, which traps to
-    // the hypervisor on VMs). Never the plain decoder's context, which
-    // must stay without one.
-    thread_local! {
-        static DICT_DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
-            const { std::cell::RefCell::new(None) };
-    }
-    let out = DICT_DCTX
-        .with(|cell| {
-            let mut slot = cell.borrow_mut();
-            if slot.is_none() {
-                *slot = Some(zstd::bulk::Decompressor::new()?);
-            }
-            match slot.as_mut() {
-                Some(d) => {
-                    d.set_dictionary(dict)?;
-                    d.decompress(frame, raw_len as usize)
-                }
-                None => Err(std::io::Error::other("no zstd decompressor")),
-            }
-        })
-        .map_err(|e| LedgerError::Corruption {
-            id: *id,
-            detail: format!("zstd (delta): {e}"),
-        })?;
+    // Its dictionary replaced on every use: a loaded one is sticky.
+    let out = with_dctx(&DICT_DCTX, |d| {
+        d.set_dictionary(dict)?;
+        d.decompress(frame, raw_len as usize)
+    })
+    .map_err(|e| LedgerError::Corruption {
+        id: *id,
+        detail: format!("zstd (delta): {e}"),
+    })?;
     if out.len() != raw_len as usize {
         return Err(LedgerError::Corruption {
             id: *id,
@@ -840,27 +852,12 @@ pub fn decode_body(id: &Id, flags: u8, raw_len: u32, body: &[u8]) -> Result<Vec<
         }
         return Ok(body.to_vec());
     }
-    // One decompression context per thread: creating one per object was more
-    // than half of a verify scan's CPU time.
-    thread_local! {
-        static DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
-            const { std::cell::RefCell::new(None) };
-    }
-    let out = DCTX
-        .with(|cell| {
-            let mut slot = cell.borrow_mut();
-            if slot.is_none() {
-                *slot = Some(zstd::bulk::Decompressor::new()?);
-            }
-            match slot.as_mut() {
-                Some(d) => d.decompress(body, raw_len as usize),
-                None => Err(std::io::Error::other("no zstd decompressor")),
-            }
-        })
-        .map_err(|e| LedgerError::Corruption {
+    let out = with_dctx(&DCTX, |d| d.decompress(body, raw_len as usize)).map_err(|e| {
+        LedgerError::Corruption {
             id: *id,
             detail: format!("zstd: {e}"),
-        })?;
+        }
+    })?;
     if out.len() != raw_len as usize {
         return Err(LedgerError::Corruption {
             id: *id,

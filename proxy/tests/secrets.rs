@@ -754,6 +754,26 @@ async fn a_key_echoed_across_a_chunk_boundary_never_reaches_the_client() {
     assert!(n > 10, "{n} objects");
 }
 
+/// A chat request to `path` answered with the JSON `reply`, to record.
+fn chat_exchange(path: &str, body: &str, reply: &str) -> proxy::log::Exchange {
+    use proxy::log::{Exchange, HttpReply, Outcome, Timing};
+    Exchange {
+        method: "POST".into(),
+        path: path.into(),
+        body: body.as_bytes().to_vec(),
+        user_agent: None,
+        outcome: Outcome::Http(HttpReply {
+            status: 200,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: reply.as_bytes().to_vec(),
+            chunks: vec![reply.len()],
+            cut: None,
+        }),
+        timing: Timing::default(),
+        served_by: "http://upstream.test".into(),
+    }
+}
+
 /// The bug (found by review): the recorder searched a request for its
 /// known secrets in the body's bytes only, so a secret spelt with JSON
 /// escapes (`\u0073k-...`, or `\/` for a slash) was not found there,
@@ -762,7 +782,6 @@ async fn a_key_echoed_across_a_chunk_boundary_never_reaches_the_client() {
 /// Now decoded strings are searched, on both of the recorder's paths.
 #[test]
 fn regression_a_known_secret_spelt_with_json_escapes_never_reaches_the_ledger() {
-    use proxy::log::{Exchange, HttpReply, Outcome, Timing};
     let a = secret("sk-");
     let b = format!("{}/{}", secret("sk-"), secret(""));
     let escaped_a = format!("\\u0073{}", &a[1..]);
@@ -781,21 +800,7 @@ fn regression_a_known_secret_spelt_with_json_escapes_never_reaches_the_ledger() 
         let l = Arc::new(Ledger::init(d.path()).unwrap());
         let mut w = WireLog::open(l.clone(), "r", "s").unwrap();
         w.unremembered = unremembered;
-        let ex = Exchange {
-            method: "POST".into(),
-            path: "/v1/chat/completions".into(),
-            body: body.clone().into_bytes(),
-            user_agent: None,
-            outcome: Outcome::Http(HttpReply {
-                status: 200,
-                headers: vec![("content-type".into(), "application/json".into())],
-                body: reply.clone().into_bytes(),
-                chunks: vec![reply.len()],
-                cut: None,
-            }),
-            timing: Timing::default(),
-            served_by: "http://upstream.test".into(),
-        };
+        let ex = chat_exchange("/v1/chat/completions", &body, &reply);
         w.record_with(&ex, &known).unwrap();
         let (found, objects) = scan_ledger(&l, &[("a", a.clone()), ("b", b.clone())]);
         assert!(objects > 3, "nothing recorded");
@@ -809,7 +814,6 @@ fn regression_a_known_secret_spelt_with_json_escapes_never_reaches_the_ledger() 
 /// anywhere in the path, on both of the recorder's paths.
 #[test]
 fn regression_a_known_secret_under_any_query_name_is_masked_in_the_path() {
-    use proxy::log::{Exchange, HttpReply, Outcome, Timing};
     let a = secret("sk-");
     let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
     let reply = r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#;
@@ -820,21 +824,7 @@ fn regression_a_known_secret_under_any_query_name_is_masked_in_the_path() {
         let l = Arc::new(Ledger::init(d.path()).unwrap());
         let mut w = WireLog::open(l.clone(), "r", "s").unwrap();
         w.unremembered = unremembered;
-        let ex = Exchange {
-            method: "POST".into(),
-            path: format!("/v1/chat/completions?q={a}&x=1"),
-            body: body.as_bytes().to_vec(),
-            user_agent: None,
-            outcome: Outcome::Http(HttpReply {
-                status: 200,
-                headers: vec![("content-type".into(), "application/json".into())],
-                body: reply.as_bytes().to_vec(),
-                chunks: vec![reply.len()],
-                cut: None,
-            }),
-            timing: Timing::default(),
-            served_by: "http://upstream.test".into(),
-        };
+        let ex = chat_exchange(&format!("/v1/chat/completions?q={a}&x=1"), body, reply);
         w.record_with(&ex, &known).unwrap();
         let (found, objects) = scan_ledger(&l, &[("a", a.clone())]);
         assert!(objects > 3, "nothing recorded");
