@@ -84,7 +84,7 @@
 //! byte-equal to the direct one (as every proxied body must be), or the
 //! bench panics.
 //!
-//!     cargo bench --bench proxy                  # 48 turns x 5 reps, streamed 24 turns x 2 reps (~15 s), then 256 clients x 8 turns (~6 s)
+//!     cargo bench --bench proxy                  # 48 turns x 5 reps, streamed 24 turns x 2 reps, then 256 clients x 8 turns and their null run (~16 s in all)
 //!     cargo bench --bench proxy -- --quick       # 24 x 2, streamed 12 x 1, then 64 clients x 4 turns
 //!     cargo bench --bench proxy -- --reps=10 --turns=64 --delay-ms=5 --workers=4
 //!     cargo bench --bench proxy -- --clients=128 --clients-turns=16   # --clients=0: one client only
