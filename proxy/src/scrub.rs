@@ -210,13 +210,8 @@ impl Needles {
             }
         };
         push(secret.to_vec());
-        if let Ok(s) = std::str::from_utf8(secret) {
-            if let Ok(j) = serde_json::to_string(s) {
-                let inner = j.as_bytes()[1..j.len() - 1].to_vec();
-                if inner != secret {
-                    push(inner);
-                }
-            }
+        if let Some(inner) = json_spelling(secret).filter(|e| e != secret) {
+            push(inner);
         }
     }
 
@@ -317,16 +312,9 @@ impl Needles {
     /// holds the secret as `value` searches for it, though `json`'s bytes
     /// hold no needle.
     pub fn escaped_in(&self, json: &[u8]) -> bool {
-        self.0.iter().any(|n| {
-            let Some(j) = std::str::from_utf8(n)
-                .ok()
-                .and_then(|s| serde_json::to_string(s).ok())
-            else {
-                return false;
-            };
-            let e = &j.as_bytes()[1..j.len() - 1];
-            e != n.as_slice() && find(json, e).is_some()
-        })
+        self.0
+            .iter()
+            .any(|n| json_spelling(n).is_some_and(|e| e != *n && find(json, &e).is_some()))
     }
 
     /// Whether any of the secrets occurs in `bytes`.
@@ -384,7 +372,7 @@ pub fn request(path: &str, body: &[u8], known: &Needles) -> (String, Body, Needl
     (found.text(&path), body, found)
 }
 
-/// [`request`] but the path's known secrets.
+/// [`request`], the path's known secrets not yet masked.
 fn request_parts(path: &str, body: &[u8], known: &Needles) -> (String, Body, Needles) {
     let mut found = known.clone();
     let path = query(path, &mut found).into_owned();
@@ -494,6 +482,13 @@ pub fn request_raw<'a>(
         messages: messages?,
     };
     Some((found.text(&path), chat, found))
+}
+
+/// How serde_json spells `bytes` (UTF-8) inside a JSON string: the
+/// string's text without its quotes. `None` for bytes that are not UTF-8.
+fn json_spelling(bytes: &[u8]) -> Option<Vec<u8>> {
+    let j = serde_json::to_string(std::str::from_utf8(bytes).ok()?).ok()?;
+    Some(j.as_bytes()[1..j.len() - 1].to_vec())
 }
 
 /// Whether a JSON text has an escape that can spell a secret's characters
