@@ -3,6 +3,7 @@
 //! the previous call of the conversation), workspace tool calls (with the
 //! workspace tree after each change), checks, and snapshots.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use ledger::{Id, ObjectKind};
@@ -98,7 +99,30 @@ impl Sampling {
     }
 }
 
-/// Calls a model through the stream; appends the response to the conversation.
+/// Test-only: model requests leave without settling the stream first (the
+/// protection `engine/tests/durable_sends.rs` must see fail).
+static SEND_UNSETTLED: AtomicBool = AtomicBool::new(false);
+
+/// Switches off, for tests, the wait that makes a stream's records durable
+/// before a model request built on them is sent.
+#[doc(hidden)]
+pub fn unprotected_send_unsettled(on: bool) {
+    SEND_UNSETTLED.store(on, Ordering::Relaxed);
+}
+
+/// Makes what `st` left unsettled durable before a request built on it
+/// leaves the process (a model call on this stream, or a subagent's first),
+/// awaited without holding the worker while another committer syncs.
+pub(crate) async fn settle_before_send(st: &mut Stream) -> Result<()> {
+    if !SEND_UNSETTLED.load(Ordering::Relaxed) {
+        exec::durable(exec::ledger(|| st.settle())?).await?;
+    }
+    Ok(())
+}
+
+/// Calls a model through the stream; appends the response to the
+/// conversation. The response's record is left unsettled (see `attempts`):
+/// a caller that ends its stream without another commit settles it.
 /// `kind` is the effect kind: `model` (team members), `judge` or `optimizer`,
 /// so mixed-mode replays can run one of them live.
 pub async fn call_model(
@@ -206,13 +230,19 @@ async fn attempts(
         let (rec, hint) = match exec::ledger(|| st.begin(req.clone()))? {
             Begin::Served(r) => (r, None),
             Begin::Perform(p) => {
+                // The request is built on the stream's records so far (the
+                // last reply, the tool results since): they are durable
+                // before it leaves, awaited without holding the worker
+                // while another committer syncs the group.
+                settle_before_send(st).await?;
                 let (out, hint) = perform_model_call(backend.as_ref(), chat).await;
-                // Awaited without holding the worker while another
-                // committer syncs the group. (A crash before the record is
-                // durable only redoes this call: model calls are not
-                // journaled.)
-                let (rec, durable) = exec::ledger(|| st.finish_deferred(p, out))?;
-                exec::durable(durable).await?;
+                // Left unsettled: the caller's next step (a workspace file
+                // tool, which touches only the scratch workspace resume
+                // rebuilds) need not wait for it, and whatever leaves the
+                // process or ends the stream next settles it. A crash
+                // before then only redoes this call: model calls are not
+                // journaled.
+                let rec = exec::ledger(|| st.finish_unsettled(p, out))?;
                 (rec, hint)
             }
         };
@@ -220,6 +250,11 @@ async fn attempts(
             && rec.source == replay::Served::Live
             && attempt < backend.max_retries();
         if !retry {
+            if rec.failure.is_some() {
+                // The caller reports the failure (or halts on it): every
+                // attempt is durable before anyone is told.
+                exec::durable(exec::ledger(|| st.settle())?).await?;
+            }
             return Ok(rec);
         }
         attempt += 1;
@@ -340,10 +375,14 @@ fn tool_output(
 /// returns the text and, for mutating tools, the new tree. `runs_process`:
 /// the tool starts a process (`bash`, checks), so it is journaled (recorded
 /// as started before it runs, durably: a crash leaves a visible trace) and
-/// runs off the unit's worker, for as long as the process takes. File tools
-/// run in place (they take microseconds) and their record's fsync is awaited
-/// without holding the worker: a crash before it lands redoes the tool call,
-/// which changes nothing but the scratch workspace that resume rebuilds.
+/// runs off the unit's worker, for as long as the process takes; its
+/// journaled start is a commit awaited before the process runs, which also
+/// makes everything the stream left unsettled durable. File tools run in
+/// place (they take microseconds) and their record is left unsettled
+/// (`Stream::finish_unsettled`), like the model reply before it: the next
+/// model call settles both with one wait, and a crash before that redoes
+/// the tool call, which changes nothing but the scratch workspace that
+/// resume rebuilds.
 pub async fn tool_effect(
     st: &mut Stream,
     kind: &str,
@@ -365,9 +404,7 @@ pub async fn tool_effect(
             Begin::Served(r) => r,
             Begin::Perform(p) => {
                 let out = tool_output(perform());
-                let (rec, durable) = exec::ledger(|| st.finish_deferred(p, out))?;
-                exec::durable(durable).await?;
-                rec
+                exec::ledger(|| st.finish_unsettled(p, out))?
             }
         }
     };

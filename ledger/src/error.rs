@@ -115,6 +115,11 @@ pub enum LedgerError {
 
     #[error("object too large: {len} bytes (limit {limit})")]
     TooLarge { len: u64, limit: u64 },
+
+    /// `Ledger::settle` was handed a commit another open ledger took (or
+    /// two ledgers' commits joined by `Unsettled::and`): a caller's bug.
+    #[error("ledger {path}: asked to settle a commit submitted to another ledger; nothing was waited for, so that commit is not known to be durable")]
+    ForeignCommit { path: PathBuf },
 }
 
 fn fmt_head(h: &Option<Id>) -> String {

@@ -55,7 +55,7 @@ pub use object::{
 pub use recovery::{Damage, DamageKind};
 pub use store::{
     Batch, Chain, Durability, Ledger, Options, Promisor, RecoveryReport, SetAside, Unprotected,
-    QUARANTINE_DIR,
+    Unsettled, QUARANTINE_DIR,
 };
 pub use tree::{Change, EntryKind, Tree, TreeEntry};
 pub use verify::{KindStats, PayloadCheck, Problem, Stats, VerifyOptions, VerifyReport};

@@ -318,6 +318,8 @@ pub struct Ledger {
     /// remote), with what it has handed over so far.
     promisor: std::sync::RwLock<Option<Arc<dyn Promisor>>>,
     promised: Mutex<HashMap<Id, Handed>>,
+    /// This open ledger's number among this process's ([`Unsettled`]).
+    instance: u64,
     _lock: Option<File>,
 }
 
@@ -565,6 +567,7 @@ impl Ledger {
             watermark: None,
             promisor: std::sync::RwLock::new(None),
             promised: Mutex::new(HashMap::new()),
+            instance: INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             _lock: None,
         })
     }
@@ -1501,6 +1504,32 @@ impl Ledger {
     /// Steps 4-6: returns once group `no` is durable (and published), or
     /// with the error of the group that failed. While no one leads, this
     /// thread does.
+    /// The acknowledgement of a commit detached earlier
+    /// ([`Durability::detach`]): resolves once its group is durable. A
+    /// commit that wrote nothing, or whose group is durable already,
+    /// resolves at once.
+    pub fn settle(&self, u: Unsettled) -> Result<Durability<'_>> {
+        if u.group.is_some() && u.ledger != self.instance {
+            return Err(LedgerError::ForeignCommit {
+                path: self.dir.clone(),
+            });
+        }
+        Ok(Durability {
+            ledger: self,
+            group: u.group,
+        })
+    }
+
+    /// Whether every commit submitted so far is durable: no group holds
+    /// commits that are not yet written and synced.
+    pub fn all_durable(&self) -> bool {
+        let (open, commits) = match self.writer.lock() {
+            Ok(w) => (w.group.no, w.group.commits),
+            Err(_) => return false,
+        };
+        commits == 0 && lock_or_recover(&self.sync).durable + 1 >= open
+    }
+
     fn wait_durable(&self, no: u64) -> Result<()> {
         let mut s = lock_or_recover(&self.sync);
         loop {
@@ -2407,7 +2436,66 @@ impl Durability<'_> {
             None => Ok(()),
         }
     }
+
+    /// Lets go of the ledger's borrow without waiting: what is left says
+    /// which group to wait for later ([`Ledger::settle`]). Dropping that
+    /// is dropping this: the commit stays submitted, is written with a
+    /// later group (or when the ledger closes) and is not acknowledged.
+    pub fn detach(self) -> Unsettled {
+        Unsettled {
+            ledger: self.ledger.instance,
+            group: self.group,
+        }
+    }
 }
+
+/// A submitted commit not yet known to be durable, detached from its
+/// ledger's borrow ([`Durability::detach`]) so that its owner can go on
+/// using the ledger and wait later, with [`Ledger::settle`]. Groups become
+/// durable in order, so the later of two (`and`) stands for both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unsettled {
+    /// Which open ledger the group number belongs to.
+    ledger: u64,
+    group: Option<u64>,
+}
+
+impl Default for Unsettled {
+    /// Nothing to wait for: settles at once, against any ledger.
+    fn default() -> Unsettled {
+        Unsettled {
+            ledger: FOREIGN,
+            group: None,
+        }
+    }
+}
+
+impl Unsettled {
+    /// Stands for both commits: the later group of the same ledger. Two
+    /// ledgers' commits cannot be settled as one; the result is refused
+    /// by `settle`.
+    pub fn and(self, other: Unsettled) -> Unsettled {
+        match (self.group, other.group) {
+            (None, _) => other,
+            (_, None) => self,
+            (Some(a), Some(b)) if self.ledger == other.ledger => Unsettled {
+                ledger: self.ledger,
+                group: Some(a.max(b)),
+            },
+            _ => Unsettled {
+                ledger: FOREIGN,
+                group: Some(u64::MAX),
+            },
+        }
+    }
+}
+
+/// The ledger instance no ledger has: `Unsettled::and` of two ledgers.
+const FOREIGN: u64 = u64::MAX;
+
+/// Numbers each opened ledger, so a detached commit is settled only
+/// against the ledger that took it.
+static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl std::future::Future for Durability<'_> {
     type Output = Result<()>;

@@ -838,3 +838,66 @@ fn a_submitted_commit_is_awaited_without_a_thread_and_acknowledged_once_durable(
     assert!(l.contains(&last).unwrap(), "lost at a clean close");
     assert!(l.verify(&|_| Ok(())).unwrap().is_clean());
 }
+
+/// `Durability::detach` and `Ledger::settle`: a caller submits commits,
+/// goes on using the ledger, and later waits once for all of them (the
+/// harness leaves a model reply's and a file tool's records unsettled and
+/// settles them before the next request). Settling the later of two
+/// acknowledges both, and only once a sync covers their bytes;
+/// `all_durable` says whether anything submitted still waits; a commit of
+/// another ledger is refused, never taken as settled.
+#[test]
+fn detached_commits_are_settled_together_and_only_once_durable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = Counting::new(Duration::ZERO, None);
+    let l = Ledger::init_with(&tmp.path().join("l"), opts(&files, 64 << 20)).unwrap();
+    assert!(l.all_durable(), "a new ledger has nothing waiting");
+    let mut b = l.batch();
+    let first = b.append("r", None, NewEvent::new("k", 1, vec![1])).unwrap();
+    let u1 = b.submit().unwrap().detach();
+    assert!(!l.all_durable(), "a submitted commit is not durable yet");
+    let mut b = l.batch();
+    let second = b
+        .append("r", Some(first), NewEvent::new("k", 1, vec![2]))
+        .unwrap();
+    let u2 = b.submit().unwrap().detach();
+    assert!(!l.contains(&first).unwrap(), "visible before durable");
+    assert_eq!(files.0.syncs.load(Ordering::SeqCst), 0, "nothing led yet");
+    // `and` in either order stands for the later group.
+    assert_eq!(u1.and(u2), u2.and(u1));
+    l.settle(u1.and(u2)).unwrap().wait().unwrap();
+    files.assert_synced(&l, &first);
+    files.assert_synced(&l, &second);
+    assert_eq!(l.head("r").unwrap(), Some(second));
+    assert!(l.all_durable());
+    // Settling an acknowledged commit again, or nothing, is immediate.
+    l.settle(u1).unwrap().wait().unwrap();
+    l.settle(ledger::Unsettled::default())
+        .unwrap()
+        .wait()
+        .unwrap();
+    // Another ledger's commit: refused, for itself and joined with ours.
+    let other = Ledger::init(&tmp.path().join("other")).unwrap();
+    let mut b = other.batch();
+    b.append("o", None, NewEvent::new("k", 1, vec![3])).unwrap();
+    let foreign = b.submit().unwrap().detach();
+    let mut b = l.batch();
+    let third = b
+        .append("r", Some(second), NewEvent::new("k", 1, vec![4]))
+        .unwrap();
+    let ours = b.submit().unwrap().detach();
+    for u in [foreign, foreign.and(ours), ours.and(foreign)] {
+        assert!(matches!(
+            l.settle(u),
+            Err(LedgerError::ForeignCommit { .. })
+        ));
+    }
+    assert!(
+        !l.contains(&third).unwrap(),
+        "a refused settle waited for nothing"
+    );
+    other.settle(foreign).unwrap().wait().unwrap();
+    assert!(other.all_durable());
+    l.settle(ours).unwrap().wait().unwrap();
+    files.assert_synced(&l, &third);
+}

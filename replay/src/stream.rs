@@ -31,6 +31,9 @@ pub struct Stream {
     /// kinds never taken from it.
     source: Option<(Vec<Event>, std::collections::BTreeSet<String>)>,
     clock_counter: u64,
+    /// The last record [`finish_unsettled`](Stream::finish_unsettled) left
+    /// to be made durable by [`settle`](Stream::settle).
+    unsettled: Option<ledger::Unsettled>,
 }
 
 impl Drop for Stream {
@@ -89,6 +92,7 @@ impl Stream {
             head: None,
             source,
             clock_counter: 0,
+            unsettled: None,
         })
     }
 
@@ -362,6 +366,37 @@ impl Stream {
             source: Served::Live,
         };
         Ok((rec, durable))
+    }
+
+    /// [`finish`](Stream::finish) for an effect that is not journaled,
+    /// without waiting: the record is submitted (this process's later
+    /// commits build on it) and its acknowledgement is kept on the stream
+    /// until [`settle`](Stream::settle). The caller settles before anything
+    /// depends on the record surviving a crash: before a request built on
+    /// it leaves the process, before it is read back, and before the
+    /// stream's work is reported done. A crash before then loses the
+    /// record (and every record after it), and resume performs the effect
+    /// again, as for a crash while it ran.
+    pub fn finish_unsettled(
+        &mut self,
+        p: Pending,
+        result: std::result::Result<EffectOutput, EffectError>,
+    ) -> Result<Recorded> {
+        let (rec, durable) = self.finish_deferred(p, result)?;
+        let u = durable.detach();
+        self.unsettled = Some(match self.unsettled {
+            Some(earlier) => earlier.and(u),
+            None => u,
+        });
+        Ok(rec)
+    }
+
+    /// Resolves once every record this stream left unsettled is durable
+    /// (at once when there is none). Groups are written in order, so this
+    /// also covers every commit this process submitted before them.
+    pub fn settle(&mut self) -> Result<ledger::Durability<'_>> {
+        let u = self.unsettled.take().unwrap_or_default();
+        Ok(self.session.ledger().settle(u)?)
     }
 
     /// Runs an effect through the recording: served if recorded, else `perform`.

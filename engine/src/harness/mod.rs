@@ -152,8 +152,10 @@ impl<'a> LiveWorkspace<'a> {
     /// Stores the live directory as a tree. Called only inside a tool
     /// effect's `perform`: the tool's record, committed next, links the
     /// tree, so the tree is not waited for here. Groups become durable in
-    /// order, so once that record is durable the tree is too; nothing reads
-    /// the tree before then (the next step starts after the record).
+    /// order, so once that record is durable the tree is too. Nothing
+    /// reads the tree back before then: the live directory holds it (`ensure`
+    /// checks out only trees served from history), and the checks that
+    /// read the final tree start with a journaled commit, awaited.
     pub(crate) fn snapshot(&mut self) -> std::result::Result<Id, String> {
         let d = self.dir.clone().ok_or("no workspace")?;
         let t = exec::ledger(|| {
@@ -558,7 +560,13 @@ impl Orchestration<'_, '_> {
                 role,
                 instructions,
                 contract,
-            }) => self.delegate(ws, &role, &instructions, &contract).await?,
+            }) => {
+                // The subagent's first request is built on the reply that
+                // asked for it: durable before it leaves, as on the stream
+                // itself (`effects::attempts`).
+                crate::effects::settle_before_send(orch).await?;
+                self.delegate(ws, &role, &instructions, &contract).await?
+            }
             Ok(inv) => workspace_tool(orch, ws, &inv, &self.bash_opts, self.limits).await?,
         };
         Ok(Answer::Text(text))
