@@ -227,14 +227,14 @@ async fn attempts(
 ) -> Result<replay::Recorded> {
     let mut attempt = 0u32;
     loop {
+        // The request is built on the stream's records so far (the last
+        // reply, the tool results since): they are durable before it
+        // leaves. Settled before `begin`, which starts the call's recorded
+        // latency (`effect.elapsed_us`); a replay has nothing unsettled.
+        settle_before_send(st).await?;
         let (rec, hint) = match exec::ledger(|| st.begin(req.clone()))? {
             Begin::Served(r) => (r, None),
             Begin::Perform(p) => {
-                // The request is built on the stream's records so far (the
-                // last reply, the tool results since): they are durable
-                // before it leaves, awaited without holding the worker
-                // while another committer syncs the group.
-                settle_before_send(st).await?;
                 let (out, hint) = perform_model_call(backend.as_ref(), chat).await;
                 // Left unsettled: the caller's next step (a workspace file
                 // tool, which touches only the scratch workspace resume

@@ -1501,9 +1501,6 @@ impl Ledger {
         no
     }
 
-    /// Steps 4-6: returns once group `no` is durable (and published), or
-    /// with the error of the group that failed. While no one leads, this
-    /// thread does.
     /// The acknowledgement of a commit detached earlier
     /// ([`Durability::detach`]): resolves once its group is durable. A
     /// commit that wrote nothing, or whose group is durable already,
@@ -1530,6 +1527,9 @@ impl Ledger {
         commits == 0 && lock_or_recover(&self.sync).durable + 1 >= open
     }
 
+    /// Steps 4-6: returns once group `no` is durable (and published), or
+    /// with the error of the group that failed. While no one leads, this
+    /// thread does.
     fn wait_durable(&self, no: u64) -> Result<()> {
         let mut s = lock_or_recover(&self.sync);
         loop {

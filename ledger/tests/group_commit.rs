@@ -901,3 +901,32 @@ fn detached_commits_are_settled_together_and_only_once_durable() {
     l.settle(ours).unwrap().wait().unwrap();
     files.assert_synced(&l, &third);
 }
+
+/// `Unsettled::and` of commits in different groups (another committer led
+/// and sealed the first group in between, as another rollout does between
+/// a reply's record and the file tool's after it) stands for the later
+/// group: settling it makes both durable.
+#[test]
+fn and_of_commits_in_different_groups_settles_the_later() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = Counting::new(Duration::ZERO, None);
+    let l = Ledger::init_with(&tmp.path().join("l"), opts(&files, 64 << 20)).unwrap();
+    let mut b = l.batch();
+    let e1 = b.append("r", None, NewEvent::new("k", 1, vec![1])).unwrap();
+    let u1 = b.submit().unwrap().detach();
+    // Another committer leads (and so seals) the first group.
+    l.append("other", None, NewEvent::new("k", 1, vec![9]))
+        .unwrap();
+    let mut b = l.batch();
+    let e2 = b
+        .append("r", Some(e1), NewEvent::new("k", 1, vec![2]))
+        .unwrap();
+    let u2 = b.submit().unwrap().detach();
+    assert_ne!(u1, u2, "the two commits are in different groups");
+    for u in [u1.and(u2), u2.and(u1)] {
+        l.settle(u).unwrap().wait().unwrap();
+        files.assert_synced(&l, &e1);
+        files.assert_synced(&l, &e2);
+        assert!(l.all_durable());
+    }
+}
