@@ -121,11 +121,29 @@ pub(crate) async fn settle_before_send(st: &mut Stream) -> Result<()> {
 }
 
 /// Calls a model through the stream; appends the response to the
-/// conversation. The response's record is left unsettled (see `attempts`):
-/// a caller that ends its stream without another commit settles it.
+/// conversation. The response's record is durable when this returns.
 /// `kind` is the effect kind: `model` (team members), `judge` or `optimizer`,
 /// so mixed-mode replays can run one of them live.
 pub async fn call_model(
+    st: &mut Stream,
+    kind: &str,
+    backend: &Arc<dyn Backend>,
+    model: &str,
+    conv: &mut Conversation,
+    s: &Sampling,
+) -> Result<ChatResponse> {
+    let resp = call_model_unsettled(st, kind, backend, model, conv, s).await?;
+    exec::durable(exec::ledger(|| st.settle())?).await?;
+    Ok(resp)
+}
+
+/// [`call_model`] leaving the response's record unsettled
+/// (`Stream::finish_unsettled`), for a caller whose next step needs no
+/// durability (a workspace file tool): the next call on the stream settles
+/// it before its request leaves, as does any blocking commit after it. A
+/// caller that ends its stream or reports its work otherwise settles first
+/// (`Stream::settle`).
+pub async fn call_model_unsettled(
     st: &mut Stream,
     kind: &str,
     backend: &Arc<dyn Backend>,

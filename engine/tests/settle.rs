@@ -349,3 +349,33 @@ fn regression_a_model_calls_recorded_latency_excludes_the_settle() {
     assert_eq!(elapsed.len(), 2, "{elapsed:?}");
     assert!(elapsed.iter().all(|&us| us < 250_000), "{elapsed:?}");
 }
+
+/// Regression (suite, `engine/tests/llamacpp.rs`): `call_model` returned
+/// with its record unsettled, so a caller that ended its stream there (a
+/// recorded call replayed at once, as that test does against llama.cpp)
+/// found nothing to replay: "recording ended at position 0". A returned
+/// call is durable and replays without the server.
+#[test]
+fn regression_a_returned_model_call_is_durable_and_replays() {
+    let d = tempfile::tempdir().unwrap();
+    let l = Arc::new(Ledger::init(d.path()).unwrap());
+    let b = scripted(&l, vec![Ok(Message::assistant("hi"))], 0, |_| {});
+    let live = one_call(&l, b).unwrap();
+    assert!(
+        l.all_durable(),
+        "a returned call's record still waits for its fsync"
+    );
+    // Replayed with a backend that has no replies left: served, not called.
+    let dead = scripted(&l, Vec::new(), 0, |_| panic!("a replay called the backend"));
+    let s = Session::new(l.clone(), "t", Mode::Check).unwrap();
+    let mut st = s.stream("j").unwrap();
+    let backend: Arc<dyn Backend> = dead;
+    let mut conv = Conversation::new(vec![Message::system("s"), Message::user("u")], Vec::new());
+    let sampling = Sampling::of(&engine::config::SamplingConfig::with(0.0, 10), 1);
+    let replayed = engine::exec::block_on(call_model(
+        &mut st, "judge", &backend, "m", &mut conv, &sampling,
+    ))
+    .unwrap()
+    .unwrap();
+    assert_eq!(replayed.message, live.message);
+}

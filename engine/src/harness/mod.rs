@@ -18,7 +18,7 @@ use crate::backend::Backend;
 use crate::chat::Message;
 use crate::checks;
 use crate::config::{GuardsConfig, Limits, SandboxConfig};
-use crate::effects::{call_model, tool_effect, Conversation, Sampling, ToolOutcome};
+use crate::effects::{call_model_unsettled, tool_effect, Conversation, Sampling, ToolOutcome};
 use crate::error::{EngineError, Result};
 use crate::exec;
 use crate::prompts;
@@ -511,7 +511,7 @@ impl Orchestration<'_, '_> {
             }
             self.budget.turns_left -= 1;
             self.budget.turns += 1;
-            let resp = match call_model(
+            let resp = match call_model_unsettled(
                 orch,
                 "model",
                 &self.team.orchestrator,
@@ -792,7 +792,7 @@ async fn run_subagent(
             break;
         }
         budget.turns += 1;
-        let resp = match call_model(
+        let resp = match call_model_unsettled(
             &mut st,
             "model",
             &team.subagent,
