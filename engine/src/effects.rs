@@ -114,9 +114,16 @@ pub fn unprotected_send_unsettled(on: bool) {
 /// leaves the process (a model call on this stream, or a subagent's first),
 /// awaited without holding the worker while another committer syncs.
 pub(crate) async fn settle_before_send(st: &mut Stream) -> Result<()> {
-    if !SEND_UNSETTLED.load(Ordering::Relaxed) {
-        exec::durable(exec::ledger(|| st.settle())?).await?;
+    if SEND_UNSETTLED.load(Ordering::Relaxed) {
+        return Ok(());
     }
+    settle(st).await
+}
+
+/// Awaits what `st` left unsettled (`Stream::settle`) without holding the
+/// worker while another committer syncs the group.
+async fn settle(st: &mut Stream) -> Result<()> {
+    exec::durable(exec::ledger(|| st.settle())?).await?;
     Ok(())
 }
 
@@ -133,7 +140,7 @@ pub async fn call_model(
     s: &Sampling,
 ) -> Result<ChatResponse> {
     let resp = call_model_unsettled(st, kind, backend, model, conv, s).await?;
-    exec::durable(exec::ledger(|| st.settle())?).await?;
+    settle(st).await?;
     Ok(resp)
 }
 
@@ -271,7 +278,7 @@ async fn attempts(
             if rec.failure.is_some() {
                 // The caller reports the failure (or halts on it): every
                 // attempt is durable before anyone is told.
-                exec::durable(exec::ledger(|| st.settle())?).await?;
+                settle(st).await?;
             }
             return Ok(rec);
         }

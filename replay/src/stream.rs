@@ -32,8 +32,9 @@ pub struct Stream {
     source: Option<(Vec<Event>, std::collections::BTreeSet<String>)>,
     clock_counter: u64,
     /// The last record [`finish_unsettled`](Stream::finish_unsettled) left
-    /// to be made durable by [`settle`](Stream::settle).
-    unsettled: Option<ledger::Unsettled>,
+    /// to be made durable by [`settle`](Stream::settle) (by default,
+    /// nothing).
+    unsettled: ledger::Unsettled,
 }
 
 impl Drop for Stream {
@@ -92,7 +93,7 @@ impl Stream {
             head: None,
             source,
             clock_counter: 0,
-            unsettled: None,
+            unsettled: ledger::Unsettled::default(),
         })
     }
 
@@ -384,10 +385,7 @@ impl Stream {
     ) -> Result<Recorded> {
         let (rec, durable) = self.finish_deferred(p, result)?;
         let u = durable.detach();
-        self.unsettled = Some(match self.unsettled {
-            Some(earlier) => earlier.and(u),
-            None => u,
-        });
+        self.unsettled = self.unsettled.and(u);
         Ok(rec)
     }
 
@@ -395,7 +393,7 @@ impl Stream {
     /// (at once when there is none). Groups are written in order, so this
     /// also covers every commit this process submitted before them.
     pub fn settle(&mut self) -> Result<ledger::Durability<'_>> {
-        let u = self.unsettled.take().unwrap_or_default();
+        let u = std::mem::take(&mut self.unsettled);
         Ok(self.session.ledger().settle(u)?)
     }
 
