@@ -15,7 +15,11 @@
 //! - a transport-only baseline: the same number of concurrent loops calling
 //!   the stub through the same HTTP client with no engine and no ledger, so
 //!   the ratio engine/transport isolates what the engine adds;
-//! - process CPU per call (user + system, stub included) for both, and with
+//! - process CPU per call (user + system, stub included) for both, then
+//!   the stub's own share of it (its thread's CPU clock: the stub stands in
+//!   for a model server, which is another process in a real run; the
+//!   kernel's work for the stub's sockets done on the client's threads
+//!   stays in the engine's figure), and with
 //!   `--ledger-share` the share of the engine run's CPU spent in ledger work
 //!   (`exec::ledger_cpu`: thread CPU time of stream and blob operations,
 //!   i.e. encoding, hashing, compression, index updates and write/fsync
@@ -51,12 +55,14 @@
 //! "cores", "rows": [{"rollouts",
 //! "ideal", "transport", "engine", "vs_ideal", "vs_transport", "cpu_ms_per_call",
 //! "transport_cpu_ms_per_call", "ledger_share", "peak_mib", "transport_peak_mib",
-//! "first_calls_ms", "transport_first_calls_ms", "tail_ms", "transport_tail_ms"}]}`:
+//! "first_calls_ms", "transport_first_calls_ms", "tail_ms", "transport_tail_ms",
+//! "stub_cpu_ms_per_call", "transport_stub_cpu_ms_per_call"}]}`:
 //! `ideal`, `transport` and `engine` in calls per second, `vs_*` their
 //! ratios, `cpu_ms_per_call` the engine run's process CPU per call (the
 //! transport's beside it), `ledger_share` the fraction of the engine run's
 //! CPU in ledger work (`null` without `--ledger-share`), peaks in MiB,
-//! `*first_calls_ms` and `*tail_ms` the phases above in milliseconds;
+//! `*first_calls_ms` and `*tail_ms` the phases above in milliseconds,
+//! `*stub_cpu_ms_per_call` the stub thread's CPU per call of each run;
 //! medians over the repetitions.
 
 use std::path::{Path, PathBuf};
@@ -270,10 +276,36 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     memchr::memmem::find(hay, needle)
 }
 
+/// The stub thread's CPU clock (`pthread_getcpuclockid`), once it runs.
+static STUB_CLOCK: std::sync::OnceLock<libc::clockid_t> = std::sync::OnceLock::new();
+
+/// CPU time the stub's thread has used (zero before it started, or if its
+/// clock cannot be read).
+fn stub_cpu() -> Duration {
+    let Some(&clock) = STUB_CLOCK.get() else {
+        return Duration::ZERO;
+    };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only into the timespec we pass; the
+    // clock is a live thread's (the stub's thread never ends).
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 /// Starts the stub on its own runtime thread; returns its base URL.
 fn start_stub(calls: usize, delay: Duration) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        let mut clock: libc::clockid_t = 0;
+        // SAFETY: pthread_getcpuclockid writes only into `clock`.
+        if unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut clock) } == 0 {
+            let _ = STUB_CLOCK.set(clock);
+        }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -327,6 +359,8 @@ struct Sample {
     wall: Duration,
     calls: usize,
     cpu: Duration,
+    /// The stub thread's share of `cpu`.
+    stub_cpu: Duration,
     ledger_cpu: Duration,
     peak_mib: f64,
     /// `timeline_phases` of the run.
@@ -361,6 +395,7 @@ fn transport_only(url: &str, n: usize, calls: usize) -> Sample {
     let b = Arc::new(backend(url, n));
     reset_peak();
     let cpu0 = cpu_time();
+    let stub0 = stub_cpu();
     timeline_reset();
     let t0 = Instant::now();
     let done = engine::exec::all(
@@ -400,6 +435,7 @@ fn transport_only(url: &str, n: usize, calls: usize) -> Sample {
         wall: end - t0,
         calls: done.iter().sum(),
         cpu: cpu_time() - cpu0,
+        stub_cpu: stub_cpu() - stub0,
         ledger_cpu: Duration::ZERO,
         peak_mib: peak_rss_mib(),
         phases: timeline_phases(t0, end),
@@ -462,6 +498,7 @@ fn engine_run(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg, rep: usi
     reset_peak();
     let ledger0 = engine::exec::ledger_cpu();
     let cpu0 = cpu_time();
+    let stub0 = stub_cpu();
     timeline_reset();
     let t0 = Instant::now();
     let outcomes = engine::exec::all(
@@ -495,6 +532,7 @@ fn engine_run(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg, rep: usi
         wall,
         calls: outcomes.iter().map(|o| o.record.turns as usize).sum(),
         cpu: cpu_time() - cpu0,
+        stub_cpu: stub_cpu() - stub0,
         ledger_cpu: engine::exec::ledger_cpu() - ledger0,
         peak_mib: peak_rss_mib(),
         phases: timeline_phases(t0, end),
@@ -594,18 +632,21 @@ fn measure_size(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg) -> ser
     let ideal = (n * cfg.calls) as f64 / (cfg.calls as f64 * cfg.delay.as_secs_f64());
     let (mut tr_rate, mut en_rate, mut tr_cpu, mut en_cpu, mut share, mut tr_mem, mut en_mem) =
         (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    let (mut tr_stub, mut en_stub) = (vec![], vec![]);
     // (first calls in, tail) of each repetition: transport, engine.
     let mut phases: [Vec<f64>; 4] = Default::default();
     for rep in 0..cfg.reps {
         let t = transport_only(url, n, cfg.calls);
         tr_rate.push(t.calls as f64 / t.wall.as_secs_f64());
         tr_cpu.push(t.cpu.as_secs_f64() * 1e3 / t.calls as f64);
+        tr_stub.push(t.stub_cpu.as_secs_f64() * 1e3 / t.calls as f64);
         tr_mem.push(t.peak_mib);
         phases[0].push(t.phases.0);
         phases[1].push(t.phases.1);
         let e = engine_run(url, root, task, n, cfg, rep);
         en_rate.push(e.calls as f64 / e.wall.as_secs_f64());
         en_cpu.push(e.cpu.as_secs_f64() * 1e3 / e.calls as f64);
+        en_stub.push(e.stub_cpu.as_secs_f64() * 1e3 / e.calls as f64);
         if cfg.ledger_share {
             share.push(100.0 * e.ledger_cpu.as_secs_f64() / e.cpu.as_secs_f64().max(1e-9));
         }
@@ -614,6 +655,7 @@ fn measure_size(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg) -> ser
         phases[3].push(e.phases.1);
     }
     let [tr_first, tr_tail, en_first, en_tail] = phases.map(median);
+    let (tr_stub, en_stub) = (median(tr_stub), median(en_stub));
     let (tr, en) = (median(tr_rate), median(en_rate));
     let share = (!share.is_empty()).then(|| median(share));
     let (tr_cpu, en_cpu, tr_mem, en_mem) = (
@@ -640,6 +682,10 @@ fn measure_size(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg) -> ser
         "{:>9} phases: every first call in by {en_first:.0} ms (transport {tr_first:.0} ms); the last rollout ended {en_tail:.0} ms after the last reply (transport {tr_tail:.0} ms)",
         ""
     );
+    println!(
+        "{:>9} cpu per call: the stub's thread {en_stub:.3} ms (transport {tr_stub:.3} ms)",
+        ""
+    );
     serde_json::json!({
         "rollouts": n,
         "ideal": ideal,
@@ -656,5 +702,7 @@ fn measure_size(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg) -> ser
         "transport_first_calls_ms": tr_first,
         "tail_ms": en_tail,
         "transport_tail_ms": tr_tail,
+        "stub_cpu_ms_per_call": en_stub,
+        "transport_stub_cpu_ms_per_call": tr_stub,
     })
 }

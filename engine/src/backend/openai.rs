@@ -37,6 +37,10 @@ pub struct OpenAiBackend {
     params: OpenAiParams,
     api_key: Option<String>,
     url: String,
+    /// `url` parsed once (`None` if it does not parse: `attempt` then hands
+    /// reqwest the text, which reports it): parsing it per request was 1.5%
+    /// of a recording's CPU (`benches/orchestration.rs`).
+    parsed: Option<reqwest::Url>,
     client: reqwest::Client,
     /// Requests in flight at once.
     limit: Arc<tokio::sync::Semaphore>,
@@ -94,6 +98,7 @@ impl OpenAiBackend {
             name: name.to_string(),
             params: params.clone(),
             api_key,
+            parsed: reqwest::Url::parse(&url).ok(),
             url,
             client,
             limit: Arc::new(tokio::sync::Semaphore::new(
@@ -188,14 +193,20 @@ impl OpenAiBackend {
             Some(pool) => {
                 let route = pool.route(&req.model).await?;
                 wire.lora = route.lora.clone();
-                (format!("{}/chat/completions", route.base_url), Some(route))
+                (
+                    Some(format!("{}/chat/completions", route.base_url)),
+                    Some(route),
+                )
             }
-            None => (self.url.clone(), None),
+            None => (None, None),
         };
         let body = self.encode(req, &wire)?;
-        let mut rb = self
-            .client
-            .post(&url)
+        let rb = match (url, &self.parsed) {
+            (Some(u), _) => self.client.post(u),
+            (None, Some(u)) => self.client.post(u.clone()),
+            (None, None) => self.client.post(&self.url),
+        };
+        let mut rb = rb
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body);
         if let Some(k) = &self.api_key {

@@ -90,6 +90,10 @@ pub(crate) struct LiveWorkspace<'a> {
     task: &'a Task,
     scratch: PathBuf,
     dir: Option<PathBuf>,
+    /// `dir` opened as a workspace (its root canonicalised), made with it:
+    /// opening it per tool call cost a `readlink` per path component and
+    /// was 2.5% of a recording's CPU (`benches/orchestration.rs`).
+    opened: Option<tools::Workspace>,
     /// The tree the live directory currently holds (if created).
     dir_tree: Option<Id>,
     /// The latest recorded tree of this run.
@@ -110,15 +114,29 @@ impl<'a> LiveWorkspace<'a> {
             task: spec.task,
             scratch: scratch_dir(session.run(), &spec.stream),
             dir: None,
+            opened: None,
             dir_tree: None,
             last_tree: None,
         }
+    }
+
+    /// The live directory as a workspace for the file tools and `bash`
+    /// ([`ensure`](Self::ensure)d first).
+    pub(crate) fn open(&mut self) -> std::result::Result<tools::Workspace, String> {
+        let dir = self.ensure()?;
+        if let Some(w) = &self.opened {
+            return Ok(w.clone());
+        }
+        let w = tools::Workspace::new(&dir).map_err(|e| e.to_string())?;
+        self.opened = Some(w.clone());
+        Ok(w)
     }
 
     pub(crate) fn ensure(&mut self) -> std::result::Result<PathBuf, String> {
         if let (Some(d), true) = (&self.dir, self.dir_tree == self.last_tree) {
             return Ok(d.clone());
         }
+        self.opened = None;
         if let Some(d) = self.dir.take() {
             let _ = std::fs::remove_dir_all(&d);
         }
@@ -883,8 +901,7 @@ async fn workspace_tool(
         json!({"tool": name, "args": args}),
         name == "bash",
         || {
-            let dir = ws.ensure()?;
-            let w = tools::Workspace::new(&dir).map_err(|e| e.to_string())?;
+            let w = ws.open()?;
             let text = w.run(inv, &opts, read_cap);
             let tree = if mutating { Some(ws.snapshot()?) } else { None };
             Ok(ToolOutcome { text, tree })
