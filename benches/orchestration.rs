@@ -17,9 +17,10 @@
 //!   the ratio engine/transport isolates what the engine adds;
 //! - process CPU per call (user + system, stub included) for both, then
 //!   the stub's own share of it (its thread's CPU clock: the stub stands in
-//!   for a model server, which is another process in a real run; the
-//!   kernel's work for the stub's sockets done on the client's threads
-//!   stays in the engine's figure), and with
+//!   for a model server, which is another process in a real run). An
+//!   approximation either way: loopback delivery runs on the sending
+//!   thread, so the kernel's work for the stub's sockets is partly on the
+//!   client's threads and the client's partly on the stub's. And with
 //!   `--ledger-share` the share of the engine run's CPU spent in ledger work
 //!   (`exec::ledger_cpu`: thread CPU time of stream and blob operations,
 //!   i.e. encoding, hashing, compression, index updates and write/fsync
@@ -277,10 +278,12 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 /// The stub thread's CPU clock (`pthread_getcpuclockid`), once it runs.
+#[cfg(target_os = "linux")]
 static STUB_CLOCK: std::sync::OnceLock<libc::clockid_t> = std::sync::OnceLock::new();
 
 /// CPU time the stub's thread has used (zero before it started, or if its
-/// clock cannot be read).
+/// clock cannot be read, or off Linux).
+#[cfg(target_os = "linux")]
 fn stub_cpu() -> Duration {
     let Some(&clock) = STUB_CLOCK.get() else {
         return Duration::ZERO;
@@ -297,15 +300,28 @@ fn stub_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// Starts the stub on its own runtime thread; returns its base URL.
-fn start_stub(calls: usize, delay: Duration) -> String {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+#[cfg(not(target_os = "linux"))]
+fn stub_cpu() -> Duration {
+    Duration::ZERO
+}
+
+/// Notes the calling thread's CPU clock as the stub's.
+fn note_stub_clock() {
+    #[cfg(target_os = "linux")]
+    {
         let mut clock: libc::clockid_t = 0;
         // SAFETY: pthread_getcpuclockid writes only into `clock`.
         if unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut clock) } == 0 {
             let _ = STUB_CLOCK.set(clock);
         }
+    }
+}
+
+/// Starts the stub on its own runtime thread; returns its base URL.
+fn start_stub(calls: usize, delay: Duration) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        note_stub_clock();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

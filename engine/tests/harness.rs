@@ -512,3 +512,56 @@ fn run_checks_shows_the_team_no_expected_values() {
         tree.entries
     );
 }
+
+/// Before: with a run's live workspace opened once and kept, a command of
+/// an unconfined run that removed the workspace root let the next
+/// `write_file` recreate an empty root, write into it and record that tree
+/// as the run's. The kept workspace is checked at every call: the call
+/// fails with the root's error, as it did when the root was opened per
+/// call, and the run's tree is the last one recorded before the removal.
+#[test]
+fn regression_a_removed_workspace_root_is_not_recreated_by_the_next_call() {
+    let b = Scripted::new(vec![
+        call("read_file", r#"{"path": "README.md"}"#),
+        call("bash", r#"{"command": "rm -rf \"$PWD\""}"#),
+        call("write_file", r#"{"path": "a.txt", "content": "x"}"#),
+        call("finish", r#"{"report": "done"}"#),
+    ]);
+    let (_d, s) = session();
+    let t = task();
+    let mut rules = RunRules::default();
+    rules.sandbox.level = sandbox::Level::None;
+    let out = wait(run_team(
+        &s,
+        &RunSpec {
+            task: &t,
+            workflow: &Workflow::bare(),
+            stream: "r".into(),
+            purpose: "test",
+            cycle: 1,
+            index: 0,
+        },
+        &team(b.clone()),
+        &rules,
+    ))
+    .unwrap();
+    assert_eq!(out.record.status, "finished", "{}", out.record.detail);
+    let last = b.seen.lock().unwrap().last().cloned().unwrap();
+    let tool_texts: Vec<String> = last
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .map(|m| m.content_str().to_string())
+        .collect();
+    assert!(
+        tool_texts[2].starts_with("error: workspace root"),
+        "the write after the root was removed: {}",
+        tool_texts[2]
+    );
+    let tree = s.ledger().get_tree(&ledger::Id(out.record.tree.0)).unwrap();
+    assert!(tree.get("a.txt").is_none(), "a recreated root was recorded");
+    assert!(
+        tree.get("README.md").is_some(),
+        "the run's tree is the workspace as it was before the removal"
+    );
+}

@@ -76,15 +76,17 @@ pub struct Options {
     /// (1, 4 and 16 KiB pieces of source and prose; at 64 KiB the gap is
     /// 1.6%, so larger blobs keep `blob_zstd_level`).
     pub small_blob_zstd_level: i32,
-    /// Blobs shorter than this use `small_blob_zstd_level`.
+    /// Blobs from `tiny_blob` up to this size (exclusive) use
+    /// `small_blob_zstd_level`.
     pub small_blob: usize,
     /// zstd level for blobs shorter than `tiny_blob`: a model call's
     /// request, reply, message and raw body, and most tool results, a few
-    /// hundred bytes each. At those sizes level 3 takes 0.4-0.65x the CPU of
-    /// level 6 for output within 2% (256 B to 1 KiB pieces of prose and
-    /// source, and request and reply blobs, measured here with zstd 1.5;
-    /// from 2 KiB level 6 saves 2-3% for 2.5-3.5x the CPU, a trade worth
-    /// keeping for the larger blobs).
+    /// hundred bytes each. At those sizes level 3 took 0.44-0.64x the CPU of
+    /// level 6 for output within 2% (256 B to 1 KiB pieces of this
+    /// repository's prose and source, and request and reply blobs, through
+    /// the `zstd` crate with a reused context; `zstd -b` read 0.63-0.69x).
+    /// From 2 KiB level 6 saved 1.7-6% for 2.5-3.5x the CPU (2 to 16 KiB
+    /// pieces), a trade kept for the larger blobs.
     pub tiny_blob_zstd_level: i32,
     /// Blobs shorter than this use `tiny_blob_zstd_level`.
     pub tiny_blob: usize,

@@ -124,8 +124,15 @@ impl<'a> LiveWorkspace<'a> {
     /// ([`ensure`](Self::ensure)d first).
     pub(crate) fn open(&mut self) -> std::result::Result<tools::Workspace, String> {
         let dir = self.ensure()?;
+        // Still a directory (one `stat`, not the `readlink`s): a command of
+        // an unconfined run may have removed the root, and then the call
+        // fails as it did when the root was opened per call, instead of a
+        // `write_file` recreating an empty root and recording its tree.
         if let Some(w) = &self.opened {
-            return Ok(w.clone());
+            if std::fs::metadata(w.root()).is_ok_and(|m| m.is_dir()) {
+                return Ok(w.clone());
+            }
+            self.opened = None;
         }
         let w = tools::Workspace::new(&dir).map_err(|e| e.to_string())?;
         self.opened = Some(w.clone());
