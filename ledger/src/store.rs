@@ -805,12 +805,18 @@ impl Ledger {
     /// are not that record.
     fn record_of(&self, id: &Id, loc: &ObjLoc) -> Result<Option<segment::ScannedRecord>> {
         let f = self.reader(loc.seg)?;
-        let path = segment::segment_path(&self.seg_dir, loc.seg);
         let total = (RECORD_HEADER_LEN + segment::RECORD_TRAILER_LEN) as u64
             + loc.body_len as u64
             + loc.meta_len as u64;
         Ok(
-            match segment::read_record_at(&f, &path, loc.seg, &self.salt, loc.offset, total)? {
+            match segment::read_record_at(
+                &f,
+                &self.seg_dir,
+                loc.seg,
+                &self.salt,
+                loc.offset,
+                total,
+            )? {
                 Ok(rec)
                     if rec.header.id == *id && rec.header.rtype == RecordType::Object(loc.kind) =>
                 {
@@ -990,15 +996,15 @@ impl Ledger {
         // The whole record is read so its checksum (which covers the
         // metadata; the id covers only the body) can be checked.
         let f = self.reader(loc.seg)?;
-        let path = segment::segment_path(&self.seg_dir, loc.seg);
         let total = (RECORD_HEADER_LEN + segment::RECORD_TRAILER_LEN) as u64
             + loc.body_len as u64
             + loc.meta_len as u64;
-        let rec = segment::read_record_at(&f, &path, loc.seg, &self.salt, loc.offset, total)?
-            .map_err(|reason| LedgerError::Corruption {
-                id: *id,
-                detail: format!("metadata record in segment {}: {reason}", loc.seg),
-            })?;
+        let rec =
+            segment::read_record_at(&f, &self.seg_dir, loc.seg, &self.salt, loc.offset, total)?
+                .map_err(|reason| LedgerError::Corruption {
+                    id: *id,
+                    detail: format!("metadata record in segment {}: {reason}", loc.seg),
+                })?;
         if rec.header.id != *id {
             return Err(LedgerError::Corruption {
                 id: *id,
