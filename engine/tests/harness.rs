@@ -136,13 +136,7 @@ fn malformed_tool_calls_get_readable_errors_and_the_run_goes_on() {
     .unwrap();
     assert_eq!(out.record.status, "finished");
     assert_eq!(out.record.report, "done");
-    let last = b.seen.lock().unwrap().last().cloned().unwrap();
-    let tool_texts: Vec<String> = last
-        .messages
-        .iter()
-        .filter(|m| m.role == Role::Tool)
-        .map(|m| m.content_str().to_string())
-        .collect();
+    let tool_texts = tool_texts(&b);
     assert!(
         tool_texts[0].contains("not valid JSON"),
         "{}",
@@ -418,6 +412,14 @@ fn run_scripted(
     b: &Arc<Scripted>,
     t: &Task,
 ) -> (tempfile::TempDir, Session, engine::harness::RunOutcome) {
+    run_scripted_with(b, t, &RunRules::default())
+}
+
+fn run_scripted_with(
+    b: &Arc<Scripted>,
+    t: &Task,
+    rules: &RunRules,
+) -> (tempfile::TempDir, Session, engine::harness::RunOutcome) {
     let (d, s) = session();
     let out = wait(run_team(
         &s,
@@ -430,7 +432,7 @@ fn run_scripted(
             index: 0,
         },
         &team(b.clone()),
-        &RunRules::default(),
+        rules,
     ))
     .unwrap();
     (d, s, out)
@@ -527,36 +529,15 @@ fn regression_a_removed_workspace_root_is_not_recreated_by_the_next_call() {
         call("write_file", r#"{"path": "a.txt", "content": "x"}"#),
         call("finish", r#"{"report": "done"}"#),
     ]);
-    let (_d, s) = session();
-    let t = task();
     let mut rules = RunRules::default();
     rules.sandbox.level = sandbox::Level::None;
-    let out = wait(run_team(
-        &s,
-        &RunSpec {
-            task: &t,
-            workflow: &Workflow::bare(),
-            stream: "r".into(),
-            purpose: "test",
-            cycle: 1,
-            index: 0,
-        },
-        &team(b.clone()),
-        &rules,
-    ))
-    .unwrap();
+    let (_d, s, out) = run_scripted_with(&b, &task(), &rules);
     assert_eq!(out.record.status, "finished", "{}", out.record.detail);
-    let last = b.seen.lock().unwrap().last().cloned().unwrap();
-    let tool_texts: Vec<String> = last
-        .messages
-        .iter()
-        .filter(|m| m.role == Role::Tool)
-        .map(|m| m.content_str().to_string())
-        .collect();
+    let texts = tool_texts(&b);
     assert!(
-        tool_texts[2].starts_with("error: workspace root"),
+        texts[2].starts_with("error: workspace root"),
         "the write after the root was removed: {}",
-        tool_texts[2]
+        texts[2]
     );
     let tree = s.ledger().get_tree(&ledger::Id(out.record.tree.0)).unwrap();
     assert!(tree.get("a.txt").is_none(), "a recreated root was recorded");
@@ -564,4 +545,14 @@ fn regression_a_removed_workspace_root_is_not_recreated_by_the_next_call() {
         tree.get("README.md").is_some(),
         "the run's tree is the workspace as it was before the removal"
     );
+}
+
+/// The tool results the last request carried, in order.
+fn tool_texts(b: &Scripted) -> Vec<String> {
+    let last = b.seen.lock().unwrap().last().cloned().unwrap();
+    last.messages
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .map(|m| m.content_str().to_string())
+        .collect()
 }
