@@ -28,11 +28,18 @@
 //!   is off by default and the column shows `-`);
 //! - peak resident memory of each phase (VmHWM, reset between phases);
 //! - where the wall time beyond the ideal goes, from the stub's clock: by
-//!   when every rollout's first call had arrived (`first calls in`), and
-//!   how long after the last rollout's last reply the run ended (`tail`:
-//!   the rollouts' final steps, the checks among them). All rollouts start
-//!   at once, so fixed costs per rollout (a workspace made, a check run)
-//!   show there, as bursts, and not in the calls' own latency.
+//!   when every rollout's first call had arrived (`first calls in`), the
+//!   mean time from one turn's last call arriving to the next turn's
+//!   (`turn cycle`: the stub's delay plus what the slowest rollout of the
+//!   turn took between its reply and its next call, waiting for the CPU
+//!   included), and how long after the last rollout's last reply the run
+//!   ended (`tail`: the rollouts' final steps, the checks among them). The
+//!   wall time is about `first + (calls - 1) x cycle + delay + tail`. All
+//!   rollouts start at once and the stub answers each call after the same
+//!   delay, so the rollouts' replies come in bursts: a turn's cycle grows
+//!   with the CPU that a burst of replies needs, and fixed costs per rollout
+//!   (a workspace made, a check run) show in the first phase and the tail,
+//!   not in the calls' own latency.
 //!
 //! Medians over repetitions.
 //!
@@ -56,13 +63,15 @@
 //! "cores", "rows": [{"rollouts",
 //! "ideal", "transport", "engine", "vs_ideal", "vs_transport", "cpu_ms_per_call",
 //! "transport_cpu_ms_per_call", "ledger_share", "peak_mib", "transport_peak_mib",
-//! "first_calls_ms", "transport_first_calls_ms", "tail_ms", "transport_tail_ms",
+//! "first_calls_ms", "transport_first_calls_ms", "cycle_ms", "transport_cycle_ms",
+//! "tail_ms", "transport_tail_ms",
 //! "stub_cpu_ms_per_call", "transport_stub_cpu_ms_per_call"}]}`:
 //! `ideal`, `transport` and `engine` in calls per second, `vs_*` their
 //! ratios, `cpu_ms_per_call` the engine run's process CPU per call (the
 //! transport's beside it), `ledger_share` the fraction of the engine run's
 //! CPU in ledger work (`null` without `--ledger-share`), peaks in MiB,
-//! `*first_calls_ms` and `*tail_ms` the phases above in milliseconds,
+//! `*first_calls_ms`, `*cycle_ms` and `*tail_ms` the phases above in
+//! milliseconds,
 //! `*stub_cpu_ms_per_call` the stub thread's CPU per call of each run;
 //! medians over the repetitions.
 
@@ -144,11 +153,54 @@ fn parse_args() -> Cfg {
 // ---------------------------------------------------------------------------
 // The stub server: HTTP/1.1 with keep-alive, one task per connection.
 
-/// When the stub saw each rollout's first call (turn 0) arrive and wrote
-/// each rollout's last reply (the `finish` turn), for the phase columns.
-/// One phase runs at a time; `timeline_reset` starts one.
-static TIMELINE: std::sync::Mutex<(Vec<Instant>, Vec<Instant>)> =
+/// When the stub saw each call arrive, with its turn, and wrote each
+/// rollout's last reply (the `finish` turn), for the phase columns. One
+/// phase runs at a time; `timeline_reset` starts one.
+static TIMELINE: std::sync::Mutex<(Vec<Arrival>, Vec<Instant>)> =
     std::sync::Mutex::new((Vec::new(), Vec::new()));
+
+/// A call's turn, and when the stub had read it.
+type Arrival = (usize, Instant);
+
+/// Where a run's wall time beyond the ideal goes, from the stub's clock
+/// (milliseconds).
+#[derive(Clone, Copy)]
+struct Phases {
+    /// From the start until every rollout's first call had arrived.
+    first: f64,
+    /// From one turn's last call arriving to the next turn's, averaged
+    /// over the turns: the stub's delay plus what the slowest rollout of
+    /// each turn took between its reply and its next call, queueing for
+    /// the CPU included.
+    cycle: f64,
+    /// The shortest turn's cycle: never under the stub's delay, since the
+    /// rollout whose call ended one turn waited for that call's reply
+    /// before making its next.
+    min_cycle: f64,
+    /// From the last rollout's last reply until the run ended.
+    tail: f64,
+}
+
+impl Phases {
+    /// Checks what the smoke run can know for certain: no turn's cycle is
+    /// shorter than the stub's delay, and the phases add up to no more
+    /// than the wall time (the last reply left at least `delay` after the
+    /// last call came in). A miscounted turn, or a phase counted twice,
+    /// fails here.
+    fn check(&self, what: &str, calls: usize, delay: Duration, wall: Duration) {
+        let (delay, wall) = (delay.as_secs_f64() * 1e3, wall.as_secs_f64() * 1e3);
+        assert!(
+            self.min_cycle >= delay - 0.5,
+            "{what}: a turn cycle of {:.1} ms, under the stub's delay of {delay} ms",
+            self.min_cycle
+        );
+        let sum = self.first + (calls - 1) as f64 * self.cycle + delay + self.tail;
+        assert!(
+            sum <= wall + 1.0,
+            "{what}: the phases add up to {sum:.1} ms, over the wall time of {wall:.1} ms"
+        );
+    }
+}
 
 fn timeline_reset() {
     let mut t = TIMELINE.lock().unwrap_or_else(|e| e.into_inner());
@@ -156,20 +208,39 @@ fn timeline_reset() {
     t.1.clear();
 }
 
-/// (ms from `t0` until the last first call arrived, ms from the last
-/// final reply until `end`).
-fn timeline_phases(t0: Instant, end: Instant) -> (f64, f64) {
+/// The run's [`Phases`], `t0` and `end` being its start and end.
+fn timeline_phases(t0: Instant, end: Instant) -> Phases {
     let t = TIMELINE.lock().unwrap_or_else(|e| e.into_inner());
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let first =
-        t.0.iter()
-            .max()
-            .map_or(f64::NAN, |i| ms(i.duration_since(t0)));
+    // The last arrival of each turn.
+    let mut last: Vec<Option<Instant>> = Vec::new();
+    for &(turn, at) in &t.0 {
+        if last.len() <= turn {
+            last.resize(turn + 1, None);
+        }
+        last[turn] = Some(last[turn].map_or(at, |l| l.max(at)));
+    }
+    let first = last
+        .first()
+        .copied()
+        .flatten()
+        .map_or(f64::NAN, |i| ms(i.duration_since(t0)));
+    let cycles: Vec<f64> = last
+        .windows(2)
+        .filter_map(|w| Some(ms(w[1]?.duration_since(w[0]?))))
+        .collect();
+    let cycle = cycles.iter().sum::<f64>() / cycles.len() as f64;
+    let min_cycle = cycles.iter().copied().fold(f64::INFINITY, f64::min);
     let tail =
         t.1.iter()
             .max()
             .map_or(f64::NAN, |i| ms(end.duration_since(*i)));
-    (first, tail)
+    Phases {
+        first,
+        cycle,
+        min_cycle,
+        tail,
+    }
 }
 
 /// What the stub answers at turn `t` (the number of assistant messages so
@@ -239,13 +310,11 @@ async fn serve_conn(mut sock: tokio::net::TcpStream, calls: usize, delay: Durati
         // stays small beside the engine's.
         let turn = count(&buf[header_end..header_end + len], br#""role":"assistant""#);
         buf.drain(..header_end + len);
-        if turn == 0 {
-            TIMELINE
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .0
-                .push(Instant::now());
-        }
+        TIMELINE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .push((turn, Instant::now()));
         tokio::time::sleep(delay).await;
         let reply = reply_for(turn, calls);
         let resp = format!(
@@ -380,7 +449,7 @@ struct Sample {
     ledger_cpu: Duration,
     peak_mib: f64,
     /// `timeline_phases` of the run.
-    phases: (f64, f64),
+    phases: Phases,
 }
 
 fn backend(url: &str, n: usize) -> OpenAiBackend {
@@ -649,17 +718,25 @@ fn measure_size(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg) -> ser
     let (mut tr_rate, mut en_rate, mut tr_cpu, mut en_cpu, mut share, mut tr_mem, mut en_mem) =
         (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
     let (mut tr_stub, mut en_stub) = (vec![], vec![]);
-    // (first calls in, tail) of each repetition: transport, engine.
-    let mut phases: [Vec<f64>; 4] = Default::default();
+    // (first calls in, turn cycle, tail) of each repetition: transport,
+    // then engine.
+    let mut phases: [Vec<f64>; 6] = Default::default();
     for rep in 0..cfg.reps {
         let t = transport_only(url, n, cfg.calls);
+        if cfg.smoke {
+            t.phases.check("transport", cfg.calls, cfg.delay, t.wall);
+        }
         tr_rate.push(t.calls as f64 / t.wall.as_secs_f64());
         tr_cpu.push(t.cpu.as_secs_f64() * 1e3 / t.calls as f64);
         tr_stub.push(t.stub_cpu.as_secs_f64() * 1e3 / t.calls as f64);
         tr_mem.push(t.peak_mib);
-        phases[0].push(t.phases.0);
-        phases[1].push(t.phases.1);
+        phases[0].push(t.phases.first);
+        phases[1].push(t.phases.cycle);
+        phases[2].push(t.phases.tail);
         let e = engine_run(url, root, task, n, cfg, rep);
+        if cfg.smoke {
+            e.phases.check("engine", cfg.calls, cfg.delay, e.wall);
+        }
         en_rate.push(e.calls as f64 / e.wall.as_secs_f64());
         en_cpu.push(e.cpu.as_secs_f64() * 1e3 / e.calls as f64);
         en_stub.push(e.stub_cpu.as_secs_f64() * 1e3 / e.calls as f64);
@@ -667,10 +744,11 @@ fn measure_size(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg) -> ser
             share.push(100.0 * e.ledger_cpu.as_secs_f64() / e.cpu.as_secs_f64().max(1e-9));
         }
         en_mem.push(e.peak_mib);
-        phases[2].push(e.phases.0);
-        phases[3].push(e.phases.1);
+        phases[3].push(e.phases.first);
+        phases[4].push(e.phases.cycle);
+        phases[5].push(e.phases.tail);
     }
-    let [tr_first, tr_tail, en_first, en_tail] = phases.map(median);
+    let [tr_first, tr_cycle, tr_tail, en_first, en_cycle, en_tail] = phases.map(median);
     let (tr_stub, en_stub) = (median(tr_stub), median(en_stub));
     let (tr, en) = (median(tr_rate), median(en_rate));
     let share = (!share.is_empty()).then(|| median(share));
@@ -699,6 +777,11 @@ fn measure_size(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg) -> ser
         ""
     );
     println!(
+        "{:>9} turn cycle (one turn's last call to the next's; the stub takes {:.0} ms): {en_cycle:.1} ms (transport {tr_cycle:.1} ms)",
+        "",
+        cfg.delay.as_secs_f64() * 1e3
+    );
+    println!(
         "{:>9} cpu per call: the stub's thread {en_stub:.3} ms (transport {tr_stub:.3} ms)",
         ""
     );
@@ -716,6 +799,8 @@ fn measure_size(url: &str, root: &Path, task: &Task, n: usize, cfg: &Cfg) -> ser
         "transport_peak_mib": tr_mem,
         "first_calls_ms": en_first,
         "transport_first_calls_ms": tr_first,
+        "cycle_ms": en_cycle,
+        "transport_cycle_ms": tr_cycle,
         "tail_ms": en_tail,
         "transport_tail_ms": tr_tail,
         "stub_cpu_ms_per_call": en_stub,
