@@ -594,6 +594,33 @@ fn review_a_failed_judge_says_to_run_the_same_command_again() {
     assert!(!st.contains("unfinished"), "{st}");
 }
 
+/// `mass status` of a re-judge of an imported run that a failing judge
+/// stopped said `unfinished: ... (`mass resume rj`)`, a command that
+/// refuses the run. It names the same `mass rejudge` instead (the judge
+/// file's path is not recorded, the backend it defines is), in the text
+/// and as `continue_with` in `--json`, which is null once the run ends.
+#[test]
+fn regression_status_of_a_stopped_imported_rejudge_names_the_rejudge_not_resume() {
+    let s = setup();
+    let j = Judge::start();
+    let file = j.file(s.tmp.path());
+    j.fail_after.store(2, Ordering::SeqCst);
+    assert_eq!(rejudge(&s, &file, "rj").status.code(), Some(7));
+    let st = ok(mass(&s.ledger, &["status", "rj"]));
+    let again = "the same `mass rejudge ref --cycle 1 --judge FILE --name rj` again, FILE being the file that defines backend judge2";
+    assert!(
+        st.contains("unfinished:") && st.contains(again) && !st.contains("mass resume"),
+        "{st}"
+    );
+    let status_json = |s: &Setup| -> serde_json::Value {
+        serde_json::from_str(&ok(mass(&s.ledger, &["status", "rj", "--json"]))).expect("json")
+    };
+    assert_eq!(status_json(&s)[0]["continue_with"], again);
+    j.fail_after.store(usize::MAX, Ordering::SeqCst);
+    ok(rejudge(&s, &file, "rj"));
+    assert_eq!(status_json(&s)[0]["continue_with"], serde_json::Value::Null);
+}
+
 /// Ctrl-C during a re-judge of an imported run says that what it recorded
 /// is kept and what continues it (the same command; `mass resume` refuses
 /// the run), as Ctrl-C during any run does.

@@ -128,6 +128,33 @@ pub fn is_imported(first: &Event) -> bool {
             .is_ok_and(|rs| rs.driver.starts_with(IMPORT_DRIVER_PREFIX))
 }
 
+/// The command that continues `run` when it is a re-judge of an imported
+/// run (its steps, oldest first, start with the imported `run.started` and
+/// hold the re-judge's `run.forked`): the same `mass rejudge`, since
+/// `mass resume` refuses a run that starts as an imported one. The judge
+/// file's path is not recorded, only the backend it defines. `None` for
+/// any other run.
+pub fn continue_command(steps: &[Event], run: &str) -> Option<String> {
+    if !steps.first().is_some_and(is_imported) {
+        return None;
+    }
+    let forked = steps
+        .iter()
+        .find(|e| e.kind == <RunForked as schemas::Record>::KIND)?;
+    let f: RunForked = schemas::decode_event(forked).ok()?;
+    let set = |key: &str| {
+        f.overrides
+            .iter()
+            .find(|o| o.key == key)
+            .map(|o| o.value.clone())
+    };
+    let (cycle, judge) = (set("cycles")?, set("roles.judge")?);
+    Some(format!(
+        "the same `mass rejudge {} --cycle {cycle} --judge FILE --name {run}` again, FILE being the file that defines backend {judge}",
+        f.source_run
+    ))
+}
+
 /// One task of the cycle as the source holds it.
 struct TaskPlan {
     task: String,

@@ -489,7 +489,8 @@ pub fn exclusion_reasons(line: &str) -> Vec<String> {
 
 /// Effects of the run whose stream ends in `started` (interrupted work) or in
 /// a transient failure (an infrastructure failure that stopped the run), each
-/// described with what `mass resume` will do about it.
+/// described with what continuing the run (`mass resume`, or for a re-judge
+/// of an imported run the same `mass rejudge`) will do about it.
 pub fn unfinished_effects(ledger: &Ledger, run: &str) -> Result<Vec<String>> {
     let mut out = Vec::new();
     let prefix = format!("{run}/");
@@ -503,11 +504,11 @@ pub fn unfinished_effects(ledger: &Ledger, run: &str) -> Result<Vec<String>> {
                 schemas::decode_event(&ev).map_err(|x| EngineError::recording("effect", x))?;
             match e.status {
                 EffectStatus::Started => out.push(format!(
-                    "{} effect in {name} was started and never finished (a resume re-issues it)",
+                    "{} effect in {name} was started and never finished (continuing the run issues it again)",
                     e.effect
                 )),
                 EffectStatus::Retriable => out.push(format!(
-                    "{} effect in {name} failed for a reason outside the run ({}); a resume retries it",
+                    "{} effect in {name} failed for a reason outside the run ({}); continuing the run retries it",
                     e.effect, e.error
                 )),
                 EffectStatus::Ok | EffectStatus::Failed => {}

@@ -18,6 +18,8 @@ struct Row {
     st: RunStatus,
     pending: Vec<String>,
     never: bool,
+    /// What continues the run while it is not finished.
+    continues: Option<String>,
 }
 
 pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
@@ -103,12 +105,17 @@ fn row(l: &Ledger, name: String, head: Id) -> Result<Row> {
     }
     let pending = engine::status::unfinished_effects(l, &name)?;
     let never = engine::driver::start_failed(l, &name)?.is_some();
+    let continues = (!st.finished).then(|| {
+        engine::rejudge_imported::continue_command(&steps, &name)
+            .unwrap_or_else(|| format!("`mass resume {name}`"))
+    });
     Ok(Row {
         name,
         head,
         st,
         pending,
         never,
+        continues,
     })
 }
 
@@ -120,8 +127,9 @@ fn row_json(r: &Row) -> serde_json::Value {
         st,
         pending: p,
         never,
+        continues,
     } = r;
-    serde_json::json!({"run": n, "head": h.to_hex(), "experiment": st.experiment, "cycles_planned": st.cycles_planned, "cycles_done": st.cycles_done, "last_step": st.last_step, "finished": st.finished, "never_started": never, "forked_from": st.forked_from, "exclusions": st.exclusions, "unfinished_effects": p, "cycles": st.cycles})
+    serde_json::json!({"run": n, "head": h.to_hex(), "experiment": st.experiment, "cycles_planned": st.cycles_planned, "cycles_done": st.cycles_done, "last_step": st.last_step, "finished": st.finished, "never_started": never, "forked_from": st.forked_from, "exclusions": st.exclusions, "unfinished_effects": p, "continue_with": continues, "cycles": st.cycles})
 }
 
 /// A row as `status` prints it for people: the run's line, then its
@@ -133,6 +141,7 @@ fn print_row(out: &mut impl Write, r: Row) -> Result<()> {
         st,
         pending: p,
         never,
+        continues,
     } = r;
     let state = if st.finished {
         "finished".to_string()
@@ -166,8 +175,9 @@ fn print_row(out: &mut impl Write, r: Row) -> Result<()> {
             by.join(", ")
         )?;
     }
+    let continues = continues.unwrap_or_else(|| format!("`mass resume {n}`"));
     for e in p {
-        writeln!(out, "  unfinished: {e} (`mass resume {n}`)")?;
+        writeln!(out, "  unfinished: {e} ({continues})")?;
     }
     Ok(())
 }
