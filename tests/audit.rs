@@ -1075,6 +1075,47 @@ fn the_report_sets_the_chosen_checkpoint_beside_the_starting_model() {
     }
 }
 
+/// `mass runs rm` left the removed run's report projection in
+/// `cache/report/` for good. It removes that file now, and only that one:
+/// another run's kept facts stay and are read as before.
+#[test]
+fn regression_a_removed_runs_report_facts_do_not_stay_in_the_cache() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let ledger = smoke(tmp.path(), 3);
+    let exp = tmp.path().join("smoke.toml");
+    ok(
+        &ledger,
+        &[
+            "run",
+            "--quiet",
+            exp.to_str().expect("utf-8"),
+            "--ref",
+            "other",
+        ],
+    );
+    let cache = ledger.join("cache/report");
+    let files = || -> Vec<Vec<u8>> {
+        let mut v: Vec<Vec<u8>> = std::fs::read_dir(&cache)
+            .expect("cache")
+            .map(|e| std::fs::read(e.expect("entry").path()).expect("read"))
+            .collect();
+        v.sort();
+        v
+    };
+    let report = json(&ledger, &["report", "other", "--json"]);
+    let before = files();
+    assert_eq!(before.len(), 2, "each run kept its facts");
+    ok(&ledger, &["runs", "rm", "smoke"]);
+    let after = files();
+    assert_eq!(after.len(), 1, "the removed run's facts are gone");
+    assert!(
+        before.contains(&after[0]),
+        "the other run's facts are untouched"
+    );
+    assert_eq!(json(&ledger, &["report", "other", "--json"]), report);
+    assert_eq!(files(), after, "read, not folded again");
+}
+
 /// A run keeps its report facts as it ends (the report projection), so its
 /// first report reads them; whatever becomes of the file, `mass report`
 /// gives what `--fresh` (every stream folded again) gives, over seeds.

@@ -474,6 +474,17 @@ fn fold_named(l: &Ledger, rel: &str, head: Id) -> Result<Option<StreamFacts>> {
     fold(l, &ev).map(Some)
 }
 
+/// Removes run `run`'s kept facts, if it has any: what `mass runs rm`
+/// does, so that a removed run's projection does not stay in
+/// `cache/report/`. Kept facts are derived data, folded again by the next
+/// report that needs them; nothing recorded is touched.
+pub(crate) fn forget(l: &Ledger, run: &str) -> std::io::Result<()> {
+    match std::fs::remove_file(path_of(l.dir(), run)) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
 /// `LEDGER/cache/report/HEX.facts`, HEX the first 16 bytes of the BLAKE3
 /// of the run's name (names may hold `/`).
 fn path_of(dir: &Path, run: &str) -> PathBuf {

@@ -333,6 +333,11 @@ pub fn keep_facts(l: &Ledger, run: &str) -> Result<()> {
     Ok(())
 }
 
+/// Removes the report facts a removed run kept (`facts::forget`).
+pub fn forget_facts(l: &Ledger, run: &str) -> std::io::Result<()> {
+    super::facts::forget(l, run)
+}
+
 /// [`report`], reading and keeping the run's stream facts as `mode` says
 /// (the report projection, `facts`).
 pub fn report_with(l: &Ledger, run: &str, mode: Mode) -> Result<Report> {

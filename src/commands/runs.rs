@@ -827,6 +827,13 @@ pub fn remove(l: &Ledger, run: &str) -> Result<ExitCode> {
     let r = replay::remove_run(l, run, "removed")
         .map_err(ledger_cause)
         .with_context(|| format!("cannot remove run {run}"))?;
+    if let Err(e) = audit::report::forget_facts(l, run) {
+        // Derived data: a leftover file costs disk space, nothing else.
+        eprintln!(
+            "note: the run's kept report facts under {} could not be removed ({e}); they are derived data that no other run reads",
+            l.dir().join("cache").join("report").display()
+        );
+    }
     writeln!(
         crate::output::stdout(),
         "removed run {run}: {} ref(s) deleted (main head {}); no object was deleted, every id stays readable; recorded as {} in `mass log {}` (`mass show {}` lists each ref's old head)",
