@@ -1075,6 +1075,66 @@ fn the_report_sets_the_chosen_checkpoint_beside_the_starting_model() {
     }
 }
 
+/// `mass report` of a one-cycle re-judge showed its evaluate stage at
+/// 0.0 s: the cycle's record closed it, though the re-judge evaluated
+/// nothing (it stops after the dataset). The stage is "not run" now, in
+/// the text, the JSON (`wall_seconds` null, `not_run` true) and the
+/// tables; the source's evaluate stage, which ran, keeps its time.
+#[test]
+fn regression_a_rejudges_evaluate_stage_is_not_run_not_zero_seconds() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let ledger = smoke(d.path(), 4);
+    ok(
+        &ledger,
+        &[
+            "rejudge", "smoke", "--name", "again", "--cycle", "1", "--judge", "sim",
+        ],
+    );
+    let stage = |run: &str, name: &str| -> Value {
+        json(&ledger, &["report", run, "--json"])["cycles"][0]["stages"]
+            .as_array()
+            .expect("stages")
+            .iter()
+            .find(|s| s["stage"] == name)
+            .expect("stage")
+            .clone()
+    };
+    let again = stage("again", "evaluate");
+    assert!(
+        again["wall_seconds"].is_null() && again["not_run"] == true,
+        "{again}"
+    );
+    let source = stage("smoke", "evaluate");
+    assert!(
+        source["wall_seconds"].as_f64().is_some() && source["not_run"] == false,
+        "{source}"
+    );
+    // The stages the re-judge ran keep their times.
+    let judge = stage("again", "judge");
+    assert!(
+        judge["wall_seconds"].as_f64().is_some() && judge["not_run"] == false,
+        "{judge}"
+    );
+    let text = String::from_utf8_lossy(&ok(&ledger, &["report", "again"]).stdout).to_string();
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("evaluate "))
+        .expect("an evaluate line");
+    assert!(line.trim_end().ends_with("not run"), "{text}");
+    let out = d.path().join("tables");
+    let o = out.to_str().expect("utf-8");
+    ok(
+        &ledger,
+        &["export", "tables", "again", "--out", o, "--format", "csv"],
+    );
+    let csv = std::fs::read_to_string(out.join("stages.csv")).expect("stages.csv");
+    let row = csv
+        .lines()
+        .find(|l| l.contains(",evaluate,"))
+        .expect("an evaluate row");
+    assert!(row.contains(",evaluate,,"), "wall_seconds is null: {csv}");
+}
+
 /// `mass runs rm` left the removed run's report projection in
 /// `cache/report/` for good. It removes that file now, and only that one:
 /// another run's kept facts stay and are read as before.

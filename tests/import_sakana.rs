@@ -704,7 +704,7 @@ fn review_an_import_by_an_older_mass_is_said_to_lack_the_marks() {
 /// and `report` showed the train stage at a measured-looking `0.0` s while
 /// its time (if the reference trained at all) is unknown. A stage no step
 /// of an imported run closed is now unknown in every reader
-/// (`audit::report::unclosed_stage_seconds`); the import records nothing
+/// (`audit::report::walltimes`); the import records nothing
 /// new (no "not trained" claim it cannot know).
 #[test]
 fn review_an_imported_run_without_training_shows_no_zero_train_time() {

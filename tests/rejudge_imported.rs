@@ -621,6 +621,34 @@ fn regression_status_of_a_stopped_imported_rejudge_names_the_rejudge_not_resume(
     assert_eq!(status_json(&s)[0]["continue_with"], serde_json::Value::Null);
 }
 
+/// `mass report` of a re-judge of an imported run showed its evaluate
+/// stage at 0.0 s, closed by the cycle's record though nothing was
+/// evaluated. The stages after the step it forked at are the engine's:
+/// the ones it did not close (dataset, train, evaluate) did not run; the
+/// ones it ran keep their times, and the import's own stages their own.
+#[test]
+fn regression_an_imported_rejudges_unrun_stages_are_not_run_not_zero_seconds() {
+    let s = setup();
+    let j = Judge::start();
+    ok(rejudge(&s, &j.file(s.tmp.path()), "rj"));
+    let report: serde_json::Value =
+        serde_json::from_str(&ok(mass(&s.ledger, &["report", "rj", "--json"]))).expect("json");
+    let stages = report["cycles"][0]["stages"].as_array().expect("stages");
+    for st in stages {
+        let name = st["stage"].as_str().expect("name");
+        let unrun = matches!(name, "dataset" | "train" | "evaluate");
+        assert_eq!(st["not_run"], unrun, "{st}");
+        if unrun {
+            assert!(st["wall_seconds"].is_null(), "{st}");
+        }
+    }
+    let judged = stages
+        .iter()
+        .find(|s| s["stage"] == "judge")
+        .expect("judge");
+    assert!(judged["wall_seconds"].as_f64().is_some(), "{judged}");
+}
+
 /// Ctrl-C during a re-judge of an imported run says that what it recorded
 /// is kept and what continues it (the same command; `mass resume` refuses
 /// the run), as Ctrl-C during any run does.

@@ -498,9 +498,14 @@ fn wall_time(c: &CycleReport, out: &mut String) {
     for (row, s) in c.stages.iter().enumerate() {
         p.label(row, &s.stage);
         let Some(secs) = s.wall_seconds else {
+            let why = if s.not_run {
+                "not run (no step of the run closed it)"
+            } else {
+                "unknown (the run logged no time here)"
+            };
             let _ = write!(
                 p.svg,
-                r#"<text class="note" x="{}" y="{:.1}" dominant-baseline="middle">unknown (the run logged no time here)</text>"#,
+                r#"<text class="note" x="{}" y="{:.1}" dominant-baseline="middle">{why}</text>"#,
                 LEFT + 4.0,
                 Plot::row_y(row),
             );
@@ -834,8 +839,11 @@ fn stage_cost_table(c: &CycleReport, out: &mut String) {
                     s.model_calls.to_string(),
                     s.prompt_tokens.to_string(),
                     s.completion_tokens.to_string(),
-                    s.wall_seconds
-                        .map_or_else(|| "unknown".to_string(), |w| format!("{w:.1}")),
+                    match s.wall_seconds {
+                        Some(w) => format!("{w:.1}"),
+                        None if s.not_run => "not run".to_string(),
+                        None => "unknown".to_string(),
+                    },
                 ]
             })
             .collect(),

@@ -248,8 +248,16 @@ pub struct StageCost {
     pub completion_tokens: u64,
     /// `None` (JSON `null`) when a span of the stage starts or ends at a
     /// step whose time is a stand-in (`ledger::WALL_MS_FROM`: an imported
-    /// run's file mtimes), never a guessed duration.
+    /// run's file mtimes), or when no step closed the stage; never a
+    /// guessed duration.
     pub wall_seconds: Option<f64>,
+    /// No step of the run closed the stage, and the run was recorded by
+    /// an engine, which closes every stage it runs (one it skips, with a
+    /// note): the stage did not run, because the run ended before it (a
+    /// re-judge that stops at the dataset) or has not reached it yet. An
+    /// imported run's unclosed stage is not that (its folder may just lack
+    /// the stage's files): its time is unknown.
+    pub not_run: bool,
 }
 
 /// The cycle and stage a stream's model calls count toward, from its name
@@ -417,9 +425,8 @@ fn cycle_report(f: CycleFigures) -> CycleReport {
             .iter()
             .map(|s| StageCost {
                 stage: s.to_string(),
-                // A stage no step closed: see `unclosed_stage_seconds`,
-                // which `walltimes` applies.
-                wall_seconds: Some(0.0),
+                // Until `walltimes` finds a step that closed it.
+                wall_seconds: None,
                 ..StageCost::default()
             })
             .collect(),
@@ -716,40 +723,63 @@ fn bt_scores(
 /// (`engine::milestone::closes`): each step a stage records ends a span of
 /// that stage's time, which starts where the previous step ended.
 fn walltimes(l: &Ledger, main: &[Event], cycles: &mut BTreeMap<u32, CycleReport>) -> Result<()> {
-    let unclosed = unclosed_stage_seconds(main);
-    for s in cycles.values_mut().flat_map(|c| c.stages.iter_mut()) {
-        s.wall_seconds = unclosed;
+    let engine_from = engine_made_from(main);
+    for (cycle, c) in cycles.iter_mut() {
+        for (i, s) in c.stages.iter_mut().enumerate() {
+            s.wall_seconds = None;
+            s.not_run = engine_from.is_some_and(|from| (*cycle, i) > from);
+        }
     }
     for ((cycle, stage), seconds) in stage_seconds(l, main)? {
         if let Some(c) = cycles.get_mut(&cycle) {
             if let Some(s) = c.stages.iter_mut().find(|s| s.stage == stage) {
                 s.wall_seconds = seconds;
+                s.not_run = false;
             }
         }
     }
     Ok(())
 }
 
-/// The time of a stage no step of its cycle closed, in a run whose main
-/// stream is `main`: 0 for a run an engine recorded (it closes every stage
-/// it runs, and one it skips with a note: `no training data`, `dataset
-/// recorded, not trained`), unknown (`None`) for an imported run (driver
-/// `sakana-import/`), whose folder records only the steps whose files it
-/// holds: a folder without `selected_checkpoint.json` says neither that
-/// the reference did not train nor how long it took.
-pub fn unclosed_stage_seconds(main: &[Event]) -> Option<f64> {
-    let imported = main
+/// From where on the run whose main stream is `main` was recorded by an
+/// engine, as the (cycle, index in [`STAGES`]) after which every stage is
+/// the engine's: all of it (`(0, 0)`, before any stage) unless it was
+/// imported; for a re-judge of an imported run, the stages after the step
+/// it forked at; `None` for an imported run itself. A stage the engine's
+/// part of a run did not close did not run (see [`StageCost::not_run`]).
+fn engine_made_from(main: &[Event]) -> Option<(u32, usize)> {
+    if !imported(main) {
+        return Some((0, 0));
+    }
+    let fork = main.iter().position(|e| e.kind == "run.forked")?;
+    let at = main[..fork]
         .iter()
+        .rev()
+        .find_map(engine::milestone::closes)?;
+    let index = STAGES.iter().position(|s| *s == at.1.name())?;
+    Some((at.0, index))
+}
+
+/// Whether the run whose main stream is `main` was imported (driver
+/// `sakana-import/`; a re-judge of one shares its start). Such a folder
+/// records only the steps whose files it holds, so a stage no step closed
+/// may still have run: without `selected_checkpoint.json` it says neither
+/// that the reference did not train nor how long it took. A run an engine
+/// recorded closes every stage it runs (one it skips with a note: `no
+/// training data`, `dataset recorded, not trained`).
+fn imported(main: &[Event]) -> bool {
+    main.iter()
         .find(|e| e.kind == <RunStarted as schemas::Record>::KIND)
         .filter(|e| e.version == <RunStarted as schemas::Record>::VERSION)
         .and_then(|e| schemas::decode_event::<RunStarted>(e).ok())
-        .is_some_and(|r| r.driver.starts_with("sakana-import/"));
-    (!imported).then_some(0.0)
+        .is_some_and(|r| r.driver.starts_with("sakana-import/"))
 }
 
 /// Seconds per (cycle, stage) of a run's main stream `main` (in log
 /// order), as `mass report` counts them: each step a stage records ends a
 /// span of that stage's time, which starts where the previous step ended.
+/// A stage no step closed has no entry (the cycle's own record closes the
+/// evaluate stage only after an evaluation did).
 /// A stage is `None` when one of its spans starts or ends at a step whose
 /// time is a stand-in (`Meta::known_wall_ms`): its total is not known.
 pub fn stage_seconds(
@@ -771,6 +801,16 @@ pub fn stage_seconds(
         let Some((cycle, stage)) = engine::milestone::closes(ev) else {
             continue;
         };
+        // The cycle's record closes the evaluate stage's last span, but
+        // alone it is no evaluation: a cycle that evaluated nothing (a
+        // re-judge's, which stops at the selections) leaves the stage
+        // unclosed, not 0 s long.
+        if ev.kind == <schemas::Cycle as schemas::Record>::KIND
+            && !out.contains_key(&(cycle, stage.name()))
+        {
+            last = Some(ms);
+            continue;
+        }
         let span = from
             .zip(ms)
             .map(|(a, b)| b.saturating_sub(a) as f64 / 1000.0);

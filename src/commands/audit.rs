@@ -742,9 +742,11 @@ fn write_stages(out: &mut impl Write, stages: &[audit::report::StageCost]) -> st
         "stage", "calls", "prompt tok", "completion tok", "wall s"
     )?;
     for s in stages {
-        let wall = s
-            .wall_seconds
-            .map_or_else(|| "unknown".to_string(), |w| format!("{w:.1}"));
+        let wall = match s.wall_seconds {
+            Some(w) => format!("{w:.1}"),
+            None if s.not_run => "not run".to_string(),
+            None => "unknown".to_string(),
+        };
         writeln!(
             out,
             "  {:<12} {:>8} {:>14} {:>14} {:>9}",

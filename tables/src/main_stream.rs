@@ -338,7 +338,6 @@ pub(crate) fn finish(
     w: &mut Writers,
 ) -> Result<()> {
     let seconds = audit::report::stage_seconds(l, &ctx.main)?;
-    let unclosed = audit::report::unclosed_stage_seconds(&ctx.main);
     for c in &ctx.status.cycles {
         for stage in audit::report::STAGES {
             let (calls, prompt, completion) = counts
@@ -352,13 +351,9 @@ pub(crate) fn finish(
                     run.into(),
                     c.cycle.into(),
                     stage.into(),
-                    // No step closed it: as `report` (0, or unknown for
-                    // an import).
-                    seconds
-                        .get(&(c.cycle, stage))
-                        .copied()
-                        .unwrap_or(unclosed)
-                        .into(),
+                    // No step closed it: null, as in `report` (the stage
+                    // did not run, or an import's time is unknown).
+                    seconds.get(&(c.cycle, stage)).copied().flatten().into(),
                     calls.into(),
                     prompt.into(),
                     completion.into(),

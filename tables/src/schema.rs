@@ -157,7 +157,7 @@ pub const STAGES: TableDef = TableDef {
         RUN,
         CYCLE,
         s("stage", "the MASS stage"),
-        f("wall_seconds", "time between the main-stream steps that closed the stage (null: a step's time is a stand-in, or no step of an imported run closed the stage: its folder lacks the stage's files)"),
+        f("wall_seconds", "time between the main-stream steps that closed the stage (null: a step's time is a stand-in, or no step closed the stage: the run ended before it, as a re-judge that stops at the dataset does, or an imported run's folder lacks the stage's files)"),
         i("model_calls", "successful model calls on the stage's streams"),
         i("prompt_tokens", "their prompt tokens, as the backend reported"),
         i("completion_tokens", "their completion tokens"),
