@@ -649,6 +649,41 @@ fn regression_an_imported_rejudges_unrun_stages_are_not_run_not_zero_seconds() {
     assert!(judged["wall_seconds"].as_f64().is_some(), "{judged}");
 }
 
+/// `mass diff ref rj` of an imported run and its re-judge said "0 of 0
+/// judgment streams name another winner": it matched verdicts by stream
+/// name, and the import keeps a task's verdicts on one stream where the
+/// engine writes one per pair. Verdicts are matched by the pair of
+/// rollouts they judged now: all four compared, and the winners that
+/// differ are the ones the re-judge's own summary counts (it compares the
+/// two runs' verdicts itself), named by rollout (or as a tie).
+#[test]
+fn regression_diff_of_an_imported_run_and_its_rejudge_compares_every_verdict() {
+    let s = setup();
+    let j = Judge::start();
+    let out = ok(rejudge(&s, &j.file(s.tmp.path()), "rj"));
+    let agree: u64 = out
+        .split("verdict agreement with ref's judge: ")
+        .nth(1)
+        .and_then(|t| t.split('/').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("an agreement line: {out}"));
+    let diff: serde_json::Value =
+        serde_json::from_str(&ok(mass(&s.ledger, &["diff", "ref", "rj", "--json"]))).expect("json");
+    let c = &diff["cycles"][0];
+    assert_eq!(c["verdicts_compared"], 4, "{diff}");
+    assert_eq!(c["verdicts_changed"], 4 - agree, "{diff}");
+    let ids = collected(&s.ledger);
+    for v in c["changed_verdicts"].as_array().expect("changed") {
+        let v = v.as_str().expect("text");
+        // Each side names the rollout it found better, or its tie.
+        let named = ids.iter().filter(|id| v.contains(&id[..12])).count();
+        assert!(named == 2 || (named == 1 && v.contains(": tie")), "{v}");
+    }
+    let text = ok(mass(&s.ledger, &["diff", "ref", "rj"]));
+    let line = format!("verdicts: {} of 4 on pairs of rollouts", 4 - agree);
+    assert!(text.contains(&line), "{text}");
+}
+
 /// Ctrl-C during a re-judge of an imported run says that what it recorded
 /// is kept and what continues it (the same command; `mass resume` refuses
 /// the run), as Ctrl-C during any run does.

@@ -6,7 +6,7 @@
 //! in both `A/...` and `B/...`): the events both share from the start, and
 //! the first that differ. Decisions are compared by what they are about:
 //! promotions by stream and iteration (accepted or not), verdicts by the
-//! judgment stream (which rollout won), rankings and selections by cycle and
+//! pair of rollouts they judged (which one won), rankings and selections by cycle and
 //! task (rollout ids, which a re-judge shares with its source), datasets and
 //! training steps by cycle. This reads every event of both runs once: a
 //! diff is a scan of two runs, not an index lookup.
@@ -52,7 +52,8 @@ pub struct CycleDiff {
     pub cycle: u32,
     /// Promotions decided differently: `stream iteration k: A accepted, B rejected`.
     pub champions: Vec<String>,
-    /// Judgment streams in both runs, and those whose winner differs.
+    /// Verdicts on a pair of rollouts both runs judged (the k-th on a pair
+    /// against the k-th), and those that name another winner.
     pub verdicts_compared: u32,
     pub verdicts_changed: u32,
     pub changed_verdicts: Vec<String>,
@@ -103,17 +104,6 @@ fn divergence(stream: &str, a: &[Event], b: &[Event]) -> Divergence {
 /// The cycle a stream belongs to, from its name (`c3/...`).
 fn cycle_of(stream: &str) -> Option<u32> {
     stream.strip_prefix('c')?.split('/').next()?.parse().ok()
-}
-
-fn last_of<T: Decodable>(events: &[Event]) -> Result<Option<T>> {
-    match events
-        .iter()
-        .rev()
-        .find(|e| e.kind == T::KIND && e.version == T::VERSION)
-    {
-        Some(e) => Ok(Some(decode(e)?)),
-        None => Ok(None),
-    }
 }
 
 /// Every training step in `events`, of any recorded version.
@@ -185,40 +175,72 @@ pub fn diff(l: &Ledger, a: &str, b: &str) -> Result<RunDiff> {
             continue;
         };
         let c = cycle_entry(&mut cycles, cycle);
-        if let (Some(ja), Some(jb)) = (last_of::<Judgment>(ea)?, last_of::<Judgment>(eb)?) {
-            // Compare the rollout that won, whatever the presentation order.
-            let winner = |j: &Judgment| match j.winner.as_str() {
+        let (pa, pb) = (all_of::<Promotion>(ea)?, all_of::<Promotion>(eb)?);
+        c.champions.extend(changed_promotions(name, a, b, &pa, &pb));
+    }
+    verdicts(&ra, &rb, a, b, &mut cycles)?;
+    decisions(&ra, &rb, a, b, &mut cycles)?;
+    d.cycles = cycles.into_values().collect();
+    Ok(d)
+}
+
+/// A judged pair of rollouts in a cycle, either way round: what a verdict
+/// is about.
+type Pair = (u32, [u8; 32], [u8; 32]);
+
+/// Every verdict of a run by the pair it judged, each pair's in order
+/// (streams by name, events in log order): the stream it is on and the
+/// rollout that won (its id's first 12 hex digits, whatever the
+/// presentation order), or the verdict when none did (`tie`, `invalid`).
+fn judged(r: &Recorded) -> Result<BTreeMap<Pair, Vec<(&str, String)>>> {
+    let mut out: BTreeMap<Pair, Vec<(&str, String)>> = BTreeMap::new();
+    for (name, events) in &r.streams {
+        let Some(cycle) = cycle_of(name) else {
+            continue;
+        };
+        for j in all_of::<Judgment>(events)? {
+            let winner = match j.winner.as_str() {
                 "a" => hex(&Id(j.a.0))[..12].to_string(),
                 "b" => hex(&Id(j.b.0))[..12].to_string(),
                 other => other.to_string(),
             };
-            if winner(&ja) != winner(&jb) {
+            let key = (cycle, j.a.0.min(j.b.0), j.a.0.max(j.b.0));
+            out.entry(key).or_default().push((name.as_str(), winner));
+        }
+    }
+    Ok(out)
+}
+
+/// Verdicts compared by what they judged, not by the stream they are on
+/// (an imported run keeps a task's verdicts on one stream, the engine one
+/// per pair): the k-th verdict on a pair of rollouts in one run against
+/// the k-th on the same pair in the other. A pair only one run judged
+/// (runs that collected different rollouts) is not compared.
+fn verdicts(
+    ra: &Recorded,
+    rb: &Recorded,
+    a: &str,
+    b: &str,
+    cycles: &mut BTreeMap<u32, CycleDiff>,
+) -> Result<()> {
+    let (va, vb) = (judged(ra)?, judged(rb)?);
+    for (pair, xs) in &va {
+        let Some(ys) = vb.get(pair) else {
+            continue;
+        };
+        let c = cycle_entry(cycles, pair.0);
+        for ((stream, wx), (_, wy)) in xs.iter().zip(ys) {
+            c.verdicts_compared += 1;
+            if wx != wy {
                 c.verdicts_changed += 1;
                 if c.changed_verdicts.len() < NAMED {
-                    c.changed_verdicts.push(format!(
-                        "{name}: {a}: {}, {b}: {}",
-                        winner(&ja),
-                        winner(&jb)
-                    ));
+                    c.changed_verdicts
+                        .push(format!("{stream}: {a}: {wx}, {b}: {wy}"));
                 }
             }
         }
-        let (pa, pb) = (all_of::<Promotion>(ea)?, all_of::<Promotion>(eb)?);
-        c.champions.extend(changed_promotions(name, a, b, &pa, &pb));
     }
-    // Verdicts compared: judgment streams present in both runs.
-    for (name, ea) in &ra.streams {
-        if let (Some(eb), Some(cycle)) = (rb.streams.get(name), cycle_of(name)) {
-            let is_judgment =
-                |e: &[Event]| e.iter().any(|x| x.kind == <Judgment as Decodable>::KIND);
-            if is_judgment(ea) && is_judgment(eb) {
-                cycle_entry(&mut cycles, cycle).verdicts_compared += 1;
-            }
-        }
-    }
-    decisions(&ra, &rb, a, b, &mut cycles)?;
-    d.cycles = cycles.into_values().collect();
-    Ok(d)
+    Ok(())
 }
 
 /// Rankings, selections, datasets and training steps on the main streams.
