@@ -684,6 +684,36 @@ fn regression_diff_of_an_imported_run_and_its_rejudge_compares_every_verdict() {
     assert!(text.contains(&line), "{text}");
 }
 
+/// A reference config with `validation_rank: null` asks for no validation
+/// run. The import counted one as wanted all the same (any value present),
+/// the re-judge none, so the same cycle's selection told two stories. Both
+/// read a rank now: none wanted, and neither reports a shortfall.
+#[test]
+fn regression_a_null_validation_rank_is_no_validation_run_for_import_and_rejudge() {
+    let s = setup_with(|folder| {
+        let path = folder.join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("config")).expect("json");
+        config["collection"]["validation_rank"] = serde_json::Value::Null;
+        std::fs::write(&path, config.to_string()).expect("write config");
+    });
+    let j = Judge::start();
+    ok(rejudge(&s, &j.file(s.tmp.path()), "rj"));
+    for run in ["ref", "rj"] {
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(mass(&s.ledger, &["log", run, "--json"]))).expect("log");
+        let sel = v
+            .as_array()
+            .expect("events")
+            .iter()
+            .find(|e| e["kind"] == "mass.selection")
+            .expect("a selection")["payload"]
+            .clone();
+        assert_eq!(sel["wanted_validation"], 0, "{run}: {sel}");
+        assert_eq!(sel["shortfall"], "", "{run}: {sel}");
+    }
+}
+
 /// Ctrl-C during a re-judge of an imported run says that what it recorded
 /// is kept and what continues it (the same command; `mass resume` refuses
 /// the run), as Ctrl-C during any run does.

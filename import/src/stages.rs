@@ -285,7 +285,12 @@ fn selection(
         .and_then(|x| x.get("train_ranks")?.as_u64())
         // Past u32 asks for more than any manifest holds: still a shortfall.
         .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
-    let wanted_validation = u32::from(col.and_then(|x| x.get("validation_rank")).is_some());
+    // A rank, as the re-judge reads it (`rejudge_imported`): `null`, or
+    // anything but a number, asks for no validation run.
+    let wanted_validation = u32::from(
+        col.and_then(|x| x.get("validation_rank")?.as_u64())
+            .is_some(),
+    );
     let shortfall =
         if (train.len() as u32) < wanted_train || (validation.len() as u32) < wanted_validation {
             "fewer runs selected than the config's ranks ask (as the reference's manifests hold)"
