@@ -332,8 +332,8 @@ impl Needles {
         Cow::Owned(b)
     }
 
-    /// Replaces every occurrence with [`REDACTED`] in every string (not
-    /// key) of `v`. Whether any was found.
+    /// Replaces every occurrence with [`REDACTED`] in every string and
+    /// every object key of `v`. Whether any was found.
     pub fn value(&self, v: &mut Value) -> bool {
         match v {
             Value::String(s) => {
@@ -346,9 +346,36 @@ impl Needles {
                 changed
             }
             Value::Array(a) => a.iter_mut().fold(false, |c, x| self.value(x) | c),
-            Value::Object(m) => m.values_mut().fold(false, |c, x| self.value(x) | c),
+            Value::Object(m) => {
+                let values = m.values_mut().fold(false, |c, x| self.value(x) | c);
+                self.keys(m) | values
+            }
             _ => false,
         }
+    }
+
+    /// Masks the keys of `m` that hold a secret. Two keys that mask alike
+    /// stay two entries: a later one (in the map's order) gets `~2`, `~3`,
+    /// ... after it, so no value is dropped to hide a secret.
+    fn keys(&self, m: &mut serde_json::Map<String, Value>) -> bool {
+        if !m.keys().any(|k| self.any_in(k.as_bytes())) {
+            return false;
+        }
+        for (k, x) in std::mem::take(m) {
+            let masked = if self.any_in(k.as_bytes()) {
+                self.text(&k)
+            } else {
+                k
+            };
+            let mut key = masked.clone();
+            let mut n = 2;
+            while m.contains_key(&key) {
+                key = format!("{masked}~{n}");
+                n += 1;
+            }
+            m.insert(key, x);
+        }
+        true
     }
 }
 

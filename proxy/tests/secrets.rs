@@ -833,3 +833,33 @@ fn regression_a_known_secret_under_any_query_name_is_masked_in_the_path() {
     let ex = chat_exchange(&format!("/v1/chat/completions?q={a}&x=1"), body, reply);
     assert_recorded_without(&ex, &known, &[("a", a.clone())]);
 }
+
+/// A known secret used as an object key, in a request (outside the
+/// conversation and inside a message's content part) and in a reply
+/// message, was recorded whole in the decoded blobs: the scrubber masked
+/// string values only. Keys are masked too now, and two keys that mask
+/// alike stay two entries (nothing recorded is dropped to hide a secret).
+#[test]
+fn regression_a_known_secret_used_as_an_object_key_never_reaches_the_ledger() {
+    let a = secret("sk-");
+    let b = secret("sk-");
+    let body = format!(
+        r#"{{"model":"m","metadata":{{"{a}":1,"{b}":2,"REDACTED":3}},"messages":[{{"role":"user","content":[{{"type":"text","text":"hi","{a}":"x"}}]}}]}}"#
+    );
+    let reply = format!(
+        r#"{{"choices":[{{"index":0,"message":{{"role":"assistant","content":"ok","{a}":true}},"finish_reason":"stop"}}]}}"#
+    );
+    let mut known = proxy::scrub::Needles::new();
+    known.add(a.as_bytes());
+    known.add(b.as_bytes());
+    let ex = chat_exchange("/v1/chat/completions", &body, &reply);
+    assert_recorded_without(&ex, &known, &[("a", a.clone()), ("b", b.clone())]);
+    // Masked, not dropped: the three keys of `metadata` stay three.
+    let mut v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(known.value(&mut v));
+    let m = v["metadata"].as_object().unwrap();
+    assert_eq!(m.len(), 3, "{m:?}");
+    let mut values: Vec<i64> = m.values().map(|x| x.as_i64().unwrap()).collect();
+    values.sort();
+    assert_eq!(values, [1, 2, 3]);
+}
