@@ -337,6 +337,12 @@ impl Needles {
     pub fn value(&self, v: &mut Value) -> bool {
         match v {
             Value::String(s) => {
+                // JSON held in a string (a tool call's arguments) may spell
+                // a secret with escapes its text keeps (`\u0073k-...`).
+                if let Some(p) = plain_escapes(s).filter(|p| self.any_in(p.as_bytes())) {
+                    *s = self.text(&p);
+                    return true;
+                }
                 if !self.any_in(s.as_bytes()) {
                     return false;
                 }
@@ -509,6 +515,66 @@ pub fn request_raw<'a>(
         messages: messages?,
     };
     Some((found.text(&path), chat, found))
+}
+
+/// `s` with the JSON escapes that may spell an ordinary character written
+/// as that character: `\uXXXX` (a surrogate pair as one character) for
+/// anything JSON need not escape, and `\/`. Every other escape (`\\`,
+/// `\"`, `\n`, `\u0022`, ...) is kept as written, so JSON text held in
+/// `s` stays the same JSON, one level deep: a secret spelt through escapes
+/// in it is then spelt plainly. `None` when `s` has no such escape.
+fn plain_escapes(s: &str) -> Option<String> {
+    if !may_hide(s.as_bytes()) {
+        return None;
+    }
+    let b = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    let (mut i, mut from, mut changed) = (0, 0, false);
+    while i < b.len() {
+        if b[i] != b'\\' || i + 1 >= b.len() {
+            i += 1;
+            continue;
+        }
+        let (decoded, len) = match b[i + 1] {
+            b'/' => (Some('/'), 2),
+            b'u' => escaped_char(&b[i..]),
+            _ => (None, 2),
+        };
+        if let Some(c) = decoded.filter(|c| *c != '"' && *c != '\\' && *c >= ' ') {
+            out.push_str(&s[from..i]);
+            out.push(c);
+            from = i + len;
+            changed = true;
+        }
+        i += len;
+    }
+    out.push_str(&s[from..]);
+    changed.then_some(out)
+}
+
+/// The character a `\uXXXX` escape at the start of `b` spells (a pair of
+/// them for a character past the BMP), and the escape's length; `None`
+/// (length 2, so the scan goes on past the backslash) when it spells none.
+fn escaped_char(b: &[u8]) -> (Option<char>, usize) {
+    let hex4 = |at: usize| -> Option<u32> {
+        let h = b.get(at..at + 4)?;
+        // Four hex digits, as JSON has them (`from_str_radix` would take a sign).
+        h.iter()
+            .try_fold(0u32, |n, d| Some(n * 16 + (*d as char).to_digit(16)?))
+    };
+    let Some(hi) = hex4(2) else {
+        return (None, 2);
+    };
+    if (0xD800..0xDC00).contains(&hi) {
+        if b.get(6..8) == Some(b"\\u") {
+            if let Some(lo) = hex4(8).filter(|lo| (0xDC00..0xE000).contains(lo)) {
+                let c = 0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00);
+                return (char::from_u32(c), 12);
+            }
+        }
+        return (None, 6);
+    }
+    (char::from_u32(hi), 6)
 }
 
 /// How serde_json spells `bytes` (UTF-8) inside a JSON string: the
@@ -827,6 +893,81 @@ mod tests {
         n.add(b"cccc-dddd-eeee");
         assert_eq!(n.text("<aaaa-bbbb-cccc-dddd-eeee>"), "<REDACTED>");
         assert_eq!(n.text("no secret here"), "no secret here");
+    }
+
+    /// `plain_escapes` keeps JSON the same JSON: random values of strings
+    /// drawn from quotes, backslashes, slashes, control, BMP and astral
+    /// characters, serialised, then with random characters re-spelt as
+    /// `\uXXXX` (pairs past the BMP) or `\/`, parse to the same value
+    /// after it as before, and hold no escape it could have decoded.
+    #[test]
+    fn plain_escapes_keeps_json_the_same_json() {
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        const POOL: [char; 12] = [
+            '"', '\\', '/', 'u', 's', 'k', '-', '\n', '\u{1}', 'é', '€', '😀',
+        ];
+        for _ in 0..5_000 {
+            let text: String = (0..next(12)).map(|_| POOL[next(12) as usize]).collect();
+            let v = json!({"a": text, "b": [text.clone(), 1]});
+            let plain = v.to_string();
+            // Re-spell some characters of the JSON text through escapes.
+            let mut spelt = String::new();
+            let mut in_string = false;
+            let mut chars = plain.chars().peekable();
+            while let Some(c) = chars.next() {
+                if c == '\\' {
+                    // An escape serde wrote: copied whole (`\u0001`: six),
+                    // or `\"`, `\\` and `\n` re-spelt as `\u0022`, ...
+                    let e = chars.next();
+                    let code = match e {
+                        Some('"') => Some(0x22),
+                        Some('\\') => Some(0x5c),
+                        Some('n') => Some(0x0a),
+                        _ => None,
+                    };
+                    match code {
+                        Some(u) if next(2) == 0 => spelt.push_str(&format!("\\u{u:04x}")),
+                        _ => {
+                            spelt.push(c);
+                            spelt.extend(e);
+                            if e == Some('u') {
+                                spelt.extend(chars.by_ref().take(4));
+                            }
+                        }
+                    }
+                    continue;
+                }
+                if c == '"' {
+                    in_string = !in_string;
+                } else if in_string && next(3) == 0 {
+                    if c == '/' && next(2) == 0 {
+                        spelt.push_str("\\/");
+                    } else {
+                        let mut units = [0u16; 2];
+                        for u in c.encode_utf16(&mut units) {
+                            spelt.push_str(&format!("\\u{u:04x}"));
+                        }
+                    }
+                    continue;
+                }
+                spelt.push(c);
+            }
+            let before: Value = serde_json::from_str(&spelt).expect("re-spelt JSON parses");
+            assert_eq!(before, v, "{spelt}");
+            let after = plain_escapes(&spelt).unwrap_or_else(|| spelt.clone());
+            let again: Value = serde_json::from_str(&after).expect("still JSON");
+            assert_eq!(again, v, "{spelt} -> {after}");
+            assert!(
+                plain_escapes(&after).is_none(),
+                "{after}: an escape left that spells a plain character"
+            );
+        }
     }
 
     /// `find` against the plainest search there is, over every needle of

@@ -863,3 +863,43 @@ fn regression_a_known_secret_used_as_an_object_key_never_reaches_the_ledger() {
     values.sort();
     assert_eq!(values, [1, 2, 3]);
 }
+
+/// JSON held inside a string (a tool call's arguments) was searched as
+/// the string's text, so a known secret spelt there with escapes
+/// (`\u0073k-...`, `\/`) stayed in the message blobs, one parse away from
+/// the secret. The escapes that can spell a plain character are read as
+/// that character before the search, on both of the recorder's paths; the
+/// tail after the escaped first character is searched for, so the
+/// escaped spelling cannot pass unseen.
+#[test]
+fn regression_a_secret_spelt_with_escapes_inside_tool_call_arguments_never_reaches_the_ledger() {
+    let a = secret("sk-");
+    let b = format!("{}/{}", secret("sk-"), secret(""));
+    // The arguments' JSON text, as a string of the body: `\\u0073` there
+    // is `\u0073` in the decoded arguments.
+    let escaped_a = format!("\\\\u0073{}", &a[1..]);
+    let escaped_b = b.replace('/', "\\\\/");
+    let args = format!(
+        r#"{{\"key\": \"{escaped_a}\", \"path\": \"{escaped_b}\", \"note\": \"\\\\u0022quoted\\\\u0022 \\\\\\\\u0073\"}}"#
+    );
+    let body = format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"go"}},{{"role":"assistant","content":null,"tool_calls":[{{"id":"c1","type":"function","function":{{"name":"f","arguments":"{args}"}}}}]}},{{"role":"tool","tool_call_id":"c1","content":"done"}}]}}"#
+    );
+    serde_json::from_str::<serde_json::Value>(&body).expect("the body is JSON");
+    let reply = r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#;
+    let mut known = proxy::scrub::Needles::new();
+    known.add(a.as_bytes());
+    known.add(b.as_bytes());
+    let ex = chat_exchange("/v1/chat/completions", &body, reply);
+    let b_tail = b[1..].replace('/', "\\/");
+    assert_recorded_without(
+        &ex,
+        &known,
+        &[
+            ("a", a.clone()),
+            ("b", b.clone()),
+            ("a's tail", a[1..].to_string()),
+            ("b's escaped tail", b_tail),
+        ],
+    );
+}
