@@ -1135,6 +1135,58 @@ fn regression_a_rejudges_evaluate_stage_is_not_run_not_zero_seconds() {
     assert!(row.contains(",evaluate,,"), "wall_seconds is null: {csv}");
 }
 
+/// `mass diff` matched verdicts only by the pair of rollouts judged, so a
+/// fork that dropped an external judge had that judge's verdicts compared
+/// with the remaining judge's on the same pairs and counted as changed.
+/// Verdicts on a stream both runs hold are compared on that stream; only
+/// those on streams one run lacks fall back to the pair (the imported
+/// case). Here every stream both runs hold is identical: nothing changed.
+#[test]
+fn regression_diff_compares_a_judges_verdicts_with_the_same_judges() {
+    let d = tempfile::tempdir().expect("tempdir");
+    copy_dir(&repo().join("examples/tasks"), &d.path().join("tasks"));
+    let s = std::fs::read_to_string(repo().join("examples/smoke.toml")).expect("smoke.toml");
+    let s = s
+        .replace("[outer]\n", "[outer]\ncollect = \"every\"\n")
+        .replace(
+            "[roles]\n",
+            "[backends.ext]\nkind = \"sim\"\n\n[roles]\nexternal_judges = [\"ext\"]\n",
+        );
+    assert!(
+        s.contains("external_judges"),
+        "the experiment names an external judge"
+    );
+    let exp = d.path().join("smoke.toml");
+    std::fs::write(&exp, s).expect("write experiment");
+    let ledger = d.path().join("ledger");
+    ok(&ledger, &["run", "--quiet", exp.to_str().expect("utf-8")]);
+    ok(
+        &ledger,
+        &[
+            "fork",
+            "smoke",
+            "--stage",
+            "evaluate",
+            "--cycle",
+            "1",
+            "--name",
+            "b",
+            "--set",
+            "roles.external_judges=[]",
+        ],
+    );
+    ok(&ledger, &["resume", "b", "--quiet"]);
+    let diff = json(&ledger, &["diff", "smoke", "b", "--json"]);
+    assert_eq!(diff["diverged_streams"], 0, "{diff}");
+    assert!(
+        diff["only_in_a"].as_u64().unwrap() > 0,
+        "the external judge's streams: {diff}"
+    );
+    let c = &diff["cycles"][0];
+    assert!(c["verdicts_compared"].as_u64().unwrap() > 0, "{c}");
+    assert_eq!(c["verdicts_changed"], 0, "{c}");
+}
+
 /// `mass runs rm` left the removed run's report projection in
 /// `cache/report/` for good. It removes that file now, and only that one:
 /// another run's kept facts stay and are read as before.

@@ -5,8 +5,9 @@
 //! Streams are compared by their name relative to the run (`c1/t/pair/003`
 //! in both `A/...` and `B/...`): the events both share from the start, and
 //! the first that differ. Decisions are compared by what they are about:
-//! promotions by stream and iteration (accepted or not), verdicts by the
-//! pair of rollouts they judged (which one won), rankings and selections by cycle and
+//! promotions by stream and iteration (accepted or not), verdicts by
+//! judgment stream, and by the pair of rollouts judged where only one run
+//! holds the stream (which one won), rankings and selections by cycle and
 //! task (rollout ids, which a re-judge shares with its source), datasets and
 //! training steps by cycle. This reads every event of both runs once: a
 //! diff is a scan of two runs, not an index lookup.
@@ -52,8 +53,8 @@ pub struct CycleDiff {
     pub cycle: u32,
     /// Promotions decided differently: `stream iteration k: A accepted, B rejected`.
     pub champions: Vec<String>,
-    /// Verdicts on a pair of rollouts both runs judged (the k-th on a pair
-    /// against the k-th), and those that name another winner.
+    /// Verdicts compared (on a judgment stream both runs hold, else on a
+    /// pair of rollouts both judged), and those that name another winner.
     pub verdicts_compared: u32,
     pub verdicts_changed: u32,
     pub changed_verdicts: Vec<String>,
@@ -188,12 +189,19 @@ pub fn diff(l: &Ledger, a: &str, b: &str) -> Result<RunDiff> {
 /// is about.
 type Pair = (u32, [u8; 32], [u8; 32]);
 
-/// Every verdict of a run by the pair it judged, each pair's in order
-/// (streams by name, events in log order): the stream it is on and the
-/// rollout that won (its id's first 12 hex digits, whatever the
-/// presentation order), or the verdict when none did (`tie`, `invalid`).
-fn judged(r: &Recorded) -> Result<BTreeMap<Pair, Vec<(&str, String)>>> {
-    let mut out: BTreeMap<Pair, Vec<(&str, String)>> = BTreeMap::new();
+/// A verdict as `verdicts` compares it: the stream it is on, the pair it
+/// judged, and the rollout that won (its id's first 12 hex digits,
+/// whatever the presentation order) or the verdict when none did (`tie`,
+/// `invalid`).
+struct Verdict<'r> {
+    stream: &'r str,
+    pair: Pair,
+    winner: String,
+}
+
+/// Every verdict of a run, by stream name, each stream's in log order.
+fn judged(r: &Recorded) -> Result<BTreeMap<&str, Vec<Verdict<'_>>>> {
+    let mut out: BTreeMap<&str, Vec<Verdict<'_>>> = BTreeMap::new();
     for (name, events) in &r.streams {
         let Some(cycle) = cycle_of(name) else {
             continue;
@@ -204,18 +212,37 @@ fn judged(r: &Recorded) -> Result<BTreeMap<Pair, Vec<(&str, String)>>> {
                 "b" => hex(&Id(j.b.0))[..12].to_string(),
                 other => other.to_string(),
             };
-            let key = (cycle, j.a.0.min(j.b.0), j.a.0.max(j.b.0));
-            out.entry(key).or_default().push((name.as_str(), winner));
+            out.entry(name.as_str()).or_default().push(Verdict {
+                stream: name.as_str(),
+                pair: (cycle, j.a.0.min(j.b.0), j.a.0.max(j.b.0)),
+                winner,
+            });
         }
     }
     Ok(out)
 }
 
-/// Verdicts compared by what they judged, not by the stream they are on
-/// (an imported run keeps a task's verdicts on one stream, the engine one
-/// per pair): the k-th verdict on a pair of rollouts in one run against
-/// the k-th on the same pair in the other. A pair only one run judged
-/// (runs that collected different rollouts) is not compared.
+/// A run's verdicts on the streams the other run lacks, by the pair of
+/// rollouts they judged, each pair's in stream-name then log order.
+fn unmatched<'v, 'r>(
+    own: &'v BTreeMap<&'r str, Vec<Verdict<'r>>>,
+    other: &BTreeMap<&'r str, Vec<Verdict<'r>>>,
+) -> BTreeMap<Pair, Vec<&'v Verdict<'r>>> {
+    let mut m: BTreeMap<Pair, Vec<&Verdict<'r>>> = BTreeMap::new();
+    for (_, vs) in own.iter().filter(|(n, _)| !other.contains_key(*n)) {
+        for v in vs {
+            m.entry(v.pair).or_default().push(v);
+        }
+    }
+    m
+}
+
+/// Verdicts compared: on a judgment stream both runs hold, the k-th
+/// verdict of one against the k-th of the other (one judge's against the
+/// same judge's); the verdicts on streams only one run holds, by the pair
+/// of rollouts they judged (an imported run keeps a task's verdicts on one
+/// stream, where a re-judge writes one per pair), the k-th on a pair
+/// against the k-th. A pair only one run judged is not compared.
 fn verdicts(
     ra: &Recorded,
     rb: &Recorded,
@@ -224,20 +251,28 @@ fn verdicts(
     cycles: &mut BTreeMap<u32, CycleDiff>,
 ) -> Result<()> {
     let (va, vb) = (judged(ra)?, judged(rb)?);
-    for (pair, xs) in &va {
-        let Some(ys) = vb.get(pair) else {
-            continue;
-        };
-        let c = cycle_entry(cycles, pair.0);
-        for ((stream, wx), (_, wy)) in xs.iter().zip(ys) {
-            c.verdicts_compared += 1;
-            if wx != wy {
-                c.verdicts_changed += 1;
-                if c.changed_verdicts.len() < NAMED {
-                    c.changed_verdicts
-                        .push(format!("{stream}: {a}: {wx}, {b}: {wy}"));
-                }
+    let mut compare = |x: &Verdict<'_>, y: &Verdict<'_>| {
+        let c = cycle_entry(cycles, x.pair.0);
+        c.verdicts_compared += 1;
+        if x.winner != y.winner {
+            c.verdicts_changed += 1;
+            if c.changed_verdicts.len() < NAMED {
+                c.changed_verdicts.push(format!(
+                    "{}: {a}: {}, {b}: {}",
+                    x.stream, x.winner, y.winner
+                ));
             }
+        }
+    };
+    for (name, xs) in &va {
+        if let Some(ys) = vb.get(name) {
+            xs.iter().zip(ys).for_each(|(x, y)| compare(x, y));
+        }
+    }
+    let (pa, pb) = (unmatched(&va, &vb), unmatched(&vb, &va));
+    for (pair, xs) in &pa {
+        if let Some(ys) = pb.get(pair) {
+            xs.iter().zip(ys).for_each(|(x, y)| compare(x, y));
         }
     }
     Ok(())
