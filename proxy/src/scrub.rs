@@ -517,12 +517,13 @@ pub fn request_raw<'a>(
     Some((found.text(&path), chat, found))
 }
 
-/// `s` with the JSON escapes that may spell an ordinary character written
-/// as that character: `\uXXXX` (a surrogate pair as one character) for
-/// anything JSON need not escape, and `\/`. Every other escape (`\\`,
-/// `\"`, `\n`, `\u0022`, ...) is kept as written, so JSON text held in
-/// `s` stays the same JSON, one level deep: a secret spelt through escapes
-/// in it is then spelt plainly. `None` when `s` has no such escape.
+/// `s` with its JSON escapes spelt as serde_json spells the character:
+/// `\uXXXX` (a surrogate pair as one character) and `\/` as the plain
+/// character, except `"`, `\\` and control characters, which get serde's
+/// escape (`\u0022` becomes `\"`); other escapes (`\n`, `\\`, ...) are
+/// kept. JSON text held in `s` stays the same JSON, one level deep, and a
+/// secret spelt through escapes in it is then spelt as a needle is.
+/// `None` when nothing changed.
 fn plain_escapes(s: &str) -> Option<String> {
     if !may_hide(s.as_bytes()) {
         return None;
@@ -540,11 +541,24 @@ fn plain_escapes(s: &str) -> Option<String> {
             b'u' => escaped_char(&b[i..]),
             _ => (None, 2),
         };
-        if let Some(c) = decoded.filter(|c| *c != '"' && *c != '\\' && *c >= ' ') {
-            out.push_str(&s[from..i]);
-            out.push(c);
-            from = i + len;
-            changed = true;
+        if let Some(c) = decoded {
+            // A character JSON must escape gets serde's own spelling of it
+            // (`\"`, `\\`, `\n`, `\u001f`), which `Needles::add` keeps for
+            // a secret holding one.
+            let spelt = if c == '"' || c == '\\' || c < ' ' {
+                let j = serde_json::to_string(&c.to_string()).unwrap_or_default();
+                j.get(1..j.len().saturating_sub(1))
+                    .unwrap_or_default()
+                    .to_string()
+            } else {
+                c.to_string()
+            };
+            if spelt.as_bytes() != &b[i..i + len] {
+                out.push_str(&s[from..i]);
+                out.push_str(&spelt);
+                from = i + len;
+                changed = true;
+            }
         }
         i += len;
     }
@@ -967,6 +981,27 @@ mod tests {
                 plain_escapes(&after).is_none(),
                 "{after}: an escape left that spells a plain character"
             );
+            // Independently: every escape left is one serde_json writes.
+            let mut rest = after.as_str();
+            while let Some(at) = rest.find('\\') {
+                let esc = &rest[at..];
+                let len = match esc.as_bytes().get(1) {
+                    Some(b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't') => 2,
+                    Some(b'u') => {
+                        let code = u32::from_str_radix(&esc[2..6], 16).expect("hex");
+                        assert!(
+                            code < 0x20
+                                && ![8, 9, 10, 12, 13].contains(&code)
+                                && &esc[2..4] == "00",
+                            "{after}: {} is not serde's spelling",
+                            &esc[..6]
+                        );
+                        6
+                    }
+                    _ => panic!("{after}: a stray escape at {}", &esc[..2]),
+                };
+                rest = &rest[at + len..];
+            }
         }
     }
 

@@ -885,7 +885,14 @@ fn regression_a_secret_spelt_with_escapes_inside_tool_call_arguments_never_reach
     let body = format!(
         r#"{{"model":"m","messages":[{{"role":"user","content":"go"}},{{"role":"assistant","content":null,"tool_calls":[{{"id":"c1","type":"function","function":{{"name":"f","arguments":"{args}"}}}}]}},{{"role":"tool","tool_call_id":"c1","content":"done"}}]}}"#
     );
-    serde_json::from_str::<serde_json::Value>(&body).expect("the body is JSON");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("the body is JSON");
+    let parsed: serde_json::Value = serde_json::from_str(
+        v["messages"][1]["tool_calls"][0]["function"]["arguments"]
+            .as_str()
+            .unwrap(),
+    )
+    .expect("the arguments are JSON");
+    assert_eq!(parsed["key"], a.as_str(), "one parse away from the secret");
     let reply = r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#;
     let mut known = proxy::scrub::Needles::new();
     known.add(a.as_bytes());
@@ -900,6 +907,43 @@ fn regression_a_secret_spelt_with_escapes_inside_tool_call_arguments_never_reach
             ("b", b.clone()),
             ("a's tail", a[1..].to_string()),
             ("b's escaped tail", b_tail),
+        ],
+    );
+}
+
+/// Found by review: a known secret holding `"` written inside tool-call
+/// arguments as `\u0022` stayed, since the escapes were read only for
+/// characters JSON need not escape, and the needle holds `\"`. Every
+/// escape is brought to serde's spelling now (`\u0022` becomes `\"`).
+#[test]
+fn regression_a_secret_holding_a_quote_spelt_u0022_in_arguments_never_reaches_the_ledger() {
+    let a = format!("pw-{}\"{}", secret(""), secret(""));
+    let (head, tail) = a.split_once('"').unwrap();
+    // In the body, the arguments' text spells the quote `\u0022`.
+    let args = format!(r#"{{\"password\": \"{head}\\u0022{tail}\"}}"#);
+    let body = format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"go"}},{{"role":"assistant","content":null,"tool_calls":[{{"id":"c1","type":"function","function":{{"name":"f","arguments":"{args}"}}}}]}},{{"role":"tool","tool_call_id":"c1","content":"done"}}]}}"#
+    );
+    let v: serde_json::Value = serde_json::from_str(&body).expect("the body is JSON");
+    let arguments = v["messages"][1]["tool_calls"][0]["function"]["arguments"]
+        .as_str()
+        .unwrap();
+    let parsed: serde_json::Value = serde_json::from_str(arguments).expect("JSON arguments");
+    assert_eq!(
+        parsed["password"],
+        a.as_str(),
+        "one parse away from the secret"
+    );
+    let reply = r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#;
+    let mut known = proxy::scrub::Needles::new();
+    known.add(a.as_bytes());
+    let ex = chat_exchange("/v1/chat/completions", &body, reply);
+    assert_recorded_without(
+        &ex,
+        &known,
+        &[
+            ("a's head", head.to_string()),
+            ("a's tail", tail.to_string()),
         ],
     );
 }
