@@ -542,20 +542,15 @@ fn plain_escapes(s: &str) -> Option<String> {
             _ => (None, 2),
         };
         if let Some(c) = decoded {
-            // A character JSON must escape gets serde's own spelling of it
-            // (`\"`, `\\`, `\n`, `\u001f`), which `Needles::add` keeps for
-            // a secret holding one.
-            let spelt = if c == '"' || c == '\\' || c < ' ' {
-                let j = serde_json::to_string(&c.to_string()).unwrap_or_default();
-                j.get(1..j.len().saturating_sub(1))
-                    .unwrap_or_default()
-                    .to_string()
-            } else {
-                c.to_string()
-            };
-            if spelt.as_bytes() != &b[i..i + len] {
+            // The character as serde spells it (`json_spelling`): plain,
+            // or for one JSON must escape serde's escape (`\"`, `\\`, `\n`,
+            // `\u001f`), which `Needles::add` keeps for a secret holding one.
+            let mut buf = [0u8; 4];
+            let plain = c.encode_utf8(&mut buf).as_bytes();
+            let spelt = json_spelling(plain).unwrap_or_else(|| plain.to_vec());
+            if spelt != b[i..i + len] {
                 out.push_str(&s[from..i]);
-                out.push_str(&spelt);
+                out.push_str(&String::from_utf8_lossy(&spelt));
                 from = i + len;
                 changed = true;
             }
