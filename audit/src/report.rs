@@ -425,8 +425,6 @@ fn cycle_report(f: CycleFigures) -> CycleReport {
             .iter()
             .map(|s| StageCost {
                 stage: s.to_string(),
-                // Until `walltimes` finds a step that closed it.
-                wall_seconds: None,
                 ..StageCost::default()
             })
             .collect(),

@@ -18,8 +18,8 @@ struct Row {
     st: RunStatus,
     pending: Vec<String>,
     never: bool,
-    /// What continues the run while it is not finished.
-    continues: Option<String>,
+    /// The command that continues the run (shown while it is not finished).
+    continues: String,
 }
 
 pub fn status(l: &Ledger, run: Option<&str>, json: bool) -> Result<ExitCode> {
@@ -105,10 +105,8 @@ fn row(l: &Ledger, name: String, head: Id) -> Result<Row> {
     }
     let pending = engine::status::unfinished_effects(l, &name)?;
     let never = engine::driver::start_failed(l, &name)?.is_some();
-    let continues = (!st.finished).then(|| {
-        engine::rejudge_imported::continue_command(&steps, &name)
-            .unwrap_or_else(|| format!("`mass resume {name}`"))
-    });
+    let continues = engine::rejudge_imported::continue_command(&steps, &name)
+        .unwrap_or_else(|| format!("`mass resume {name}`"));
     Ok(Row {
         name,
         head,
@@ -129,7 +127,7 @@ fn row_json(r: &Row) -> serde_json::Value {
         never,
         continues,
     } = r;
-    serde_json::json!({"run": n, "head": h.to_hex(), "experiment": st.experiment, "cycles_planned": st.cycles_planned, "cycles_done": st.cycles_done, "last_step": st.last_step, "finished": st.finished, "never_started": never, "forked_from": st.forked_from, "exclusions": st.exclusions, "unfinished_effects": p, "continue_with": continues, "cycles": st.cycles})
+    serde_json::json!({"run": n, "head": h.to_hex(), "experiment": st.experiment, "cycles_planned": st.cycles_planned, "cycles_done": st.cycles_done, "last_step": st.last_step, "finished": st.finished, "never_started": never, "forked_from": st.forked_from, "exclusions": st.exclusions, "unfinished_effects": p, "continue_with": (!st.finished).then_some(continues), "cycles": st.cycles})
 }
 
 /// A row as `status` prints it for people: the run's line, then its
@@ -175,7 +173,6 @@ fn print_row(out: &mut impl Write, r: Row) -> Result<()> {
             by.join(", ")
         )?;
     }
-    let continues = continues.unwrap_or_else(|| format!("`mass resume {n}`"));
     for e in p {
         writeln!(out, "  unfinished: {e} ({continues})")?;
     }
