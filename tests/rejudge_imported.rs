@@ -680,7 +680,7 @@ fn regression_diff_of_an_imported_run_and_its_rejudge_compares_every_verdict() {
         assert!(named == 2 || (named == 1 && v.contains(": tie")), "{v}");
     }
     let text = ok(mass(&s.ledger, &["diff", "ref", "rj"]));
-    let line = format!("verdicts: {} of 4 on pairs of rollouts", 4 - agree);
+    let line = format!("verdicts: {} of 4 compared", 4 - agree);
     assert!(text.contains(&line), "{text}");
 }
 

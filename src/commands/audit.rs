@@ -545,7 +545,7 @@ pub fn diff_runs(l: &Ledger, a: &str, b: &str, json: bool) -> Result<ExitCode> {
         writeln!(out, "cycle {}:", c.cycle)?;
         writeln!(
             out,
-            "  verdicts: {} of {} on pairs of rollouts both runs judged name another winner",
+            "  verdicts: {} of {} compared (on the same judgment stream, else on the same pair of rollouts) name another winner",
             c.verdicts_changed, c.verdicts_compared
         )?;
         for v in &c.changed_verdicts {
